@@ -1,0 +1,107 @@
+"""The rate card: USD per GPU-hour by backend and device type (see ``resources/ratecard.yaml``)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import yaml
+
+DEFAULT_RATE_CARD = Path(__file__).resolve().parents[2] / "resources" / "ratecard.yaml"
+
+_MIG_PROFILE = re.compile(r"^mig-(\d+)g\.(\d+)gb$")
+#: Compute slices of a full GPU for MIG on A100/H100/H200 (NVIDIA MIG User Guide, "Supported MIG Profiles").
+MIG_COMPUTE_SLICES = 7
+
+
+class RateCardError(ValueError):
+    """The rate card file is malformed or has no rate for a (backend, device); the message names both."""
+
+
+def mig_fraction(profile: str) -> float:
+    """Compute fraction of a MIG profile: ``1g.10gb`` -> 1/7, ``3g.40gb`` -> 3/7, ``7g.80gb`` -> 1.
+
+    Accepts ``1g.10gb`` or ``mig-1g.10gb``. Raises RateCardError for anything else.
+    """
+    m = _MIG_PROFILE.match(profile if profile.startswith("mig-") else f"mig-{profile}")
+    if not m:
+        raise RateCardError(f"not a MIG profile: {profile!r} (expected e.g. '1g.10gb')")
+    return min(1.0, int(m.group(1)) / MIG_COMPUTE_SLICES)
+
+
+@dataclass(frozen=True)
+class RateCard:
+    """Rates in USD per GPU-hour: ``rates[backend][device_type]``."""
+
+    rates: Mapping[str, Mapping[str, float]]
+    source: str = "<inline>"
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> "RateCard":
+        """Read a YAML rate card (default: the packaged ``resources/ratecard.yaml``).
+
+        Raises RateCardError naming the file when it is unreadable, has no ``backends`` mapping, or a
+        rate is not a finite number >= 0.
+        """
+        p = Path(path) if path else DEFAULT_RATE_CARD
+        try:
+            doc = yaml.safe_load(p.read_text())
+        except (OSError, yaml.YAMLError) as e:
+            raise RateCardError(f"rate card {p}: cannot read: {e}") from e
+        return cls.from_dict(doc, source=str(p))
+
+    @classmethod
+    def from_dict(cls, doc: object, source: str = "<inline>") -> "RateCard":
+        if not isinstance(doc, dict) or not isinstance(doc.get("backends"), dict):
+            raise RateCardError(f"rate card {source}: expected a mapping with a 'backends' mapping")
+        rates: dict[str, dict[str, float]] = {}
+        for backend, table in doc["backends"].items():
+            if not isinstance(table, dict):
+                raise RateCardError(f"rate card {source}: backend {backend!r} must map device types to USD/GPU-hour")
+            rates[str(backend)] = {}
+            for device, rate in table.items():
+                try:
+                    r = float(rate)
+                except (TypeError, ValueError):
+                    r = math.nan
+                if not math.isfinite(r) or r < 0:
+                    raise RateCardError(
+                        f"rate card {source}: {backend}/{device}: rate must be a finite number >= 0, got {rate!r}"
+                    )
+                rates[str(backend)][str(device)] = r
+        return cls(rates=rates, source=source)
+
+    def table(self, backend: str) -> Mapping[str, float]:
+        """The device->rate table of one backend. Raises RateCardError if the backend is absent."""
+        try:
+            return self.rates[backend]
+        except KeyError:
+            raise RateCardError(f"rate card {self.source}: no rates for backend {backend!r}") from None
+
+    def rate(self, backend: str, device_type: str, parent_product: str | None = None) -> float:
+        """USD per GPU-hour of one *whole* device of ``device_type`` on ``backend``.
+
+        For a MIG device type (``mig-1g.10gb``) the rate is the parent product's rate times
+        :func:`mig_fraction` (``parent_product`` defaults to the backend's ``default``).
+        Raises RateCardError when nothing matches and the backend has no ``default``.
+        """
+        return rate_from_table(self.table(backend), device_type, parent_product, f"{self.source}: {backend}")
+
+
+def rate_from_table(
+    table: Mapping[str, float], device_type: str, parent_product: str | None = None, where: str = "rate table"
+) -> float:
+    """Look up ``device_type`` in one backend's table (exact, longest prefix, ``default``); see RateCard.rate."""
+    if _MIG_PROFILE.match(device_type):
+        return rate_from_table(table, parent_product or "default", None, where) * mig_fraction(device_type)
+    if device_type in table:
+        return table[device_type]
+    prefixes = [k for k in table if k != "default" and device_type.startswith(k)]
+    if prefixes:
+        return table[max(prefixes, key=len)]
+    if "default" in table:
+        return table["default"]
+    raise RateCardError(f"{where}: no rate for device {device_type!r} and no 'default'")

@@ -1,0 +1,107 @@
+"""List corpus files under a URL (local directory or ``s3://bucket/prefix``) through fsspec."""
+
+from __future__ import annotations
+
+import fnmatch
+import posixpath
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import fsspec
+
+from dagster_gpu.corpus.readers import TextFormat
+from dagster_gpu.keys import partition_key_for
+
+#: Our own temporary outputs and editor droppings are never corpus files.
+_IGNORED_PREFIXES = (".", "_")
+
+
+@dataclass(frozen=True)
+class CorpusFile:
+    """One corpus file = one partition.
+
+    Attributes:
+        key: partition key (see dagster_gpu.keys).
+        uri: full URL (``file:///…`` paths are given as plain absolute paths, ``s3://…`` otherwise).
+        relative_name: path relative to the corpus root.
+        size_bytes: size in bytes.
+        mtime: last modification, seconds since the epoch (0.0 when the store does not say).
+    """
+
+    key: str
+    uri: str
+    relative_name: str
+    size_bytes: int
+    mtime: float = 0.0
+
+
+class CorpusNotFound(FileNotFoundError):
+    """The corpus URL does not exist, or a partition key has no file; the message names both."""
+
+
+@dataclass(frozen=True)
+class CorpusSource:
+    """Where a corpus lives and how to read it.
+
+    Attributes:
+        url: local directory or ``s3://bucket/prefix``.
+        pattern: shell glob on file names (``*``, ``*.parquet``).
+        recursive: include files in sub-directories (their keys join path parts with ``__``).
+        text_format: how records are read (see :class:`TextFormat`).
+        storage_options: passed to fsspec (e.g. ``{"client_kwargs": {"endpoint_url": …}}`` for S3);
+            never put secrets here, use the provider's credential chain.
+    """
+
+    url: str
+    pattern: str = "*"
+    recursive: bool = False
+    text_format: TextFormat = field(default_factory=TextFormat)
+    storage_options: Mapping[str, Any] = field(default_factory=dict)
+
+    def filesystem(self):
+        """(fsspec filesystem, root path without protocol)."""
+        fs, root = fsspec.core.url_to_fs(self.url, **dict(self.storage_options))
+        return fs, root.rstrip("/")
+
+    def list_files(self) -> list[CorpusFile]:
+        """All corpus files, sorted by key. Raises CorpusNotFound if the URL does not exist."""
+        fs, root = self.filesystem()
+        if not fs.exists(root):
+            raise CorpusNotFound(f"corpus {self.url!r} does not exist")
+        entries = fs.find(root, maxdepth=None if self.recursive else 1, detail=True, withdirs=False)
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        out: dict[str, CorpusFile] = {}
+        for path, info in entries.items():
+            if info.get("type") != "file":
+                continue
+            rel = posixpath.relpath(path, root)
+            base = posixpath.basename(rel)
+            if any(part.startswith(_IGNORED_PREFIXES) for part in rel.split("/")):
+                continue
+            if not fnmatch.fnmatchcase(base, self.pattern):
+                continue
+            key = partition_key_for(rel)
+            uri = path if protocol in ("file", "local") else f"{protocol}://{path}"
+            out[key] = CorpusFile(key=key, uri=uri, relative_name=rel, size_bytes=int(info.get("size") or 0), mtime=_mtime(info))
+        return [out[k] for k in sorted(out)]
+
+    def file_for_key(self, key: str) -> CorpusFile:
+        """The file behind partition ``key``. Raises CorpusNotFound naming the key and the corpus."""
+        for f in self.list_files():
+            if f.key == key:
+                return f
+        raise CorpusNotFound(f"partition {key!r}: no file in corpus {self.url!r} has this key (deleted or renamed?)")
+
+
+def _mtime(info: Mapping[str, Any]) -> float:
+    for k in ("mtime", "LastModified", "last_modified", "created"):
+        v = info.get(k)
+        if v is None:
+            continue
+        if hasattr(v, "timestamp"):
+            return float(v.timestamp())
+        try:
+            return float(v)
+        except (TypeError, ValueError):
+            continue
+    return 0.0

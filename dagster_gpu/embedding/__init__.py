@@ -1,0 +1,1 @@
+"""Embedding: model loading and the read -> embed -> write pipeline of one partition."""

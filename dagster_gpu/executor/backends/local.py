@@ -1,0 +1,128 @@
+"""The ``local`` backend: each step worker is a subprocess on this host, in its own process group.
+
+The worker runs under ``dagster_gpu.worker.supervise``, which records the exit code in a status file,
+so health checks work after the orchestrating process restarts (no parent to ``wait()`` on) and a
+worker that dies without its step recording an outcome is reported with its exit code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+
+from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.worker.supervise import read_status
+
+
+class LocalBackend(Backend):
+    """Subprocess workers.
+
+    Args:
+        log_dir: where worker stdout/stderr and status files go (created).
+        cuda_visible_devices: if set, exported to every worker (e.g. ``"0"``); else inherited.
+        terminate_grace_s: seconds between SIGTERM and SIGKILL of the worker's process group.
+    """
+
+    name = "local"
+    workers_survive_orchestrator = False
+
+    def __init__(self, log_dir: str | Path, cuda_visible_devices: str | None = None, terminate_grace_s: float = 10.0):
+        self.log_dir = Path(log_dir)
+        self.cuda_visible_devices = cuda_visible_devices
+        self.terminate_grace_s = terminate_grace_s
+        self._children: dict[int, subprocess.Popen] = {}
+
+    def launch(self, launch: StepLaunch) -> Handle:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"{launch.run_id}-{launch.step_key}-{launch.attempt}"
+        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
+        status_file = self.log_dir / f"{stem}.status.json"
+        log_file = self.log_dir / f"{stem}.log"
+        status_file.unlink(missing_ok=True)
+        env = {**os.environ, **launch.env}
+        if self.cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices
+        with open(log_file, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dagster_gpu.worker.supervise", "--status-file", str(status_file), "--", *launch.argv],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: terminate kills the whole tree
+                close_fds=True,
+            )
+        self._children[proc.pid] = proc
+        return {
+            "pid": proc.pid,
+            "create_time": psutil.Process(proc.pid).create_time(),
+            "status_file": str(status_file),
+            "log_file": str(log_file),
+            "host": os.uname().nodename,
+        }
+
+    def state(self, handle: Handle) -> WorkerState:
+        pid = int(handle["pid"])
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            self._children.pop(pid, None)
+        status = read_status(Path(str(handle["status_file"])))
+        if status is not None and "exit_code" in status:
+            code = int(status["exit_code"])
+            return WorkerState(
+                WorkerStatus.SUCCEEDED if code == 0 else WorkerStatus.FAILED,
+                exit_code=code,
+                message=status.get("message", f"worker exited with code {code}"),
+            )
+        if _alive(pid, float(handle["create_time"])):
+            return WorkerState(WorkerStatus.RUNNING)
+        code = child.returncode if child is not None else None
+        return WorkerState(
+            WorkerStatus.FAILED,
+            exit_code=code,
+            message=f"worker process {pid} is gone without an exit status (killed? exit code {code}); log: {handle['log_file']}",
+        )
+
+    def terminate(self, handle: Handle) -> None:
+        pid = int(handle["pid"])
+        if not _alive(pid, float(handle["create_time"])):
+            return
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + self.terminate_grace_s
+        while time.monotonic() < deadline:
+            if not _alive(pid, float(handle["create_time"])):
+                break
+            time.sleep(0.1)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child = self._children.pop(pid, None)
+        if child is not None:
+            child.wait(timeout=5)
+
+    def handle_metadata(self, handle: Handle):
+        return {"local/pid": int(handle["pid"]), "local/log_file": str(handle["log_file"]), "local/host": str(handle["host"])}
+
+
+def _alive(pid: int, create_time: float) -> bool:
+    """True if ``pid`` is the same process we started (guards against pid reuse) and not a zombie."""
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - create_time) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def handle_to_json(handle: Handle) -> str:
+    return json.dumps(dict(handle), sort_keys=True)

@@ -1,0 +1,90 @@
+"""``gpu_executor``: a step-delegating Dagster executor that places each step on local, Slurm or Kubernetes.
+
+Run config (``execution: config:``)::
+
+    backend: auto | local | slurm | kubernetes      # default auto (the cost policy, or the only backend)
+    rate_card: /path/to/ratecard.yaml              # default: the packaged resources/ratecard.yaml
+    worker_python: /opt/venv/bin/python            # default: the code location's interpreter
+    local: {log_dir: ..., cuda_visible_devices: "0", terminate_grace_seconds: 10, enabled: true}
+    slurm: {...}                                   # see dagster_gpu.executor.backends.slurm
+    kubernetes: {...}                              # see dagster_gpu.executor.backends.kubernetes
+    retries: {enabled: {}} | {disabled: {}}
+    max_concurrent: N                              # steps in flight per run
+    tag_concurrency_limits: [...]
+    sleep_seconds: 0.5                             # event-log polling period
+    check_step_health_interval_seconds: 5
+
+The per-step GPU request comes from the asset's op tags (``dagster_gpu.request``). Steps are verified
+(``should_verify_step``) so a duplicate worker never runs a step twice.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+from dagster._core.definitions.executor_definition import multiple_process_executor_requirements
+from dagster._core.execution.retries import RetryMode, get_retries_config
+from dagster._core.execution.tags import get_tag_concurrency_limits_config
+from dagster._core.executor.step_delegating import StepDelegatingExecutor
+
+from dagster_gpu.executor.registry import REMOTE_BACKEND_MODULES, remote_backend_module
+from dagster_gpu.executor.step_handler import GpuStepHandler
+
+
+def _remote_fields() -> dict[str, dg.Field]:
+    fields = {}
+    for name in REMOTE_BACKEND_MODULES:
+        module = remote_backend_module(name)
+        field = getattr(module, "config_field", None) if module else None
+        fields[name] = field() if field else dg.Field(dg.Permissive(), is_required=False, description=f"{name} backend settings")
+    return fields
+
+
+GPU_EXECUTOR_CONFIG = {
+    "backend": dg.Field(
+        dg.Enum("GpuBackend", [dg.EnumValue(v) for v in ("auto", "local", "slurm", "kubernetes")]),
+        default_value="auto",
+        description="Where steps run: a fixed backend, or auto (cost policy over the configured backends).",
+    ),
+    "rate_card": dg.Field(dg.StringSource, is_required=False, description="Rate card YAML (USD per GPU-hour)."),
+    "worker_python": dg.Field(dg.StringSource, is_required=False, description="Python interpreter for step workers."),
+    "local": dg.Field(
+        {
+            "enabled": dg.Field(bool, default_value=True),
+            "log_dir": dg.Field(dg.StringSource, is_required=False),
+            "cuda_visible_devices": dg.Field(dg.StringSource, is_required=False),
+            "terminate_grace_seconds": dg.Field(float, default_value=10.0),
+        },
+        is_required=False,
+    ),
+    **_remote_fields(),
+    "retries": get_retries_config(),
+    "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, is_required=False),
+    "tag_concurrency_limits": get_tag_concurrency_limits_config(),
+    "sleep_seconds": dg.Field(float, is_required=False, description="Event-log polling period (s)."),
+    "check_step_health_interval_seconds": dg.Field(int, default_value=5),
+}
+
+
+@dg.executor(
+    name="gpu_executor",
+    config_schema=GPU_EXECUTOR_CONFIG,
+    requirements=multiple_process_executor_requirements(),
+)
+def gpu_executor(init_context: dg.InitExecutorContext) -> StepDelegatingExecutor:
+    """Step-delegating executor placing each step on ``local``, ``slurm`` or ``kubernetes`` (see module doc)."""
+    cfg = dict(init_context.executor_config)
+    instance = init_context.instance
+    default_log_dir = Path(instance.root_directory if instance.is_persistent else os.getcwd()) / "dagster_gpu" / "local-workers"
+    handler = GpuStepHandler(cfg, default_log_dir)
+    return StepDelegatingExecutor(
+        handler,
+        retries=RetryMode.from_config(cfg["retries"]),
+        sleep_seconds=cfg.get("sleep_seconds"),
+        check_step_health_interval_seconds=cfg["check_step_health_interval_seconds"],
+        max_concurrent=cfg.get("max_concurrent"),
+        tag_concurrency_limits=cfg.get("tag_concurrency_limits"),
+        should_verify_step=True,
+    )

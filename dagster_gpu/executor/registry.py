@@ -1,0 +1,59 @@
+"""Backends by name: how each is built from its section of gpu_executor's config.
+
+``local`` is always available. ``slurm`` and ``kubernetes`` live in their own modules, each exposing
+``config_field() -> dagster.Field`` (its config section) and ``build_backend(section: dict, settings) -> Backend``.
+A backend whose section is absent from the executor config is not configured: selecting it raises
+BackendNotConfigured with what to add.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any, Mapping
+
+from dagster_gpu.executor.backends.base import Backend, BackendNotConfigured
+from dagster_gpu.executor.backends.local import LocalBackend
+
+REMOTE_BACKEND_MODULES = {
+    "slurm": "dagster_gpu.executor.backends.slurm",
+    "kubernetes": "dagster_gpu.executor.backends.kubernetes",
+}
+
+
+def remote_backend_module(name: str):
+    """The module of a remote backend, or None when it is not installed in this build."""
+    try:
+        return importlib.import_module(REMOTE_BACKEND_MODULES[name])
+    except ModuleNotFoundError as e:
+        if e.name == REMOTE_BACKEND_MODULES[name]:
+            return None
+        raise
+
+
+def configured_backends(config: Mapping[str, Any]) -> list[str]:
+    """Names of backends usable under ``config``: ``local`` unless disabled, plus each remote section given."""
+    names = [] if config.get("local", {}).get("enabled", True) is False else ["local"]
+    names += [n for n in REMOTE_BACKEND_MODULES if config.get(n) is not None]
+    return names
+
+
+def build_backend(name: str, config: Mapping[str, Any], default_log_dir: Path) -> Backend:
+    """Instantiate backend ``name``. Raises BackendNotConfigured naming the missing config section."""
+    if name == "local":
+        section = config.get("local") or {}
+        return LocalBackend(
+            log_dir=section.get("log_dir") or default_log_dir,
+            cuda_visible_devices=section.get("cuda_visible_devices"),
+            terminate_grace_s=float(section.get("terminate_grace_seconds", 10.0)),
+        )
+    if name not in REMOTE_BACKEND_MODULES:
+        raise BackendNotConfigured(f"unknown backend {name!r}; expected local, slurm or kubernetes")
+    section = config.get(name)
+    module = remote_backend_module(name)
+    if section is None or module is None:
+        raise BackendNotConfigured(
+            f"the {name} backend is not configured: add a `{name}:` section to gpu_executor's config "
+            f"(execution: config: {name}: ...), see README.md"
+        )
+    return module.build_backend(dict(section), config)

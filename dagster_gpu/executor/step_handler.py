@@ -1,0 +1,216 @@
+"""GpuStepHandler: Dagster's StepHandler over our backends (placement, launch, health, terminate).
+
+Health rule (after dagster-k8s's upstream ``test_step_health``): a worker that ended, whatever its
+exit status, is healthy only if its step recorded an outcome (success, failure or up-for-retry) after
+it was launched; otherwise the step fails with the backend's state, message and exit code. A worker that
+vanished after its step recorded success is not a failure.
+
+Termination: backends whose workers outlive the orchestrator (Slurm, Kubernetes) are stopped only when
+the user terminated the run (run status CANCELING/CANCELED); a SIGTERM to the orchestrating process
+leaves them running so a resumed run re-attaches through the handle recorded in the event log.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+from dagster import DagsterEventType, DagsterRunStatus, MetadataValue
+from dagster._core.events import DagsterEvent, EngineEventData
+from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHandler, StepHandlerContext
+
+from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerStatus
+from dagster_gpu.executor.command import worker_argv, worker_env
+from dagster_gpu.executor.placing import forced_placement
+from dagster_gpu.executor.registry import build_backend, configured_backends
+from dagster_gpu.policy.placement import Placement
+from dagster_gpu.request import GpuRequest
+from dagster_gpu.worker.context import StepContext
+
+HANDLE_KEY = "dagster_gpu/handle"
+BACKEND_KEY = "dagster_gpu/backend"
+PARTITION_TAG = "dagster/partition"
+_OUTCOMES = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_UP_FOR_RETRY}
+
+
+class GpuStepHandler(StepHandler):
+    """Places and runs each step on a backend.
+
+    Args:
+        config: gpu_executor's config (see ``dagster_gpu.executor.executor``).
+        default_log_dir: the local backend's log directory when the config gives none.
+    """
+
+    def __init__(self, config: Mapping[str, Any], default_log_dir: Path):
+        self._config = dict(config)
+        self._default_log_dir = default_log_dir
+        self._rate_card = RateCard.load(config.get("rate_card"))
+        self._candidates = configured_backends(config)
+        self._backends: dict[str, Backend] = {}
+        self._launched: dict[tuple[str, str, int], tuple[str, Handle, int | None]] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        return "GpuStepHandler"
+
+    # -- helpers ----------------------------------------------------------------------------------
+    def backend(self, name: str) -> Backend:
+        with self._lock:
+            if name not in self._backends:
+                self._backends[name] = build_backend(name, self._config, self._default_log_dir)
+            return self._backends[name]
+
+    @staticmethod
+    def _step_key(ctx: StepHandlerContext) -> str:
+        keys = ctx.execute_step_args.step_keys_to_execute
+        assert len(keys) == 1, "GpuStepHandler launches one step at a time"
+        return keys[0]
+
+    @staticmethod
+    def _attempt(ctx: StepHandlerContext, step_key: str) -> int:
+        ks = ctx.execute_step_args.known_state
+        return ks.get_retry_state().get_attempt_count(step_key) if ks else 0
+
+    def request_for(self, ctx: StepHandlerContext, step_key: str) -> GpuRequest:
+        """The step's op tags, overridden by run tags of the same names (per-run override)."""
+        tags = dict(ctx.step_tags.get(step_key, {}))
+        tags.update({k: v for k, v in ctx.dagster_run.tags.items() if k.startswith("dagster-gpu/")})
+        return GpuRequest.from_tags(tags)
+
+    def place(self, request: GpuRequest, ctx: StepHandlerContext, step_key: str) -> Placement:
+        forced = forced_placement(request, self._config.get("backend", "auto"), self._candidates)
+        if forced is not None:
+            return forced
+        from dagster_gpu.executor.auto import auto_placement
+
+        return auto_placement(self, request, ctx, step_key)
+
+    def step_context(self, placement: Placement, request: GpuRequest) -> StepContext:
+        return StepContext(
+            backend=placement.backend,
+            placement=placement,
+            rates=dict(self._rate_card.table(placement.backend)),
+            gpu_count=request.count,
+        )
+
+    # -- StepHandler ------------------------------------------------------------------------------
+    def launch_step(self, step_handler_context: StepHandlerContext) -> Iterator[DagsterEvent]:
+        ctx = step_handler_context
+        step_key = self._step_key(ctx)
+        run = ctx.dagster_run
+        partition_key = run.tags.get(PARTITION_TAG)
+        attempt = self._attempt(ctx, step_key)
+        request = self.request_for(ctx, step_key)
+        placement = self.place(request, ctx, step_key)
+        backend = self.backend(placement.backend)
+        args = ctx.execute_step_args
+        launch = StepLaunch(
+            run_id=run.run_id,
+            step_key=step_key,
+            partition_key=partition_key,
+            attempt=attempt,
+            argv=worker_argv(args, self._config.get("worker_python")),
+            env={**worker_env(args, run.job_name, step_key), **self.step_context(placement, request).to_env()},
+            request=request,
+            placement=placement,
+            tags=dict(run.tags),
+        )
+        try:
+            handle = backend.launch(launch)
+        except Exception as e:
+            raise RuntimeError(
+                f"{backend.name} backend could not launch step {step_key!r} of partition {partition_key!r}: {e}"
+            ) from e
+        with self._lock:
+            self._launched[(run.run_id, step_key, attempt)] = (backend.name, handle, None)
+        where = f" (partition {partition_key})" if partition_key else ""
+        yield DagsterEvent.step_worker_starting(
+            ctx.get_step_context(step_key),
+            message=f"Launching step {step_key}{where} on {backend.name}: {placement.reason}",
+            metadata={
+                BACKEND_KEY: MetadataValue.text(backend.name),
+                HANDLE_KEY: MetadataValue.json(dict(handle)),
+                "dagster_gpu/placement": MetadataValue.json(placement.to_json()),
+                "dagster_gpu/request": MetadataValue.json(request.to_json()),
+                **{k: v for k, v in backend.handle_metadata(handle).items()},
+            },
+        )
+
+    def _find_launch(self, ctx: StepHandlerContext, step_key: str) -> tuple[str, Handle, int | None] | None:
+        """(backend name, handle, storage id of the launch event) from memory, else from the event log."""
+        run_id = ctx.dagster_run.run_id
+        attempt = self._attempt(ctx, step_key)
+        records = ctx.instance.get_records_for_run(
+            run_id, of_type=DagsterEventType.STEP_WORKER_STARTING, ascending=False, limit=50
+        ).records
+        for rec in records:
+            ev = rec.event_log_entry.dagster_event
+            if ev is None or ev.step_key != step_key:
+                continue
+            md = ev.engine_event_data.metadata if ev.engine_event_data else {}
+            if HANDLE_KEY in md and BACKEND_KEY in md:
+                handle = md[HANDLE_KEY].value
+                name = md[BACKEND_KEY].value
+                with self._lock:
+                    self._launched[(run_id, step_key, attempt)] = (name, handle, rec.storage_id)
+                return name, handle, rec.storage_id
+        with self._lock:
+            return self._launched.get((run_id, step_key, attempt))
+
+    @staticmethod
+    def _outcome_recorded(ctx: StepHandlerContext, step_key: str, after_storage_id: int | None) -> bool:
+        records = ctx.instance.get_records_for_run(ctx.dagster_run.run_id, of_type=set(_OUTCOMES)).records
+        return any(
+            rec.event_log_entry.dagster_event is not None
+            and rec.event_log_entry.dagster_event.step_key == step_key
+            and (after_storage_id is None or rec.storage_id > after_storage_id)
+            for rec in records
+        )
+
+    def check_step_health(self, step_handler_context: StepHandlerContext) -> CheckStepHealthResult:
+        ctx = step_handler_context
+        step_key = self._step_key(ctx)
+        found = self._find_launch(ctx, step_key)
+        partition_key = ctx.dagster_run.tags.get(PARTITION_TAG)
+        if found is None:
+            return CheckStepHealthResult.unhealthy(f"no launch of step {step_key} (partition {partition_key}) was recorded")
+        name, handle, launched_at = found
+        state = self.backend(name).state(handle)
+        if state.status not in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
+            return CheckStepHealthResult.healthy()
+        if self._outcome_recorded(ctx, step_key, launched_at):
+            return CheckStepHealthResult.healthy()
+        code = "" if state.exit_code is None else f", exit code {state.exit_code}"
+        return CheckStepHealthResult.unhealthy(
+            f"{name} worker of step {step_key} (partition {partition_key}) ended ({state.status.value}: "
+            f"{state.message}{code}) without the step recording success or failure; handle {json.dumps(dict(handle))}"
+        )
+
+    def terminate_step(self, step_handler_context: StepHandlerContext) -> Iterator[DagsterEvent]:
+        ctx = step_handler_context
+        step_key = self._step_key(ctx)
+        found = self._find_launch(ctx, step_key)
+        if found is None:
+            return
+        name, handle, _ = found
+        backend = self.backend(name)
+        run = ctx.instance.get_run_by_id(ctx.dagster_run.run_id)
+        user_cancel = run is not None and run.status in (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
+        if backend.workers_survive_orchestrator and not user_cancel:
+            yield DagsterEvent.engine_event(
+                ctx.get_step_context(step_key),
+                f"Leaving the {name} worker of step {step_key} running: the orchestrator is stopping but the run "
+                "was not terminated by a user; a resumed run re-attaches to it.",
+                EngineEventData(metadata={HANDLE_KEY: MetadataValue.json(dict(handle))}),
+            )
+            return
+        yield DagsterEvent.engine_event(
+            ctx.get_step_context(step_key),
+            f"Terminating the {name} worker of step {step_key}",
+            EngineEventData(metadata={HANDLE_KEY: MetadataValue.json(dict(handle))}),
+        )
+        backend.terminate(handle)

@@ -1,0 +1,70 @@
+"""Run a command and write its exit code to a status file (JSON), for backends that outlive parents.
+
+Usage: ``python -m dagster_gpu.worker.supervise --status-file PATH -- CMD [ARGS...]``.
+
+The status file is written atomically: ``{"exit_code": N, "message": "...", "started": t0, "finished": t1}``
+(seconds since the epoch). SIGTERM/SIGINT are forwarded to the child so a graceful stop reaches the step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def read_status(path: Path) -> dict | None:
+    """The status dict, or None while the command runs (or if the file is unreadable)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_status(path: Path, status: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(status))
+    os.replace(tmp, path)
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"worker killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"worker killed by signal {-code}"
+    return f"worker exited with code {code}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 4 or args[0] != "--status-file" or args[2] != "--":
+        print("usage: python -m dagster_gpu.worker.supervise --status-file PATH -- CMD [ARGS...]", file=sys.stderr)
+        return 2
+    status_path, cmd = Path(args[1]), args[3:]
+    started = time.time()
+    try:
+        child = subprocess.Popen(cmd)
+    except OSError as e:
+        write_status(status_path, {"exit_code": 127, "message": f"cannot start worker {cmd[0]!r}: {e}", "started": started, "finished": time.time()})
+        return 127
+
+    def forward(signum, _frame):
+        try:
+            child.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    code = child.wait()
+    write_status(status_path, {"exit_code": code, "message": describe_exit(code), "started": started, "finished": time.time()})
+    return code if code >= 0 else 128 - code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The demo code location: embeddings of the Debian ``fortunes`` corpus, one partition per file.
+
+Environment:
+    DAGSTER_GPU_CORPUS_URL   corpus directory or s3:// URL   (default: <repo>/.demo/corpus)
+    DAGSTER_GPU_OUTPUT_URL   where the parquet outputs go     (default: <repo>/.demo/embeddings)
+    DAGSTER_GPU_DEVICE       auto | cpu | cuda                 (default: auto)
+
+Every job here runs through ``gpu_executor`` (local backend unless the run config says otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import dagster as dg
+
+from dagster_gpu import CorpusSource, GpuRequest, TextFormat, embedding_asset, gpu_executor
+from dagster_gpu.sensors import asset_job, backfill_missing_schedule, corpus_sensor
+
+REPO = Path(__file__).resolve().parents[1]
+CORPUS_URL = os.environ.get("DAGSTER_GPU_CORPUS_URL", str(REPO / ".demo" / "corpus"))
+OUTPUT_URL = os.environ.get("DAGSTER_GPU_OUTPUT_URL", str(REPO / ".demo" / "embeddings"))
+
+fortune_corpus = CorpusSource(url=CORPUS_URL, text_format=TextFormat(format="text", record_separator_line="%"))
+
+fortune_embeddings = embedding_asset(
+    name="fortune_embeddings",
+    corpus=fortune_corpus,
+    output_url=OUTPUT_URL,
+    model="all-MiniLM-L6-v2",
+    batch_size=64,
+    device=os.environ.get("DAGSTER_GPU_DEVICE", "auto"),
+    gpu=GpuRequest(count=1, memory_gib=2, mig_ok=True, shared_ok=True),
+    group_name="embeddings",
+)
+
+fortune_job = asset_job(fortune_embeddings)
+
+defs = dg.Definitions(
+    assets=[fortune_embeddings],
+    jobs=[fortune_job],
+    sensors=[corpus_sensor(fortune_embeddings, fortune_corpus, job=fortune_job, minimum_interval_seconds=30)],
+    schedules=[backfill_missing_schedule(fortune_embeddings, job=fortune_job)],
+    executor=gpu_executor,
+)
