@@ -13,7 +13,7 @@ from dagster_gpu.corpus.listing import CorpusNotFound, CorpusSource
 from dagster_gpu.corpus.readers import CorpusReadError
 from dagster_gpu.embedding.model import ModelNotFound, load_model
 from dagster_gpu.embedding.pipeline import embed_partition
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.request import TAG_ASSET_KEY, TAG_CORPUS_URL, GpuRequest
 from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
 from dagster_gpu.worker.billing import measure
@@ -75,7 +75,7 @@ def embedding_asset(
         name=name,
         key_prefix=list(key_prefix) if key_prefix else None,
         partitions_def=pdef,
-        op_tags=gpu.to_tags(),
+        op_tags={**gpu.to_tags(), TAG_CORPUS_URL: corpus.url, TAG_ASSET_KEY: "/".join([*(key_prefix or []), name])},
         kinds={"pytorch", "parquet"},
         group_name=group_name,
         retry_policy=retry_policy,

@@ -8,7 +8,8 @@ Derivation, stable across runs and hosts:
   1. the file's path relative to the corpus root, ``/`` joined as ``__``;
   2. every run of characters outside ``[A-Za-z0-9._-]`` becomes ``_``; leading/trailing
      non-alphanumerics are stripped;
-  3. if step 2 changed anything, or the result is longer than 63 characters, the result is cut to 54
+  3. if step 2 changed anything, step 1 cannot be undone (the name itself holds ``__``), or the
+     result is longer than 63 characters, the result is cut to 54
      characters and ``-`` plus the first 8 hex digits of the SHA-256 of the original name is appended,
      so two different names never share a key.
 A name with nothing left after step 2 (``$(…)``, ``日本語``) becomes ``file-<hash8>``.
@@ -40,11 +41,14 @@ def partition_key_for(relative_name: str) -> str:
     >>> partition_key_for("computers")
     'computers'
     >>> partition_key_for("my file.txt")
-    'my_file.txt-9a3cbe4f'
+    'my_file.txt-bd031735'
     """
-    joined = relative_name.replace("/", "__")
+    parts = relative_name.split("/")
+    joined = "__".join(parts)
     cleaned = _EDGE.sub("", _UNSAFE.sub("_", joined))
-    if cleaned == joined and len(cleaned) <= MAX_KEY_LENGTH:
+    # Kept as is only when the ``__`` join can be undone (``a/b`` -> ``a__b``); a name that itself holds
+    # ``__`` or a ``_`` next to a ``/`` (``a__b``, ``a_/b``) is hashed, so it never shares ``a/b``'s key.
+    if cleaned == joined and len(cleaned) <= MAX_KEY_LENGTH and joined.split("__") == parts:
         return cleaned
     if not cleaned:
         return f"file-{_digest(relative_name)}"

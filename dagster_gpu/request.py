@@ -29,6 +29,10 @@ TAG_SHARED_OK = TAG_PREFIX + "shared-ok"
 TAG_DEADLINE_SECONDS = TAG_PREFIX + "deadline-seconds"
 TAG_BACKEND = TAG_PREFIX + "backend"
 
+#: Set by ``embedding_asset`` so ``backend: auto`` can size the step and read the asset's history.
+TAG_CORPUS_URL = TAG_PREFIX + "corpus-url"
+TAG_ASSET_KEY = TAG_PREFIX + "asset-key"
+
 BACKENDS = ("local", "slurm", "kubernetes")
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -56,6 +60,12 @@ def _parse_number(tag: str, value: str, kind: type, minimum: float) -> float | i
     if not math.isfinite(n) or n < minimum:
         raise GpuRequestError(f"tag {tag!r}: must be a finite number >= {minimum}, got {value!r}")
     return n
+
+
+def _number_tag(v: float) -> str:
+    """``40`` for 40.0, but never lossy: ``:g`` keeps only 6 significant digits (1209601 -> 1.2096e+06)."""
+    short = f"{v:g}"
+    return short if float(short) == v else repr(float(v))
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,7 @@ class GpuRequest:
         """The inverse of :meth:`from_tags` (only non-default fields)."""
         t = {TAG_GPU_COUNT: str(self.count)}
         if self.memory_gib is not None:
-            t[TAG_GPU_MEMORY_GIB] = f"{self.memory_gib:g}"
+            t[TAG_GPU_MEMORY_GIB] = _number_tag(self.memory_gib)
         if self.product:
             t[TAG_GPU_PRODUCT] = self.product
         if self.mig_ok:
@@ -121,7 +131,7 @@ class GpuRequest:
         if self.shared_ok:
             t[TAG_SHARED_OK] = "true"
         if self.deadline_s is not None:
-            t[TAG_DEADLINE_SECONDS] = f"{self.deadline_s:g}"
+            t[TAG_DEADLINE_SECONDS] = _number_tag(self.deadline_s)
         if self.backend:
             t[TAG_BACKEND] = self.backend
         return t

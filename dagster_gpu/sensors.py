@@ -6,7 +6,8 @@
   modification time seen (for the UI); the set of existing partitions is the authority, so files
   arriving out of modification-time order are never missed.
 - :func:`backfill_missing_schedule`: requests runs for partitions never materialized, or whose latest
-  run failed or was canceled, skipping partitions with a run in flight.
+  run failed or was canceled, skipping partitions with a run in flight; the run key names the run it
+  replaces, so each failure is retried once per tick-cycle, not on every tick.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def _partitions_def(asset: dg.AssetsDefinition) -> dg.DynamicPartitionsDefinitio
 
 def asset_job(asset: dg.AssetsDefinition) -> dg.UnresolvedAssetJobDefinition:
     """The job materializing ``asset`` one partition per run (``<asset>_job``)."""
-    return dg.define_asset_job(f"{asset.key.to_python_identifier()}_job", selection=[asset], partitions_def=_partitions_def(asset))
+    return dg.define_asset_job(f"{asset.key.to_python_identifier()}_job", selection=[asset])
 
 
 def corpus_sensor(
@@ -70,26 +71,33 @@ def corpus_sensor(
     return _sensor
 
 
-def partitions_to_rerun(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> list[str]:
-    """Partition keys never materialized or whose latest run failed/canceled, and with no run in flight.
+def _latest_runs(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, keys: list[str]) -> dict[str, dg.DagsterRun]:
+    """The newest run of each partition key that targets ``asset`` (one runs query)."""
+    latest: dict[str, dg.DagsterRun] = {}
+    if not keys:
+        return latest
+    for rec in instance.get_run_records(RunsFilter(tags={PARTITION_TAG: keys}), order_by="id", ascending=False):
+        run = rec.dagster_run
+        pk = run.tags.get(PARTITION_TAG)
+        if pk is not None and pk not in latest and asset.key in (run.asset_selection or {asset.key}):
+            latest[pk] = run
+    return latest
 
-    One query for materialized partitions and one for the asset job's runs (newest first).
-    """
+
+def partitions_to_rerun(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> dict[str, str | None]:
+    """Partition key -> id of its latest run (None if never run), for every partition never
+    materialized or whose latest run failed/was canceled, and with no run in flight."""
     pdef = _partitions_def(asset)
-    keys = instance.get_dynamic_partitions(pdef.name)
+    keys = list(instance.get_dynamic_partitions(pdef.name))
     materialized = instance.get_materialized_partitions(asset.key)
-    latest: dict[str, dg.DagsterRunStatus] = {}
-    for rec in instance.get_run_records(RunsFilter(tags={PARTITION_TAG: keys}) if keys else RunsFilter(), order_by="id", ascending=False):
-        pk = rec.dagster_run.tags.get(PARTITION_TAG)
-        if pk is not None and pk not in latest and asset.key in (rec.dagster_run.asset_selection or {asset.key}):
-            latest[pk] = rec.dagster_run.status
-    out = []
+    latest = _latest_runs(instance, asset, keys)
+    out: dict[str, str | None] = {}
     for k in keys:
-        status = latest.get(k)
-        if status in IN_PROGRESS_RUN_STATUSES:
+        run = latest.get(k)
+        if run is not None and run.status in IN_PROGRESS_RUN_STATUSES:
             continue
-        if k not in materialized or status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
-            out.append(k)
+        if k not in materialized or (run is not None and run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)):
+            out[k] = run.run_id if run else None
     return out
 
 
@@ -112,10 +120,10 @@ def backfill_missing_schedule(
         default_status=default_status,
     )
     def _schedule(context: dg.ScheduleEvaluationContext):
-        keys = partitions_to_rerun(context.instance, asset)
-        if not keys:
+        todo = partitions_to_rerun(context.instance, asset)
+        if not todo:
             return dg.SkipReason("every partition is materialized or in flight")
-        tick = context.scheduled_execution_time.isoformat() if context.scheduled_execution_time else "now"
-        return [dg.RunRequest(partition_key=k, run_key=f"{k}@{tick}") for k in keys]
+        # the run key names the failed run being replaced, so a partition is requested once per failure
+        return [dg.RunRequest(partition_key=k, run_key=f"{k}:after:{run_id or 'none'}") for k, run_id in todo.items()]
 
     return _schedule

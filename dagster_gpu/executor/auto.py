@@ -1,11 +1,51 @@
-"""``backend: auto`` across several configured backends: ask the cost policy."""
+"""``backend: auto`` across several configured backends: gather live state, ask the cost policy.
+
+Each backend reports its live state as a :class:`~dagster_gpu.policy.snapshot.BackendState`
+(``Backend.policy_state()``); a backend that cannot be asked is recorded as unreachable with the error,
+and the policy skips it. The step's size comes from its corpus file (op tag ``dagster-gpu/corpus-url``,
+set by ``embedding_asset``), the expected throughput from the asset's earlier materializations.
+"""
 
 from __future__ import annotations
 
-from dagster_gpu.executor.backends.base import BackendNotConfigured
+import time
+
+from dagster_gpu.corpus.listing import CorpusSource
+from dagster_gpu.policy import StepSize, choose_placement
+from dagster_gpu.policy.history import runtime_model
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.policy.snapshot import KubernetesState, LocalState, SlurmState, Snapshot
+from dagster_gpu.request import TAG_ASSET_KEY, TAG_CORPUS_URL, GpuRequest
+_STATE_TYPES = {"local": LocalState, "slurm": SlurmState, "kubernetes": KubernetesState}
+
+
+def step_size(tags: dict, partition_key: str | None) -> StepSize:
+    """The partition's corpus file size in bytes (StepSize() when unknown: the policy's fallback applies)."""
+    url = tags.get(TAG_CORPUS_URL)
+    if not url or not partition_key:
+        return StepSize()
+    try:
+        return StepSize(bytes=CorpusSource(url=url).file_for_key(partition_key).size_bytes)
+    except Exception:  # the step itself reports a missing file with a clear error
+        return StepSize()
+
+
+def gather_snapshot(handler, candidates) -> Snapshot:
+    """Ask every candidate backend for its state; failures become unreachable states with the reason."""
+    states = {}
+    for name in candidates:
+        try:
+            states[name] = handler.backend(name).policy_state()
+        except Exception as e:  # unreachable controller, missing config, ...
+            states[name] = _STATE_TYPES[name](reachable=False, reason=f"{type(e).__name__}: {e}")
+    return Snapshot(rate_card=handler.rate_card, taken_at=time.time(), **states)
 
 
 def auto_placement(handler, request: GpuRequest, ctx, step_key: str) -> Placement:
-    raise BackendNotConfigured("auto placement across several backends needs the cost policy (dagster_gpu.policy)")
+    """The cost policy's placement of one step over the handler's configured backends."""
+    tags = dict(ctx.step_tags.get(step_key, {}))
+    partition_key = ctx.dagster_run.tags.get("dagster/partition")
+    snapshot = gather_snapshot(handler, handler.candidates)
+    asset_key = tags.get(TAG_ASSET_KEY)
+    history = runtime_model(ctx.instance, asset_key) if asset_key else None
+    return choose_placement(request, step_size(tags, partition_key), snapshot, history=history)

@@ -57,6 +57,15 @@ class GpuStepHandler(StepHandler):
     def name(self) -> str:
         return "GpuStepHandler"
 
+    @property
+    def rate_card(self) -> RateCard:
+        return self._rate_card
+
+    @property
+    def candidates(self) -> list[str]:
+        """Backends configured in the executor config (``auto`` chooses among these)."""
+        return list(self._candidates)
+
     # -- helpers ----------------------------------------------------------------------------------
     def backend(self, name: str) -> Backend:
         with self._lock:

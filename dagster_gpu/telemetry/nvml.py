@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 from typing import Callable
 
 from dagster_gpu.telemetry.stats import TelemetrySummary, summarize
@@ -149,6 +150,36 @@ class NvmlSampler:
 
     def summary(self) -> TelemetrySummary:
         return summarize(self._util, self._mem, self._uuids, self._product, self._reason)
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    """One GPU as NVML reports it: ``uuid``, ``product`` name, ``memory_gib`` (total, GiB)."""
+
+    uuid: str
+    product: str
+    memory_gib: float
+
+
+def list_gpus(nvml=None) -> list[GpuInfo]:
+    """Every GPU NVML sees on this host ([] without a driver or GPU)."""
+    try:
+        if nvml is None:
+            import pynvml as nvml
+        nvml.nvmlInit()
+    except Exception:
+        return []
+    try:
+        out = []
+        for i in range(nvml.nvmlDeviceGetCount()):
+            h = nvml.nvmlDeviceGetHandleByIndex(i)
+            out.append(GpuInfo(_text(nvml.nvmlDeviceGetUUID(h)), _text(nvml.nvmlDeviceGetName(h)), nvml.nvmlDeviceGetMemoryInfo(h).total / 2**30))
+        return out
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:
+            pass
 
 
 def _text(v) -> str:

@@ -47,13 +47,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     status_path, cmd = Path(args[1]), args[3:]
     started = time.time()
-    try:
-        child = subprocess.Popen(cmd)
-    except OSError as e:
-        write_status(status_path, {"exit_code": 127, "message": f"cannot start worker {cmd[0]!r}: {e}", "started": started, "finished": time.time()})
-        return 127
+    pending: list[int] = []
+    holder: dict[str, subprocess.Popen] = {}
 
     def forward(signum, _frame):
+        child = holder.get("child")
+        if child is None:
+            pending.append(signum)  # arrived before the child existed: delivered right after it starts
+            return
         try:
             child.send_signal(signum)
         except ProcessLookupError:
@@ -61,6 +62,14 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
+    try:
+        child = subprocess.Popen(cmd)
+    except OSError as e:
+        write_status(status_path, {"exit_code": 127, "message": f"cannot start worker {cmd[0]!r}: {e}", "started": started, "finished": time.time()})
+        return 127
+    holder["child"] = child
+    for signum in pending:
+        child.send_signal(signum)
     code = child.wait()
     write_status(status_path, {"exit_code": code, "message": describe_exit(code), "started": started, "finished": time.time()})
     return code if code >= 0 else 128 - code

@@ -102,6 +102,12 @@ class Backend(ABC):
     def terminate(self, handle: Handle) -> None:
         """Stop exactly this worker (graceful: SIGTERM/scancel/graceful delete)."""
 
+    def policy_state(self):
+        """Live state for the cost policy (a ``dagster_gpu.policy.snapshot.BackendState``).
+
+        Raises when the backend cannot be asked; ``backend: auto`` then records it as unreachable."""
+        raise NotImplementedError(f"the {self.name} backend does not report live state")
+
     def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
         """Metadata for the STEP_WORKER_STARTING event (defaults to the handle itself)."""
         return dict(handle)

@@ -7,7 +7,6 @@ worker that dies without its step recording an outcome is reported with its exit
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -76,11 +75,10 @@ class LocalBackend(Backend):
         status = read_status(Path(str(handle["status_file"])))
         if status is not None and "exit_code" in status:
             code = int(status["exit_code"])
-            return WorkerState(
-                WorkerStatus.SUCCEEDED if code == 0 else WorkerStatus.FAILED,
-                exit_code=code,
-                message=status.get("message", f"worker exited with code {code}"),
-            )
+            message = status.get("message", f"worker exited with code {code}")
+            if code != 0:
+                message += f"; last lines of {handle['log_file']}:\n{log_tail(Path(str(handle['log_file'])))}"
+            return WorkerState(WorkerStatus.SUCCEEDED if code == 0 else WorkerStatus.FAILED, exit_code=code, message=message)
         if _alive(pid, float(handle["create_time"])):
             return WorkerState(WorkerStatus.RUNNING)
         code = child.returncode if child is not None else None
@@ -111,6 +109,25 @@ class LocalBackend(Backend):
         if child is not None:
             child.wait(timeout=5)
 
+    def policy_state(self):
+        """This host as a ``LocalState``: one pool per GPU product NVML sees (free = total minus our running
+        workers), none on a CPU-only host."""
+        from dagster_gpu.policy.snapshot import DevicePool, LocalState
+        from dagster_gpu.telemetry.nvml import list_gpus
+
+        running = sum(1 for pid, p in list(self._children.items()) if p.poll() is None)
+        gpus = list_gpus()
+        pools = []
+        for product in sorted({g.product for g in gpus}):
+            same = [g for g in gpus if g.product == product]
+            pools.append(
+                DevicePool(
+                    device=product, product=product, memory_gib=min(g.memory_gib for g in same),
+                    free=max(0, len(same) - running), total=len(same),
+                )
+            )
+        return LocalState(pools=tuple(pools))
+
     def handle_metadata(self, handle: Handle):
         return {"local/pid": int(handle["pid"]), "local/log_file": str(handle["log_file"]), "local/host": str(handle["host"])}
 
@@ -124,5 +141,12 @@ def _alive(pid: int, create_time: float) -> bool:
         return False
 
 
-def handle_to_json(handle: Handle) -> str:
-    return json.dumps(dict(handle), sort_keys=True)
+def log_tail(path: Path, lines: int = 8, max_bytes: int = 4096) -> str:
+    """The last ``lines`` lines of a worker log (at most ``max_bytes`` read), for failure messages."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - max_bytes))
+            return "\n".join(f.read().decode("utf-8", "replace").splitlines()[-lines:])
+    except OSError as e:
+        return f"(log unreadable: {e})"

@@ -1,0 +1,545 @@
+"""The ``kubernetes`` backend: each step runs in a Pod whose GPU comes from a DRA ResourceClaimTemplate.
+
+Per step (see ``dagster_gpu.k8s.manifests`` for the objects): create the ResourceClaimTemplate, create the
+Pod (``restartPolicy: Never``), then make the template owned by the pod. The resourceclaim controller
+creates the ResourceClaim from the template (owned by the pod) and kube-scheduler allocates a device that
+matches the request; the claim is released and deleted when the pod ends or goes away.
+
+Health (:meth:`KubernetesBackend.state`):
+
+* Pending and unschedulable (``PodScheduled=False``, reason ``Unschedulable``, the ``FailedScheduling``
+  event) for longer than ``pending_timeout_seconds`` -> FAILED with the scheduler's message; the pod and
+  its template are deleted so no pod or claim is left.
+* Bound but its container not started (``CreateContainerConfigError``, image pull errors...) for longer
+  than ``create_timeout_seconds`` -> FAILED with the kubelet's reason and message; pod deleted.
+* The pod missing (never created, or deleted by someone else) -> FAILED; the step handler does not fail a
+  step that already recorded its outcome.
+* Succeeded / Failed -> SUCCEEDED / FAILED with the container's exit code; with ``delete_finished_pods``
+  the pod is then deleted (gracefully) after its running interval has been recorded.
+
+Terminate: graceful delete of the pod (its ``terminationGracePeriodSeconds``, never forced), its template
+and its claims. Workers survive the orchestrator: a SIGTERM to the run worker leaves pods running and a
+resumed run re-attaches by the handle (pod name + uid) recorded in the event log.
+
+Run config (``execution: config: kubernetes:``), all optional::
+
+    kubeconfig: /path/to/kubeconfig        # default $KUBECONFIG / ~/.kube/config; or in_cluster: true
+    context: name
+    in_cluster: false
+    namespace: dagster-gpu
+    image: registry/dagster-gpu:tag        # the step worker's image
+    postgres_password_secret: {name: dagster-postgresql-secret, key: postgresql-password}
+    env_secret_refs: [{env: AWS_SECRET_ACCESS_KEY, secret: s3, key: secret-key}]
+    container_context: {...}               # dagster-k8s K8sContainerContext fields (env_vars, volumes...)
+    mig_profile: 1g.10gb                   # for mig-ok requests; null = whole GPUs only
+    sharing_strategy: TimeSlicing | MPS    # opaque GpuConfig for shared-ok requests; default none
+    pending_timeout_seconds: 300
+    create_timeout_seconds: 120
+    termination_grace_period_seconds: 30
+    cpu_request: 100m
+    memory_request: null
+    delete_finished_pods: true
+    finalize_wait_seconds: 15              # at orchestrator exit, wait this long for launched pods to end
+    resource_api_version: null             # force v1 / v1beta2 / v1beta1 (default: discovered)
+    labels: {}
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime as dt
+import json
+import logging
+import threading
+import time
+from typing import Any, Mapping
+
+import dagster as dg
+from kubernetes.client.rest import ApiException
+
+from dagster_gpu.billing.metering import cost_usd, gpu_seconds
+from dagster_gpu.billing.ratecard import RateCard, rate_from_table
+from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.k8s import manifests as m
+from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
+from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
+
+log = logging.getLogger(__name__)
+
+# Kubelet waiting reasons that mean the container will not start without intervention.
+_STUCK_REASONS = {"CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
+                  "InvalidImageName", "RunContainerError"}
+
+
+def config_field() -> dg.Field:
+    """The ``kubernetes:`` section of gpu_executor's config (see the module docstring)."""
+    return dg.Field(
+        {
+            "kubeconfig": dg.Field(dg.StringSource, is_required=False, description="kubeconfig path (default $KUBECONFIG)."),
+            "context": dg.Field(dg.StringSource, is_required=False),
+            "in_cluster": dg.Field(bool, default_value=False),
+            "namespace": dg.Field(dg.StringSource, default_value="dagster-gpu"),
+            "image": dg.Field(dg.StringSource, default_value="dagster-gpu:latest"),
+            "postgres_password_secret": dg.Field(
+                dg.Noneable({"name": dg.Field(str), "key": dg.Field(str, default_value="postgresql-password"),
+                             "env": dg.Field(str, default_value="DAGSTER_PG_PASSWORD")}),
+                default_value={"name": "dagster-postgresql-secret", "key": "postgresql-password", "env": "DAGSTER_PG_PASSWORD"},
+                description="Secret holding the Dagster PostgreSQL password (passed by secretKeyRef, never by value).",
+            ),
+            "env_secret_refs": dg.Field([{"env": str, "secret": str, "key": str}], default_value=[]),
+            "container_context": dg.Field(dg.Permissive(), default_value={},
+                                          description="dagster-k8s K8sContainerContext fields (env_vars, env_secrets, volumes, ...)."),
+            "mig_profile": dg.Field(dg.Noneable(str), default_value="1g.10gb"),
+            "sharing_strategy": dg.Field(dg.Noneable(dg.Enum("K8sSharing", [dg.EnumValue("TimeSlicing"), dg.EnumValue("MPS")])),
+                                         default_value=None),
+            "pending_timeout_seconds": dg.Field(float, default_value=300.0),
+            "create_timeout_seconds": dg.Field(float, default_value=120.0),
+            "termination_grace_period_seconds": dg.Field(int, default_value=30),
+            "cpu_request": dg.Field(dg.Noneable(str), default_value="100m"),
+            "memory_request": dg.Field(dg.Noneable(str), default_value=None),
+            "delete_finished_pods": dg.Field(bool, default_value=True),
+            "finalize_wait_seconds": dg.Field(float, default_value=15.0),
+            "resource_api_version": dg.Field(dg.Noneable(str), default_value=None),
+            "labels": dg.Field(dg.Permissive(), default_value={}),
+        },
+        is_required=False,
+        description="Kubernetes backend: one pod per step, GPU by DRA ResourceClaimTemplate (resource.k8s.io/v1).",
+    )
+
+
+def settings_from_config(section: Mapping[str, Any]) -> m.K8sSettings:
+    """K8sSettings from the ``kubernetes:`` section (already defaulted by Dagster's config system or not)."""
+    secret_env = []
+    pg = section.get("postgres_password_secret", {"name": "dagster-postgresql-secret"})
+    if pg:
+        secret_env.append(m.SecretEnv(pg.get("env", "DAGSTER_PG_PASSWORD"), pg["name"], pg.get("key", "postgresql-password")))
+    secret_env += [m.SecretEnv(r["env"], r["secret"], r["key"]) for r in section.get("env_secret_refs", [])]
+    return m.K8sSettings(
+        namespace=section.get("namespace", "dagster-gpu"),
+        image=section.get("image", "dagster-gpu:latest"),
+        secret_env=tuple(secret_env),
+        container_context=dict(section.get("container_context") or {}),
+        mig_profile=section.get("mig_profile", "1g.10gb"),
+        sharing_strategy=section.get("sharing_strategy"),
+        termination_grace_period_s=int(section.get("termination_grace_period_seconds", 30)),
+        cpu_request=section.get("cpu_request", "100m"),
+        memory_request=section.get("memory_request"),
+        extra_labels=dict(section.get("labels") or {}),
+    )
+
+
+def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any]) -> "KubernetesBackend":
+    """The backend for gpu_executor (called by ``dagster_gpu.executor.registry``)."""
+    settings = settings_from_config(section)
+    api = load_api_client(section.get("kubeconfig"), section.get("context"), bool(section.get("in_cluster", False)))
+    kube = KubeClient(api, settings.namespace, section.get("resource_api_version"))
+    rate_card = RateCard.load(executor_config.get("rate_card"))
+    return KubernetesBackend(
+        kube, settings,
+        pending_timeout_s=float(section.get("pending_timeout_seconds", 300.0)),
+        create_timeout_s=float(section.get("create_timeout_seconds", 120.0)),
+        delete_finished_pods=bool(section.get("delete_finished_pods", True)),
+        rates=rate_card.table("kubernetes"),
+        finalize_wait_s=float(section.get("finalize_wait_seconds", 15.0)),
+    )
+
+
+def _ts(t: dt.datetime | None) -> float | None:
+    return t.timestamp() if t is not None else None
+
+
+class KubernetesBackend(Backend):
+    """Step workers as pods with DRA ResourceClaims.
+
+    Args:
+        kube: API access for the namespace.
+        settings: what the objects look like.
+        pending_timeout_s: seconds a pod may stay unschedulable before the step fails (scheduler's message).
+        create_timeout_s: seconds a bound pod's container may stay un-started (or a missing pod may be
+            tolerated right after launch) before the step fails.
+        delete_finished_pods: delete a pod once it ended and its interval was recorded.
+        rates: the kubernetes rate table (USD per GPU-hour) for the post-run pod-interval figures.
+        report_observations: after a pod ends, write its pod-interval AssetObservation into the Dagster
+            instance named in the step's args (see :meth:`post_run_metadata`).
+        finalize_wait_s: when the orchestrating process exits, wait at most this long for the pods it
+            launched to end, so each is finalized (observation written, pod deleted). A pod still running
+            then is left alone (a resumed run re-attaches to it).
+
+    A daemon thread finalizes every launched pod as soon as it ends (the step handler may never
+    health-check a step again once its outcome is in the event log).
+    """
+
+    name = "kubernetes"
+    workers_survive_orchestrator = True
+
+    def __init__(self, kube: KubeClient, settings: m.K8sSettings, pending_timeout_s: float = 300.0,
+                 create_timeout_s: float = 120.0, delete_finished_pods: bool = True,
+                 rates: Mapping[str, float] | None = None, report_observations: bool = True,
+                 finalize_wait_s: float = 15.0):
+        self.kube = kube
+        self.settings = settings
+        self.pending_timeout_s = pending_timeout_s
+        self.create_timeout_s = create_timeout_s
+        self.delete_finished_pods = delete_finished_pods
+        self.rates = dict(rates or RateCard.load().table("kubernetes"))
+        self._final: dict[str, dict[str, Any]] = {}  # pod uid -> terminal facts (state, interval, claim, devices)
+        self._instances: dict[str, Any] = {}  # serialized instance ref -> DagsterInstance (observations)
+        self.report_observations = report_observations
+        self._lock = threading.Lock()
+        # Allocations are read from a watch: the claim is deallocated and deleted right after the pod ends.
+        self.claims = ClaimWatcher(kube, f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}")
+        self.finalize_wait_s = finalize_wait_s
+        self._active: dict[str, Handle] = {}  # pod uid -> handle, launched here and not yet finalized
+        self._finish_lock = threading.RLock()
+        self._finalizer_started = False
+
+    # -- launch -------------------------------------------------------------------------------------
+    def launch(self, launch: StepLaunch) -> Handle:
+        """Create the template and pod for ``launch``; returns the handle
+
+        ``{namespace, pod, pod_uid, template, device_class, device_type, device_fraction, launched_at,
+        partition_key}`` (``template`` empty for a CPU-only step). An existing pod of the same
+        run/step/attempt is re-attached. Raises ManifestError or ApiException (naming the partition).
+        """
+        choice0 = m.device_choice(launch.request, launch.placement.device, self.settings)
+        if choice0 is not None and STEP_CONTEXT_ENV in launch.env:
+            ctx = json.loads(launch.env[STEP_CONTEXT_ENV])
+            ctx["device_fraction"] = choice0.device_fraction  # the worker bills MIG/shared devices by it
+            launch = StepLaunch(**{**launch.__dict__, "env": {**launch.env, STEP_CONTEXT_ENV: json.dumps(ctx, sort_keys=True)}})
+        pod, template, choice = m.step_objects(launch, self.settings)
+        name = pod.metadata.name
+        self.claims.start()
+        self.claims.wait_synced(10)
+        where = f"partition {launch.partition_key!r}" if launch.partition_key is not None else "unpartitioned run"
+        if template is not None:
+            try:
+                self.kube.create_claim_template(m.to_dict(template))
+            except ApiException as e:
+                if e.status != 409:  # 409: left by an earlier launch of this attempt (resume): reuse it
+                    raise RuntimeError(f"creating ResourceClaimTemplate {name} for {where}: {e.status} {e.reason}: {e.body}") from e
+        try:
+            created = self.kube.create_pod(m.to_dict(pod))
+        except ApiException as e:
+            if e.status != 409:
+                if template is not None:
+                    self.kube.delete_claim_template(name)
+                raise RuntimeError(f"creating pod {name} for {where}: {e.status} {e.reason}: {e.body}") from e
+            created = self.kube.read_pod(name)
+            if created is None or (created.metadata.labels or {}).get(m.LABEL_RUN_ID) != m.sanitize_label_value(launch.run_id):
+                raise RuntimeError(f"pod {name} for {where} exists but belongs to another run") from e
+            log.info("re-attached to existing pod %s for %s", name, where)
+        if template is not None:
+            try:
+                self.kube.set_template_owner(name, m.owner_reference(name, created.metadata.uid))
+            except ApiException as e:  # the pod still runs; the template is cleaned up on terminate
+                log.warning("could not make template %s owned by its pod: %s %s", name, e.status, e.reason)
+        handle = {
+            "namespace": self.settings.namespace,
+            "pod": name,
+            "pod_uid": created.metadata.uid,
+            "template": name if template is not None else "",
+            "device_class": choice.device_class if choice else "",
+            "device_type": choice.device_type if choice else "cpu",
+            "device_fraction": choice.device_fraction if choice else 0.0,
+            "launched_at": time.time(),
+            "partition_key": launch.partition_key or "",
+        }
+        self._track(handle)
+        return handle
+
+    # -- finalizer ----------------------------------------------------------------------------------
+    def _track(self, handle: Handle) -> None:
+        with self._lock:
+            self._active[str(handle["pod_uid"])] = handle
+            start = not self._finalizer_started
+            self._finalizer_started = True
+        if start:
+            threading.Thread(target=self._finalizer_loop, name="dagster-gpu-k8s-finalizer", daemon=True).start()
+            if self.finalize_wait_s > 0:
+                atexit.register(self.finalize_all, self.finalize_wait_s)
+
+    def _finalize_pass(self) -> int:
+        """Check every active handle once (finalizing ended pods); returns how many are still active."""
+        with self._lock:
+            handles = list(self._active.values())
+        for h in handles:
+            st = self.state(h)
+            if st.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
+                with self._lock:
+                    self._active.pop(str(h["pod_uid"]), None)
+        with self._lock:
+            return len(self._active)
+
+    def _finalizer_loop(self) -> None:
+        while True:
+            try:
+                self._finalize_pass()
+            except Exception:  # noqa: BLE001 - keep finalizing
+                log.exception("kubernetes finalizer pass failed")
+            time.sleep(1.0)
+
+    def finalize_all(self, wait_s: float) -> int:
+        """Finalize ended pods, waiting at most ``wait_s`` for the others to end; returns how many remain."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                left = self._finalize_pass()
+            except Exception:  # noqa: BLE001
+                log.exception("kubernetes finalize at exit failed")
+                return -1
+            if left == 0 or time.monotonic() > deadline:
+                return left
+            time.sleep(0.5)
+
+    def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
+        return {
+            "k8s/namespace": str(handle["namespace"]),
+            "k8s/pod": str(handle["pod"]),
+            "k8s/resource_claim_template": str(handle.get("template", "")),
+            "gpu/device_fraction": float(handle.get("device_fraction", 0.0)),
+        }
+
+    # -- state -----------------------------------------------------------------------------------------
+    def state(self, handle: Handle) -> WorkerState:
+        """See the module docstring. UNKNOWN on a transient API error (never changes a step's state)."""
+        self.claims.start()
+        uid = str(handle["pod_uid"])
+        with self._lock:
+            final = self._final.get(uid)
+        if final is not None:
+            return final["state"]
+        try:
+            return self._state(handle)
+        except ApiException as e:
+            return WorkerState(WorkerStatus.UNKNOWN, message=f"Kubernetes API error {e.status} {e.reason}")
+        except Exception as e:  # noqa: BLE001 - connection errors are transient for the health check
+            return WorkerState(WorkerStatus.UNKNOWN, message=f"Kubernetes API unreachable: {type(e).__name__}: {e}")
+
+    def _state(self, handle: Handle) -> WorkerState:
+        name, uid = str(handle["pod"]), str(handle["pod_uid"])
+        age = time.time() - float(handle.get("launched_at", 0))
+        pod = self.kube.read_pod(name)
+        if pod is None or pod.metadata.uid != uid:
+            return WorkerState(WorkerStatus.FAILED, message=(
+                f"pod {handle['namespace']}/{name} (uid {uid}) does not exist (never created, or deleted outside the executor)"))
+        phase = pod.status.phase
+        cs = (pod.status.container_statuses or [None])[0]
+        if phase in ("Succeeded", "Failed"):
+            return self._finish(handle, pod, cs)
+        if pod.metadata.deletion_timestamp is not None:
+            return WorkerState(WorkerStatus.RUNNING, message="pod is terminating")
+        if phase == "Running":
+            if self.claims.get(uid) is None and handle.get("template"):
+                claim = self._claim_of(pod)  # fallback when the watch is behind
+                if claim is not None:
+                    self.claims.record(claim)
+            return WorkerState(WorkerStatus.RUNNING)
+        # Pending
+        if not pod.spec.node_name:
+            cond = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
+            msg = cond.message if cond is not None and cond.reason == "Unschedulable" and cond.message else ""
+            if not msg:
+                evs = self.kube.scheduling_events(name)
+                msg = evs[-1].message if evs else ""
+            if age > self.pending_timeout_s:
+                why = msg or "the scheduler has not placed the pod"
+                self._give_up(handle)
+                return self._remember(handle, WorkerState(WorkerStatus.FAILED, message=(
+                    f"pod {handle['namespace']}/{name} unschedulable for {age:.0f}s (> pending_timeout_seconds="
+                    f"{self.pending_timeout_s:g}): FailedScheduling: {why}")))
+            return WorkerState(WorkerStatus.PENDING, message=msg)
+        waiting = cs.state.waiting if cs is not None and cs.state is not None else None
+        if age > self.create_timeout_s:
+            reason = f"{waiting.reason}: {waiting.message}" if waiting is not None else "container not started"
+            if waiting is None or waiting.reason in _STUCK_REASONS or waiting.reason == "ContainerCreating":
+                self._give_up(handle)
+                return self._remember(handle, WorkerState(WorkerStatus.FAILED, message=(
+                    f"pod {handle['namespace']}/{name} bound to {pod.spec.node_name} but not started after {age:.0f}s "
+                    f"(> create_timeout_seconds={self.create_timeout_s:g}): {reason}")))
+        return WorkerState(WorkerStatus.PENDING, message=f"{waiting.reason}" if waiting is not None else "")
+
+    def _claim_of(self, pod) -> Any | None:
+        for s in pod.status.resource_claim_statuses or []:
+            if s.name == m.REQUEST_NAME and s.resource_claim_name:
+                return self.kube.read_claim(s.resource_claim_name)
+        return None
+
+    def _finish(self, handle: Handle, pod, cs) -> WorkerState:
+        # One finisher at a time: the finalizer thread, a health check and the exit hook may all see the
+        # pod end; whoever comes second gets the remembered state. Holding the lock through the report
+        # also makes the exit hook wait for a report the finalizer thread is writing.
+        with self._finish_lock:
+            with self._lock:
+                done = self._final.get(str(handle["pod_uid"]))
+            if done is not None:
+                return done["state"]
+            return self._finish_locked(handle, pod, cs)
+
+    def _finish_locked(self, handle: Handle, pod, cs) -> WorkerState:
+        term = cs.state.terminated if cs is not None and cs.state is not None else None
+        code = term.exit_code if term is not None else None
+        if pod.status.phase == "Succeeded":
+            state = WorkerState(WorkerStatus.SUCCEEDED, exit_code=code if code is not None else 0,
+                                message=f"pod {pod.metadata.name} Succeeded")
+        else:
+            detail = f"{term.reason}" + (f": {term.message}" if term is not None and term.message else "") if term else (pod.status.reason or "")
+            state = WorkerState(WorkerStatus.FAILED, exit_code=code,
+                                message=f"pod {pod.metadata.name} Failed ({detail})")
+        claim_name = next((s.resource_claim_name for s in pod.status.resource_claim_statuses or []
+                           if s.name == m.REQUEST_NAME), None) or ""
+        seen = self.claims.get(pod.metadata.uid)
+        if seen is None and claim_name:
+            claim = self._claim_of(pod)
+            if claim is not None:
+                self.claims.record(claim)
+            seen = self.claims.get(pod.metadata.uid)
+        devices = seen["devices"] if seen else []
+        facts = {
+            "state": state,
+            "started_at": _ts(term.started_at) if term is not None else None,
+            "finished_at": _ts(term.finished_at) if term is not None else None,
+            "resource_claim": claim_name,
+            "allocated_devices": devices,
+        }
+        with self._lock:
+            self._final[str(handle["pod_uid"])] = facts
+        # Exactly one process reports the observation: the one whose delete (uid precondition) succeeded.
+        report = self.kube.delete_pod(str(handle["pod"]), uid=str(handle["pod_uid"])) if self.delete_finished_pods else True
+        if report and self.report_observations:
+            try:
+                self._report_observation(handle, pod)
+            except Exception:  # noqa: BLE001 - billing never breaks a run
+                log.exception("could not report the pod-interval observation of pod %s", handle["pod"])
+        return state
+
+    def _report_observation(self, handle: Handle, pod) -> int:
+        """Write the pod-interval AssetObservation of each asset partition the step materialized (or, if it
+        failed, of the run's selected assets) into the Dagster instance named by the step's own args.
+        Returns the number of observations written."""
+        md = self.post_run_metadata(handle)
+        if md is None:
+            return 0
+        env = {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
+        if "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS" not in env:
+            return 0
+        args = _step_args(env["DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS"])
+        from dagster._serdes import serialize_value
+
+        key = serialize_value(args.instance_ref)
+        with self._lock:
+            instance = self._instances.get(key)
+            if instance is None:
+                instance = self._instances[key] = dg.DagsterInstance.from_ref(args.instance_ref)
+        step_key = args.step_keys_to_execute[0]
+        targets: list[tuple[Any, str | None, Mapping[str, Any]]] = []
+        for rec in instance.get_records_for_run(args.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records:
+            ev = rec.event_log_entry.dagster_event
+            if ev is None or ev.step_key != step_key:
+                continue
+            mat = ev.step_materialization_data.materialization
+            targets.append((mat.asset_key, mat.partition, mat.metadata))
+        if not targets:  # the step failed: the devices were still held, bill the run's partition
+            run = instance.get_run_by_id(args.run_id)
+            for ak in (run.asset_selection or []) if run else []:
+                targets.append((ak, handle.get("partition_key") or None, {}))
+        for asset_key, partition, mat_md in targets:
+            obs = {**md, **reconcile(md, mat_md), "dagster_gpu/backend": "kubernetes"}
+            instance.report_runless_asset_event(dg.AssetObservation(asset_key=asset_key, partition=partition, metadata=obs))
+        return len(targets)
+
+    def _remember(self, handle: Handle, state: WorkerState) -> WorkerState:
+        with self._lock:
+            self._final[str(handle["pod_uid"])] = {"state": state, "started_at": None, "finished_at": None,
+                                                   "resource_claim": "", "allocated_devices": []}
+        return state
+
+    def _give_up(self, handle: Handle) -> None:
+        """Delete a pod that will not run (unschedulable / stuck), with its template and claims."""
+        self.terminate(handle)
+
+    # -- terminate ---------------------------------------------------------------------------------------
+    def terminate(self, handle: Handle) -> None:
+        """Graceful delete of the pod (its own grace period), its ResourceClaimTemplate and its claims.
+
+        Claims are deleted too: the API server keeps an allocated claim until the pod released it, so this
+        never takes a device from a running container. Idempotent; objects already gone are skipped.
+        """
+        name, uid = str(handle["pod"]), str(handle["pod_uid"])
+        pod = self.kube.read_pod(name)
+        claims = [s.resource_claim_name for s in (pod.status.resource_claim_statuses or [])
+                  if s.resource_claim_name] if pod is not None and pod.metadata.uid == uid else []
+        self.kube.delete_pod(name, uid=uid)
+        if handle.get("template"):
+            self.kube.delete_claim_template(str(handle["template"]))
+        for c in claims:
+            self.kube.delete_claim(c)
+
+    # -- post-run figures ---------------------------------------------------------------------------------
+    def post_run_metadata(self, handle: Handle) -> dict[str, Any] | None:
+        """Observation metadata once the pod ended (None before, or if it never ran).
+
+        ``billing/source: pod-interval``: ``billing/gpu_seconds`` = the container's running interval
+        (terminated.finishedAt - startedAt, s; 1 s resolution) × ``gpu/device_fraction``; cost at the
+        kubernetes rate of the device type (a MIG slice at its parent's rate, as in the worker's billing).
+        Also ``k8s/namespace``, ``k8s/pod``, ``k8s/resource_claim``, ``k8s/allocated_devices``
+        (``driver/pool/device``, comma-separated), ``k8s/running_seconds`` and the container's
+        ``k8s/started_at`` / ``k8s/finished_at`` (Unix epoch s).
+        """
+        with self._lock:
+            facts = self._final.get(str(handle["pod_uid"]))
+        if facts is None or facts["started_at"] is None or facts["finished_at"] is None:
+            return None
+        interval = max(0.0, facts["finished_at"] - facts["started_at"])
+        fraction = float(handle.get("device_fraction", 0.0))
+        device_type = str(handle.get("device_type", "default"))
+        if device_type == "cpu":
+            rate, secs = rate_from_table(self.rates, "cpu"), gpu_seconds(1.0, interval)
+        else:
+            rate = rate_from_table(self.rates, "default" if device_type.startswith("mig-") else device_type)
+            secs = gpu_seconds(fraction, interval)
+        return {
+            "k8s/namespace": str(handle["namespace"]),
+            "k8s/pod": str(handle["pod"]),
+            "k8s/resource_claim": facts["resource_claim"],
+            "k8s/allocated_devices": ",".join(facts["allocated_devices"]),
+            "k8s/running_seconds": float(interval),
+            "k8s/started_at": float(facts["started_at"]),
+            "k8s/finished_at": float(facts["finished_at"]),
+            "gpu/device_fraction": fraction,
+            "billing/device_type": device_type,
+            "billing/gpu_seconds": float(secs),
+            "billing/rate_usd_per_gpu_hour": float(rate),
+            "billing/cost_usd": float(cost_usd(secs, rate)),
+            "billing/source": "pod-interval",
+        }
+
+
+def reconcile(pod_interval: Mapping[str, Any], measured: Mapping[str, Any]) -> dict[str, float]:
+    """Compare the pod-interval bill with the worker's measured one (materialization metadata values).
+
+    Returns ``billing/measured_gpu_seconds`` and ``billing/difference_gpu_seconds`` (pod-interval minus
+    measured, s: pod start, imports and teardown outside the measured window) plus
+    ``billing/measured_cost_usd``, each only when the materialization has the figure.
+    """
+    out: dict[str, float] = {}
+    mg = measured.get("billing/gpu_seconds")
+    mg = getattr(mg, "value", mg)
+    if isinstance(mg, (int, float)):
+        out["billing/measured_gpu_seconds"] = float(mg)
+        out["billing/difference_gpu_seconds"] = float(pod_interval["billing/gpu_seconds"]) - float(mg)
+    mc = measured.get("billing/cost_usd")
+    mc = getattr(mc, "value", mc)
+    if isinstance(mc, (int, float)):
+        out["billing/measured_cost_usd"] = float(mc)
+    return out
+
+
+def _step_args(compressed: str):
+    """ExecuteStepArgs from ``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS`` (base64 of zlib of serdes JSON)."""
+    import base64
+    import zlib
+
+    from dagster._grpc.types import ExecuteStepArgs
+    from dagster._serdes import deserialize_value
+
+    return deserialize_value(zlib.decompress(base64.b64decode(compressed.encode())).decode(), ExecuteStepArgs)

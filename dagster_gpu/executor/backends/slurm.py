@@ -1,0 +1,333 @@
+"""The ``slurm`` backend: each step is one task of a job array on a Slurm cluster.
+
+Config (``execution: config: slurm:``)::
+
+    slurm:
+      slurm_conf: /etc/slurm/slurm.conf        # default: $SLURM_CONF / Slurm's default
+      spool_dir: /shared/dagster-gpu-spool     # default: $DAGSTER_HOME/dagster_gpu/slurm-spool
+      account: research                        # sbatch --account
+      slurm_partition: gpu                     # sbatch --partition (default: the cluster's default)
+      qos: normal                              # sbatch --qos
+      time_limit: "01:00:00"                   # sbatch --time
+      throttle: 4                              # %T of each array (default: GPUs in the slurm partition / GPUs per task)
+      coalesce_window_seconds: 2.0             # launches share one sbatch until none arrived for this long…
+      coalesce_max_window_seconds: 15.0        # …or the first of them has waited this long
+      max_tasks_per_array: 1000                # cap per sbatch (MaxArraySize from the controller also applies)
+      poll_interval_seconds: 2.0               # one squeue + one sacct per interval, for every array in the spool
+      shards_per_gpu: 4                        # shard GRES per GPU (the gres.conf Count per device)
+      shards_per_shared_task: 1                # --gres=shard:N for a step with dagster-gpu/shared-ok
+      extra_sbatch_args: ["--constraint=a100"] # appended as argv items, never through a shell
+      env_files: ["~/.dagster-gpu.env"]        # KEY=VALUE secrets (mode 0600) loaded by each task
+      python: /shared/venv/bin/python          # interpreter on the compute nodes (default: this one)
+
+GRES: ``--gres=gpu:<count>``; a step tagged ``dagster-gpu/shared-ok: true`` gets ``--gres=shard:N`` and a
+device fraction of N ÷ shards_per_gpu; a step with ``gpu-count: 0`` requests no GRES.
+
+The step worker's metadata (``slurm/job_id``, ``slurm/array_job_id``, ``slurm/array_task_id``) comes from
+Slurm's environment in the worker; after the task ends, sacct figures are reported per partition as an
+AssetObservation with ``billing/source: sacct`` (:mod:`dagster_gpu.slurm.reconcile`) by whichever process
+polls next, and by each orchestrating process before it exits (``reconcile_wait_seconds``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import dagster as dg
+
+from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
+
+# dagster_gpu.slurm.* is imported inside the backend: this module is imported while
+# dagster_gpu.executor initialises (for config_field), and dagster_gpu.slurm imports executor.backends.base.
+
+log = logging.getLogger(__name__)
+
+
+def default_spool_dir() -> str:
+    """``$DAGSTER_GPU_SLURM_SPOOL``, else ``$DAGSTER_HOME/dagster_gpu/slurm-spool``, else a per-user /tmp dir."""
+    if os.environ.get("DAGSTER_GPU_SLURM_SPOOL"):
+        return os.environ["DAGSTER_GPU_SLURM_SPOOL"]
+    if os.environ.get("DAGSTER_HOME"):
+        return str(Path(os.environ["DAGSTER_HOME"]) / "dagster_gpu" / "slurm-spool")
+    return f"/tmp/dagster-gpu-slurm-spool-{os.getuid()}"
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """The ``slurm:`` section, typed (see module doc for meanings; seconds for all durations)."""
+
+    slurm_conf: str | None = None
+    spool_dir: str = field(default_factory=default_spool_dir)
+    account: str | None = None
+    slurm_partition: str | None = None
+    qos: str | None = None
+    time_limit: str | None = None
+    throttle: int | None = None
+    coalesce_window_seconds: float = 2.0
+    coalesce_max_window_seconds: float = 15.0
+    max_tasks_per_array: int | None = None
+    poll_interval_seconds: float = 2.0
+    shards_per_gpu: int = 4
+    shards_per_shared_task: int = 1
+    extra_sbatch_args: tuple[str, ...] = ()
+    env_files: tuple[str, ...] = ()
+    python: str | None = None
+    submit_timeout_seconds: float = 180.0
+    vanish_grace_seconds: float = 60.0
+    reconcile_wait_seconds: float = 20.0
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any]) -> "SlurmSettings":
+        kw = {k: v for k, v in section.items() if v is not None and k in cls.__dataclass_fields__}
+        for k in ("extra_sbatch_args", "env_files"):
+            if k in kw:
+                kw[k] = tuple(os.path.expanduser(x) if k == "env_files" else x for x in kw[k])
+        return cls(**kw)
+
+
+class SlurmBackend(Backend):
+    """Steps as job array tasks (see module doc). One instance per orchestrating process."""
+
+    name = "slurm"
+    workers_survive_orchestrator = True
+
+    def __init__(self, settings: SlurmSettings, client: "SlurmClient | None" = None):
+        from dagster_gpu.slurm.client import SlurmClient
+        from dagster_gpu.slurm.coalescer import ArrayCoalescer, default_python
+        from dagster_gpu.slurm.poller import SharedPoller
+        from dagster_gpu.slurm.spool import Spool
+
+        self.settings = settings
+        self.client = client or SlurmClient(slurm_conf=settings.slurm_conf)
+        self.spool = Spool(settings.spool_dir)
+        self._cfg_lock = threading.Lock()
+        self._max_array_size: tuple[float, int] | None = None
+        self._gpus: tuple[float, int] | None = None
+        self.coalescer = ArrayCoalescer(
+            self.spool,
+            self.client,
+            python=settings.python or default_python(),
+            window_s=settings.coalesce_window_seconds,
+            max_window_s=settings.coalesce_max_window_seconds,
+            max_wait_s=settings.submit_timeout_seconds,
+            max_tasks_per_array=settings.max_tasks_per_array,
+            max_array_size=self.max_array_size,
+            env_files=settings.env_files,
+        )
+        self.poller = SharedPoller(self.spool, self.client, settings.poll_interval_seconds)
+        self._launched: set[int] = set()
+        self._preempted_since: dict[tuple[int, int], float] = {}
+        self._atexit = False
+
+    # ------------------------------------------------------------------------------ cluster facts
+    def max_array_size(self) -> int:
+        """The controller's MaxArraySize, cached 5 minutes."""
+        with self._cfg_lock:
+            if self._max_array_size is None or time.time() - self._max_array_size[0] > 300:
+                self._max_array_size = (time.time(), self.client.max_array_size())
+            return self._max_array_size[1]
+
+    def gpus_in_partition(self) -> int:
+        """GPUs (gpu GRES) in the configured slurm partition, cached 5 minutes."""
+        with self._cfg_lock:
+            if self._gpus is None or time.time() - self._gpus[0] > 300:
+                self._gpus = (time.time(), self.client.gpus_in_partition(self.settings.slurm_partition))
+            return self._gpus[1]
+
+    # ------------------------------------------------------------------------------ sbatch options
+    def gres_option(self, launch: StepLaunch) -> tuple[str | None, float | None]:
+        """(``--gres=…`` or None, device fraction for a shared GPU or None)."""
+        req = launch.request
+        if req.count <= 0:
+            return None, None
+        if req.shared_ok:
+            n = self.settings.shards_per_shared_task
+            return f"--gres=shard:{n}", n / max(1, self.settings.shards_per_gpu)
+        return f"--gres=gpu:{req.count}", None
+
+    def sbatch_options(self, launch: StepLaunch) -> list[str]:
+        """Options shared by the array (no --array/--job-name/--output: the coalescer adds those)."""
+        s = self.settings
+        opts = []
+        for flag, value in (("--account", s.account), ("--partition", s.slurm_partition), ("--qos", s.qos), ("--time", s.time_limit)):
+            if value:
+                opts.append(f"{flag}={value}")
+        gres, _ = self.gres_option(launch)
+        if gres:
+            opts.append(gres)
+        opts += list(s.extra_sbatch_args)
+        return opts
+
+    def throttle_for(self, launch: StepLaunch) -> int:
+        """The array's ``%T``: the configured throttle, else GPUs in the slurm partition per task's GPUs
+        (shared tasks: shards in those GPUs per task's shards)."""
+        if self.settings.throttle is not None:
+            return max(0, int(self.settings.throttle))
+        gpus = self.gpus_in_partition()
+        req = launch.request
+        if req.count <= 0 or gpus <= 0:
+            return 0
+        if req.shared_ok:
+            return max(1, gpus * self.settings.shards_per_gpu // max(1, self.settings.shards_per_shared_task))
+        return max(1, gpus // req.count)
+
+    # ------------------------------------------------------------------------------ Backend
+    def launch(self, launch: StepLaunch) -> Handle:
+        from dagster_gpu.slurm.coalescer import TaskRequest
+
+        _, fraction = self.gres_option(launch)
+        env = dict(launch.env)
+        if fraction is not None and STEP_CONTEXT_ENV in env:
+            ctx = json.loads(env[STEP_CONTEXT_ENV])
+            ctx["device_fraction"] = fraction
+            env[STEP_CONTEXT_ENV] = json.dumps(ctx, sort_keys=True)
+        req = TaskRequest(
+            options=tuple(self.sbatch_options(launch)),
+            throttle=self.throttle_for(launch),
+            argv=tuple(launch.argv),
+            env=env,
+            run_id=launch.run_id,
+            step_key=launch.step_key,
+            partition_key=launch.partition_key,
+            attempt=launch.attempt,
+        )
+        a = self.coalescer.submit(req)
+        self._launched.add(a.array_job_id)
+        self._register_atexit()
+        return {
+            "job_id": f"{a.array_job_id}_{a.array_task_id}",
+            "array_job_id": a.array_job_id,
+            "array_task_id": a.array_task_id,
+            "batch": a.batch,
+            "submitted_at": a.submitted_at,
+            "tasks_in_array": a.tasks_in_array,
+            "log_file": a.log_file,
+            "spool": str(self.spool.root),
+        }
+
+    def state(self, handle: Handle) -> WorkerState:
+        from dagster_gpu.slurm.client import SlurmError
+        from dagster_gpu.slurm.status import records_for, task_state
+
+        aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
+        submitted = float(handle["submitted_at"])
+        try:
+            snap = self.poller.snapshot({aid}, not_before=submitted)
+        except (SlurmError, TimeoutError) as e:
+            return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {e}")
+        if not snap.ok:
+            return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {snap.error}")
+        recs = records_for(aid, tid, snap.queue, snap.acct)
+        key = (aid, tid)
+        if recs.queue is not None and recs.queue.state.name == "PREEMPTED":
+            self._preempted_since.setdefault(key, time.time())
+        else:
+            self._preempted_since.pop(key, None)
+        st = task_state(
+            recs,
+            job_label=f"{aid}_{tid}",
+            submitted_age_s=max(0.0, snap.started_at - submitted),
+            preempted_for_s=time.time() - self._preempted_since.get(key, time.time()),
+            vanish_grace_s=self.settings.vanish_grace_seconds,
+        )
+        if st.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
+            self._reconcile(snap)
+        return st
+
+    def terminate(self, handle: Handle) -> None:
+        """``scancel <array_job_id>_<array_task_id>``: exactly this task, pending or running."""
+        self.client.scancel([f"{int(handle['array_job_id'])}_{int(handle['array_task_id'])}"])
+
+    def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
+        return {
+            "slurm/job_id": str(handle["job_id"]),
+            "slurm/array_job_id": int(handle["array_job_id"]),
+            "slurm/array_task_id": int(handle["array_task_id"]),
+            "slurm/state": "PENDING",
+            "slurm/tasks_in_array": int(handle["tasks_in_array"]),
+            "slurm/log_file": dg.MetadataValue.path(str(handle["log_file"])),
+        }
+
+    # ------------------------------------------------------------------------------ billing
+    def _reconcile(self, snap) -> None:
+        from dagster_gpu.slurm.reconcile import reconcile_spool
+
+        try:
+            reconcile_spool(self.spool, snap.acct, self.settings.shards_per_gpu)
+        except Exception:  # noqa: BLE001 - billing never breaks a run
+            log.exception("sacct reconciliation failed")
+
+    def reconcile_now(self, wait_s: float | None = None) -> int:
+        """Poll until every job array this process launched is done (at most ``wait_s``, default
+        ``reconcile_wait_seconds``), then report sacct observations. Returns observations written."""
+        from dagster_gpu.slurm.client import SlurmError
+        from dagster_gpu.slurm.reconcile import reconcile_spool
+
+        deadline = time.monotonic() + (self.settings.reconcile_wait_seconds if wait_s is None else wait_s)
+        written = 0
+        while True:
+            try:
+                snap = self.poller.snapshot(set(self._launched))
+            except (SlurmError, TimeoutError):
+                return written
+            if snap.ok:
+                written += reconcile_spool(self.spool, snap.acct, self.settings.shards_per_gpu)
+            pending = [b for b, sub in self.spool.active_batches() if int(sub["array_job_id"]) in self._launched]
+            if not pending or time.monotonic() > deadline:
+                return written
+            time.sleep(max(0.2, self.settings.poll_interval_seconds))
+
+    def _register_atexit(self) -> None:
+        if not self._atexit and self.settings.reconcile_wait_seconds > 0:
+            self._atexit = True
+            atexit.register(self._exit_reconcile)
+
+    def _exit_reconcile(self) -> None:
+        try:
+            self.reconcile_now()
+        except Exception:  # noqa: BLE001
+            log.exception("sacct reconciliation at exit failed")
+
+
+def config_field() -> dg.Field:
+    """The ``slurm:`` section of gpu_executor's config (see the module docstring)."""
+    S = dg.StringSource
+    return dg.Field(
+        {
+            "slurm_conf": dg.Field(S, is_required=False, description="slurm.conf path (default $SLURM_CONF)."),
+            "spool_dir": dg.Field(S, is_required=False, description="Spool shared by run workers (and compute nodes)."),
+            "account": dg.Field(S, is_required=False, description="sbatch --account."),
+            "slurm_partition": dg.Field(S, is_required=False, description="sbatch --partition (a slurm partition)."),
+            "qos": dg.Field(S, is_required=False, description="sbatch --qos."),
+            "time_limit": dg.Field(S, is_required=False, description="sbatch --time, e.g. 01:00:00."),
+            "throttle": dg.Field(int, is_required=False, description="%T of each job array (default: GPUs in the slurm partition)."),
+            "coalesce_window_seconds": dg.Field(float, default_value=2.0, description="Quiet gap (s) that ends a coalescing window."),
+            "coalesce_max_window_seconds": dg.Field(float, default_value=15.0, description="Longest wait (s) of a launch for others."),
+            "max_tasks_per_array": dg.Field(int, is_required=False, description="Tasks per sbatch cap (MaxArraySize also applies)."),
+            "poll_interval_seconds": dg.Field(float, default_value=2.0, description="Seconds between squeue+sacct polls."),
+            "shards_per_gpu": dg.Field(int, default_value=4, description="shard GRES per GPU (gres.conf)."),
+            "shards_per_shared_task": dg.Field(int, default_value=1, description="--gres=shard:N for shared-ok steps."),
+            "extra_sbatch_args": dg.Field([str], is_required=False, description="More sbatch argv items."),
+            "env_files": dg.Field([str], is_required=False, description="KEY=VALUE secret files (0600) loaded by each task."),
+            "python": dg.Field(S, is_required=False, description="Interpreter on compute nodes (default: this one)."),
+            "submit_timeout_seconds": dg.Field(float, default_value=180.0),
+            "vanish_grace_seconds": dg.Field(float, default_value=60.0),
+            "reconcile_wait_seconds": dg.Field(float, default_value=20.0, description="Wait at exit for sacct billing."),
+        },
+        is_required=False,
+        description="Slurm backend settings (dagster_gpu.executor.backends.slurm).",
+    )
+
+
+def build_backend(section: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> SlurmBackend:
+    """The registry hook: a SlurmBackend from the ``slurm:`` section."""
+    return SlurmBackend(SlurmSettings.from_section(section))

@@ -1,0 +1,62 @@
+"""Placement: where a step runs, why, and what the alternatives would have cost.
+
+The executor's entry point is :func:`choose_placement`; the pure rule is :func:`decide`
+(``dagster_gpu.policy.policy``); the backends fill :class:`Snapshot` (``dagster_gpu.policy.snapshot``).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.policy.placement import Alternative, Placement
+from dagster_gpu.policy.policy import NoFeasiblePlacement, PolicyConfig, alternatives, decide
+from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel, StepSize
+from dagster_gpu.policy.snapshot import (
+    BackendState,
+    DevicePool,
+    KubernetesState,
+    LocalState,
+    SlurmState,
+    Snapshot,
+    after_submit,
+)
+from dagster_gpu.request import GpuRequest
+
+
+def choose_placement(
+    request: GpuRequest,
+    step_size: StepSize | int,
+    snapshot: Snapshot,
+    rate_card: RateCard | None = None,
+    history: Iterable[HistoryPoint] | RuntimeModel | None = None,
+    force: str | None = None,
+) -> Placement:
+    """Adapter for the executor: the placement of one step.
+
+    Args:
+        request: ``GpuRequest.from_tags(step tags)``.
+        step_size: a :class:`StepSize`, or the partition's corpus size in bytes (int).
+        snapshot: filled by the backends (``rate_card``, when given, replaces the snapshot's).
+        history: earlier materializations (``dagster_gpu.policy.history.fetch_history``) or a ready
+            :class:`RuntimeModel`; None = the stated fallback throughput.
+        force: the executor config's backend when it is not ``auto`` (a ``dagster-gpu/backend`` tag wins).
+
+    Raises:
+        NoFeasiblePlacement: no backend can run the step (message lists each backend's reason).
+    """
+    if isinstance(step_size, int):
+        step_size = StepSize(bytes=step_size)
+    if rate_card is not None:
+        from dataclasses import replace
+
+        snapshot = replace(snapshot, rate_card=rate_card)
+    model = history if isinstance(history, RuntimeModel) else RuntimeModel.from_history(history or ())
+    return decide(request, step_size, snapshot, model=model, force=force)
+
+
+__all__ = [
+    "Alternative", "BackendState", "DevicePool", "GpuRequest", "HistoryPoint", "KubernetesState", "LocalState",
+    "NoFeasiblePlacement", "Placement", "PolicyConfig", "RuntimeModel", "SlurmState", "Snapshot", "StepSize",
+    "after_submit", "alternatives", "choose_placement", "decide",
+]

@@ -1,0 +1,69 @@
+"""Thin Dagster adapter: read earlier materializations of an asset into :class:`HistoryPoint` records.
+
+The only I/O of the policy package. It reads, per materialization, ``embedding/rows``,
+``embedding/texts_per_second``, ``gpu/product_name``, ``gpu/utilization_mean_percent`` and the corpus
+file size (the first of :data:`SIZE_KEYS` present). Records missing rows or texts/s are skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Mapping
+
+from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
+
+ROWS_KEY = "embedding/rows"
+TPS_KEY = "embedding/texts_per_second"
+PRODUCT_KEY = "gpu/product_name"
+UTIL_KEY = "gpu/utilization_mean_percent"
+#: Metadata keys holding the partition's corpus file size in bytes, first match wins.
+SIZE_KEYS = ("corpus/bytes", "embedding/input_bytes", "dagster_gpu/partition_bytes")
+
+
+def _value(md: Mapping[str, Any], key: str) -> Any:
+    v = md.get(key)
+    return getattr(v, "value", v)
+
+
+def point_from_metadata(md: Mapping[str, Any]) -> HistoryPoint | None:
+    """One :class:`HistoryPoint` from a materialization's metadata (MetadataValue or plain values)."""
+    rows, tps = _value(md, ROWS_KEY), _value(md, TPS_KEY)
+    try:
+        rows_i, tps_f = int(rows), float(tps)
+    except (TypeError, ValueError):
+        return None
+    size = next((_value(md, k) for k in SIZE_KEYS if _value(md, k) is not None), None)
+    util = _value(md, UTIL_KEY)
+    product = _value(md, PRODUCT_KEY)
+    return HistoryPoint(
+        rows=rows_i,
+        texts_per_second=tps_f,
+        bytes=int(size) if isinstance(size, (int, float)) else None,
+        product=str(product) if product else None,
+        utilization_percent=float(util) if isinstance(util, (int, float)) else None,
+    )
+
+
+def points_from_metadata(mds: Iterable[Mapping[str, Any]]) -> list[HistoryPoint]:
+    return [p for p in (point_from_metadata(md) for md in mds) if p is not None]
+
+
+def fetch_history(instance: Any, asset_key: Any, limit: int = 50) -> list[HistoryPoint]:
+    """The last ``limit`` materializations of ``asset_key`` (any partition) as history points.
+
+    Uses ``instance.fetch_materializations(AssetRecordsFilter(asset_key=...), limit=...)`` (Dagster 1.13).
+    """
+    from dagster import AssetKey, AssetRecordsFilter
+
+    key = asset_key if isinstance(asset_key, AssetKey) else AssetKey.from_user_string(str(asset_key))
+    result = instance.fetch_materializations(AssetRecordsFilter(asset_key=key), limit=limit, ascending=False)
+    mds = []
+    for rec in result.records:
+        mat = rec.asset_materialization
+        if mat is not None:
+            mds.append(mat.metadata)
+    return points_from_metadata(mds)
+
+
+def runtime_model(instance: Any, asset_key: Any, limit: int = 50, cpu_slowdown: float = 20.0) -> RuntimeModel:
+    """:class:`RuntimeModel` for ``asset_key`` from the instance (the fallback when there is no history)."""
+    return RuntimeModel.from_history(fetch_history(instance, asset_key, limit), cpu_slowdown=cpu_slowdown)

@@ -1,0 +1,259 @@
+"""The cost policy: where one partition step should run (pure, deterministic, no I/O).
+
+Rule (issue 5):
+
+1. Candidates are every device pool of every configured backend (plus ``cpu`` for a ``count == 0``
+   step). An unreachable backend is skipped with the reason recorded; a pool no device of which can
+   satisfy the request (product, memory, MIG acceptability, count, Slurm time limit) is recorded as
+   infeasible and never chosen. Exception: an outage whose end is announced (``back_in_s``) keeps the
+   backend as a candidate whose start is delayed by ``back_in_s``.
+2. For each feasible candidate (all times in seconds from launch, money in USD)::
+
+       start_delay = launch_latency_s + wait_s
+       work        = RuntimeModel.runtime_s(size, product, fraction)       (see runtime.py)
+       rework      = λ · (work/3600) · (work/2 + billed_overhead_s)        (Slurm preemption, λ per GPU-hour:
+                     expected preemptions λ·T, each losing on average half the work plus a restart)
+       runtime     = billed_overhead_s + work + rework                     (device seconds billed)
+       cost        = count · rate(backend, device) · runtime / 3600       (rate in USD per GPU-hour; a MIG
+                                                                            slice's rate is already its fraction)
+       finish      = start_delay + runtime
+
+   ``wait_s`` is 0 when the pool has more free devices than our pending requests (and the Slurm array
+   throttle has room); else the pool's ``start_estimate_s`` (``sbatch --test-only``, release of our own
+   pods); else a queue estimate ``ceil((pending + count - free) / capacity) · runtime`` (each step ahead
+   assumed as long as this one; capacity = ``total``, or the throttle if smaller).
+3. Choice: among candidates with ``finish <= deadline`` (all of them for ``batch``) the least cost; costs
+   within ``PolicyConfig.cost_tie_usd`` tie, and ties go to the earliest finish, then to the fixed
+   backend order local, slurm, kubernetes. When none meets the deadline, the earliest finish wins and
+   ``Placement.deadline_met`` is False. A ``dagster-gpu/backend`` tag (``GpuRequest.backend``) or the
+   ``force`` argument restricts the choice to that backend (the tag wins); the other alternatives are
+   still recorded.
+
+:class:`NoFeasiblePlacement` is raised when no candidate is feasible.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dagster_gpu.billing.ratecard import RateCardError
+from dagster_gpu.policy.placement import Alternative, Placement
+from dagster_gpu.policy.runtime import RuntimeModel, StepSize
+from dagster_gpu.policy.snapshot import BackendState, DevicePool, LocalState, SlurmState, Snapshot
+from dagster_gpu.request import BACKENDS, GpuRequest
+
+ORDER = BACKENDS  # ("local", "slurm", "kubernetes"): tie order, and the order of alternatives
+
+
+class NoFeasiblePlacement(RuntimeError):
+    """No backend can run the step; ``alternatives`` says why for each."""
+
+    def __init__(self, message: str, alternatives: tuple[Alternative, ...]):
+        super().__init__(message)
+        self.alternatives = alternatives
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """Knobs of the policy.
+
+    Attributes:
+        cost_tie_usd: costs within this many USD are a tie (then earliest finish wins). Default 1e-6.
+        deadline_slack_s: a finish this many seconds past the deadline still counts as meeting it
+            (float rounding). Default 1e-6.
+    """
+
+    cost_tie_usd: float = 1e-6
+    deadline_slack_s: float = 1e-6
+
+
+DEFAULT_CONFIG = PolicyConfig()
+_DEFAULT_MODEL = RuntimeModel()
+
+
+def _fit(request: GpuRequest, pool: DevicePool) -> str:
+    """'' if ``pool`` can satisfy ``request``, else why not."""
+    if pool.mig_profile:
+        if not request.mig_ok:
+            return f"MIG slice {pool.mig_profile} not acceptable (dagster-gpu/mig-ok is false)"
+        if request.count != 1:
+            return f"MIG slices serve single-device requests only (count={request.count})"
+    if request.memory_gib is not None and pool.memory_gib + 1e-9 < request.memory_gib:
+        return f"{pool.memory_gib:g} GiB < {request.memory_gib:g} GiB requested"
+    if request.product and not pool.product.casefold().startswith(request.product.casefold()):
+        return f"product {pool.product!r} does not match {request.product!r}"
+    if pool.total < request.count:
+        return f"only {pool.total} device(s), {request.count} requested"
+    return ""
+
+
+def _wait(state: BackendState, pool: DevicePool, count: int, runtime_s: float) -> tuple[float, str]:
+    """Seconds until allocation (excluding launch latency) and how it was estimated."""
+    avail = pool.free - pool.pending  # negative: that many of ours queue ahead of a new request
+    capacity = pool.total
+    if isinstance(state, SlurmState) and state.array_throttle is not None:
+        avail = min(avail, state.array_throttle - state.running_tasks - state.pending)
+        capacity = min(capacity, state.array_throttle)
+    if avail >= count:
+        return 0.0, f"{pool.free} free"
+    if pool.start_estimate_s is not None:
+        return max(0.0, pool.start_estimate_s), f"start estimate {pool.start_estimate_s:.0f} s"
+    waves = math.ceil((count - avail) / max(1, capacity))
+    return waves * runtime_s, f"queue estimate: {pool.pending} pending, {pool.free} free, {waves} wave(s)"
+
+
+def _evaluate(
+    name: str, state: BackendState, pool: DevicePool, request: GpuRequest, size: StepSize, model: RuntimeModel,
+    snapshot: Snapshot,
+) -> Alternative:
+    why = _fit(request, pool)
+    base = dict(backend=name, device=pool.device, product=pool.product, device_fraction=pool.fraction)
+    if why:
+        return Alternative(feasible=False, note=why, **base)
+    work = model.runtime_s(size, pool.product, pool.fraction)
+    rework = 0.0
+    if isinstance(state, SlurmState) and state.preemptions_per_gpu_hour > 0:
+        rework = state.preemptions_per_gpu_hour * (work / 3600.0) * (work / 2.0 + state.billed_overhead_s)
+    runtime = state.billed_overhead_s + work + rework
+    if isinstance(state, SlurmState) and state.time_limit_s is not None and runtime > state.time_limit_s:
+        return Alternative(
+            feasible=False, runtime_s=runtime,
+            note=f"runtime {runtime:.0f} s exceeds the time limit {state.time_limit_s:.0f} s", **base
+        )
+    try:
+        rate = snapshot.rate_card.rate(name, pool.device, parent_product=pool.product)
+    except RateCardError as e:
+        return Alternative(feasible=False, note=f"no rate: {e}", **base)
+    wait, how = _wait(state, pool, max(1, request.count), runtime)
+    delay = state.launch_latency_s + wait
+    cost = max(1, request.count) * rate * runtime / 3600.0
+    note = f"{how}; {rate:g} USD/GPU-h"
+    if rework:
+        note += f"; +{rework:.0f} s expected preemption rework"
+    return Alternative(
+        start_delay_s=delay, runtime_s=runtime, cost_usd=cost, finish_s=delay + runtime, note=note, **base
+    )
+
+
+def _cpu_alternative(name: str, state: BackendState, size: StepSize, model: RuntimeModel, snapshot: Snapshot) -> Alternative:
+    if not state.cpu_available:
+        return Alternative(backend=name, device="cpu", feasible=False, note="no CPU slots")
+    slowdown = state.cpu_slowdown if isinstance(state, LocalState) else None
+    runtime = state.billed_overhead_s + model.cpu_runtime_s(size, slowdown)
+    try:
+        rate = snapshot.rate_card.rate(name, "cpu")
+    except RateCardError as e:
+        return Alternative(backend=name, device="cpu", feasible=False, note=f"no rate: {e}")
+    delay = state.launch_latency_s
+    return Alternative(
+        backend=name, device="cpu", product="cpu", device_fraction=1.0, start_delay_s=delay, runtime_s=runtime,
+        cost_usd=rate * runtime / 3600.0, finish_s=delay + runtime, note=f"CPU; {rate:g} USD/h",
+    )
+
+
+def alternatives(
+    request: GpuRequest, step_size: StepSize, snapshot: Snapshot, model: RuntimeModel | None = None,
+    config: PolicyConfig = DEFAULT_CONFIG,
+) -> tuple[Alternative, ...]:
+    """Every candidate placement for the step, evaluated (see the module docstring), in backend order."""
+    model = model or _DEFAULT_MODEL
+    out: list[Alternative] = []
+    for name in ORDER:
+        state = snapshot.backend(name)
+        if state is None:
+            continue
+        if not state.reachable and state.back_in_s is None:
+            out.append(Alternative(backend=name, feasible=False, note=f"unreachable: {state.reason or 'no answer'}"))
+            continue
+        if request.count == 0:
+            out.append(_cpu_alternative(name, state, step_size, model, snapshot))
+            continue
+        if not state.pools:
+            out.append(Alternative(backend=name, feasible=False, note="no GPU devices"))
+            continue
+        evaluated = [_evaluate(name, state, p, request, step_size, model, snapshot) for p in state.pools]
+        if not state.reachable:  # announced outage: usable once it ends
+            evaluated = [_delayed(a, state.back_in_s, state.reason) for a in evaluated]
+        out.extend(evaluated)
+    dl = request.deadline_s
+    return tuple(
+        a if not a.feasible else _with_meets(a, dl is None or a.finish_s <= dl + config.deadline_slack_s)
+        for a in out
+    )
+
+
+def _delayed(a: Alternative, back_in_s: float, reason: str) -> Alternative:
+    from dataclasses import replace
+
+    note = f"unreachable ({reason or 'no answer'}), back in {back_in_s:.0f} s (announced); {a.note}"
+    if not a.feasible:
+        return replace(a, note=note)
+    return replace(a, start_delay_s=a.start_delay_s + back_in_s, finish_s=a.finish_s + back_in_s, note=note)
+
+
+def _with_meets(a: Alternative, meets: bool) -> Alternative:
+    from dataclasses import replace
+
+    return replace(a, meets_deadline=meets)
+
+
+def _label(a: Alternative) -> str:
+    return f"{a.backend} {a.device}" if a.device else a.backend
+
+
+def decide(
+    request: GpuRequest,
+    step_size: StepSize,
+    snapshot: Snapshot,
+    *,
+    model: RuntimeModel | None = None,
+    force: str | None = None,
+    config: PolicyConfig = DEFAULT_CONFIG,
+) -> Placement:
+    """The placement for one step (see the module docstring for the rule and formulas).
+
+    Args:
+        request: the step's GPU request (its ``backend`` field forces a backend).
+        step_size: the partition's size (bytes and/or rows).
+        snapshot: live state of the backends and the rate card.
+        model: expected-runtime model learned from history (default: the stated fallback).
+        force: a backend forced by the executor config; the request's tag wins over it.
+        config: tie and deadline tolerances.
+
+    Raises:
+        NoFeasiblePlacement: no feasible candidate (on the forced backend, when forced).
+    """
+    alts = alternatives(request, step_size, snapshot, model, config)
+    forced = request.backend or force
+    pool = [a for a in alts if a.feasible and (forced is None or a.backend == forced)]
+    skipped = "; ".join(f"{_label(a)}: {a.note}" for a in alts if not a.feasible)
+    if not pool:
+        where = f" on forced backend {forced!r}" if forced else ""
+        raise NoFeasiblePlacement(f"no feasible placement{where}: {skipped or 'no backend configured'}", alts)
+    dl = request.deadline_s
+    meeting = [a for a in pool if a.meets_deadline]
+    if meeting:
+        cheapest = min(a.cost_usd for a in meeting)
+        tied = [a for a in meeting if a.cost_usd <= cheapest + config.cost_tie_usd]
+        best = min(tied, key=lambda a: (a.finish_s, ORDER.index(a.backend)))
+        why = "least expected cost" + (" (tie: earliest finish)" if len(tied) > 1 else "")
+        why += " of " + (f"{len(meeting)} placement(s) finishing within the {dl:g} s deadline" if dl is not None
+                         else f"{len(meeting)} feasible placement(s) (batch)")
+        met = True
+    else:
+        best = min(pool, key=lambda a: (a.finish_s, a.cost_usd, ORDER.index(a.backend)))
+        why = f"DEADLINE MISS: no placement finishes within {dl:g} s; earliest finish wins"
+        met = False
+    reason = (
+        f"{_label(best)}: {why}; est. start {best.start_delay_s:.0f} s, runtime {best.runtime_s:.0f} s, "
+        f"cost {best.cost_usd:.4f} USD, finish {best.finish_s:.0f} s"
+    )
+    if forced:
+        reason += f"; backend forced to {forced!r} by " + ("tag dagster-gpu/backend" if request.backend else "config")
+    if skipped:
+        reason += f"; not chosen: {skipped}"
+    return Placement(
+        backend=best.backend, device=best.device, product=best.product, reason=reason, alternatives=alts,
+        deadline_s=dl, deadline_met=met,
+    )

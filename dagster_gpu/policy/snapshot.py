@@ -1,0 +1,240 @@
+"""The live-state snapshot the cost policy decides on (pure data, no I/O).
+
+The backends fill these records; the policy (:func:`dagster_gpu.policy.policy.decide`) only reads them.
+All times are seconds, counted from the moment the snapshot was taken ("now"); all rates are USD per
+GPU-hour (from the :class:`~dagster_gpu.billing.ratecard.RateCard` carried in :class:`Snapshot`).
+
+Who fills what
+--------------
+*Slurm* (:class:`SlurmState`, one :class:`DevicePool` per GRES type in our slurm partition):
+
+- ``reachable``/``reason``: ``sinfo`` answered / the error it printed.
+- ``DevicePool.free``: idle GPUs of that type in the slurm partition (``sinfo -p P -O GresUsed,Gres``).
+- ``DevicePool.total``: all GPUs of that type in the slurm partition that are not drained/down.
+- ``DevicePool.pending``: our array tasks already queued for that type (``squeue --me -t PD``,
+  filtered client-side: ``squeue --json`` ignores ``-t``).
+- ``DevicePool.start_estimate_s``: ``StartTime - now`` from ``sbatch --test-only --gres=gpu:<type>:1``
+  (the controller's estimate for a new task); None when not asked.
+- ``array_throttle``/``running_tasks``: the ``%N`` throttle of our array and how many of its tasks run.
+- ``preemptions_per_gpu_hour``: expected preemptions of one of our tasks per GPU-hour on our QOS
+  (from ``sacct`` history, 0 when the QOS cannot be preempted).
+
+*Kubernetes* (:class:`KubernetesState`): one :class:`DevicePool` per distinct (device type, product,
+memory, MIG profile) among the devices of ``ResourceSlices`` of the NVIDIA driver; ``free`` counts devices
+not listed in any ``ResourceClaim.status.allocation``; ``pending`` counts our Pending pods waiting on a claim
+for that kind of device; ``start_estimate_s`` is when the first such device is expected to be released
+(end of our own running pods' expected runtimes), None when unknown.
+
+*Local* (:class:`LocalState`): the host the run worker runs on; a GPU host has one pool per GPU type,
+a CPU-only host has none (it can only run ``count == 0`` steps, priced as ``cpu``).
+
+Launch latencies: ``launch_latency_s`` is the unbilled time from submission to a device being allocated
+when one is free (Slurm's scheduling pass, kube-scheduler + claim allocation); ``billed_overhead_s`` is
+billed device time on top of the work (worker start, model load, pod teardown).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Mapping
+
+from dagster_gpu.billing.ratecard import RateCard, mig_fraction
+
+
+@dataclass(frozen=True)
+class DevicePool:
+    """Identical devices of one kind on one backend.
+
+    Attributes:
+        device: rate-card device type: the product name for a full GPU (``NVIDIA A100-SXM4-80GB``) or
+            ``mig-<profile>`` for a MIG slice (``mig-1g.10gb``).
+        product: product name of the (parent) GPU, ``NVIDIA A100-SXM4-80GB``.
+        memory_gib: memory of one device in GiB (of the slice, for MIG: 1g.10gb -> 10).
+        free: devices idle now (not allocated to any job/claim), >= 0.
+        total: devices in service (free + allocated), >= free.
+        pending: our own tasks/pods already waiting for a device of this pool, >= 0.
+        start_estimate_s: seconds until a device would be allocated to a request submitted now
+            (excluding launch latency), None if unknown; 0 when ``free > pending``.
+        mig_profile: MIG profile (``1g.10gb``) or None for a full GPU.
+    """
+
+    device: str
+    product: str
+    memory_gib: float
+    free: int
+    total: int
+    pending: int = 0
+    start_estimate_s: float | None = None
+    mig_profile: str | None = None
+
+    @property
+    def fraction(self) -> float:
+        """Share of one GPU this device is billed as: 1.0, or the MIG compute fraction (1g -> 1/7)."""
+        return mig_fraction(self.mig_profile) if self.mig_profile else 1.0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Identity of the pool within a backend: ``(device, product)``."""
+        return (self.device, self.product)
+
+
+@dataclass(frozen=True)
+class BackendState:
+    """Common fields of a backend's state (see subclasses).
+
+    Attributes:
+        reachable: whether the backend answered when the snapshot was taken.
+        reason: why it is unreachable (scheduler's or client's words), "" when reachable.
+        pools: device pools (see :class:`DevicePool`).
+        launch_latency_s: unbilled seconds from submission to allocation when a device is free.
+        billed_overhead_s: billed device seconds per step on top of the work (start + model load).
+        cpu_available: whether a ``count == 0`` (CPU) step can run there.
+        back_in_s: when unreachable, seconds until an *announced* outage ends (a Slurm reservation with
+            the MAINT flag, a published Kubernetes maintenance window); None = unknown, and then the
+            backend is skipped. When set, the pools describe the state expected when it returns.
+    """
+
+    reachable: bool = True
+    reason: str = ""
+    back_in_s: float | None = None
+    pools: tuple[DevicePool, ...] = ()
+    launch_latency_s: float = 0.0
+    billed_overhead_s: float = 0.0
+    cpu_available: bool = True
+
+    @property
+    def pending(self) -> int:
+        """Our tasks/pods waiting, summed over pools."""
+        return sum(p.pending for p in self.pools)
+
+
+@dataclass(frozen=True)
+class SlurmState(BackendState):
+    """Slurm: idle GPUs by type in our slurm partition, our pending array tasks, the controller's estimate.
+
+    Attributes (besides :class:`BackendState`):
+        slurm_partition: the slurm partition we submit to.
+        array_throttle: the ``%N`` throttle of our array (None = none): at most N of our tasks run.
+        running_tasks: our array tasks running now.
+        preemptions_per_gpu_hour: expected preemptions per GPU-hour of one task (0 = not preemptible).
+        time_limit_s: the slurm partition's (or our QOS's) time limit; a longer step is infeasible.
+    """
+
+    slurm_partition: str = ""
+    array_throttle: int | None = None
+    running_tasks: int = 0
+    preemptions_per_gpu_hour: float = 0.0
+    time_limit_s: float | None = None
+    launch_latency_s: float = 5.0
+    billed_overhead_s: float = 20.0
+
+
+@dataclass(frozen=True)
+class KubernetesState(BackendState):
+    """Kubernetes with DRA: devices in ResourceSlices not allocated to any claim, our pending pods.
+
+    Attributes (besides :class:`BackendState`):
+        namespace: where our pods run.
+    """
+
+    namespace: str = "default"
+    launch_latency_s: float = 10.0
+    billed_overhead_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class LocalState(BackendState):
+    """The run worker's own host: a GPU host (pools) or a CPU-only host (no pools).
+
+    Attributes (besides :class:`BackendState`):
+        cpu_slowdown: how many times slower a GPU step runs on this host's CPU (used only when the
+            request has ``count == 0`` and no CPU history exists). Default 20 (assumption: a small
+            sentence-transformers model runs roughly an order of magnitude or more slower on CPU).
+    """
+
+    cpu_slowdown: float = 20.0
+    launch_latency_s: float = 1.0
+    billed_overhead_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything the policy may know about the world at one instant.
+
+    Attributes:
+        rate_card: USD per GPU-hour by backend and device type.
+        slurm, kubernetes, local: each backend's state, or None when that backend is not configured.
+        taken_at: wall-clock UNIX seconds of the snapshot (informational only; the policy never reads a clock).
+    """
+
+    rate_card: RateCard
+    slurm: SlurmState | None = None
+    kubernetes: KubernetesState | None = None
+    local: LocalState | None = None
+    taken_at: float = 0.0
+
+    def backend(self, name: str) -> BackendState | None:
+        """The state of ``name`` (``local``/``slurm``/``kubernetes``), None if not configured."""
+        return {"slurm": self.slurm, "kubernetes": self.kubernetes, "local": self.local}[name]
+
+    def with_backend(self, name: str, state: BackendState | None) -> "Snapshot":
+        return replace(self, **{name: state})
+
+    # --- JSON (the what-if CLI reads this; backends may dump it for debugging) ---------------------
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"taken_at": self.taken_at, "rate_card": {"backends": _plain(self.rate_card.rates)}}
+        for name in ("slurm", "kubernetes", "local"):
+            st = self.backend(name)
+            if st is not None:
+                out[name] = asdict(st)
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any], rate_card: RateCard | None = None) -> "Snapshot":
+        """Inverse of :meth:`to_json`. ``rate_card`` overrides the document's (else the packaged default)."""
+        if rate_card is None:
+            rate_card = RateCard.from_dict(doc["rate_card"], source="snapshot") if "rate_card" in doc else RateCard.load()
+        states: dict[str, BackendState | None] = {}
+        for name, typ in (("slurm", SlurmState), ("kubernetes", KubernetesState), ("local", LocalState)):
+            d = doc.get(name)
+            if d is None:
+                states[name] = None
+                continue
+            d = dict(d)
+            d["pools"] = tuple(DevicePool(**p) for p in d.get("pools", ()))
+            states[name] = typ(**d)
+        return cls(rate_card=rate_card, taken_at=float(doc.get("taken_at", 0.0)), **states)
+
+    @classmethod
+    def loads(cls, text: str, rate_card: RateCard | None = None) -> "Snapshot":
+        return cls.from_json(json.loads(text), rate_card)
+
+
+def _plain(m: Mapping) -> dict:
+    return {k: (_plain(v) if isinstance(v, Mapping) else v) for k, v in m.items()}
+
+
+def after_submit(snapshot: Snapshot, backend: str, device: str | None, product: str | None) -> Snapshot:
+    """The snapshot as it would look right after one more step was submitted to ``backend``'s pool
+    ``(device, product)``: one fewer free device if any was free, else one more pending; the pool's
+    ``start_estimate_s`` is dropped once it no longer holds (the policy then falls back to its queue
+    estimate). Used by the what-if planner to plan a backfill without launching. Pure."""
+    st = snapshot.backend(backend)
+    if st is None or device is None:
+        return snapshot
+    pools = []
+    started = False
+    throttled = isinstance(st, SlurmState) and st.array_throttle is not None and st.running_tasks >= st.array_throttle
+    for p in st.pools:
+        if p.key == (device, product):
+            if p.free > p.pending and not throttled:
+                p = replace(p, free=p.free - 1)
+                started = True
+            else:
+                p = replace(p, pending=p.pending + 1, start_estimate_s=None)
+        pools.append(p)
+    new = replace(st, pools=tuple(pools))
+    if started and isinstance(new, SlurmState):
+        new = replace(new, running_tasks=new.running_tasks + 1)
+    return snapshot.with_backend(backend, new)

@@ -1,0 +1,85 @@
+"""Placement policies replayed by the simulator (each decides once, at a step's arrival).
+
+- :class:`AlwaysBackend` ("always Slurm arrays", "always Kubernetes DRA claim per step"): the first
+  pool of that backend that fits the request (full GPUs before MIG slices unless ``allow_mig``),
+  whatever the backend's state — an outage just delays the submission.
+- :class:`ResidentPods` ("always Kubernetes resident pods", the article's resident deployment): steps
+  queue on devices held for the whole window.
+- :class:`Ours`: the real :func:`dagster_gpu.policy.decide` on the snapshot the simulator builds.
+- :class:`Fixed`: a given assignment (used by the oracle).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dagster_gpu.policy.policy import _fit, decide
+from dagster_gpu.policy.runtime import StepSize
+from dagster_gpu.policy.snapshot import DevicePool
+from dagster_gpu.sim.engine import Simulation
+from dagster_gpu.sim.model import Scenario, Task, Units
+
+
+def _pool(u: Units) -> DevicePool:
+    return DevicePool(u.device, u.product, u.memory_gib, u.count, u.count, mig_profile=u.mig_profile)
+
+
+def options(scenario: Scenario, task: Task) -> list[tuple[str, str, str]]:
+    """Every ``(cluster, device, product)`` whose devices fit ``task``'s request (static: ignores state)."""
+    out = []
+    for c in scenario.clusters:
+        for u in c.units:
+            opt = (c.name, u.device, u.product)
+            if opt not in out and not _fit(task.req(), _pool(u)):
+                out.append(opt)
+    return out
+
+
+@dataclass
+class AlwaysBackend:
+    backend: str
+    name: str = ""
+    allow_mig: bool = False
+    resident: bool = False
+
+    def __post_init__(self):
+        self.name = self.name or f"always-{self.backend}"
+
+    def place(self, task: Task, sim: Simulation) -> tuple[str, str, str]:
+        c = sim.sc.cluster(self.backend)
+        fits = [u for u in c.units if not _fit(task.req(), _pool(u)) and (self.allow_mig or not u.mig_profile)]
+        if not fits:
+            raise ValueError(f"{self.name}: no device of {self.backend} fits task {task.id}")
+        return (self.backend, fits[0].device, fits[0].product)
+
+
+@dataclass
+class ResidentPods:
+    name: str = "k8s-resident"
+    resident: bool = True
+
+    def place(self, task: Task, sim: Simulation) -> tuple[str, str, str]:
+        r = sim.sc.resident
+        return ("resident", r.key[0], r.key[1])
+
+
+@dataclass
+class Ours:
+    name: str = "ours"
+    resident: bool = False
+    decisions: list = field(default_factory=list)
+
+    def place(self, task: Task, sim: Simulation) -> tuple[str, str, str]:
+        p = decide(task.req(), StepSize(rows=task.rows), sim.snapshot(), model=sim.sc.model)
+        self.decisions.append(p)
+        return (p.backend, p.device, p.product)
+
+
+@dataclass
+class Fixed:
+    assignment: dict[int, tuple[str, str, str]]
+    name: str = "fixed"
+    resident: bool = False
+
+    def place(self, task: Task, sim: Simulation) -> tuple[str, str, str]:
+        return self.assignment[task.id]

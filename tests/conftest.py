@@ -1,0 +1,90 @@
+"""Shared fixtures: a PostgreSQL-backed Dagster instance (the server comes from resources/postgres/postgres.sh)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PG_SCRIPT = REPO / "resources" / "postgres" / "postgres.sh"
+FORTUNES = Path("/usr/share/games/fortunes")
+
+
+def pg_settings() -> dict[str, str]:
+    """Start (idempotently) the private PostgreSQL server and return its connection settings."""
+    subprocess.run(["bash", str(PG_SCRIPT), "start"], check=True, capture_output=True)
+    out = subprocess.run(["bash", str(PG_SCRIPT), "env"], check=True, capture_output=True, text=True).stdout
+    settings = dict(kv.split("=", 1) for kv in out.replace("export ", "").split())
+    settings["DAGSTER_PG_PASSWORD"] = Path(settings["DAGSTER_PG_PASSWORD_FILE"]).read_text().strip()
+    return settings
+
+
+@pytest.fixture(scope="session")
+def pg() -> dict[str, str]:
+    return pg_settings()
+
+
+def instance_yaml(db: str, max_runs: int = 2) -> str:
+    """dagster.yaml for a PostgreSQL instance; the password is an env var reference, never written out."""
+    return f"""
+storage:
+  postgres:
+    postgres_db:
+      username: {{env: DAGSTER_PG_USER}}
+      password: {{env: DAGSTER_PG_PASSWORD}}
+      hostname: {{env: DAGSTER_PG_HOST}}
+      db_name: {db}
+      port: {{env: DAGSTER_PG_PORT}}
+      scheme: postgresql+psycopg2
+run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    max_concurrent_runs: {max_runs}
+    dequeue_interval_seconds: 1
+telemetry:
+  enabled: false
+"""
+
+
+@pytest.fixture
+def pg_home(pg, tmp_path, monkeypatch):
+    """A fresh database and DAGSTER_HOME for one test; yields the home directory."""
+    import psycopg2
+
+    db = f"t_{uuid.uuid4().hex[:12]}"
+    conn = psycopg2.connect(
+        host=pg["DAGSTER_PG_HOST"], port=pg["DAGSTER_PG_PORT"], user=pg["DAGSTER_PG_USER"],
+        password=pg["DAGSTER_PG_PASSWORD"], dbname=pg["DAGSTER_PG_DB"],
+    )
+    conn.autocommit = True
+    conn.cursor().execute(f"CREATE DATABASE {db}")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(instance_yaml(db))
+    for k, v in pg.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    yield home
+    conn.cursor().execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
+    conn.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
+    conn.close()
+
+
+def expected_records(path: Path, separator_line: str = "%") -> list[tuple[int, str]]:
+    """(ordinal, text) of every non-blank record, parsed independently of dagster_gpu's reader."""
+    text = path.read_bytes().decode("utf-8")
+    records, cur = [], []
+    for line in text.splitlines():
+        if line == separator_line:
+            records.append("\n".join(cur))
+            cur = []
+        else:
+            cur.append(line)
+    if cur:
+        records.append("\n".join(cur))
+    return [(i, r) for i, r in enumerate(records) if r.strip()]

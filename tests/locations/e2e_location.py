@@ -1,0 +1,40 @@
+"""Code location for end-to-end tests: the embedding asset over $DAGSTER_GPU_TEST_CORPUS, plus a sleepy asset."""
+
+import os
+import time
+
+import dagster as dg
+
+from dagster_gpu import CorpusSource, GpuRequest, TextFormat, asset_job, embedding_asset, gpu_executor
+
+corpus = CorpusSource(url=os.environ["DAGSTER_GPU_TEST_CORPUS"], text_format=TextFormat(format="text", record_separator_line="%"))
+embeddings = embedding_asset(
+    name="e2e_embeddings",
+    corpus=corpus,
+    output_url=os.environ["DAGSTER_GPU_TEST_OUTPUT"],
+    device="cpu",
+    batch_size=32,
+    gpu=GpuRequest(count=1),
+)
+
+sleepy_parts = dg.StaticPartitionsDefinition(["a", "b"])
+
+
+@dg.asset(partitions_def=sleepy_parts, op_tags={"dagster-gpu/gpu-count": "0"})
+def sleepy(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    """Sleeps $DAGSTER_GPU_TEST_SLEEP seconds (for health-check and terminate tests)."""
+    context.log.info(f"sleepy pid {os.getpid()}")
+    time.sleep(float(os.environ.get("DAGSTER_GPU_TEST_SLEEP", "60")))
+    return dg.MaterializeResult(metadata={"pid": os.getpid()})
+
+
+defs = dg.Definitions(
+    assets=[embeddings, sleepy],
+    jobs=[asset_job(embeddings), dg.define_asset_job("sleepy_job", selection=[sleepy])],
+    executor=gpu_executor,
+)
+
+
+def sleepy_job():
+    """Reconstructable target for tests (importable as tests.locations.e2e_location from the repo root)."""
+    return defs.resolve_job_def("sleepy_job")

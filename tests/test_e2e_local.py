@@ -1,0 +1,117 @@
+"""End to end on a real PostgreSQL instance: an asset backfill through gpu_executor (local backend),
+run by the real Dagster daemon, one run per partition, each step in its own worker process."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from tests.conftest import FORTUNES, REPO, expected_records
+
+pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
+
+GOOD = ["goedel", "magic", "news", "paradoxum", "translate-me"]
+WEIRD_NAME = "mixed $(touch pwned) 'q' \"dq\" 日本語\nline"
+LOCATION = REPO / "tests" / "locations" / "e2e_location.py"
+
+
+def _workspace(tmp_path: Path) -> Path:
+    ws = tmp_path / "workspace.yaml"
+    ws.write_text(
+        f"load_from:\n  - python_file:\n      relative_path: {LOCATION}\n      working_directory: {REPO}\n"
+        "      location_name: e2e\n"
+    )
+    return ws
+
+
+@pytest.fixture
+def corpus(tmp_path, monkeypatch):
+    if not FORTUNES.is_dir():
+        pytest.fail("the Debian package 'fortunes' is required (.ci/run installs it)")
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for name in GOOD:
+        shutil.copyfile(FORTUNES / name, d / name)
+    (d / "empty").write_bytes(b"")
+    (d / "blank records").write_text("   \n%\n\t\n%\n\n%\n")
+    (d / WEIRD_NAME).write_text("first record\n%\n   \n%\nthird record\nwith two lines\n%\n%\nfifth\n")
+    (d / "latin1").write_bytes("caf\xe9 au lait\n%\n".encode("latin-1"))
+    out = tmp_path / "out"
+    monkeypatch.setenv("DAGSTER_GPU_TEST_CORPUS", str(d))
+    monkeypatch.setenv("DAGSTER_GPU_TEST_OUTPUT", str(out))
+    monkeypatch.chdir(tmp_path)  # a `$(touch pwned)` that reached a shell would create tmp_path/pwned
+    return d, out
+
+
+def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
+    from dagster_gpu.embedding.model import resolve_model_path
+    from dagster_gpu.keys import partition_key_for
+    from tests.locations import e2e_location as loc
+
+    corpus_dir, out_dir = corpus
+    instance = dg.DagsterInstance.get()
+    assert "postgres" in type(instance.run_storage).__name__.lower()
+    files = loc.corpus.list_files()
+    keys = [f.key for f in files]
+    assert len(keys) == 9
+    instance.add_dynamic_partitions(loc.embeddings.partitions_def.name, keys)
+    backfill_id = submit_asset_backfill(instance, loc.defs, loc.embeddings.key, keys, title="e2e")
+    with DaemonProcess(_workspace(tmp_path), log_file=tmp_path / "daemon.log") as daemon:
+        final = wait_for_backfill(instance, backfill_id, len(keys), timeout_s=900, daemon=daemon)
+    assert final.running == 0
+    summary = {s.partition_key: s for s in summarize_partitions(instance, loc.embeddings.key, keys, backfill_id)}
+
+    # the undecodable file fails alone, with an error naming the file
+    bad = summary[partition_key_for("latin1")]
+    assert not bad.ok
+    assert "latin1" in bad.error and "utf-8" in bad.error
+    assert not (out_dir / "e2e_embeddings" / f"{bad.partition_key}.parquet").exists()
+    assert not (tmp_path / "pwned").exists()
+
+    model = SentenceTransformer(str(resolve_model_path("all-MiniLM-L6-v2")), device="cpu")
+    expected_rows = {f.key: len(expected_records(Path(f.uri))) for f in files if f.relative_name != "latin1"}
+    assert expected_rows[partition_key_for("empty")] == 0
+    assert expected_rows[partition_key_for("blank records")] == 0
+    assert expected_rows[partition_key_for(WEIRD_NAME)] == 3
+    for f in files:
+        if f.relative_name == "latin1":
+            continue
+        s = summary[f.key]
+        assert s.ok, f"{f.key}: {s.error}"
+        rec = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=loc.embeddings.key, asset_partitions=[f.key]), limit=5
+        ).records
+        assert len(rec) == 1, f"{f.key} materialized {len(rec)} times"
+        md = {k: v.value for k, v in rec[0].asset_materialization.metadata.items()}
+        assert md["embedding/rows"] == expected_rows[f.key]
+        assert md["embedding/dim"] == 384
+        assert md["dagster_gpu/backend"] == "local"
+        assert md["billing/source"] == "measured"
+        assert md["billing/device_type"] == "cpu"
+        assert md["billing/rate_usd_per_gpu_hour"] == 0.05
+        assert md["billing/gpu_seconds"] > 1.0  # a worker process cannot start, load torch and finish in under 1 s
+        assert md["billing/cost_usd"] == pytest.approx(md["billing/gpu_seconds"] * 0.05 / 3600, rel=1e-9)
+        assert "CPU-only" in md["gpu/unavailable_reason"]
+        table = pq.read_table(out_dir / "e2e_embeddings" / f"{f.key}.parquet")
+        assert table.num_rows == expected_rows[f.key]
+        assert str(table.schema.field("vector").type) == "fixed_size_list<element: float not null>[384]"
+        if table.num_rows:
+            texts = [t for _, t in expected_records(Path(f.uri))]
+            assert table.column("record_id").to_pylist() == [i for i, _ in expected_records(Path(f.uri))]
+            ours = np.stack(table.column("vector").to_numpy(zero_copy_only=False))
+            direct = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
+            cos = np.sum(ours * direct, axis=1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(direct, axis=1))
+            assert cos.min() >= 0.999, f"{f.key}: min cosine {cos.min()}"
+    # each step ran in its own worker process, not in the run worker
+    runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
+    assert len(runs) == 9
+    starting = instance.get_records_for_run(runs[0].dagster_run.run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING).records
+    assert starting and "local/pid" in starting[0].event_log_entry.dagster_event.engine_event_data.metadata

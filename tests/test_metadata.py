@@ -1,0 +1,284 @@
+"""Materialization metadata, placement markdown, step context, backend env and GPU requests."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import dagster as dg
+import pytest
+
+from dagster_gpu.embedding.pipeline import EmbeddingResult
+from dagster_gpu.executor.placing import forced_placement
+from dagster_gpu.policy.placement import Alternative, Placement
+from dagster_gpu.request import GpuRequest, GpuRequestError
+from dagster_gpu.telemetry.stats import TelemetrySummary, summarize
+from dagster_gpu.worker.backend_env import backend_metadata
+from dagster_gpu.worker.billing import Billing, measure
+from dagster_gpu.worker.context import ENV_VAR, StepContext
+from dagster_gpu.worker.metadata import NonFiniteMetadata, build_metadata, placement_from_metadata, placement_markdown
+
+PLACEMENT = Placement(
+    backend="slurm",
+    device="NVIDIA H100",
+    product="NVIDIA H100",
+    reason="cheapest feasible: slurm starts in 12 s",
+    alternatives=(
+        Alternative("local", device="cpu", feasible=True, start_delay_s=0.0, runtime_s=900.0, cost_usd=0.0125, note="CPU"),
+        Alternative("slurm", device="NVIDIA H100", feasible=True, start_delay_s=12.0, runtime_s=60.0, cost_usd=0.035,
+                    product="NVIDIA H100", device_fraction=1.0),
+        Alternative("kubernetes", device=None, feasible=False, note="no ResourceSlice matches"),
+    ),
+)
+
+
+def result(rows=10, seconds=2.0, **kw) -> EmbeddingResult:
+    d = dict(rows=rows, records=12, skipped_empty_rows=2, truncated_rows=1, dim=384, seconds=seconds, output_uri="/out/p.parquet")
+    d.update(kw)
+    return EmbeddingResult(**d)
+
+
+def cpu_metadata(**kw):
+    billing = measure({"cpu": 0.05, "default": 1.0}, 3.0, "cpu", None, 0)
+    args = dict(
+        result=result(),
+        model_name="all-MiniLM-L6-v2",
+        model_device="cpu",
+        telemetry=summarize([], [], unavailable_reason="no NVIDIA driver: NVML unavailable (x)"),
+        billing=billing,
+        backend="local",
+        placement=PLACEMENT,
+    )
+    args.update(kw)
+    return build_metadata(**args)
+
+
+def test_cpu_metadata_keys_and_types():
+    md = cpu_metadata()
+    assert md["dagster_gpu/backend"] == "local"
+    assert isinstance(md["dagster_gpu/placement"], dg.MarkdownMetadataValue)
+    assert isinstance(md["dagster_gpu/placement_json"], dg.JsonMetadataValue)
+    for key, value in [
+        ("embedding/rows", 10), ("embedding/records_read", 12), ("embedding/skipped_empty_rows", 2),
+        ("embedding/dim", 384), ("embedding/truncated_rows", 1), ("gpu/samples", 0),
+    ]:
+        assert md[key] == value and type(md[key]) is int, key
+    assert md["embedding/model"] == "all-MiniLM-L6-v2" and md["embedding/device"] == "cpu"
+    assert md["embedding/seconds"] == 2.0
+    assert md["embedding/texts_per_second"] == 5.0  # 10 rows / 2 s
+    assert isinstance(md["embedding/output_uri"], dg.PathMetadataValue) and md["embedding/output_uri"].path == "/out/p.parquet"
+    assert md["billing/device_type"] == "cpu"
+    assert md["billing/devices"] == 1.0
+    assert md["billing/wall_seconds"] == 3.0
+    assert md["billing/gpu_seconds"] == 3.0
+    assert md["billing/rate_usd_per_gpu_hour"] == 0.05
+    assert md["billing/cost_usd"] == pytest.approx(3.0 * 0.05 / 3600)
+    assert md["billing/source"] == "measured"
+    assert md["gpu/unavailable_reason"] == "CPU-only: the model ran on CPU (no NVIDIA driver: NVML unavailable (x))"
+    for key in ("gpu/utilization_mean_percent", "gpu/utilization_p95_percent", "gpu/memory_peak_mib",
+                "gpu/device_fraction", "gpu/device_uuids", "gpu/product_name"):
+        assert key not in md, key
+    for key, v in md.items():
+        if isinstance(v, float):
+            assert math.isfinite(v), key
+        assert not isinstance(v, bool), key
+
+
+def test_cpu_without_telemetry_reason():
+    md = cpu_metadata(telemetry=TelemetrySummary(samples=0, unavailable_reason=None))
+    assert md["gpu/unavailable_reason"] == "CPU-only: the model ran on CPU"
+
+
+def test_gpu_metadata():
+    telemetry = summarize([80, 90, 100], [1000, 2048.5], ("GPU-a", "GPU-b"), "NVIDIA H100 80GB HBM3")
+    billing = measure({"NVIDIA H100": 2.1}, 60.0, "cuda", "NVIDIA H100 80GB HBM3", 2)
+    md = cpu_metadata(model_device="cuda", telemetry=telemetry, billing=billing, backend="slurm",
+                      backend_metadata={"slurm/job_id": "42", "slurm/array_job_id": 40, "slurm/array_task_id": 2})
+    assert md["gpu/samples"] == 3
+    assert md["gpu/utilization_mean_percent"] == 90.0
+    assert md["gpu/utilization_p95_percent"] == 100.0
+    assert md["gpu/memory_peak_mib"] == 2048.5
+    assert md["gpu/device_uuids"] == "GPU-a,GPU-b"
+    assert md["gpu/product_name"] == "NVIDIA H100 80GB HBM3"
+    assert md["gpu/device_fraction"] == 2.0
+    assert md["billing/gpu_seconds"] == 120.0
+    assert md["billing/cost_usd"] == pytest.approx(120 * 2.1 / 3600)  # 0.07
+    assert "gpu/unavailable_reason" not in md
+    assert (md["slurm/job_id"], md["slurm/array_job_id"], md["slurm/array_task_id"]) == ("42", 40, 2)
+    assert md["dagster_gpu/backend"] == "slurm"
+
+
+def test_mig_metadata_fraction():
+    billing = measure({"default": 1.2}, 70.0, "cuda", "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 1)
+    telemetry = summarize([], [512.0], ("MIG-x",), "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "MIG device: per-instance utilization needs GPM")
+    md = cpu_metadata(model_device="cuda", telemetry=telemetry, billing=billing)
+    assert md["gpu/device_fraction"] == pytest.approx(1 / 7)
+    assert md["gpu/memory_peak_mib"] == 512.0
+    assert md["gpu/samples"] == 0
+    assert "gpu/utilization_mean_percent" not in md
+    assert md["gpu/unavailable_reason"].startswith("MIG device")
+
+
+def test_empty_partition_metadata():
+    md = cpu_metadata(result=result(rows=0, records=0, skipped_empty_rows=0, truncated_rows=0, seconds=0.01))
+    assert md["embedding/rows"] == 0
+    assert md["embedding/texts_per_second"] == 0.0
+
+
+@pytest.mark.parametrize(
+    "kw,key",
+    [
+        (dict(result=result(seconds=math.nan)), "embedding/seconds"),
+        (dict(result=result(seconds=math.inf)), "embedding/seconds"),
+        (dict(billing=Billing("cpu", 1.0, 1.0, 1.0, 0.05, math.nan)), "billing/cost_usd"),
+        (dict(billing=Billing("cpu", 1.0, 1.0, math.inf, 0.05, 0.0)), "billing/gpu_seconds"),
+        (dict(telemetry=TelemetrySummary(samples=1, utilization_mean_percent=math.nan, utilization_p95_percent=1.0)),
+         "gpu/utilization_mean_percent"),
+        (dict(telemetry=TelemetrySummary(memory_peak_mib=math.inf)), "gpu/memory_peak_mib"),
+    ],
+)
+def test_non_finite_raises_naming_the_key(kw, key):
+    with pytest.raises(NonFiniteMetadata) as e:
+        cpu_metadata(**kw)
+    assert repr(key) in str(e.value)
+
+
+def test_placement_markdown_lists_alternatives():
+    text = placement_markdown(PLACEMENT)
+    lines = text.splitlines()
+    assert lines[0] == "**slurm** on NVIDIA H100: cheapest feasible: slurm starts in 12 s"
+    assert "| local | cpu | yes | 0.0 | 900.0 | 0.012500 | CPU |" in lines
+    assert "| slurm **(chosen)** | NVIDIA H100 | yes | 12.0 | 60.0 | 0.035000 |  |" in lines
+    assert "| kubernetes | – | no | – | – | – | no ResourceSlice matches |" in lines
+    assert sum(1 for ln in lines if ln.startswith("| ")) == 4  # header + 3 alternatives
+
+
+def test_placement_markdown_without_alternatives():
+    p = Placement(backend="local", reason="in-process")
+    assert placement_markdown(p) == "**local**: in-process\n\n_no alternatives considered_"
+
+
+def test_placement_round_trips_through_metadata():
+    md = cpu_metadata()
+    assert placement_from_metadata(md) == PLACEMENT
+    assert placement_from_metadata({"dagster_gpu/placement_json": json.dumps(PLACEMENT.to_json())}) == PLACEMENT
+    assert placement_from_metadata({}) is None
+
+
+def test_forced_placement_reasons():
+    assert forced_placement(GpuRequest(backend="slurm"), "local", ["local", "slurm"]).reason == "forced by tag dagster-gpu/backend=slurm"
+    p = forced_placement(GpuRequest(), "kubernetes", ["local", "kubernetes"])
+    assert (p.backend, p.reason) == ("kubernetes", "forced by gpu_executor config backend: kubernetes")
+    assert forced_placement(GpuRequest(), "auto", ["local"]).backend == "local"
+    assert forced_placement(GpuRequest(), "auto", ["local", "slurm"]) is None
+
+
+# -- step context ---------------------------------------------------------------------------------
+def test_step_context_env_round_trip():
+    ctx = StepContext(backend="slurm", placement=PLACEMENT, rates={"NVIDIA H100": 2.1, "default": 1.2},
+                      gpu_count=2, device_fraction=1 / 7, extra={"k": "v"})
+    env = ctx.to_env()
+    assert list(env) == [ENV_VAR]
+    back = StepContext.from_env(env)
+    assert back == ctx
+    assert back.device_fraction == 1 / 7 and back.gpu_count == 2 and back.placement == PLACEMENT
+    assert back.launched_by_executor is True
+
+
+def test_step_context_in_process_default():
+    ctx = StepContext.from_env({})
+    assert ctx.backend == "local" and ctx.launched_by_executor is False
+    assert dict(ctx.rates) == {"cpu": 0.05, "default": 1.0}
+    assert ctx.gpu_count == 1 and ctx.device_fraction is None
+    assert "not launched by gpu_executor" in ctx.placement.reason
+
+
+# -- backend env ----------------------------------------------------------------------------------
+def test_slurm_array_task_metadata():
+    env = {"SLURM_JOB_ID": "1243", "SLURM_ARRAY_JOB_ID": "1240", "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_PARTITION": "gpu"}
+    assert backend_metadata("slurm", env) == {
+        "slurm/job_id": "1243", "slurm/array_job_id": 1240, "slurm/array_task_id": 3, "slurm/partition": "gpu",
+    }
+
+
+def test_slurm_plain_job_and_bad_ids():
+    assert backend_metadata("slurm", {"SLURM_JOB_ID": "77"}) == {"slurm/job_id": "77"}
+    assert backend_metadata("slurm", {"SLURM_JOB_ID": "77", "SLURM_ARRAY_JOB_ID": "x", "SLURM_ARRAY_TASK_ID": ""}) == {
+        "slurm/job_id": "77"
+    }
+    assert backend_metadata("slurm", {}) == {}
+
+
+def test_k8s_metadata():
+    env = {"DAGSTER_GPU_K8S_NAMESPACE": "embed", "DAGSTER_GPU_K8S_POD": "step-abc", "SLURM_JOB_ID": "9"}
+    assert backend_metadata("kubernetes", env) == {"k8s/namespace": "embed", "k8s/pod": "step-abc"}
+    assert backend_metadata("kubernetes", {}) == {}
+
+
+def test_local_backend_has_no_backend_metadata():
+    assert backend_metadata("local", {"SLURM_JOB_ID": "9", "DAGSTER_GPU_K8S_POD": "p"}) == {}
+
+
+# -- GPU requests ---------------------------------------------------------------------------------
+def test_request_defaults():
+    r = GpuRequest.from_tags({})
+    assert r == GpuRequest()
+    assert (r.count, r.memory_gib, r.mig_ok, r.shared_ok, r.backend, r.service_class) == (1, None, False, False, None, "batch")
+    assert r.to_tags() == {"dagster-gpu/gpu-count": "1"}
+
+
+def test_request_from_tags():
+    r = GpuRequest.from_tags({
+        "dagster-gpu/gpu-count": " 2 ", "dagster-gpu/gpu-memory-gib": "40", "dagster-gpu/gpu-product": " NVIDIA A100 ",
+        "dagster-gpu/mig-ok": "Yes", "dagster-gpu/shared-ok": "off", "dagster-gpu/deadline-seconds": "600",
+        "dagster-gpu/backend": "kubernetes", "unrelated": "x",
+    })
+    assert r == GpuRequest(count=2, memory_gib=40.0, product="NVIDIA A100", mig_ok=True, shared_ok=False,
+                           deadline_s=600.0, backend="kubernetes")
+    assert r.service_class == "deadline:600"
+
+
+@pytest.mark.parametrize(
+    "req",
+    [
+        GpuRequest(),
+        GpuRequest(count=0),
+        GpuRequest(count=4, memory_gib=79.5, product="NVIDIA H100", mig_ok=True, shared_ok=True, deadline_s=3600.0, backend="slurm"),
+        GpuRequest(count=1, memory_gib=0.1, deadline_s=0.25),
+        GpuRequest(memory_gib=1234567.0, deadline_s=1209601.0),  # more than 6 significant digits
+        GpuRequest(memory_gib=1 / 3, deadline_s=100000.5),
+    ],
+)
+def test_request_tags_round_trip(req):
+    tags = req.to_tags()
+    assert all(isinstance(v, str) for v in tags.values())
+    assert GpuRequest.from_tags(tags) == req
+
+
+def test_request_tags_are_readable():
+    tags = GpuRequest(memory_gib=40.0, deadline_s=600.0).to_tags()
+    assert tags["dagster-gpu/gpu-memory-gib"] == "40"
+    assert tags["dagster-gpu/deadline-seconds"] == "600"
+
+
+@pytest.mark.parametrize(
+    "tag,value",
+    [
+        ("dagster-gpu/gpu-count", "-1"),
+        ("dagster-gpu/gpu-count", "1.5"),
+        ("dagster-gpu/gpu-count", "two"),
+        ("dagster-gpu/gpu-memory-gib", "nan"),
+        ("dagster-gpu/gpu-memory-gib", "inf"),
+        ("dagster-gpu/gpu-memory-gib", "-4"),
+        ("dagster-gpu/mig-ok", "maybe"),
+        ("dagster-gpu/shared-ok", "2"),
+        ("dagster-gpu/deadline-seconds", "soon"),
+        ("dagster-gpu/deadline-seconds", "-60"),
+        ("dagster-gpu/backend", "aws"),
+    ],
+)
+def test_request_errors_name_the_tag(tag, value):
+    with pytest.raises(GpuRequestError) as e:
+        GpuRequest.from_tags({tag: value})
+    assert repr(tag) in str(e.value)
+    assert value.strip() in str(e.value)

@@ -1,0 +1,133 @@
+"""The corpus sensor on a directory and on an S3 endpoint (moto server), and the missing-partitions schedule."""
+
+from __future__ import annotations
+
+import json
+
+import dagster as dg
+import pytest
+
+from dagster_gpu import CorpusSource, TextFormat, asset_job, backfill_missing_schedule, corpus_sensor, embedding_asset
+from dagster_gpu.sensors import partitions_to_rerun
+
+
+def _defs(corpus: CorpusSource, output_url: str):
+    asset = embedding_asset(name="s_embeddings", corpus=corpus, output_url=output_url, device="cpu")
+    job = asset_job(asset)
+    sensor = corpus_sensor(asset, corpus, job=job)
+    schedule = backfill_missing_schedule(asset, job=job)
+    return asset, sensor, schedule, dg.Definitions(assets=[asset], jobs=[job], sensors=[sensor], schedules=[schedule])
+
+
+def _tick(sensor, instance, defs, cursor):
+    """Evaluate one tick and apply its dynamic-partition requests as the daemon does (the daemon then
+    resolves the run requests against the partitions as updated by those requests)."""
+    ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+    result = sensor(ctx)
+    for req in result.dynamic_partitions_requests or []:
+        instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+    return result
+
+
+def _assert_two_ticks(corpus: CorpusSource, add_file, output_url: str):
+    asset, sensor, _, defs = _defs(corpus, output_url)
+    with dg.instance_for_test() as instance:
+        first = _tick(sensor, instance, defs, None)
+        assert sorted(r.partition_key for r in first.run_requests) == ["a.txt", "b.txt"]
+        assert instance.get_dynamic_partitions("s_embeddings_files") == ["a.txt", "b.txt"]
+        assert json.loads(first.cursor)["files"] == 2
+        idle = _tick(sensor, instance, defs, first.cursor)
+        assert not idle.run_requests and not idle.dynamic_partitions_requests
+        assert isinstance(idle.skip_reason, dg.SkipReason)
+        add_file("c d.txt", b"new record\n")
+        second = _tick(sensor, instance, defs, idle.cursor)
+        new_key = [r.partition_key for r in second.run_requests]
+        assert len(new_key) == 1 and new_key[0].startswith("c_d.txt-")
+        assert [list(r.partition_keys) for r in second.dynamic_partitions_requests] == [new_key]
+        assert sorted(instance.get_dynamic_partitions("s_embeddings_files")) == sorted(["a.txt", "b.txt", *new_key])
+        assert second.run_requests[0].run_key == new_key[0]
+        assert json.loads(second.cursor)["files"] == 3
+
+
+def test_sensor_on_directory(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "a.txt").write_text("x\n")
+    (d / "b.txt").write_text("y\n")
+    (d / ".partial.tmp").write_text("ignored\n")
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
+    _assert_two_ticks(corpus, lambda name, data: (d / name).write_bytes(data), str(tmp_path / "out"))
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    """A real S3 protocol endpoint: moto's threaded HTTP server (as s3fs's own tests use moto_server)."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def test_sensor_on_s3(s3_endpoint, tmp_path, monkeypatch):
+    import boto3
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    s3 = boto3.client("s3", endpoint_url=s3_endpoint)
+    s3.create_bucket(Bucket="corpus")
+    s3.put_object(Bucket="corpus", Key="docs/a.txt", Body=b"x\n")
+    s3.put_object(Bucket="corpus", Key="docs/b.txt", Body=b"y\n")
+    s3.put_object(Bucket="corpus", Key="other/z.txt", Body=b"not in the prefix\n")
+    corpus = CorpusSource(
+        url="s3://corpus/docs",
+        text_format=TextFormat(format="text"),
+        storage_options={"client_kwargs": {"endpoint_url": s3_endpoint}},
+    )
+    files = corpus.list_files()
+    assert [(f.key, f.uri, f.size_bytes) for f in files] == [("a.txt", "s3://corpus/docs/a.txt", 2), ("b.txt", "s3://corpus/docs/b.txt", 2)]
+
+    def add(name, data):
+        s3.put_object(Bucket="corpus", Key=f"docs/{name}", Body=data)
+        import s3fs
+
+        s3fs.S3FileSystem.clear_instance_cache()
+
+    _assert_two_ticks(corpus, add, "s3://corpus/out")
+
+
+def test_schedule_requests_missing_and_failed_partitions(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    corpus = CorpusSource(url=str(d))
+    asset, _, schedule, defs = _defs(corpus, str(tmp_path / "out"))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("s_embeddings_files", ["done", "failed", "never", "running"])
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="done"))
+        run_ids = {}
+        for pk, status in (("failed", dg.DagsterRunStatus.FAILURE), ("running", dg.DagsterRunStatus.STARTED), ("done", dg.DagsterRunStatus.SUCCESS)):
+            run = instance.create_run_for_job(
+                defs.resolve_job_def("s_embeddings_job"), tags={"dagster/partition": pk}, asset_selection=frozenset({asset.key})
+            )
+            run_ids[pk] = run.run_id
+            instance.run_storage.handle_run_event(
+                run.run_id,
+                dg.DagsterEvent(
+                    event_type_value={
+                        dg.DagsterRunStatus.FAILURE: "PIPELINE_FAILURE",
+                        dg.DagsterRunStatus.STARTED: "PIPELINE_START",
+                        dg.DagsterRunStatus.SUCCESS: "PIPELINE_SUCCESS",
+                    }[status],
+                    job_name=run.job_name,
+                ),
+            )
+        todo = partitions_to_rerun(instance, asset)
+        assert sorted(todo) == ["failed", "never"]
+        assert todo["never"] is None and todo["failed"] == run_ids["failed"]
+        ctx = dg.build_schedule_context(instance=instance)
+        reqs = schedule(ctx)
+        assert sorted((r.partition_key, r.run_key) for r in reqs) == [
+            ("failed", f"failed:after:{run_ids['failed']}"), ("never", "never:after:none")]
