@@ -47,3 +47,35 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
         else:
             t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", "", "", "", "", f"[red]{(r.error or '')[:60]}[/red]")
     return t
+
+
+def run_backfill_with_progress(
+    instance,
+    defs,
+    asset_key,
+    partition_keys: Sequence[str],
+    workspace,
+    *,
+    title: str,
+    timeout_s: float,
+    daemon_log=None,
+    console: Console | None = None,
+) -> list[PartitionSummary]:
+    """Submit an asset backfill, run the daemon with a progress bar until it ends, print the summary.
+
+    Returns the per-partition summary (see :func:`dagster_gpu.backfill.summarize_partitions`).
+    """
+    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
+
+    console = console or Console()
+    backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title)
+    console.print(f"Backfill [bold]{backfill_id}[/bold]: {len(partition_keys)} partitions of {asset_key.to_user_string()}")
+    with DaemonProcess(workspace, log_file=daemon_log) as daemon, progress_bar(console) as bar:
+        task = bar.add_task("backfill", total=len(partition_keys), detail="")
+        final = wait_for_backfill(
+            instance, backfill_id, len(partition_keys), timeout_s=timeout_s, daemon=daemon,
+            on_progress=lambda p: bar.update(task, completed=p.done, detail=progress_detail(p)),
+        )
+    rows = summarize_partitions(instance, asset_key, partition_keys, backfill_id)
+    console.print(summary_table(rows, title=f"Backfill {backfill_id}: {final.status.lower()}"))
+    return rows

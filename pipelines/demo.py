@@ -79,8 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     import dagster as dg
     from rich.console import Console
 
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
-    from dagster_gpu.report import progress_bar, progress_detail, summary_table
+    from dagster_gpu.report import run_backfill_with_progress
     from pipelines.definitions import defs, fortune_corpus, fortune_embeddings
 
     console = Console()
@@ -89,30 +88,17 @@ def main(argv: list[str] | None = None) -> int:
     pdef_name = fortune_embeddings.partitions_def.name
     known = set(instance.get_dynamic_partitions(pdef_name))
     instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])
-    backfill_id = submit_asset_backfill(
-        instance, defs, fortune_embeddings.key, keys, title=f"fortunes demo: {len(keys)} partitions"
+    console.print(f"Embedding {len(keys)} fortune files through gpu_executor (DAGSTER_HOME={args.home})")
+    rows = run_backfill_with_progress(
+        instance, defs, fortune_embeddings.key, keys, REPO / "workspace.yaml",
+        title=f"fortunes demo: {len(keys)} partitions", timeout_s=args.timeout,
+        daemon_log=args.home / "daemon.log", console=console,
     )
-    console.print(
-        f"Backfill [bold]{backfill_id}[/bold]: {len(keys)} partitions of {fortune_embeddings.key.to_user_string()} "
-        f"through gpu_executor (DAGSTER_HOME={args.home})"
-    )
-    with DaemonProcess(REPO / "workspace.yaml", log_file=args.home / "daemon.log") as daemon, progress_bar(console) as bar:
-        task = bar.add_task("backfill", total=len(keys), detail="")
-        final = wait_for_backfill(
-            instance,
-            backfill_id,
-            len(keys),
-            timeout_s=args.timeout,
-            on_progress=lambda p: bar.update(task, completed=p.done, detail=progress_detail(p)),
-            daemon=daemon,
-        )
-    rows = summarize_partitions(instance, fortune_embeddings.key, keys, backfill_id)
-    console.print(summary_table(rows, title=f"Backfill {backfill_id}: {final.status.lower()}"))
     failed = [r for r in rows if not r.ok]
     if failed:
         console.print(f"[red]{len(failed)} partition(s) failed[/red]: see the runs in the UI (dagster dev -w workspace.yaml)")
         return 1
-    console.print(f"Outputs under {args.output}; browse them with: DAGSTER_HOME={args.home} dagster dev -w workspace.yaml")
+    console.print(f"Outputs under {args.output}; browse them with: DAGSTER_HOME={args.home} .venv/bin/dagster dev -w workspace.yaml")
     return 0
 
 

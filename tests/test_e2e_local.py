@@ -8,6 +8,7 @@ from pathlib import Path
 
 import dagster as dg
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -102,7 +103,7 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
         assert "CPU-only" in md["gpu/unavailable_reason"]
         table = pq.read_table(out_dir / "e2e_embeddings" / f"{f.key}.parquet")
         assert table.num_rows == expected_rows[f.key]
-        assert str(table.schema.field("vector").type) == "fixed_size_list<element: float not null>[384]"
+        assert table.schema.field("vector").type == pa.list_(pa.float32(), 384)
         if table.num_rows:
             texts = [t for _, t in expected_records(Path(f.uri))]
             assert table.column("record_id").to_pylist() == [i for i, _ in expected_records(Path(f.uri))]
