@@ -1,12 +1,19 @@
 """The work of one partition step: read -> embed -> write, overlapped.
 
 A reader thread fills a queue of at most ``prefetch`` record batches (memory stays bounded by
-``read_batch_rows × prefetch`` texts, not by the file), the calling thread encodes, and a writer thread
-hashes and appends to the atomic parquet writer, so I/O hides behind the model.
+``read_batch_rows × prefetch`` texts, not by the file), the calling thread encodes (with tokenization
+overlapped, see ``encoder.py``), and a writer thread
+counts truncated texts, hashes and appends to the atomic parquet writer, so I/O and the extra
+tokenization hide behind the model (the calling thread does nothing but encode).
+
+The writer thread counts with its own copy of the tokenizer: a Hugging Face fast tokenizer's truncation and
+padding settings are state on the tokenizer, which ``encode`` sets on every call, so sharing one between
+threads could count with truncation switched on (or fail with "Already borrowed").
 """
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import queue
 import threading
@@ -19,12 +26,12 @@ import numpy as np
 import pyarrow as pa
 
 from dagster_gpu.corpus.readers import ReadStats, RecordBatch, TextFormat, read_batches
+from dagster_gpu.embedding.encoder import OverlappedEncoder
 from dagster_gpu.embedding.model import LoadedModel
 from dagster_gpu.embedding.truncation import count_truncated
 from dagster_gpu.embedding.writer import AtomicParquetWriter, output_schema
 
 _DONE = object()
-
 
 @dataclass(frozen=True)
 class EmbeddingResult:
@@ -104,10 +111,23 @@ def embed_partition(
         except BaseException as e:  # handed to the consumer, which re-raises it
             q.put(e)
 
+    st = model.model
+    encoder = OverlappedEncoder(st, batch_size, normalize=normalize)
+    counting_tokenizer = copy.deepcopy(st.tokenizer)  # the encoder's thread owns the model's tokenizer
+
+    def finish(batch: RecordBatch, vectors: np.ndarray, tokens: np.ndarray) -> int:
+        """Writer thread: count truncated texts, hash, write; returns the truncated count.
+
+        Only texts that filled the whole sequence (tokens == max_seq_length) can have been truncated;
+        those are tokenized again without truncation to count exactly."""
+        full = [t for t, k in zip(batch.texts, tokens) if k >= model.max_seq_length]
+        n = count_truncated(counting_tokenizer, full, model.max_seq_length) if full else 0
+        writer.write(_to_table(batch, vectors, model.dim, schema))
+        return n
+
     t0 = time.perf_counter()
     reader = threading.Thread(target=produce, name="dagster-gpu-reader", daemon=True)
     reader.start()
-    st = model.model
     try:
         with AtomicParquetWriter(output_uri, schema, storage_options) as writer, ThreadPoolExecutor(1) as wpool:
             pending = None
@@ -117,21 +137,18 @@ def embed_partition(
                     break
                 if isinstance(item, BaseException):
                     raise item
-                vectors = st.encode(
-                    item.texts, batch_size=batch_size, convert_to_numpy=True, normalize_embeddings=normalize,
-                    show_progress_bar=False,
-                )
-                truncated += count_truncated(st.tokenizer, item.texts, model.max_seq_length)
+                vectors, tokens = encoder.encode(item.texts)
                 if pending is not None:
-                    pending.result()
-                pending = wpool.submit(lambda b=item, v=vectors: writer.write(_to_table(b, v, model.dim, schema)))
+                    truncated += pending.result()
+                pending = wpool.submit(finish, item, vectors, tokens)
                 done += len(item)
                 if on_batch:
                     on_batch(done)
             if pending is not None:
-                pending.result()
+                truncated += pending.result()
     finally:
         stop.set()
+        encoder.close()
         reader.join(timeout=5)
     seconds = time.perf_counter() - t0
     return EmbeddingResult(

