@@ -84,6 +84,8 @@ class SlurmSettings:
     submit_timeout_seconds: float = 180.0
     vanish_grace_seconds: float = 60.0
     reconcile_wait_seconds: float = 20.0
+    gpu_product: str = "NVIDIA A100-SXM4-80GB"
+    gpu_memory_gib: float = 80.0
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> "SlurmSettings":
@@ -247,6 +249,23 @@ class SlurmBackend(Backend):
         """``scancel <array_job_id>_<array_task_id>``: exactly this task, pending or running."""
         self.client.scancel([f"{int(handle['array_job_id'])}_{int(handle['array_task_id'])}"])
 
+    def policy_state(self):
+        """The slurm partition as a ``SlurmState``: its GPUs (``sinfo``), those held and the tasks pending
+        (one ``squeue``), and our array throttle. Raises SlurmError when the controller does not answer."""
+        from dagster_gpu.policy.snapshot import DevicePool, SlurmState
+
+        s = self.settings
+        total = self.gpus_in_partition()
+        busy, pending = self.client.gpu_queue(s.slurm_partition)
+        pool = DevicePool(
+            device=s.gpu_product, product=s.gpu_product, memory_gib=s.gpu_memory_gib,
+            free=max(0, total - busy), total=total, pending=pending,
+        )
+        return SlurmState(
+            pools=(pool,), slurm_partition=s.slurm_partition or "", array_throttle=s.throttle,
+            running_tasks=min(busy, total),
+        )
+
     def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
         return {
             "slurm/job_id": str(handle["job_id"]),
@@ -322,6 +341,8 @@ def config_field() -> dg.Field:
             "submit_timeout_seconds": dg.Field(float, default_value=180.0),
             "vanish_grace_seconds": dg.Field(float, default_value=60.0),
             "reconcile_wait_seconds": dg.Field(float, default_value=20.0, description="Wait at exit for sacct billing."),
+            "gpu_product": dg.Field(S, default_value="NVIDIA A100-SXM4-80GB", description="Product of the slurm partition's GPUs (rate card device type; untyped GRES do not say)."),
+            "gpu_memory_gib": dg.Field(float, default_value=80.0, description="Memory of one of those GPUs (GiB)."),
         },
         is_required=False,
         description="Slurm backend settings (dagster_gpu.executor.backends.slurm).",

@@ -1,0 +1,298 @@
+"""All Slurm I/O of dagster-gpu, through the Slurm CLI (``sbatch``, ``squeue``, ``sacct``, ``scancel``,
+``scontrol``, ``sinfo``, ``sdiag``).
+
+Every command:
+
+- is an argv list (never ``shell=True``; no job name, path or partition key is ever parsed by a shell);
+- asks for an explicit output format (see :mod:`dagster_gpu.slurm.parse`);
+- runs with an environment scrubbed of variables that change what Slurm commands print or submit
+  (``SQUEUE_FORMAT``, ``SACCT_FORMAT``, ``SBATCH_*``, ``SLURM_*`` other than ``SLURM_CONF``…);
+- retries with exponential backoff (tenacity) while the controller or slurmdbd is unreachable, then
+  raises :class:`SlurmTransientError`; a refusal raises :class:`SlurmRejected` at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+
+from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from dagster_gpu.slurm import parse as P
+
+log = logging.getLogger(__name__)
+
+#: Prefixes of environment variables Slurm commands read as defaults or output formats.
+SCRUBBED_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SACCT_", "SINFO_", "SCANCEL_", "SRUN_", "SALLOC_", "SCONTROL_")
+#: Kept even though they match a prefix: where the cluster config is.
+KEPT = frozenset({"SLURM_CONF"})
+
+# stderr fragments meaning "could not ask" rather than "was told no" (Slurm 22.05 wording).
+_TRANSIENT = re.compile(
+    r"unable to contact slurm controller|socket timed out|connection refused|connection timed out"
+    r"|zero bytes were transmitted|communication connection failure|slurm backup controller in standby"
+    r"|temporarily unable to accept job|resource temporarily unavailable|slurm_persist_conn_open"
+    r"|problem talking to (the )?database|unable to connect to database|slurmdbd.*(not|never) respond"
+    r"|protocol authentication error|munge (encode|decode) failed|transport endpoint|try again later"
+    r"|slurm controller not responding|error receiving message|slurmctld .* not responding",
+    re.I,
+)
+_UNSENT = re.compile(r"connect failure|connection refused|unable to contact slurm controller", re.I)
+_INVALID_JOB = re.compile(r"invalid job id specified", re.I)
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed.
+
+    Attributes:
+        argv: the command.
+        returncode: its exit status (None when it did not finish).
+        message: Slurm's own words (``Batch job submission failed: …``), else the last stderr line.
+        stderr: everything it wrote to stderr.
+    """
+
+    def __init__(self, argv: Sequence[str], returncode: int | None, message: str, stderr: str = ""):
+        self.argv = list(argv)
+        self.returncode = returncode
+        self.message = message
+        self.stderr = stderr
+        super().__init__(f"{' '.join(self.argv[:2])}… failed (rc={returncode}): {message}")
+
+
+class SlurmTransientError(SlurmError):
+    """Slurm could not be asked (controller or slurmdbd down, timeout); the request may succeed later."""
+
+
+class SlurmRejected(SlurmError):
+    """Slurm answered and refused (invalid array spec, account, QOS, GRES, slurm partition…)."""
+
+
+class SlurmNotInstalled(SlurmError):
+    """The Slurm command is not on PATH."""
+
+
+@dataclass
+class SlurmClient:
+    """Runs Slurm commands.
+
+    Attributes:
+        slurm_conf: path of slurm.conf (exported as SLURM_CONF), or None to use the environment's/default.
+        timeout_s: seconds one command may take before it counts as a transient failure.
+        attempts: tries per command while errors are transient (>= 1).
+        backoff_max_s: cap of the exponential backoff between tries (seconds).
+        extra_env: variables added to the commands' environment (after scrubbing).
+        calls: count of commands run, by program name (for benchmarks and tests).
+    """
+
+    slurm_conf: str | None = None
+    timeout_s: float = 30.0
+    attempts: int = 4
+    backoff_max_s: float = 8.0
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    calls: dict[str, int] = field(default_factory=dict)
+
+    # ------------------------------------------------------------------------------------ plumbing
+    def env(self) -> dict[str, str]:
+        """The environment every Slurm command runs with (scrubbed; see module doc)."""
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k in KEPT or not k.startswith(SCRUBBED_PREFIXES)
+        }
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        env.update(self.extra_env)
+        return env
+
+    def _run_once(self, argv: Sequence[str], ok_codes: Iterable[int] = (0,)) -> subprocess.CompletedProcess:
+        prog = os.path.basename(argv[0])
+        self.calls[prog] = self.calls.get(prog, 0) + 1
+        try:
+            cp = subprocess.run(
+                list(argv), capture_output=True, text=True, env=self.env(), timeout=self.timeout_s, check=False
+            )
+        except FileNotFoundError as e:
+            raise SlurmNotInstalled(argv, None, f"{argv[0]} not found on PATH: {e}") from e
+        except subprocess.TimeoutExpired as e:
+            raise SlurmTransientError(argv, None, f"timed out after {self.timeout_s:g}s", str(e.stderr or "")) from e
+        if cp.returncode in tuple(ok_codes):
+            return cp
+        msg = P.error_message(cp.stderr) or f"exit status {cp.returncode}"
+        cls = SlurmTransientError if _TRANSIENT.search(cp.stderr) else SlurmRejected
+        raise cls(argv, cp.returncode, msg, cp.stderr)
+
+    def run(
+        self, argv: Sequence[str], *, attempts: int | None = None, only_unsent: bool = False
+    ) -> subprocess.CompletedProcess:
+        """Run ``argv`` (a list), retrying transient failures; return the finished process.
+
+        ``only_unsent`` retries only failures where the request surely never reached the controller
+        (connection refused / connect failure), for commands that must not run twice (sbatch).
+        Raises SlurmTransientError after the last try, SlurmRejected at once, SlurmNotInstalled."""
+        n = max(1, attempts if attempts is not None else self.attempts)
+
+        def retryable(e: BaseException) -> bool:
+            if not isinstance(e, SlurmTransientError):
+                return False
+            return not only_unsent or bool(_UNSENT.search(e.stderr or e.message))
+
+        retrying = Retrying(
+            stop=stop_after_attempt(n),
+            wait=wait_exponential(multiplier=0.5, max=self.backoff_max_s),
+            retry=retry_if_exception(retryable),
+            reraise=True,
+            before_sleep=lambda rs: log.warning(
+                "slurm: %s transient failure (try %d/%d): %s", argv[0], rs.attempt_number, n, rs.outcome.exception()
+            ),
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    return self._run_once(argv)
+        except RetryError as e:  # pragma: no cover - reraise=True returns the original error
+            raise e.last_attempt.exception()  # type: ignore[misc]
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------------------------ commands
+    def submit(
+        self,
+        script: str | Path,
+        options: Sequence[str],
+        *,
+        script_args: Sequence[str] = (),
+        attempts: int | None = None,
+    ) -> int:
+        """``sbatch --parsable <options> <script> <script_args>``; returns the job id (the array job id
+        for ``--array``).
+
+        ``options`` are complete argv items (``--array=0-7%4``, ``--gres=gpu:1``); ``script_args`` reach
+        the script as ``$1…`` without any shell parsing. Raises SlurmRejected with Slurm's reason
+        (``Batch job submission failed: Invalid job array specification``)."""
+        cp = self.run(["sbatch", "--parsable", *options, str(script), *script_args], attempts=attempts, only_unsent=True)
+        try:
+            return P.parse_sbatch_parsable(cp.stdout)[0]
+        except P.SlurmParseError as e:
+            raise SlurmRejected(["sbatch"], cp.returncode, str(e), cp.stderr) from e
+
+    def test_only(self, options: Sequence[str], script: str | Path) -> P.TestOnly:
+        """``sbatch --test-only``: the controller's start estimate for a job like this (nothing is submitted)."""
+        cp = self.run(["sbatch", "--test-only", *options, str(script)])
+        return P.parse_test_only(cp.stderr)
+
+    def squeue(self, job_ids: Iterable[int | str], *, attempts: int | None = None) -> list[P.QueueRow]:
+        """One ``squeue --array --states=all`` for all ``job_ids`` (array job ids select all their tasks).
+
+        Jobs Slurm no longer knows (older than MinJobAge) are simply absent. Empty input -> []."""
+        ids = sorted({str(j) for j in job_ids})
+        if not ids:
+            return []
+        argv = ["squeue", "--noheader", "--array", "--states=all", f"--jobs={','.join(ids)}", "-o", P.SQUEUE_FORMAT]
+        try:
+            cp = self.run(argv, attempts=attempts)
+        except SlurmRejected as e:
+            if _INVALID_JOB.search(e.stderr):  # squeue -j with only purged ids exits 1
+                return []
+            raise
+        return P.parse_squeue(cp.stdout)
+
+    def sacct(self, job_ids: Iterable[int | str], *, attempts: int | None = None) -> list[P.AcctRow]:
+        """One ``sacct --allocations --duplicates`` for ``job_ids``: one record per attempt (a requeued
+        task has its PREEMPTED/REQUEUED records too). Empty input -> []. Raises SlurmRejected when
+        accounting storage is disabled (sacct then prints a warning and exits 0)."""
+        ids = sorted({str(j) for j in job_ids})
+        if not ids:
+            return []
+        argv = [
+            "sacct", "--parsable2", "--noheader", "--allocations", "--duplicates", "--allusers",
+            f"--jobs={','.join(ids)}", "--format", P.SACCT_FORMAT,
+        ]  # fmt: skip
+        cp = self.run(argv, attempts=attempts)
+        if "accounting storage is disabled" in cp.stderr.lower():
+            raise SlurmRejected(argv, cp.returncode, "Slurm accounting storage is disabled (no slurmdbd)", cp.stderr)
+        return P.parse_sacct(cp.stdout)
+
+    def scancel(self, ids: Iterable[str], *, signal: str | None = None) -> None:
+        """``scancel`` exactly these ids (``123_7`` cancels one array task, ``123`` a whole job/array).
+        Unknown or finished ids are ignored."""
+        ids = [str(i) for i in ids]
+        if not ids:
+            return
+        argv = ["scancel", *([f"--signal={signal}"] if signal else []), *ids]
+        try:
+            self.run(argv)
+        except SlurmRejected as e:
+            if not _INVALID_JOB.search(e.stderr) and "already completing or completed" not in e.stderr:
+                raise
+
+    def show_config(self) -> dict[str, str]:
+        """``scontrol show config`` as a dict."""
+        return P.parse_show_config(self.run(["scontrol", "show", "config"]).stdout)
+
+    def max_array_size(self) -> int:
+        """The controller's MaxArraySize (array indices must be < this)."""
+        return P.max_array_size(self.show_config())
+
+    def update_throttle(self, array_job_id: int, throttle: int) -> None:
+        """``scontrol update JobId=<id> ArrayTaskThrottle=<n>`` (live; 0 = unthrottled)."""
+        self.run(["scontrol", "update", f"JobId={int(array_job_id)}", f"ArrayTaskThrottle={int(throttle)}"])
+
+    def gpus_in_partition(self, slurm_partition: str | None) -> int:
+        """Total ``gpu`` GRES over the nodes of a slurm partition (default slurm partition when None)."""
+        argv = ["sinfo", "--noheader", "--Node", "-o", "%N|%G"]
+        if slurm_partition:
+            argv.append(f"--partition={slurm_partition}")
+        seen: dict[str, int] = {}
+        for line in self.run(argv).stdout.splitlines():
+            node, _, gres = line.strip().partition("|")
+            if node:
+                seen[node] = gpu_count(gres)
+        return sum(seen.values())
+
+    def gpu_queue(self, slurm_partition: str | None) -> tuple[int, int]:
+        """(GPUs held by running jobs, jobs/array tasks pending) in a slurm partition, from one ``squeue``.
+
+        ``%b`` is the job's GRES per node (``gres:gpu:1``; a ``shard`` job holds no whole GPU)."""
+        argv = ["squeue", "--noheader", "--array", "-t", "RUNNING,PENDING", "-o", "%T|%b"]
+        if slurm_partition:
+            argv.append(f"--partition={slurm_partition}")
+        busy = pending = 0
+        for line in self.run(argv).stdout.splitlines():
+            state, _, gres = line.strip().partition("|")
+            if state == "PENDING":
+                pending += 1
+            elif state == "RUNNING":
+                busy += gpu_count(",".join(g.split(":", 1)[1] if g.startswith(("gres:", "gres/")) else g for g in gres.split(",")))
+        return busy, pending
+
+    def sdiag(self) -> P.Sdiag:
+        """``sdiag`` totals (RPC counts since the last reset)."""
+        return P.parse_sdiag(self.run(["sdiag"]).stdout)
+
+    def sdiag_reset(self) -> None:
+        """``sdiag --reset`` (root or SlurmUser only)."""
+        self.run(["sdiag", "--reset"])
+
+    def wait_gone(self, job_ids: Iterable[int], timeout_s: float = 60.0, poll_s: float = 0.5) -> bool:
+        """Wait until none of ``job_ids`` is pending or running; True if so within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        ids = list(job_ids)
+        while time.monotonic() < deadline:
+            rows = self.squeue(ids)
+            if not any(r.state.status.value in ("pending", "running", "requeued") for r in rows):
+                return True
+            time.sleep(poll_s)
+        return False
+
+
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
+
+
+def gpu_count(gres: str) -> int:
+    """``gpu:4,shard:8`` -> 4; ``gpu:a100:2(S:0-1)`` -> 2; ``(null)`` -> 0."""
+    return sum(int(n) for n in _GRES_GPU.findall(gres))

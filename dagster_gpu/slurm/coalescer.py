@@ -1,0 +1,271 @@
+"""Array coalescing: step launches that arrive within a window become tasks of one job array.
+
+A backfill makes one Dagster run per partition, and each run's executor launches its step from its own
+process. Each launch writes a request into the shared :class:`~dagster_gpu.slurm.spool.Spool` and waits.
+Whichever waiting process takes the spool lock once no request arrived for ``window_s`` (or the oldest
+has waited ``max_window_s``) submits
+*every* pending request: grouped by identical sbatch options, chunked so indices stay below the
+controller's MaxArraySize (and ``max_tasks_per_array``), one ``sbatch --array=0-(n-1)%T`` per chunk whose
+task ``i`` runs request ``i`` through the manifest (:mod:`dagster_gpu.slurm.script`). It then writes a
+result per request (array job id + task id, or the rejection). No daemon is needed: processes that
+wait are the submitters; a crash of one is covered by the others (the lock is released by the kernel).
+
+Works across processes on one host, and across hosts when the spool is on a shared file system with
+``flock`` (the manifest must be readable from compute nodes anyway).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from dagster_gpu.slurm.client import SlurmClient, SlurmError, SlurmRejected
+from dagster_gpu.slurm.ids import format_array_spec
+from dagster_gpu.slurm.script import RUNNER, write_job_script, write_manifest
+from dagster_gpu.slurm.spool import Spool, read_json, write_json
+
+log = logging.getLogger(__name__)
+
+
+class SubmissionRejected(RuntimeError):
+    """Slurm refused (or could not be asked for) the job array carrying these launches.
+
+    Attributes:
+        partitions: the partition keys of every step the rejected submission carried.
+        slurm_message: Slurm's reason.
+    """
+
+    def __init__(self, message: str, partitions: Sequence[str | None] = (), slurm_message: str = ""):
+        super().__init__(message)
+        self.partitions = list(partitions)
+        self.slurm_message = slurm_message
+
+
+class CoalescerTimeout(TimeoutError):
+    """A launch got no array task assignment within ``max_wait_s``."""
+
+
+@dataclass(frozen=True)
+class TaskRequest:
+    """One step launch waiting for an array task.
+
+    Attributes:
+        options: complete sbatch argv items shared by every task of the array (``--gres=gpu:1``,
+            ``--account=research``…). Launches join the same array only when these and ``throttle`` match.
+        throttle: the array's ``%T`` (0 = none).
+        argv, env: the worker command and its environment (manifest data, never script text).
+        run_id, step_key, partition_key, attempt: for logs, errors and reconciliation.
+    """
+
+    options: tuple[str, ...]
+    throttle: int
+    argv: tuple[str, ...]
+    env: Mapping[str, str]
+    run_id: str
+    step_key: str
+    partition_key: str | None
+    attempt: int = 0
+    launch_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: float = field(default_factory=time.time)
+
+    @property
+    def group(self) -> str:
+        return json.dumps([list(self.options), self.throttle])
+
+
+@dataclass(frozen=True)
+class TaskAssignment:
+    """Where a launch went: array task ``array_job_id``_``array_task_id`` of ``batch``."""
+
+    array_job_id: int
+    array_task_id: int
+    batch: str
+    submitted_at: float
+    tasks_in_array: int
+    log_file: str
+
+
+class ArrayCoalescer:
+    """Joins launches into job arrays (see module doc).
+
+    Args:
+        spool: the shared spool.
+        client: the Slurm client used for ``sbatch`` and ``scontrol show config``.
+        python: interpreter that array tasks run ``dagster_gpu.slurm.script`` with.
+        window_s: quiet gap (seconds): pending launches are submitted once no new launch arrived for
+            this long (a backfill's run workers start over several seconds; each arrival extends it).
+        max_window_s: but never later than this many seconds after the oldest pending launch.
+        max_wait_s: how long a launch waits for its assignment before CoalescerTimeout.
+        max_tasks_per_array: cap on tasks per sbatch (None: only MaxArraySize limits).
+        max_array_size: callable returning the controller's MaxArraySize (cached by the caller).
+        env_files: ``KEY=VALUE`` secret files (0600) the tasks load; see :mod:`dagster_gpu.slurm.script`.
+    """
+
+    def __init__(
+        self,
+        spool: Spool,
+        client: SlurmClient,
+        python: str,
+        window_s: float = 1.0,
+        max_window_s: float = 15.0,
+        max_wait_s: float = 180.0,
+        max_tasks_per_array: int | None = None,
+        max_array_size: Callable[[], int] | None = None,
+        env_files: Sequence[str] = (),
+    ):
+        self.spool = spool
+        self.client = client
+        self.python = python
+        self.window_s = window_s
+        self.max_window_s = max(window_s, max_window_s)
+        self.max_wait_s = max_wait_s
+        self.max_tasks_per_array = max_tasks_per_array
+        self._max_array_size = max_array_size or client.max_array_size
+        self.env_files = list(env_files)
+        self.sbatch_calls = 0  # submissions made by this process (benchmarks)
+
+    # ------------------------------------------------------------------------------------ public
+    def submit(self, req: TaskRequest) -> TaskAssignment:
+        """Queue ``req`` and block until it is part of a submitted job array.
+
+        Raises SubmissionRejected (naming the partitions of every step in the rejected sbatch),
+        CoalescerTimeout after ``max_wait_s``."""
+        pending = self.spool.pending / f"{time.time_ns():020d}-{req.launch_id}.json"
+        doc = asdict(req)
+        doc["options"], doc["argv"], doc["env"] = list(req.options), list(req.argv), dict(req.env)
+        write_json(pending, doc)
+        result_path = self.spool.results / f"{req.launch_id}.json"
+        deadline = time.monotonic() + self.max_wait_s
+        while True:
+            res = read_json(result_path)
+            if res is None:
+                with self.spool.lock(timeout_s=0) as got:
+                    if got:
+                        res = read_json(result_path)
+                        if res is None:
+                            self.flush_due()
+                            res = read_json(result_path)
+            if res is not None:
+                result_path.unlink(missing_ok=True)
+                return self._result(res)
+            if time.monotonic() > deadline:
+                with self.spool.lock(timeout_s=30):
+                    if pending.exists():
+                        pending.unlink()
+                        raise CoalescerTimeout(
+                            f"step {req.step_key!r} (partition {req.partition_key!r}) was not submitted to Slurm "
+                            f"within {self.max_wait_s:g}s (spool {self.spool.root})"
+                        )
+                # it was taken by a submitter meanwhile: its result is imminent
+                deadline = time.monotonic() + 30
+            time.sleep(0.05)
+
+    def flush_due(self, force: bool = False) -> int:
+        """Submit every pending launch if the oldest has waited ``window_s`` (or ``force``).
+        Caller holds the spool lock. Returns the number of sbatch calls made."""
+        entries = []
+        for p in sorted(self.spool.pending.glob("*.json")):
+            d = read_json(p)
+            if d is None:
+                continue
+            entries.append((p, d))
+        if not entries:
+            return 0
+        now = time.time()
+        oldest = min(d["created"] for _, d in entries)
+        newest = max(d["created"] for _, d in entries)
+        due = now - newest >= self.window_s or now - oldest >= self.max_window_s or len(entries) >= self._chunk_size()
+        if not force and not due:
+            return 0
+        groups: dict[str, list[tuple[Path, dict]]] = {}
+        for p, d in entries:
+            groups.setdefault(json.dumps([d["options"], d["throttle"]]), []).append((p, d))
+        calls = 0
+        cap = self._chunk_size()
+        for members in groups.values():
+            for i in range(0, len(members), cap):
+                self._submit_chunk(members[i : i + cap])
+                calls += 1
+        return calls
+
+    # ------------------------------------------------------------------------------------ internals
+    def _chunk_size(self) -> int:
+        cap = self._max_array_size()  # indices 0..n-1 must be < MaxArraySize
+        if self.max_tasks_per_array:
+            cap = min(cap, self.max_tasks_per_array)
+        return max(1, cap)
+
+    def _submit_chunk(self, members: list[tuple[Path, dict]]) -> None:
+        batch = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
+        bdir = self.spool.batch_dir(batch)
+        bdir.mkdir(parents=True)
+        tasks = [
+            {k: d[k] for k in ("launch_id", "run_id", "step_key", "partition_key", "attempt", "argv", "env")}
+            for _, d in members
+        ]
+        manifest = write_manifest(bdir / "manifest.json", batch, tasks, self.env_files)
+        script = write_job_script(self.spool.root)
+        first = members[0][1]
+        n = len(members)
+        options = [
+            *first["options"],
+            f"--array={format_array_spec(range(n), first['throttle'] or None)}",
+            f"--job-name=dagster-gpu-{batch}",
+            f"--output={bdir}/%a.out",
+            "--requeue",
+        ]
+        partitions = [d["partition_key"] for _, d in members]
+        try:
+            job_id = self.client.submit(script, [*options], script_args=[self.python, RUNNER, str(manifest)])
+        except SlurmError as e:
+            kind = "rejected" if isinstance(e, SlurmRejected) else "could not be submitted"
+            msg = (
+                f"Slurm {kind} the job array of {n} step(s) for partitions {partitions}: {e.message} "
+                f"(sbatch {' '.join(options)})"
+            )
+            log.error(msg)
+            write_json(bdir / "rejected.json", {"error": msg, "partitions": partitions})
+            for i, (p, d) in enumerate(members):
+                write_json(self.spool.results / f"{d['launch_id']}.json", {"ok": False, "error": msg, "partitions": partitions, "slurm_message": e.message})
+                p.unlink(missing_ok=True)
+            return
+        self.sbatch_calls += 1
+        now = time.time()
+        write_json(
+            bdir / "submitted.json",
+            {"array_job_id": job_id, "tasks": n, "submitted_at": now, "launch_ids": [d["launch_id"] for _, d in members]},
+        )
+        log.info("submitted job array %s (%d tasks, batch %s) for partitions %s", job_id, n, batch, partitions)
+        for i, (p, d) in enumerate(members):
+            write_json(
+                self.spool.results / f"{d['launch_id']}.json",
+                {"ok": True, "array_job_id": job_id, "array_task_id": i, "batch": batch, "submitted_at": now,
+                 "tasks_in_array": n, "log_file": str(bdir / f"{i}.out")},
+            )  # fmt: skip
+            p.unlink(missing_ok=True)
+
+    @staticmethod
+    def _result(res: dict) -> TaskAssignment:
+        if not res.get("ok"):
+            raise SubmissionRejected(res.get("error", "rejected"), res.get("partitions", []), res.get("slurm_message", ""))
+        return TaskAssignment(
+            array_job_id=int(res["array_job_id"]),
+            array_task_id=int(res["array_task_id"]),
+            batch=res["batch"],
+            submitted_at=float(res["submitted_at"]),
+            tasks_in_array=int(res["tasks_in_array"]),
+            log_file=res["log_file"],
+        )
+
+
+def default_python() -> str:
+    """The interpreter array tasks use by default: this one (same venv on a shared path)."""
+    import sys
+
+    return os.environ.get("DAGSTER_GPU_SLURM_PYTHON") or sys.executable

@@ -1,0 +1,449 @@
+"""Parse the output of Slurm commands run with the explicit formats defined here (pure, no I/O).
+
+The formats are part of this module so the client (which runs the commands) and the parsers (which
+read them) cannot drift apart:
+
+- ``squeue --noheader --array --states=all -o SQUEUE_FORMAT`` -> :func:`parse_squeue` -> [:class:`QueueRow`]
+- ``sacct --parsable2 --noheader --allocations --duplicates -o SACCT_FIELDS`` -> :func:`parse_sacct` -> [:class:`AcctRow`]
+- ``scontrol show config`` -> :func:`parse_show_config` -> {key: value}
+- ``sdiag`` -> :func:`parse_sdiag` -> :class:`Sdiag`
+- ``sbatch --parsable`` -> :func:`parse_sbatch_parsable`; ``sbatch --test-only`` -> :func:`parse_test_only`
+
+Durations are seconds (float/int), times are timezone-naive ``datetime`` in the controller's local
+time (as Slurm prints them) or None for ``Unknown``/``N/A``/``None``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Mapping
+
+from dagster_gpu.slurm.ids import JobId, parse_array_task_field, parse_job_id
+from dagster_gpu.slurm.states import SlurmState, parse_state
+
+SEP = "|"
+
+#: squeue fields, in order: compact id, job id (of this task), array job id, array task id(s), state,
+#: reason, start time, QOS, slurm partition, TRES per node (GRES), job name (last: it may hold ``|``).
+SQUEUE_FIELDS = ("%i", "%A", "%F", "%K", "%T", "%r", "%S", "%q", "%P", "%b", "%j")
+SQUEUE_FORMAT = SEP.join(SQUEUE_FIELDS)
+
+#: sacct fields (``--parsable2``: ``|``-separated, no trailing ``|``). JobName is last for the same reason.
+SACCT_FIELDS = (
+    "JobID",
+    "JobIDRaw",
+    "State",
+    "ExitCode",
+    "DerivedExitCode",
+    "Elapsed",
+    "ElapsedRaw",
+    "AllocTRES",
+    "QOS",
+    "Partition",
+    "Submit",
+    "Start",
+    "End",
+    "NodeList",
+    "JobName",
+)
+SACCT_FORMAT = ",".join(SACCT_FIELDS)
+
+_NONE_TIMES = {"", "unknown", "n/a", "none", "(null)"}
+
+
+class SlurmParseError(ValueError):
+    """A line of Slurm output does not have the expected shape (the message quotes it)."""
+
+
+def parse_time(text: str) -> datetime | None:
+    """``2026-11-30T00:25:21`` -> datetime; ``Unknown``/``N/A``/``None``/empty -> None."""
+    t = text.strip()
+    if t.lower() in _NONE_TIMES:
+        return None
+    try:
+        return datetime.strptime(t, "%Y-%m-%dT%H:%M:%S")
+    except ValueError:
+        raise SlurmParseError(f"not a Slurm timestamp: {text!r}") from None
+
+
+_DURATION = re.compile(r"^(?:(?P<d>\d+)-)?(?:(?P<h>\d+):)?(?P<m>\d+):(?P<s>\d+(?:\.\d+)?)$")
+
+
+def parse_duration(text: str) -> float | None:
+    """Slurm durations -> seconds: ``1-02:03:04``, ``02:03:04``, ``0:04``, ``00:00:00.123``.
+
+    ``INVALID``, ``UNLIMITED``, ``N/A`` and empty give None. Raises SlurmParseError otherwise.
+    """
+    t = text.strip()
+    if t.upper() in ("", "INVALID", "UNLIMITED", "N/A", "NOT_SET"):
+        return None
+    m = _DURATION.match(t)
+    if not m:
+        raise SlurmParseError(f"not a Slurm duration: {text!r}")
+    d = int(m.group("d") or 0)
+    h = int(m.group("h") or 0)
+    return d * 86400 + h * 3600 + int(m.group("m")) * 60 + float(m.group("s"))
+
+
+def parse_exit_code(text: str) -> tuple[int | None, int | None]:
+    """sacct ``ExitCode`` ``3:0`` -> (exit status 3, signal 0); empty -> (None, None)."""
+    t = text.strip()
+    if not t:
+        return None, None
+    code, _, sig = t.partition(":")
+    try:
+        return int(code), (int(sig) if sig else None)
+    except ValueError:
+        raise SlurmParseError(f"not a Slurm exit code: {text!r}") from None
+
+
+_UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
+
+
+def parse_tres(text: str) -> dict[str, float]:
+    """``billing=11,cpu=1,gres/gpu=1,mem=4844K,node=1`` -> {"billing": 11.0, "cpu": 1.0, "gres/gpu": 1.0,
+    "mem": 4960256.0 (bytes), "node": 1.0}. Memory-like values with K/M/G/T/P suffixes become bytes;
+    ``gres/gpu:a100=1`` keeps its typed key. Empty text gives {}. Raises SlurmParseError."""
+    out: dict[str, float] = {}
+    t = text.strip()
+    if not t:
+        return out
+    for item in t.split(","):
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise SlurmParseError(f"bad TRES item {item!r} in {text!r}")
+        mult = 1
+        if v and v[-1].upper() in _UNITS:
+            mult, v = _UNITS[v[-1].upper()], v[:-1]
+        try:
+            out[k] = float(v) * mult
+        except ValueError:
+            raise SlurmParseError(f"bad TRES value {item!r} in {text!r}") from None
+    return out
+
+
+def _split(line: str, n: int, what: str) -> list[str]:
+    parts = line.split(SEP, n - 1)
+    if len(parts) != n:
+        raise SlurmParseError(f"{what}: expected {n} '|'-separated fields, got {len(parts)}: {line!r}")
+    return parts
+
+
+# --------------------------------------------------------------------------------------------- squeue
+@dataclass(frozen=True)
+class QueueRow:
+    """One ``squeue`` line (``--array`` gives one line per array task, pending ones included).
+
+    Attributes:
+        id: the printed id (``123_7``, or compact ``123_[4-9%2]`` without ``--array``).
+        job_id: this task's own job id (``%A``; the array job id itself for a pending task or the last task).
+        array_job_id: ``%F`` (equals job_id for a non-array job).
+        array_task_ids: inclusive ranges of ``%K`` (one ``(n, n)`` for a single task; () for non-array).
+        throttle: the ``%N`` of a compact pending line, else None.
+        state: the parsed state.
+        reason: ``%r`` (``JobArrayTaskLimit``, ``BeginTime``, ``Resources``, ``None``…).
+        start: ``%S`` (actual or expected start), None when unknown.
+        qos, slurm_partition, tres_per_node (``gres:gpu:1``), name.
+    """
+
+    id: JobId
+    job_id: int
+    array_job_id: int
+    array_task_ids: tuple[tuple[int, int], ...]
+    throttle: int | None
+    state: SlurmState
+    reason: str
+    start: datetime | None
+    qos: str
+    slurm_partition: str
+    tres_per_node: str
+    name: str
+
+    @property
+    def array_task_id(self) -> int | None:
+        """The single array task id of a one-task line, else None."""
+        if len(self.array_task_ids) == 1 and self.array_task_ids[0][0] == self.array_task_ids[0][1]:
+            return self.array_task_ids[0][0]
+        return None
+
+
+def parse_squeue(text: str) -> list[QueueRow]:
+    """Parse ``squeue --noheader -o SQUEUE_FORMAT`` output (blank lines skipped). Raises SlurmParseError."""
+    rows: list[QueueRow] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = _split(line, len(SQUEUE_FIELDS), "squeue")
+        try:
+            ranges, throttle = parse_array_task_field(f[3])
+            rows.append(
+                QueueRow(
+                    id=parse_job_id(f[0]),
+                    job_id=int(f[1]),
+                    array_job_id=int(f[2]),
+                    array_task_ids=ranges,
+                    throttle=throttle,
+                    state=parse_state(f[4]),
+                    reason=f[5],
+                    start=parse_time(f[6]),
+                    qos=f[7],
+                    slurm_partition=f[8],
+                    tres_per_node=f[9],
+                    name=f[10],
+                )
+            )
+        except (ValueError, SlurmParseError) as e:
+            raise SlurmParseError(f"squeue line {line!r}: {e}") from e
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------- sacct
+@dataclass(frozen=True)
+class AcctRow:
+    """One ``sacct --allocations`` record (with ``--duplicates``, one per attempt of a requeued job).
+
+    Attributes:
+        id: ``JobID`` parsed (``123_7``, ``123``, ``123_[4-9%2]`` for never-started pending tasks).
+        job_id: ``JobIDRaw`` (this task's own job id).
+        state: parsed ``State`` (``CANCELLED by 0`` keeps the uid).
+        exit_code, signal: from ``ExitCode`` ``3:0``.
+        derived_exit_code: exit status part of ``DerivedExitCode``.
+        elapsed_s: ``ElapsedRaw`` seconds of this attempt.
+        alloc_tres: ``AllocTRES`` as numbers (``billing``, ``cpu``, ``gres/gpu``, ``gres/shard``, ``node``).
+        qos, slurm_partition, submit, start, end, node_list, name.
+    """
+
+    id: JobId
+    job_id: int
+    state: SlurmState
+    exit_code: int | None
+    signal: int | None
+    derived_exit_code: int | None
+    elapsed_s: int
+    alloc_tres: Mapping[str, float]
+    qos: str
+    slurm_partition: str
+    submit: datetime | None
+    start: datetime | None
+    end: datetime | None
+    node_list: str
+    name: str
+
+    @property
+    def array_job_id(self) -> int:
+        return self.id.job_id
+
+    @property
+    def array_task_id(self) -> int | None:
+        return self.id.task_id
+
+    @property
+    def gpus(self) -> float:
+        """Whole GPUs allocated (``gres/gpu``; typed ``gres/gpu:<type>`` counted only when untyped is absent)."""
+        if "gres/gpu" in self.alloc_tres:
+            return self.alloc_tres["gres/gpu"]
+        return sum(v for k, v in self.alloc_tres.items() if k.startswith("gres/gpu:"))
+
+    @property
+    def shards(self) -> float:
+        """``gres/shard`` allocated (0 when none)."""
+        return self.alloc_tres.get("gres/shard", 0.0)
+
+    @property
+    def billing(self) -> float:
+        """The billing TRES (TRESBillingWeights applied), 0 when absent."""
+        return self.alloc_tres.get("billing", 0.0)
+
+
+def parse_sacct(text: str) -> list[AcctRow]:
+    """Parse ``sacct --parsable2 --noheader -o SACCT_FORMAT`` output. Step lines (``123.batch``) are
+    skipped, so ``--allocations`` is optional. Raises SlurmParseError."""
+    rows: list[AcctRow] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = _split(line, len(SACCT_FIELDS), "sacct")
+        try:
+            jid = parse_job_id(f[0])
+            if jid.step is not None:
+                continue
+            code, sig = parse_exit_code(f[3])
+            dcode, _ = parse_exit_code(f[4])
+            rows.append(
+                AcctRow(
+                    id=jid,
+                    job_id=int(f[1].split(".")[0]),
+                    state=parse_state(f[2]),
+                    exit_code=code,
+                    signal=sig,
+                    derived_exit_code=dcode,
+                    elapsed_s=int(f[6] or 0),
+                    alloc_tres=parse_tres(f[7]),
+                    qos=f[8],
+                    slurm_partition=f[9],
+                    submit=parse_time(f[10]),
+                    start=parse_time(f[11]),
+                    end=parse_time(f[12]),
+                    node_list=f[13],
+                    name=f[14],
+                )
+            )
+        except (ValueError, SlurmParseError) as e:
+            raise SlurmParseError(f"sacct line {line!r}: {e}") from e
+    return rows
+
+
+# ----------------------------------------------------------------------------- scontrol show config
+_CONFIG_LINE = re.compile(r"^(?P<k>[A-Za-z][A-Za-z0-9_]*)\s*=\s?(?P<v>.*)$")
+
+
+def parse_show_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` -> {"MaxArraySize": "1001", "SLURM_VERSION": "22.05.8", …} (first value wins;
+    banner and plugin sub-sections without ``=`` are ignored)."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        m = _CONFIG_LINE.match(line.strip())
+        if m and m.group("k") not in out:
+            out[m.group("k")] = m.group("v").strip()
+    return out
+
+
+def max_array_size(config: Mapping[str, str]) -> int:
+    """``MaxArraySize`` from a parsed config (the highest valid array index is this minus 1).
+    Raises SlurmParseError when absent or not an integer."""
+    try:
+        return int(config["MaxArraySize"])
+    except (KeyError, ValueError):
+        raise SlurmParseError(f"MaxArraySize missing or not an integer: {config.get('MaxArraySize')!r}") from None
+
+
+# ---------------------------------------------------------------------------------------------- sdiag
+@dataclass(frozen=True)
+class Sdiag:
+    """Totals from ``sdiag`` since its last reset.
+
+    Attributes:
+        jobs_submitted, jobs_started, jobs_completed, jobs_canceled, jobs_failed: counters.
+        rpc_by_type: ``REQUEST_SUBMIT_BATCH_JOB`` -> count.
+        rpc_by_user: user name -> count.
+    """
+
+    jobs_submitted: int = 0
+    jobs_started: int = 0
+    jobs_completed: int = 0
+    jobs_canceled: int = 0
+    jobs_failed: int = 0
+    rpc_by_type: Mapping[str, int] = field(default_factory=dict)
+    rpc_by_user: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def rpc_total(self) -> int:
+        """All RPCs counted by message type."""
+        return sum(self.rpc_by_type.values())
+
+
+_SDIAG_COUNTER = re.compile(r"^Jobs (submitted|started|completed|canceled|failed):\s+(\d+)$")
+_SDIAG_RPC = re.compile(r"^(?P<name>\S+)\s+\(\s*\d+\)\s+count:(?P<count>\d+)\b")
+_SDIAG_USER = re.compile(r"^(?P<name>\S+)\s+\(\s*\d+\)\s+count:(?P<count>\d+)\b")
+
+
+def parse_sdiag(text: str) -> Sdiag:
+    """Parse ``sdiag`` text output (counters, RPCs by message type and by user)."""
+    counters: dict[str, int] = {}
+    by_type: dict[str, int] = {}
+    by_user: dict[str, int] = {}
+    section = None
+    for raw in text.splitlines():
+        line = raw.strip()
+        m = _SDIAG_COUNTER.match(line)
+        if m:
+            counters[m.group(1)] = int(m.group(2))
+            continue
+        if line.startswith("Remote Procedure Call statistics by message type"):
+            section = "type"
+            continue
+        if line.startswith("Remote Procedure Call statistics by user"):
+            section = "user"
+            continue
+        if line.startswith("Pending RPC statistics") or line.startswith("Remote Procedure Call statistics"):
+            section = None
+            continue
+        if section == "type":
+            m = _SDIAG_RPC.match(line)
+            if m:
+                by_type[m.group("name")] = int(m.group("count"))
+        elif section == "user":
+            m = _SDIAG_USER.match(line)
+            if m:
+                by_user[m.group("name")] = int(m.group("count"))
+    return Sdiag(
+        jobs_submitted=counters.get("submitted", 0),
+        jobs_started=counters.get("started", 0),
+        jobs_completed=counters.get("completed", 0),
+        jobs_canceled=counters.get("canceled", 0),
+        jobs_failed=counters.get("failed", 0),
+        rpc_by_type=by_type,
+        rpc_by_user=by_user,
+    )
+
+
+# --------------------------------------------------------------------------------------------- sbatch
+def parse_sbatch_parsable(stdout: str) -> tuple[int, str | None]:
+    """``sbatch --parsable`` stdout ``123`` or ``123;cluster`` -> (job id, cluster or None).
+    Raises SlurmParseError when the last non-empty line is not that shape."""
+    lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
+    if not lines:
+        raise SlurmParseError("sbatch --parsable printed nothing")
+    jid, _, cluster = lines[-1].partition(";")
+    if not jid.isdigit():
+        raise SlurmParseError(f"sbatch --parsable printed {lines[-1]!r}, not a job id")
+    return int(jid), (cluster or None)
+
+
+_TEST_ONLY = re.compile(
+    r"Job (?P<job>\d+) to start at (?P<start>\S+) using (?P<cpus>\d+) processors on nodes (?P<nodes>\S+)"
+    r"(?: in partition (?P<part>\S+))?"
+)
+
+
+@dataclass(frozen=True)
+class TestOnly:
+    """``sbatch --test-only`` estimate: expected start (controller local time), CPUs, nodes, slurm partition."""
+
+    job_id: int
+    start: datetime | None
+    processors: int
+    nodes: str
+    slurm_partition: str | None
+
+
+def parse_test_only(stderr: str) -> TestOnly:
+    """Parse ``sbatch: Job 26 to start at 2026-11-30T00:30:00 using 1 processors on nodes vm in partition gpu``.
+
+    Slurm 22.05 may print an absurd far-future date (year 6109) when the slurm partition has no time
+    limit; callers should treat a start more than a year ahead as unknown. Raises SlurmParseError."""
+    m = _TEST_ONLY.search(stderr)
+    if not m:
+        raise SlurmParseError(f"not an sbatch --test-only estimate: {stderr.strip()!r}")
+    return TestOnly(
+        job_id=int(m.group("job")),
+        start=parse_time(m.group("start")),
+        processors=int(m.group("cpus")),
+        nodes=m.group("nodes"),
+        slurm_partition=m.group("part"),
+    )
+
+
+_SLURM_ERROR = re.compile(r"^(?:sbatch|squeue|sacct|scancel|scontrol|sacctmgr): error: (?P<msg>.*)$")
+
+
+def error_message(stderr: str) -> str:
+    """The most specific ``<cmd>: error: …`` message of a Slurm command's stderr (the last one; the
+    ``Batch job submission failed:`` prefix is kept), else the last non-empty line, else ''."""
+    msgs = [m.group("msg").strip() for m in map(_SLURM_ERROR.match, stderr.splitlines()) if m]
+    if msgs:
+        return msgs[-1]
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
+    return lines[-1] if lines else ""

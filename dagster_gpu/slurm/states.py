@@ -1,0 +1,176 @@
+"""Slurm job states -> :class:`~dagster_gpu.executor.backends.base.WorkerStatus` (pure, no I/O).
+
+Slurm prints a job's state as a long name (``squeue %T``, ``sacct State``: ``RUNNING``,
+``CANCELLED by 0``), a short code (``squeue %t``: ``R``, ``CA``), or a name truncated to the column
+width with a ``+`` (``sacct`` without ``--parsable``: ``CANCELLED+``). :func:`parse_state` accepts all
+three; :func:`worker_status` maps the result.
+
+The map (Slurm 22.05 ``job_state_string``; base states and the flags printed instead of them):
+
+==============================================================  ================
+Slurm state                                                     WorkerStatus
+==============================================================  ================
+PENDING, CONFIGURING, POWER_UP_NODE, RESV_DEL_HOLD              PENDING
+RUNNING, COMPLETING, SUSPENDED, STOPPED, SIGNALING, STAGE_OUT,  RUNNING
+RESIZING, UPDATE_DB
+COMPLETED                                                       SUCCEEDED
+FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY,           FAILED
+BOOT_FAIL, DEADLINE, REVOKED, RECONFIG_FAIL
+PREEMPTED, REQUEUED, REQUEUE_FED, REQUEUE_HOLD, SPECIAL_EXIT,   REQUEUED
+LAUNCH_FAILED
+==============================================================  ================
+
+Notes on the less obvious rows:
+
+- COMPLETING: the batch script ended but processes or the epilog are still being cleaned up; the
+  outcome is not final, so the step is still RUNNING.
+- PREEMPTED: the attempt was preempted. With ``PreemptMode=REQUEUE`` and a requeueable job Slurm puts
+  the job back to PENDING (``sacct -D`` keeps the PREEMPTED record of that attempt); the caller must
+  decide when a PREEMPTED job that never comes back is final (see ``SlurmBackend``).
+- REQUEUE_HOLD / SPECIAL_EXIT: requeued and held until someone releases it; the job will run again
+  only then, so it is REQUEUED (never SUCCEEDED/FAILED).
+- REVOKED: a federated sibling started the job elsewhere; on this cluster it is over (FAILED).
+- LAUNCH_FAILED: slurmctld could not launch the batch script and requeues the job.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dagster_gpu.executor.backends.base import WorkerStatus
+
+#: Long state name -> WorkerStatus.
+STATE_MAP: dict[str, WorkerStatus] = {
+    # not started
+    "PENDING": WorkerStatus.PENDING,
+    "CONFIGURING": WorkerStatus.PENDING,
+    "POWER_UP_NODE": WorkerStatus.PENDING,
+    "RESV_DEL_HOLD": WorkerStatus.PENDING,
+    # holding resources, outcome not final
+    "RUNNING": WorkerStatus.RUNNING,
+    "COMPLETING": WorkerStatus.RUNNING,
+    "SUSPENDED": WorkerStatus.RUNNING,
+    "STOPPED": WorkerStatus.RUNNING,
+    "SIGNALING": WorkerStatus.RUNNING,
+    "STAGE_OUT": WorkerStatus.RUNNING,
+    "RESIZING": WorkerStatus.RUNNING,
+    "UPDATE_DB": WorkerStatus.RUNNING,
+    # final
+    "COMPLETED": WorkerStatus.SUCCEEDED,
+    "FAILED": WorkerStatus.FAILED,
+    "CANCELLED": WorkerStatus.FAILED,
+    "TIMEOUT": WorkerStatus.FAILED,
+    "NODE_FAIL": WorkerStatus.FAILED,
+    "OUT_OF_MEMORY": WorkerStatus.FAILED,
+    "BOOT_FAIL": WorkerStatus.FAILED,
+    "DEADLINE": WorkerStatus.FAILED,
+    "REVOKED": WorkerStatus.FAILED,
+    "RECONFIG_FAIL": WorkerStatus.FAILED,
+    # will run again
+    "PREEMPTED": WorkerStatus.REQUEUED,
+    "REQUEUED": WorkerStatus.REQUEUED,
+    "REQUEUE_FED": WorkerStatus.REQUEUED,
+    "REQUEUE_HOLD": WorkerStatus.REQUEUED,
+    "SPECIAL_EXIT": WorkerStatus.REQUEUED,
+    "LAUNCH_FAILED": WorkerStatus.REQUEUED,
+}
+
+#: Short codes (``squeue %t``) -> long names.
+SHORT_CODES: dict[str, str] = {
+    "PD": "PENDING",
+    "CF": "CONFIGURING",
+    "PU": "POWER_UP_NODE",
+    "RD": "RESV_DEL_HOLD",
+    "R": "RUNNING",
+    "CG": "COMPLETING",
+    "S": "SUSPENDED",
+    "ST": "STOPPED",
+    "SI": "SIGNALING",
+    "SO": "STAGE_OUT",
+    "RS": "RESIZING",
+    "CD": "COMPLETED",
+    "F": "FAILED",
+    "CA": "CANCELLED",
+    "TO": "TIMEOUT",
+    "NF": "NODE_FAIL",
+    "OOM": "OUT_OF_MEMORY",
+    "BF": "BOOT_FAIL",
+    "DL": "DEADLINE",
+    "RV": "REVOKED",
+    "PR": "PREEMPTED",
+    "RQ": "REQUEUED",
+    "RF": "REQUEUE_FED",
+    "RH": "REQUEUE_HOLD",
+    "SE": "SPECIAL_EXIT",
+}
+
+#: The states after which a job holds no resources and will not run again by itself.
+FINAL_STATES = frozenset(k for k, v in STATE_MAP.items() if v in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED))
+
+_BY_UID = re.compile(r"^(?P<name>[A-Z_]+)\+?(?:\s+BY\s+(?P<uid>\d+))?$")
+
+
+class UnknownSlurmState(ValueError):
+    """The text is not a Slurm job state this module knows (the message quotes it)."""
+
+
+@dataclass(frozen=True)
+class SlurmState:
+    """One parsed job state.
+
+    Attributes:
+        name: the long state name (``CANCELLED``), upper case.
+        by_uid: the uid in ``CANCELLED by <uid>`` (who cancelled), else None.
+        raw: the text as Slurm printed it.
+        truncated: True when Slurm truncated the name (``CANCELLED+``) and it was completed by prefix.
+    """
+
+    name: str
+    by_uid: int | None = None
+    raw: str = ""
+    truncated: bool = False
+
+    @property
+    def status(self) -> WorkerStatus:
+        """The WorkerStatus of this state (see the module table)."""
+        return STATE_MAP[self.name]
+
+    @property
+    def final(self) -> bool:
+        """True for COMPLETED and the failure states."""
+        return self.name in FINAL_STATES
+
+    def __str__(self) -> str:
+        return self.name if self.by_uid is None else f"{self.name} by {self.by_uid}"
+
+
+def parse_state(text: str) -> SlurmState:
+    """Parse ``RUNNING``, ``R``, ``CANCELLED by 0``, ``CANCELLED+`` or ``CANC+`` into a :class:`SlurmState`.
+
+    A truncated name (ending in ``+``) is completed when exactly one known state starts with it.
+    Raises :class:`UnknownSlurmState` for anything else (empty text included).
+    """
+    raw = text
+    t = text.strip().upper()
+    if t in SHORT_CODES:
+        return SlurmState(SHORT_CODES[t], raw=raw)
+    m = _BY_UID.match(t)
+    if not m:
+        raise UnknownSlurmState(f"not a Slurm job state: {raw!r}")
+    name, uid = m.group("name"), m.group("uid")
+    truncated = "+" in t
+    if name not in STATE_MAP:
+        if not truncated:
+            raise UnknownSlurmState(f"not a Slurm job state: {raw!r}")
+        candidates = [s for s in STATE_MAP if s.startswith(name)]
+        if len(candidates) != 1:
+            raise UnknownSlurmState(f"truncated Slurm job state {raw!r} matches {sorted(candidates) or 'nothing'}")
+        name = candidates[0]
+    # "CANCELLED+" is how sacct shortens "CANCELLED by <uid>" to fit its 10-character column.
+    return SlurmState(name=name, by_uid=int(uid) if uid is not None else None, raw=raw, truncated=truncated)
+
+
+def worker_status(text: str) -> WorkerStatus:
+    """Shorthand: ``parse_state(text).status``. Raises :class:`UnknownSlurmState`."""
+    return parse_state(text).status

@@ -1,0 +1,329 @@
+#!/usr/bin/env bash
+# Single-host Slurm 22.05 cluster for dagster-gpu tests and demos (Debian bookworm, run as root).
+#
+#   resources/slurm/cluster.sh start     install if missing, start munge, MariaDB, slurmdbd, slurmctld, slurmd;
+#                                        wait until the node is idle; create QOS/account (idempotent, fast
+#                                        when already running; restarts slurmctld+slurmd if the config changed)
+#   resources/slurm/cluster.sh restart   restart slurmctld and slurmd with a freshly rendered config
+#                                        (e.g. DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE=101 cluster.sh restart)
+#   resources/slurm/cluster.sh stop      stop the daemons this script started (from its pid files only)
+#   resources/slurm/cluster.sh status    print daemon pids, node state, sinfo; exit 0 only when all run
+#   resources/slurm/cluster.sh env       print `export SLURM_CONF=...` (use: eval "$(cluster.sh env)")
+#
+# Environment:
+#   DAGSTER_GPU_SLURM_DIR             state dir (default /tmp/dagster-gpu-slurm)
+#   DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE  MaxArraySize (default 1001: highest array index 1000)
+#   DAGSTER_GPU_SLURM_START_TIMEOUT   seconds to wait for each daemon (default 60)
+#   DAGSTER_GPU_SLURM_CTLD_PORT / _SLURMD_PORT / _DBD_PORT / _DB_PORT   (6817 / 6818 / 6819 / 3307)
+#
+# The cluster: ClusterName=dagstergpu, slurm partition `gpu` (default), 4 GPUs as GRES on character devices
+# (mknod c 195 N) plus 8 `shard` GRES, accounting in slurmdbd (sacct works), QOS `normal` and `high` (high
+# preempts normal by requeue), TRESBillingWeights so AllocTRES has `billing=`, account `research` with root.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+D="${DAGSTER_GPU_SLURM_DIR:-/tmp/dagster-gpu-slurm}"
+MAX_ARRAY_SIZE="${DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE:-1001}"
+TIMEOUT="${DAGSTER_GPU_SLURM_START_TIMEOUT:-60}"
+CTLD_PORT="${DAGSTER_GPU_SLURM_CTLD_PORT:-6817}"
+SLURMD_PORT="${DAGSTER_GPU_SLURM_SLURMD_PORT:-6818}"
+DBD_PORT="${DAGSTER_GPU_SLURM_DBD_PORT:-6819}"
+DB_PORT="${DAGSTER_GPU_SLURM_DB_PORT:-3307}"
+CLUSTER=dagstergpu
+ACCOUNT=research
+HOST="$(hostname -s)"
+export SLURM_CONF="$D/etc/slurm.conf"
+# Never let a caller's formats or job context change what our own checks parse.
+unset SQUEUE_FORMAT SQUEUE_FORMAT2 SINFO_FORMAT SACCT_FORMAT SLURM_JOB_ID SLURM_ARRAY_JOB_ID || true
+
+log() { printf '[slurm-cluster] %s\n' "$*" >&2; }
+die() {
+  log "ERROR: $*"
+  for f in "$D"/log/*.log; do
+    [ -f "$f" ] || continue
+    printf -- '----- tail %s -----\n' "$f" >&2
+    tail -n 15 "$f" >&2 || true
+  done
+  exit 1
+}
+
+# wait_for <what> <timeout-s> <command...>: poll every 0.2 s until the command succeeds.
+wait_for() {
+  local what="$1" limit="$2"; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then die "timed out after ${limit}s waiting for $what"; fi
+    sleep 0.2
+  done
+}
+
+# ---------------------------------------------------------------- pid files (only what we started)
+pidfile() { echo "$D/run/$1.pid"; }
+
+# alive <name> <expected comm>: the pid in our pid file is running and is that program.
+alive() {
+  local f pid comm
+  f="$(pidfile "$1")"
+  [ -s "$f" ] || return 1
+  pid="$(cat "$f")"
+  [ -d "/proc/$pid" ] || return 1
+  comm="$(cat "/proc/$pid/comm" 2>/dev/null || true)"
+  [ "$comm" = "$2" ]
+}
+
+# launch <name> <cmd...>: start a foreground daemon detached (own session), record its pid.
+launch() {
+  local name="$1"; shift
+  setsid "$@" >>"$D/log/$name.stdout" 2>&1 </dev/null &
+  echo $! >"$(pidfile "$name")"
+}
+
+stop_one() {
+  local name="$1" comm="$2" pid i
+  if alive "$name" "$comm"; then
+    pid="$(cat "$(pidfile "$name")")"
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 100); do
+      [ -d "/proc/$pid" ] || break
+      sleep 0.1
+    done
+    if [ -d "/proc/$pid" ]; then
+      log "$name ($pid) did not stop on SIGTERM in 10s; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    log "stopped $name ($pid)"
+  fi
+  rm -f "$(pidfile "$name")"
+}
+
+# ---------------------------------------------------------------- install + render
+install_if_missing() {
+  local need=0 b
+  for b in slurmctld slurmd slurmdbd sacct munged mariadbd mariadb-install-db; do
+    command -v "$b" >/dev/null 2>&1 || need=1
+  done
+  [ -x /usr/sbin/munged ] || need=1
+  if ((need)); then
+    log "installing slurm-wlm slurmdbd munge mariadb-server (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends slurm-wlm slurmdbd munge mariadb-server >/dev/null
+  fi
+}
+
+render() {  # render <template> <dest> <mode>
+  local tmp
+  tmp="$(mktemp "$D/etc/.render.XXXXXX")"
+  sed -e "s|@D@|$D|g" -e "s|@HOST@|$HOST|g" -e "s|@CLUSTER@|$CLUSTER|g" \
+      -e "s|@CPUS@|$CPUS|g" -e "s|@MEM_MB@|$MEM_MB|g" -e "s|@OVERSUBSCRIBE@|$OVERSUBSCRIBE|g" \
+      -e "s|@MAX_ARRAY_SIZE@|$MAX_ARRAY_SIZE|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g" \
+      -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@DB_PORT@|$DB_PORT|g" \
+      -e "s|@DB_PASS@|$DB_PASS|g" "$1" >"$tmp"
+  chmod "$3" "$tmp"
+  if [ -f "$2" ] && cmp -s "$tmp" "$2"; then
+    rm -f "$tmp"
+    return 1  # unchanged
+  fi
+  mv -f "$tmp" "$2"
+  return 0
+}
+
+# render_all: sets CONF_CHANGED=1 when slurm.conf or gres.conf changed.
+render_all() {
+  [[ "$MAX_ARRAY_SIZE" =~ ^[0-9]+$ ]] && ((MAX_ARRAY_SIZE >= 1)) \
+    || die "DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE must be a positive integer, got '$MAX_ARRAY_SIZE'"
+  mkdir -p "$D"/{etc,state,spool,log,run,dev,db,munge}
+  chmod 700 "$D/etc"
+  CPUS="$(nproc)"
+  MEM_MB="$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)"
+  # 4 GPU tasks (plus a preempting high-QOS job) must fit however few CPUs the host has.
+  OVERSUBSCRIBE=$(( (8 + CPUS - 1) / CPUS ))
+  ((OVERSUBSCRIBE >= 4)) || OVERSUBSCRIBE=4
+  if [ ! -s "$D/etc/db.pass" ]; then
+    (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$D/etc/db.pass")
+  fi
+  DB_PASS="$(cat "$D/etc/db.pass")"
+  for i in 0 1 2 3; do
+    if [ ! -c "$D/dev/nvidia$i" ]; then
+      rm -f "$D/dev/nvidia$i"
+      mknod "$D/dev/nvidia$i" c 195 "$i"
+    fi
+  done
+  CONF_CHANGED=0
+  if render "$HERE/slurm.conf.in" "$D/etc/slurm.conf" 644; then CONF_CHANGED=1; fi
+  if render "$HERE/gres.conf.in" "$D/etc/gres.conf" 644; then CONF_CHANGED=1; fi
+  render "$HERE/slurmdbd.conf.in" "$D/etc/slurmdbd.conf" 600 || true
+}
+
+# ---------------------------------------------------------------- daemons
+start_munge() {
+  alive munged munged && return 0
+  chown munge:munge "$D/munge"
+  chmod 755 "$D/munge"
+  rm -f "$D/munge/munge.socket.2" "$D/munge/munge.socket.2.lock"
+  launch munged setpriv --reuid=munge --regid=munge --init-groups \
+    /usr/sbin/munged -F --force --socket="$D/munge/munge.socket.2" --pid-file="$D/munge/munged.pid" \
+    --log-file="$D/munge/munged.log" --seed-file="$D/munge/munged.seed"
+  wait_for "munged socket" "$TIMEOUT" munge -n -S "$D/munge/munge.socket.2"
+  log "munged up (pid $(cat "$(pidfile munged)"))"
+}
+
+db_client() { mariadb --no-defaults -S "$D/mysqld.sock" -uroot "$@"; }
+
+start_mariadb() {
+  alive mariadbd mariadbd && return 0
+  if [ ! -d "$D/db/mysql" ]; then
+    log "initialising MariaDB data dir"
+    mariadb-install-db --no-defaults --user=root --datadir="$D/db" >"$D/log/mariadb-install.log" 2>&1 \
+      || die "mariadb-install-db failed (see $D/log/mariadb-install.log)"
+  fi
+  launch mariadbd /usr/sbin/mariadbd --no-defaults --user=root --datadir="$D/db" --socket="$D/mysqld.sock" \
+    --pid-file="$D/run/mariadbd.self.pid" --bind-address=127.0.0.1 --port="$DB_PORT" \
+    --innodb-buffer-pool-size=64M --log-error="$D/log/mariadb.log" --skip-name-resolve
+  wait_for "MariaDB on 127.0.0.1:$DB_PORT" "$TIMEOUT" mariadb-admin --no-defaults -S "$D/mysqld.sock" -uroot ping
+  db_client -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+    CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
+    ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS'; ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
+    CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';" \
+    || die "cannot create the slurm database user"
+  log "MariaDB up (pid $(cat "$(pidfile mariadbd)"))"
+}
+
+start_slurmdbd() {
+  alive slurmdbd slurmdbd && return 0
+  launch slurmdbd /usr/sbin/slurmdbd -D
+  wait_for "slurmdbd on 127.0.0.1:$DBD_PORT" "$TIMEOUT" sacctmgr -n -P show cluster format=cluster
+  log "slurmdbd up (pid $(cat "$(pidfile slurmdbd)"))"
+}
+
+ctld_up() { scontrol ping | grep -q 'is UP'; }
+
+start_slurmctld() {
+  alive slurmctld slurmctld && return 0
+  launch slurmctld /usr/sbin/slurmctld -D -f "$SLURM_CONF"
+  wait_for "slurmctld (scontrol ping)" "$TIMEOUT" ctld_up
+  log "slurmctld up (pid $(cat "$(pidfile slurmctld)"))"
+}
+
+node_state() { sinfo --noheader -N -n "$HOST" -o '%T' 2>/dev/null | head -n1; }
+node_ready() { [[ "$(node_state)" =~ ^(idle|mixed|allocated|completing)$ ]]; }
+
+start_slurmd() {
+  alive slurmd slurmd && return 0
+  launch slurmd /usr/sbin/slurmd -D -N "$HOST" -f "$SLURM_CONF"
+  log "slurmd started (pid $(cat "$(pidfile slurmd)"))"
+}
+
+wait_node() {
+  local deadline=$((SECONDS + TIMEOUT)) st
+  while :; do
+    st="$(node_state)"
+    [[ "$st" =~ ^(idle|mixed|allocated|completing)$ ]] && break
+    if [[ "$st" =~ ^(down|drained|draining|inval) ]] && ((SECONDS > 3)); then
+      # A restart can leave the node DOWN from the previous config; ReturnToService=2 normally clears it.
+      scontrol update NodeName="$HOST" State=RESUME >/dev/null 2>&1 || true
+    fi
+    if ((SECONDS >= deadline)); then
+      sinfo -N -l >&2 || true
+      scontrol show node "$HOST" >&2 || true
+      die "node $HOST not ready after ${TIMEOUT}s (state '${st:-none}')"
+    fi
+    sleep 0.3
+  done
+  log "node $HOST is $st"
+}
+
+ensure_associations() {
+  wait_for "cluster $CLUSTER registered in slurmdbd" "$TIMEOUT" \
+    bash -c "sacctmgr -n -P show cluster format=cluster | grep -qx '$CLUSTER'"
+  local q
+  q="$(sacctmgr -n -P show qos format=name)"
+  if ! grep -qx high <<<"$q"; then
+    sacctmgr -i add qos high Priority=1000 >/dev/null
+  fi
+  sacctmgr -i modify qos where name=high set Priority=1000 Preempt=normal PreemptMode=requeue >/dev/null || true
+  sacctmgr -i modify qos where name=normal set Priority=0 >/dev/null || true
+  if ! sacctmgr -n -P show account format=account | grep -qx "$ACCOUNT"; then
+    sacctmgr -i add account "$ACCOUNT" Cluster="$CLUSTER" Description=dagster-gpu Organization=dagster-gpu >/dev/null
+  fi
+  if ! sacctmgr -n -P show assoc where user=root account="$ACCOUNT" format=user | grep -qx root; then
+    sacctmgr -i add user root Account="$ACCOUNT" Cluster="$CLUSTER" QOS=normal,high DefaultQOS=normal >/dev/null
+    sacctmgr -i modify user root set DefaultAccount="$ACCOUNT" >/dev/null || true
+  fi
+  # slurmctld learns associations from slurmdbd asynchronously: wait until it enforces them.
+  wait_for "slurmctld to know account $ACCOUNT" "$TIMEOUT" \
+    bash -c "scontrol show assoc_mgr users=root accounts=$ACCOUNT flags=assoc | grep -q 'Account=$ACCOUNT'"
+}
+
+restart_ctld_and_slurmd() {
+  stop_one slurmd slurmd
+  stop_one slurmctld slurmctld
+  start_slurmctld
+  start_slurmd
+}
+
+cmd_start() {
+  install_if_missing
+  render_all
+  start_munge
+  start_mariadb
+  start_slurmdbd
+  if ((CONF_CHANGED)) && { alive slurmctld slurmctld || alive slurmd slurmd; }; then
+    log "slurm.conf changed (MaxArraySize=$MAX_ARRAY_SIZE): restarting slurmctld and slurmd"
+    restart_ctld_and_slurmd
+  else
+    start_slurmctld
+    start_slurmd
+  fi
+  wait_node
+  ensure_associations
+  log "cluster ready: SLURM_CONF=$SLURM_CONF MaxArraySize=$(scontrol show config | awk '/^MaxArraySize/ {print $3}')"
+}
+
+cmd_restart() {
+  install_if_missing
+  render_all
+  start_munge
+  start_mariadb
+  start_slurmdbd
+  restart_ctld_and_slurmd
+  wait_node
+  ensure_associations
+  log "cluster restarted: MaxArraySize=$(scontrol show config | awk '/^MaxArraySize/ {print $3}')"
+}
+
+cmd_stop() {
+  [ -d "$D/run" ] || { log "nothing to stop under $D"; return 0; }
+  stop_one slurmd slurmd
+  stop_one slurmctld slurmctld
+  stop_one slurmdbd slurmdbd
+  stop_one mariadbd mariadbd
+  stop_one munged munged
+}
+
+cmd_status() {
+  local ok=0 n c
+  for n in munged:munged mariadbd:mariadbd slurmdbd:slurmdbd slurmctld:slurmctld slurmd:slurmd; do
+    c="${n#*:}"; n="${n%%:*}"
+    if alive "$n" "$c"; then
+      echo "$n: running (pid $(cat "$(pidfile "$n")"))"
+    else
+      echo "$n: not running"; ok=1
+    fi
+  done
+  if ((ok == 0)); then
+    echo "node $HOST: $(node_state)"
+    sinfo -o '%P %a %D %T %G' || ok=1
+  fi
+  return $ok
+}
+
+case "${1:-}" in
+  start) cmd_start ;;
+  restart) cmd_restart ;;
+  stop) cmd_stop ;;
+  status) cmd_status ;;
+  env) echo "export SLURM_CONF=$(printf '%q' "$SLURM_CONF")" ;;
+  *) echo "usage: $0 start|restart|stop|status|env" >&2; exit 2 ;;
+esac

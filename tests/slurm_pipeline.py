@@ -1,0 +1,93 @@
+"""A trivial partitioned asset on gpu_executor's slurm backend, for the Slurm end-to-end tests and bench.
+
+Settings come from the environment so every process (test, daemon, run workers, array tasks) agrees:
+``SLURM_TEST_THROTTLE`` (array %T), ``SLURM_TEST_WINDOW`` / ``SLURM_TEST_MAX_WINDOW`` (coalescing, s),
+``DAGSTER_GPU_SLURM_SPOOL`` (spool dir). The asset sleeps ``test/sleep`` seconds (a run tag) and
+returns its partition key.
+
+    python tests/slurm_pipeline.py run PARTITION_KEY [SLEEP_S]   # one run in this process (a run worker)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import dagster as dg
+
+from dagster_gpu.executor.executor import gpu_executor
+
+N_KEYS = 200
+#: Partition keys, including one full of shell metacharacters: it must never reach a shell.
+KEYS = [f"p{i:03d}" for i in range(N_KEYS)] + ["p it's \"$(touch /tmp/pwned)\"; `x` & y"]
+partitions = dg.StaticPartitionsDefinition(KEYS)
+
+
+def executor_config() -> dict:
+    slurm: dict = {
+        "account": "research",
+        "coalesce_window_seconds": float(os.environ.get("SLURM_TEST_WINDOW", "2")),
+        "coalesce_max_window_seconds": float(os.environ.get("SLURM_TEST_MAX_WINDOW", "15")),
+        "poll_interval_seconds": float(os.environ.get("SLURM_TEST_POLL", "1")),
+        "vanish_grace_seconds": 60.0,
+        "reconcile_wait_seconds": float(os.environ.get("SLURM_TEST_RECONCILE_WAIT", "30")),
+    }
+    if os.environ.get("SLURM_TEST_THROTTLE"):
+        slurm["throttle"] = int(os.environ["SLURM_TEST_THROTTLE"])
+    if os.environ.get("DAGSTER_GPU_SLURM_SPOOL"):
+        slurm["spool_dir"] = os.environ["DAGSTER_GPU_SLURM_SPOOL"]
+    if os.environ.get("SLURM_CONF"):
+        slurm["slurm_conf"] = os.environ["SLURM_CONF"]
+    return {
+        "backend": "slurm",
+        "local": {"enabled": False},
+        "slurm": slurm,
+        "retries": {"disabled": {}},
+        "sleep_seconds": 0.5,
+        "check_step_health_interval_seconds": 2,
+    }
+
+
+@dg.asset(partitions_def=partitions, op_tags={"dagster-gpu/gpu-count": "1"})
+def trivial(context):
+    sleep_s = float(context.run.tags.get("test/sleep", "0"))
+    time.sleep(sleep_s)
+    from dagster_gpu.worker.backend_env import backend_metadata
+
+    md = backend_metadata("slurm")
+    md["test/partition_key"] = context.partition_key
+    md["test/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    return dg.MaterializeResult(metadata=md)
+
+
+trivial_job = dg.define_asset_job("trivial_job", selection=[trivial], partitions_def=partitions)
+#: ``SLURM_TEST_EXECUTOR=multiprocess`` swaps in Dagster's multiprocess executor (the bench's baseline).
+_EXECUTOR = (
+    dg.multiprocess_executor
+    if os.environ.get("SLURM_TEST_EXECUTOR") == "multiprocess"
+    else gpu_executor.configured(executor_config())
+)
+defs = dg.Definitions(assets=[trivial], jobs=[trivial_job], executor=_EXECUTOR)
+
+
+def get_job() -> dg.JobDefinition:
+    return defs.resolve_job_def("trivial_job")
+
+
+def run_partition(partition_key: str, sleep_s: float = 0.0) -> bool:
+    """Run one partition in this process (the run worker) through gpu_executor; True on success."""
+    from dagster._core.definitions.reconstruct import ReconstructableJob
+
+    recon = ReconstructableJob.for_file(os.path.abspath(__file__), "get_job")
+    with dg.DagsterInstance.get() as instance:
+        with dg.execute_job(recon, instance=instance, tags={"dagster/partition": partition_key, "test/sleep": str(sleep_s)}) as r:
+            return r.success
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 3 and sys.argv[1] == "run":
+        ok = run_partition(sys.argv[2], float(sys.argv[3]) if len(sys.argv) > 3 else 0.0)
+        sys.exit(0 if ok else 1)
+    print(__doc__, file=sys.stderr)
+    sys.exit(2)

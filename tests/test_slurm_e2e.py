@@ -1,0 +1,357 @@
+"""End-to-end tests of gpu_executor's slurm backend on the local Slurm cluster (issue 3).
+
+Needs ``resources/slurm/cluster.sh start`` and ``resources/postgres/postgres.sh start``; each test skips
+with the reason when either is not running. Every run is a real Dagster run in its own run-worker
+process (started together, or launched by dagster-daemon for a backfill) with a PostgreSQL instance;
+its step runs as a Slurm array task on the cluster. The asset is trivial (sleeps ``test/sleep`` s).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests import slurm_helpers as H
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.postgres]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _require_cluster():
+    reason = H.cluster_unavailable_reason() or H.postgres_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def home(monkeypatch):
+    home, env = H.make_dagster_home()
+    for k, v in env.items():
+        if os.environ.get(k) != v:
+            monkeypatch.setenv(k, v)
+    return home, env
+
+
+def _client():
+    from dagster_gpu.slurm.client import SlurmClient
+
+    return SlurmClient(slurm_conf=H.slurm_conf())
+
+
+def _materializations(keys):
+    import dagster as dg
+    from dagster._core.event_api import AssetRecordsFilter
+
+    out = {}
+    with dg.DagsterInstance.get() as inst:
+        for k in keys:
+            recs = inst.fetch_materializations(
+                AssetRecordsFilter(asset_key=dg.AssetKey("trivial"), asset_partitions=[k]), limit=10
+            ).records
+            out[k] = [{n: v.value for n, v in r.asset_materialization.metadata.items()} for r in recs]
+    return out
+
+
+def _observations(keys):
+    import dagster as dg
+    from dagster._core.event_api import AssetRecordsFilter
+
+    with dg.DagsterInstance.get() as inst:
+        return {
+            k: [
+                {n: v.value for n, v in r.asset_observation.metadata.items()}
+                for r in inst.fetch_observations(AssetRecordsFilter(asset_key=dg.AssetKey("trivial"), asset_partitions=[k]), limit=10).records
+            ]
+            for k in keys
+        }
+
+
+def _all_observed(keys):
+    o = _observations(keys)
+    return o if all(o[k] for k in keys) else None
+
+
+def _max_concurrency(acct_rows) -> int:
+    events = []
+    for r in acct_rows:
+        if r.start and r.end:
+            events += [(r.start.timestamp(), 1), (r.end.timestamp(), -1)]
+    events.sort(key=lambda e: (e[0], e[1]))  # an end and a start in the same second do not overlap
+    cur = peak = 0
+    for _, d in events:
+        cur += d
+        peak = max(peak, cur)
+    return peak
+
+
+def _wait_for(pred, timeout_s, poll_s=1.0, what="condition"):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+# --------------------------------------------------------------------------------------------------
+def test_eight_concurrent_runs_share_one_sbatch(home):
+    home_dir, env = home
+    keys = [f"p{i:03d}" for i in range(7)] + [H_WEIRD]
+    pwned = Path("/tmp/pwned")
+    pwned.unlink(missing_ok=True)
+    procs = H.start_runs(env, keys)
+    codes = H.wait_all(procs, 300)
+    assert codes == [0] * 8, f"run workers exited {codes}; logs in {home_dir}"
+    batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
+    print(f"8 runs -> {len(batches)} sbatch call(s): {[b['tasks'] for b in batches]}")
+    assert 1 <= len(batches) <= 2 and sum(b["tasks"] for b in batches) == 8
+    mats = _materializations(keys)
+    for k in keys:
+        assert len(mats[k]) == 1, f"{k!r} materialized {len(mats[k])} times"
+        md = mats[k][0]
+        assert md["test/partition_key"] == k
+        assert md["slurm/array_job_id"] in {b["array_job_id"] for b in batches}
+        assert isinstance(md["slurm/array_task_id"], int) and md["slurm/job_id"]
+        assert md["test/cuda_visible_devices"] in {"0", "1", "2", "3"}
+    assert not pwned.exists(), "a partition key reached a shell"
+    # sacct billing observations (reported by the run workers before they exit)
+    obs = _wait_for(lambda: _all_observed(keys), 60, what="sacct observations")
+    for k in keys:
+        o = obs[k][0]
+        assert o["billing/source"] == "sacct" and o["slurm/state"] == "COMPLETED"
+        assert o["billing/gpu_seconds"] == o["slurm/elapsed_seconds"] * 1.0 and "gres/gpu=1" in o["slurm/alloc_tres"]
+
+
+H_WEIRD = "p it's \"$(touch /tmp/pwned)\"; `x` & y"
+
+
+def test_backfill_40_partitions_throttle_4(home):
+    import dagster as dg
+
+    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
+    from tests.slurm_pipeline import defs
+
+    home_dir, env = home
+    # the daemon creates a backfill's runs one by one (~10-20 s apart on a loaded 2-CPU host): a longer quiet gap
+    env = {**env, "SLURM_TEST_THROTTLE": "4", "SLURM_TEST_WINDOW": "30", "SLURM_TEST_MAX_WINDOW": "120"}
+    # on 2 shared CPUs the daemon's code server times out (60 s) spawning 40 run workers at once: fewer
+    # concurrent runs and a longer gRPC timeout keep Dagster's own run launching from failing runs
+    env["DAGSTER_GRPC_TIMEOUT_SECONDS"] = "300"
+    yaml = home_dir / "dagster.yaml"
+    yaml.write_text(yaml.read_text().replace("max_concurrent_runs: 50", "max_concurrent_runs: 20"))
+    keys = [f"p{i:03d}" for i in range(40)]
+    with dg.DagsterInstance.get() as instance:
+        with DaemonProcess(home_dir / "workspace.yaml", env=env, log_file=home_dir / "daemon.log") as d:
+            bid = submit_asset_backfill(instance, defs, dg.AssetKey("trivial"), keys, title="slurm-40")
+            prog = wait_for_backfill(instance, bid, len(keys), timeout_s=1200, poll_s=2, daemon=d)
+    assert prog.succeeded == 40 and prog.failed == 0, prog
+    batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
+    ids = [b["array_job_id"] for b in batches]
+    acct = _client().sacct(ids)
+    arrays_in_sacct = sorted({r.array_job_id for r in acct})
+    print(f"40-partition backfill: {len(arrays_in_sacct)} array jobs in sacct (tasks per sbatch: {[b['tasks'] for b in batches]})")
+    assert len(arrays_in_sacct) < 40 and sum(b["tasks"] for b in batches) == 40
+    peak = _max_concurrency(acct)
+    print(f"peak concurrent array tasks: {peak}")
+    assert peak <= 4
+    mats = _materializations(keys)
+    assert all(len(mats[k]) == 1 and mats[k][0]["slurm/array_job_id"] in ids for k in keys)
+
+
+def test_terminate_mid_backfill(home):
+    import dagster as dg
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+
+    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill
+    from tests.slurm_pipeline import defs
+
+    home_dir, env = home
+    env = {**env, "SLURM_TEST_THROTTLE": "2", "SLURM_TEST_WINDOW": "2", "SLURM_TEST_MAX_WINDOW": "10"}
+    keys = [f"p{i:03d}" for i in range(8)]
+    spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
+    client = _client()
+    with dg.DagsterInstance.get() as instance:
+        with DaemonProcess(home_dir / "workspace.yaml", env=env, log_file=home_dir / "daemon.log"):
+            bid = submit_asset_backfill(instance, defs, dg.AssetKey("trivial"), keys, tags={"test/sleep": "120"})
+
+            def running_tasks():
+                ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+                rows = client.squeue(ids) if ids else []
+                return [r for r in rows if r.state.name == "RUNNING"]
+
+            _wait_for(lambda: len(running_tasks()) >= 2, 240, 2, "two running array tasks")
+            # what the UI's "Terminate" does: cancel the backfill, then terminate every run of it
+            instance.update_backfill(instance.get_backfill(bid).with_status(BulkActionStatus.CANCELING))
+            runs = instance.get_runs(RunsFilter(tags={"dagster/backfill": bid}))
+            for r in runs:
+                if r.status not in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
+                    instance.run_coordinator.cancel_run(r.run_id)
+
+            def all_ended():
+                rs = instance.get_runs(RunsFilter(tags={"dagster/backfill": bid}))
+                for r in rs:  # a run the daemon created while the backfill was being cancelled
+                    if not r.is_finished and r.status != DagsterRunStatus.CANCELING:
+                        instance.run_coordinator.cancel_run(r.run_id)
+                return rs if all(r.is_finished for r in rs) else None
+
+            runs = _wait_for(all_ended, 400, 3, "every run of the backfill to end")
+    ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+    assert ids, "nothing was submitted"
+    live = [r for r in client.squeue(ids) if r.state.status.value in ("pending", "running", "requeued")]
+    assert live == [], f"tasks still queued after terminate: {[(r.id.raw, str(r.state)) for r in live]}"
+    statuses = {r.status for r in runs}
+    print(f"run statuses after terminate: {sorted(s.value for s in statuses)}")
+    assert DagsterRunStatus.CANCELED in statuses
+    with dg.DagsterInstance.get() as instance:
+        for r in runs:
+            launched = any(
+                e.dagster_event and e.dagster_event.event_type_value == "STEP_WORKER_STARTING" for e in instance.all_logs(r.run_id)
+            )
+            # a run whose step reached Slurm ends CANCELED; Dagster itself marks FAILURE a run terminated while
+            # its run worker was still starting ("started a new run worker while ... CANCELING")
+            if launched:
+                assert r.status in (DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS), (r.run_id, r.status)
+            else:
+                assert r.status in (DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE), (r.run_id, r.status)
+    cancelled = [r for r in client.sacct(ids) if r.state.name == "CANCELLED"]
+    assert cancelled, "no array task was cancelled"
+
+
+def test_preempted_task_is_requeued_and_materializes_once(home):
+    home_dir, env = home
+    client = _client()
+    keys = [f"p{i:03d}" for i in range(4)]
+    procs = H.start_runs(env, keys, sleep_s=20)  # 4 tasks hold the 4 GPUs
+    spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
+
+    def four_running():
+        ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+        rows = [r for r in client.squeue(ids) if r.state.name == "RUNNING"] if ids else []
+        return rows if len(rows) == 4 else None
+
+    _wait_for(four_running, 240, 1, "four running array tasks")
+    cp = subprocess.run(
+        ["sbatch", "--parsable", "--account=research", "--qos=high", "--gres=gpu:1", "--output=/dev/null", "--wrap=sleep 3"],
+        capture_output=True, text=True, env=client.env(), check=True,
+    )  # fmt: skip
+    hi = int(cp.stdout.strip())
+    codes = H.wait_all(procs, 600)
+    assert codes == [0] * 4, f"run workers exited {codes}; logs in {home_dir}"
+    ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+    acct = client.sacct(ids)
+    preempted = [r for r in acct if r.state.name == "PREEMPTED"]
+    print(f"high-QOS job {hi} preempted {[r.id.raw for r in preempted]}")
+    assert len(preempted) >= 1
+    mats = _materializations(keys)
+    assert all(len(mats[k]) == 1 for k in keys), {k: len(v) for k, v in mats.items()}
+    victim = preempted[0].id
+    obs = _wait_for(lambda: _all_observed(keys), 90, 2, "sacct observations")
+    vk = next(k for k in keys if mats[k][0]["slurm/array_task_id"] == victim.task_id and mats[k][0]["slurm/array_job_id"] == victim.job_id)
+    o = obs[vk][0]
+    assert o["slurm/attempts"] == 2 and o["slurm/attempt_states"].startswith("PREEMPTED")
+    assert o["billing/gpu_seconds"] >= 20  # both attempts billed
+
+
+def test_external_scancel_fails_exactly_that_step(home):
+    home_dir, env = home
+    client = _client()
+    keys = [f"p{i:03d}" for i in range(3)]
+    procs = H.start_runs(env, keys, sleep_s=15)
+    spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
+
+    def running():
+        ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+        rows = [r for r in client.squeue(ids) if r.state.name == "RUNNING"] if ids else []
+        return rows if len(rows) == 3 else None
+
+    rows = _wait_for(running, 240, 1, "three running array tasks")
+    victim = rows[0]
+    client.scancel([f"{victim.array_job_id}_{victim.array_task_id}"])
+    codes = H.wait_all(procs, 300)
+    assert sorted(codes) == [0, 0, 1], codes
+    import dagster as dg
+    from dagster._core.storage.dagster_run import DagsterRunStatus
+
+    with dg.DagsterInstance.get() as inst:
+        runs = inst.get_runs()
+        failed = [r for r in runs if r.status == DagsterRunStatus.FAILURE]
+        assert len(failed) == 1
+        msgs = [
+            e.dagster_event.event_specific_data.error.message
+            for e in inst.all_logs(failed[0].run_id)
+            if e.dagster_event and e.dagster_event.event_type_value == "STEP_FAILURE"
+        ]
+    print(f"failure message: {msgs}")
+    assert any("CANCELLED" in m and f"{victim.array_job_id}_{victim.array_task_id}" in m for m in msgs)
+    mats = _materializations(keys)
+    assert sum(len(v) for v in mats.values()) == 2
+
+
+@pytest.fixture
+def small_max_array_size():
+    env = {**os.environ, "DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE": "101"}
+    subprocess.run([str(H.CLUSTER_SH), "restart"], env=env, check=True, timeout=180)
+    try:
+        yield 101
+    finally:
+        env["DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE"] = "1001"
+        subprocess.run([str(H.CLUSTER_SH), "restart"], env=env, check=True, timeout=180)
+
+
+def test_150_launches_chunked_by_max_array_size(home, small_max_array_size):
+    """150 launches from 4 processes into the coalescer on a cluster with MaxArraySize=101: valid arrays
+    (at most 101 tasks, indices 0..100), and every task runs (the tasks run a trivial command)."""
+    from dagster_gpu.policy.placement import Placement
+    from dagster_gpu.slurm.client import SlurmClient
+    from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest
+    from dagster_gpu.slurm.spool import Spool
+    import concurrent.futures as cf
+    import sys
+
+    home_dir, env = home
+    client = SlurmClient(slurm_conf=H.slurm_conf())
+    assert client.max_array_size() == small_max_array_size
+    spool = Spool(env["DAGSTER_GPU_SLURM_SPOOL"])
+    out = home_dir / "touched"
+    out.mkdir()
+
+    def launch(i: int):
+        co = ArrayCoalescer(spool, client, python=sys.executable, window_s=2.0, max_window_s=30.0)
+        req = TaskRequest(
+            options=("--account=research", "--gres=shard:1"),
+            throttle=8,
+            argv=("/usr/bin/touch", str(out / f"t{i:03d} 'q'")),
+            env={},
+            run_id=f"run-{i}",
+            step_key="trivial",
+            partition_key=f"p{i:03d}",
+        )
+        return co.submit(req)
+
+    with cf.ThreadPoolExecutor(max_workers=150) as ex:  # 150 launches in flight at once
+        assigned = list(ex.map(launch, range(150)))
+    batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
+    sizes = sorted(b["tasks"] for b in batches)
+    print(f"150 launches -> arrays of {sizes}")
+    assert sum(sizes) == 150 and max(sizes) <= small_max_array_size and len(batches) >= 2
+    assert all(a.array_task_id < small_max_array_size for a in assigned)
+    ids = [b["array_job_id"] for b in batches]
+    _wait_for(lambda: client.wait_gone(ids, 5), 400, 1, "all 150 tasks to finish")
+    assert len(list(out.iterdir())) == 150
+
+    def all_completed():  # slurmdbd receives job records asynchronously: allow it a moment
+        rows = client.sacct(ids)
+        return rows if sum(r.state.name == "COMPLETED" for r in rows) == 150 else None
+
+    try:
+        _wait_for(all_completed, 90, 2, "150 COMPLETED records in sacct")
+    except AssertionError:
+        from collections import Counter
+
+        raise AssertionError(f"sacct states: {Counter(str(r.state) for r in client.sacct(ids))}") from None

@@ -1,0 +1,281 @@
+"""Parsers of Slurm output, on outputs recorded from the local cluster (tests/data/slurm, see
+record_slurm_fixtures.py) plus the hand-written forms Slurm prints in other situations."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+
+import pytest
+
+from dagster_gpu.executor.backends.base import WorkerStatus
+from dagster_gpu.slurm import parse as P
+from dagster_gpu.slurm.client import gpu_count
+from dagster_gpu.slurm.ids import BadJobId, format_array_spec, parse_array_task_field, parse_job_id
+from dagster_gpu.slurm.reconcile import observation_metadata, sacct_figures
+from dagster_gpu.slurm.states import STATE_MAP, UnknownSlurmState, parse_state, worker_status
+from dagster_gpu.slurm.status import records_for, task_state
+
+DATA = Path(__file__).parent / "data" / "slurm"
+JOBS = json.loads((DATA / "jobs.json").read_text())
+
+
+def data(name: str) -> str:
+    return (DATA / name).read_text()
+
+
+# ------------------------------------------------------------------------------------------ states
+@pytest.mark.parametrize(
+    "text,name,uid,status",
+    [
+        ("RUNNING", "RUNNING", None, WorkerStatus.RUNNING),
+        ("R", "RUNNING", None, WorkerStatus.RUNNING),
+        ("PD", "PENDING", None, WorkerStatus.PENDING),
+        ("CANCELLED by 0", "CANCELLED", 0, WorkerStatus.FAILED),
+        ("CANCELLED by 1000", "CANCELLED", 1000, WorkerStatus.FAILED),
+        ("CANCELLED+", "CANCELLED", None, WorkerStatus.FAILED),
+        ("CANCELLED", "CANCELLED", None, WorkerStatus.FAILED),
+        ("COMPLETED", "COMPLETED", None, WorkerStatus.SUCCEEDED),
+        ("CD", "COMPLETED", None, WorkerStatus.SUCCEEDED),
+        ("COMPLETING", "COMPLETING", None, WorkerStatus.RUNNING),
+        ("CG", "COMPLETING", None, WorkerStatus.RUNNING),
+        ("PREEMPTED", "PREEMPTED", None, WorkerStatus.REQUEUED),
+        ("REQUEUED", "REQUEUED", None, WorkerStatus.REQUEUED),
+        ("REQUEUE_HOLD", "REQUEUE_HOLD", None, WorkerStatus.REQUEUED),
+        ("REQUEUE_FED", "REQUEUE_FED", None, WorkerStatus.REQUEUED),
+        ("SPECIAL_EXIT", "SPECIAL_EXIT", None, WorkerStatus.REQUEUED),
+        ("RESV_DEL_HOLD", "RESV_DEL_HOLD", None, WorkerStatus.PENDING),
+        ("CONFIGURING", "CONFIGURING", None, WorkerStatus.PENDING),
+        ("NODE_FAIL", "NODE_FAIL", None, WorkerStatus.FAILED),
+        ("TIMEOUT", "TIMEOUT", None, WorkerStatus.FAILED),
+        ("OUT_OF_MEMORY", "OUT_OF_MEMORY", None, WorkerStatus.FAILED),
+        ("OUT_OF_ME+", "OUT_OF_MEMORY", None, WorkerStatus.FAILED),
+        ("OOM", "OUT_OF_MEMORY", None, WorkerStatus.FAILED),
+        ("BOOT_FAIL", "BOOT_FAIL", None, WorkerStatus.FAILED),
+        ("DEADLINE", "DEADLINE", None, WorkerStatus.FAILED),
+        ("REVOKED", "REVOKED", None, WorkerStatus.FAILED),
+        ("SIGNALING", "SIGNALING", None, WorkerStatus.RUNNING),
+        ("STAGE_OUT", "STAGE_OUT", None, WorkerStatus.RUNNING),
+        ("STOPPED", "STOPPED", None, WorkerStatus.RUNNING),
+        ("SUSPENDED", "SUSPENDED", None, WorkerStatus.RUNNING),
+        ("RESIZING", "RESIZING", None, WorkerStatus.RUNNING),
+        ("FAILED", "FAILED", None, WorkerStatus.FAILED),
+        (" failed ", "FAILED", None, WorkerStatus.FAILED),
+    ],
+)
+def test_state_map(text, name, uid, status):
+    st = parse_state(text)
+    assert (st.name, st.by_uid, st.status) == (name, uid, status)
+    assert worker_status(text) == status
+
+
+@pytest.mark.parametrize("bad", ["", "BOGUS", "C+", "RE+", "by 0", "CANCELLED by x"])
+def test_unknown_states_raise(bad):
+    with pytest.raises(UnknownSlurmState):
+        parse_state(bad)
+
+
+def test_every_state_is_mapped_to_a_worker_status():
+    assert set(STATE_MAP.values()) == {
+        WorkerStatus.PENDING, WorkerStatus.RUNNING, WorkerStatus.SUCCEEDED, WorkerStatus.FAILED, WorkerStatus.REQUEUED
+    }  # fmt: skip
+    assert str(parse_state("CANCELLED by 0")) == "CANCELLED by 0"
+    assert parse_state("CANCELLED+").truncated
+
+
+# --------------------------------------------------------------------------------------------- ids
+def test_job_id_forms():
+    j = parse_job_id("123_[4-9%2]")
+    assert (j.job_id, j.task_id, j.task_ranges, j.throttle, j.is_compact) == (123, None, ((4, 9),), 2, True)
+    assert list(j.task_ids()) == [4, 5, 6, 7, 8, 9]
+    j = parse_job_id("123_[2,5,7-9]")
+    assert list(j.task_ids()) == [2, 5, 7, 8, 9] and j.throttle is None
+    j = parse_job_id("123_7")
+    assert (j.job_id, j.task_id, j.is_array_task) == (123, 7, True)
+    j = parse_job_id("123")
+    assert (j.job_id, j.task_id, j.is_array_task) == (123, None, False)
+    j = parse_job_id("123+0")
+    assert (j.job_id, j.het_offset) == (123, 0)
+    j = parse_job_id("123_7.batch")
+    assert (j.job_id, j.task_id, j.step) == (123, 7, "batch")
+    assert parse_job_id("5.extern").step == "extern"
+    for bad in ("", "abc", "123_", "123_[9-4]", "123_[]", "_7"):
+        with pytest.raises(BadJobId):
+            parse_job_id(bad)
+
+
+def test_array_task_field_and_spec():
+    assert parse_array_task_field("N/A") == ((), None)
+    assert parse_array_task_field("7") == (((7, 7),), None)
+    assert parse_array_task_field("4-9%2") == (((4, 9),), 2)
+    assert parse_array_task_field("2,5,7-9") == (((2, 2), (5, 5), (7, 9)), None)
+    assert format_array_spec(range(40), 4) == "0-39%4"
+    assert format_array_spec([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert format_array_spec([3], 0) == "3"
+    with pytest.raises(ValueError):
+        format_array_spec([])
+
+
+# ---------------------------------------------------------------------------------- squeue (real)
+def test_squeue_compact_running_recorded():
+    rows = P.parse_squeue(data("squeue_compact_running.txt"))
+    by_raw = {r.id.raw: r for r in rows}
+    a = JOBS["array_throttled"]
+    compact = by_raw[f"{a}_[2-9%2]"]
+    assert compact.id.is_compact and compact.throttle == 2 and compact.array_task_ids == ((2, 9),)
+    assert compact.state.name == "PENDING" and compact.reason == "JobArrayTaskLimit" and compact.start is None
+    assert compact.job_id == a == compact.array_job_id
+    assert by_raw[str(JOBS["exit3"])].state.status == WorkerStatus.FAILED
+    assert by_raw[str(JOBS["exit3"])].reason == "NonZeroExitCode"
+    held = by_raw[str(JOBS["held_cancelled"])]
+    assert held.state.name == "PENDING" and held.reason == "BeginTime"
+    s = JOBS["array_sparse_shard"]
+    assert by_raw[f"{s}_[7-9]"].tres_per_node == "gres:shard:2"
+
+
+def test_squeue_array_lines_recorded():
+    rows = P.parse_squeue(data("squeue_array_running.txt"))
+    a = JOBS["array_throttled"]
+    tasks = {r.array_task_id: r for r in rows if r.array_job_id == a}
+    assert sorted(tasks) == list(range(10))  # --array: every task on its own line, pending ones too
+    assert tasks[0].state.name == "RUNNING" and tasks[0].job_id != a
+    assert tasks[9].job_id == a  # the last task carries the array job id
+    assert all(tasks[i].reason == "JobArrayTaskLimit" for i in range(2, 10))
+    assert tasks[0].qos == "normal" and tasks[0].slurm_partition == "gpu" and tasks[0].name == "wrap"
+
+
+def test_squeue_preempted_recorded():
+    rows = P.parse_squeue(data("squeue_preempted.txt"))
+    p = JOBS["preempted_array"]
+    t0 = next(r for r in rows if r.array_job_id == p and r.array_task_id == 0)
+    assert t0.state.name == "PENDING" and t0.reason == "BeginTime"  # requeued, waiting out the requeue delay
+    hi = next(r for r in rows if r.job_id == JOBS["high_qos"])
+    assert hi.qos == "high" and hi.state.status == WorkerStatus.RUNNING
+
+
+def test_squeue_done_recorded_includes_cancelled_task():
+    rows = P.parse_squeue(data("squeue_all_done.txt"))
+    one = next(r for r in rows if r.id.raw == f"{JOBS['scancel_one']}_1")
+    assert one.state.name == "CANCELLED" and one.state.status == WorkerStatus.FAILED
+    assert next(r for r in rows if r.job_id == JOBS["timeout"]).state.name == "TIMEOUT"
+
+
+def test_squeue_bad_line():
+    with pytest.raises(P.SlurmParseError):
+        P.parse_squeue("1|2|3\n")
+
+
+# ----------------------------------------------------------------------------------- sacct (real)
+def test_sacct_recorded_states_exit_codes_tres():
+    rows = P.parse_sacct(data("sacct_all.txt"))
+    by = {}
+    for r in rows:
+        by.setdefault(r.id.raw, []).append(r)
+    f = by[str(JOBS["exit3"])][0]
+    assert (f.state.name, f.exit_code, f.signal) == ("FAILED", 3, 0)
+    assert f.alloc_tres == {"billing": 11.0, "cpu": 1.0, "gres/gpu": 1.0, "node": 1.0} and f.gpus == 1.0
+    c = by[str(JOBS["held_cancelled"])][0]
+    assert str(c.state) == "CANCELLED by 0" and c.state.by_uid == 0
+    assert c.alloc_tres == {} and c.elapsed_s == 0  # cancelled while held: nothing allocated
+    t = by[str(JOBS["timeout"])][0]
+    assert t.state.name == "TIMEOUT" and t.elapsed_s >= 60 and t.shards == 1.0 and t.billing == 3.0
+    s = by[f"{JOBS['array_sparse_shard']}_7"][0]
+    assert s.shards == 2.0 and s.billing == 5.0 and s.elapsed_s == 4
+    one = by[f"{JOBS['scancel_one']}_1"][0]
+    assert str(one.state) == "CANCELLED by 0"
+
+
+def test_sacct_recorded_preempted_then_completed():
+    rows = P.parse_sacct(data("sacct_all.txt"))
+    p = JOBS["preempted_array"]
+    recs = records_for(p, 0, [], rows)
+    assert [r.state.name for r in recs.acct] == ["PREEMPTED", "COMPLETED"]
+    assert recs.attempts == 2
+    figs = sacct_figures(recs.acct, shards_per_gpu=4)
+    assert figs["billing/gpu_seconds"] == 1 + 15  # every attempt counts
+    assert figs["slurm/attempts"] == 2 and figs["slurm/state"] == "COMPLETED"
+    assert figs["slurm/billing_tres_seconds"] == 11.0 * 16
+    md = observation_metadata(figs, 1.2, measured_gpu_seconds=14.0)
+    assert md["billing/source"] == "sacct" and md["billing/difference_gpu_seconds"] == 2.0
+    assert md["billing/cost_usd"] == pytest.approx(16 * 1.2 / 3600)
+
+
+def test_sacct_pending_record_while_requeued():
+    rows = P.parse_sacct(data("sacct_preempted_pending.txt"))
+    recs = records_for(JOBS["preempted_array"], 0, P.parse_squeue(data("squeue_preempted.txt")), rows)
+    assert [r.state.name for r in recs.acct] == ["PREEMPTED", "PENDING"]  # the requeued attempt waits
+    st = task_state(recs, job_label="x_0", submitted_age_s=5)
+    assert st.status == WorkerStatus.REQUEUED and "BeginTime" in st.message
+
+
+def test_sacct_hand_forms():
+    text = (
+        "123_[4-9%2]|123|PENDING|0:0|0:0|00:00:00|0||normal|gpu|2026-11-30T00:00:00|Unknown|Unknown|None assigned|x\n"
+        "124|124|CANCELLED+|0:15|0:0|1-02:03:04|93784|billing=11,cpu=1,gres/gpu:a100=2,mem=2G,node=1|high|gpu|"
+        "2026-11-30T00:00:00|2026-11-30T00:00:01|2026-12-01T02:03:05|vm|name|with|bars\n"
+        "124.batch|124.batch|CANCELLED|0:15|||0|cpu=1|||||||batch\n"
+    )
+    rows = P.parse_sacct(text)
+    assert len(rows) == 2  # the .batch step line is skipped
+    assert list(rows[0].id.task_ids()) == [4, 5, 6, 7, 8, 9] and rows[0].start is None
+    r = rows[1]
+    assert r.state.name == "CANCELLED" and r.state.truncated and (r.exit_code, r.signal) == (0, 15)
+    assert r.gpus == 2.0 and r.alloc_tres["mem"] == 2 * 1024**3 and r.name == "name|with|bars"
+    assert P.parse_duration("1-02:03:04") == 93784 and P.parse_duration("0:04") == 4
+    assert P.parse_duration("UNLIMITED") is None
+
+
+# ------------------------------------------------------------------------------- task_state rules
+def test_task_state_rules_on_recorded_outputs():
+    q = P.parse_squeue(data("squeue_all_done.txt"))
+    a = P.parse_sacct(data("sacct_all.txt"))
+    one = task_state(records_for(JOBS["scancel_one"], 1, q, a), job_label="38_1", submitted_age_s=100)
+    assert one.status == WorkerStatus.FAILED and "CANCELLED" in one.message and "ExitCode 0:0" in one.message
+    ok = task_state(records_for(JOBS["array_throttled"], 3, q, a), job_label="t", submitted_age_s=100)
+    assert ok.status == WorkerStatus.SUCCEEDED and ok.exit_code == 0
+    # purged from squeue: sacct decides; the preempted-then-completed task succeeded
+    pre = task_state(records_for(JOBS["preempted_array"], 0, [], a), job_label="t", submitted_age_s=100)
+    assert pre.status == WorkerStatus.SUCCEEDED
+    fail = task_state(records_for(JOBS["exit3"], 0, [], []), job_label="t", submitted_age_s=5)
+    assert fail.status == WorkerStatus.PENDING  # just submitted, not visible yet
+    gone = task_state(records_for(JOBS["exit3"], 0, [], []), job_label="t", submitted_age_s=500)
+    assert gone.status == WorkerStatus.FAILED and "unknown to squeue and sacct" in gone.message
+
+
+# ------------------------------------------------------------------------- config / sdiag / sbatch
+def test_show_config_recorded():
+    cfg = P.parse_show_config(data("scontrol_show_config.txt"))
+    assert P.max_array_size(cfg) == 1001
+    assert cfg["SLURM_VERSION"] == "22.05.8" and cfg["ClusterName"] == "dagstergpu"
+    assert cfg["PreemptType"] == "preempt/qos" and cfg["PreemptMode"] == "REQUEUE"
+    assert cfg["GresTypes"] == "gpu,shard"
+    with pytest.raises(P.SlurmParseError):
+        P.max_array_size({})
+
+
+def test_sdiag_recorded():
+    s = P.parse_sdiag(data("sdiag.txt"))
+    assert s.jobs_submitted >= 8 and s.jobs_started >= 8
+    assert s.rpc_by_type["REQUEST_SUBMIT_BATCH_JOB"] >= 8
+    assert s.rpc_by_user.get("root", 0) > 0 and s.rpc_total >= s.rpc_by_type["REQUEST_SUBMIT_BATCH_JOB"]
+
+
+def test_sbatch_outputs_recorded():
+    assert P.parse_sbatch_parsable("123\n") == (123, None)
+    assert P.parse_sbatch_parsable("123;dagstergpu\n") == (123, "dagstergpu")
+    with pytest.raises(P.SlurmParseError):
+        P.parse_sbatch_parsable("sbatch: error\n")
+    t = P.parse_test_only(data("sbatch_test_only.stderr.txt"))
+    assert t.processors == 1 and t.nodes and t.slurm_partition == "gpu" and isinstance(t.start, datetime)
+    assert P.error_message(data("sbatch_reject_array.stderr.txt")) == "Batch job submission failed: Invalid job array specification"
+    assert "Invalid account" in P.error_message(data("sbatch_reject_account.stderr.txt"))
+    assert "Invalid qos" in P.error_message(data("sbatch_reject_qos.stderr.txt"))
+    assert "Requested node configuration is not available" in P.error_message(data("sbatch_reject_gres.stderr.txt"))
+    assert P.error_message(data("sbatch_reject_partition.stderr.txt")).endswith("Invalid partition name specified")
+
+
+def test_sinfo_gres_recorded():
+    line = data("sinfo_gres.txt").strip()
+    assert gpu_count(line.split("|", 1)[1]) == 4
+    assert gpu_count("gpu:a100:2(S:0-1),shard:8") == 2 and gpu_count("(null)") == 0
