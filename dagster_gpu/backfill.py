@@ -116,6 +116,7 @@ class DaemonProcess:
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         return self
 
@@ -127,6 +128,16 @@ class DaemonProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
+
+
+def _die_with_parent() -> None:
+    """Linux: SIGTERM the daemon if the process that started it dies (no orphaned daemons)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def wait_for_backfill(
