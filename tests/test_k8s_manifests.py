@@ -1,0 +1,165 @@
+"""Unit tests (no cluster): the manifests the kubernetes backend makes validate against Kubernetes 1.34."""
+
+from __future__ import annotations
+
+import glob
+import json
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from dagster_gpu.executor.backends.base import StepLaunch
+from dagster_gpu.k8s import manifests as m
+from dagster_gpu.policy.placement import Placement
+from dagster_gpu.request import GpuRequest
+
+K8S_VERSION = "1.34.0"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _launch(request: GpuRequest, device: str | None = None, pk: str | None = "doc-001.txt", attempt: int = 0) -> StepLaunch:
+    return StepLaunch(
+        run_id="0b5c3c5e-8a8e-4f5b-9d7e-1c2d3e4f5a6b",
+        step_key="embeddings",
+        partition_key=pk,
+        attempt=attempt,
+        argv=("/opt/venv/bin/python", "-m", "dagster", "api", "execute_step"),
+        env={"DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS": "eJx...", "DAGSTER_GPU_STEP_CONTEXT": "{}"},
+        request=request,
+        placement=Placement(backend="kubernetes", reason="test", device=device),
+    )
+
+
+def validate(obj) -> dict:
+    d = m.to_dict(obj) if not isinstance(obj, dict) else obj
+    kubernetes_validate.validate(d, K8S_VERSION, strict=True)
+    return d
+
+
+CASES = {
+    "a100-80g": (GpuRequest(count=1, memory_gib=79, product="NVIDIA A100"), None),
+    "two-gpus": (GpuRequest(count=2, memory_gib=40), None),
+    "mig-ok": (GpuRequest(count=1, mig_ok=True), None),
+    "mig-placed": (GpuRequest(count=1), "mig-1g.10gb"),
+    "shared": (GpuRequest(count=1, shared_ok=True), None),
+    "shared-mig": (GpuRequest(count=1, shared_ok=True, mig_ok=True), None),
+    "impossible": (GpuRequest(count=1, memory_gib=200), None),
+    "cpu-only": (GpuRequest(count=0), None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("sharing", [None, "TimeSlicing", "MPS"])
+def test_every_manifest_validates_against_1_34(case, sharing):
+    req, device = CASES[case]
+    settings = m.K8sSettings(sharing_strategy=sharing, container_context={
+        "env_vars": ["FOO=bar"], "env_secrets": ["extra-env"], "image_pull_policy": "IfNotPresent",
+        "volumes": [{"name": "data", "emptyDir": {}}], "volume_mounts": [{"name": "data", "mountPath": "/data"}],
+        "labels": {"team": "search"}, "resources": {"limits": {"memory": "4Gi"}}})
+    pod, template, choice = m.step_objects(_launch(req, device), settings)
+    pod_d = validate(pod)
+    if req.count == 0:
+        assert template is None and choice is None and "resourceClaims" not in pod_d["spec"]
+        return
+    t = validate(template)
+    for version in ("v1beta2", "v1beta1"):
+        validate(m.claim_template_for_version(t, version))
+    assert pod_d["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": template.metadata.name}]
+    assert pod_d["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpu"}]
+    reqs = t["spec"]["spec"]["devices"]["requests"]
+    assert len(reqs) == 1 and set(reqs[0]) == {"name", "exactly"}
+    cfg = t["spec"]["spec"]["devices"].get("config")
+    if sharing and req.shared_ok:
+        params = cfg[0]["opaque"]["parameters"]
+        assert cfg[0]["opaque"]["driver"] == "gpu.nvidia.com" and params["sharing"]["strategy"] == sharing
+        assert params["kind"] == ("MigDeviceConfig" if choice.mig_profile else "GpuConfig")
+    else:
+        assert cfg is None
+
+
+def test_selectors_and_fractions():
+    s = m.K8sSettings()
+    c = m.device_choice(GpuRequest(count=1, memory_gib=79, product="NVIDIA A100"), None, s)
+    assert c.device_class == "gpu.nvidia.com" and c.device_fraction == 1.0
+    assert c.selectors == (
+        "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA A100')",
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80896Mi')) >= 0",
+    )
+    mig = m.device_choice(GpuRequest(count=1, mig_ok=True), None, s)
+    assert mig.device_class == "mig.nvidia.com" and mig.mig_profile == "1g.10gb"
+    assert mig.device_fraction == pytest.approx(1 / 7) and mig.device_type == "mig-1g.10gb"
+    assert mig.selectors == ("device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",)
+    assert m.device_choice(GpuRequest(count=1, mig_ok=True), None, m.K8sSettings(mig_profile=None)).device_class == "gpu.nvidia.com"
+    assert m.device_choice(GpuRequest(count=2), None, s).device_fraction == 2.0
+    # a quote in a product name cannot break out of the CEL string literal
+    assert m.product_selector("x') || true || ('") == \
+        "device.attributes['gpu.nvidia.com'].productName.startsWith('x\\') || true || (\\'')"
+    with pytest.raises(m.ManifestError):
+        m.device_choice(GpuRequest(count=1), "mig-big", s)
+
+
+def test_labels_are_valid_and_distinct():
+    weird = ["doc 1/ä.txt", "a" * 100, "a" * 100 + "b", "-x-", "ok-key"]
+    vals = [m.sanitize_label_value(k) for k in weird]
+    assert vals[-1] == "ok-key"
+    assert len(set(vals)) == len(vals)
+    for v in vals:
+        assert len(v) <= 63 and m._LABEL_OK.match(v), v
+    pod, template, _ = m.step_objects(_launch(GpuRequest(), pk="s3://bucket/doc 1.txt"), m.K8sSettings())
+    assert pod.metadata.labels[m.LABEL_PARTITION] == m.sanitize_label_value("s3://bucket/doc 1.txt")
+    assert pod.metadata.annotations[m.ANNOTATION_PARTITION_KEY] == "s3://bucket/doc 1.txt"
+    assert template.spec.metadata.labels == template.metadata.labels  # generated claims carry the run labels
+    assert m.object_name("r", "s", 0) != m.object_name("r", "s", 1) != m.object_name("r2", "s", 1)
+    assert len(m.object_name("r" * 36, "s" * 200, 12)) <= 63
+
+
+def test_no_secret_value_in_pod_spec():
+    launch = _launch(GpuRequest())
+    pod, _, _ = m.step_objects(launch, m.K8sSettings())
+    env = {e["name"]: e for e in m.to_dict(pod)["spec"]["containers"][0]["env"]}
+    assert env["DAGSTER_PG_PASSWORD"] == {"name": "DAGSTER_PG_PASSWORD", "valueFrom": {
+        "secretKeyRef": {"name": "dagster-postgresql-secret", "key": "postgresql-password"}}}
+    assert env["DAGSTER_GPU_K8S_POD"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    bad = StepLaunch(**{**launch.__dict__, "env": {**launch.env, "DAGSTER_PG_PASSWORD": "hunter2"}})
+    with pytest.raises(m.ManifestError, match="clear text"):
+        m.step_objects(bad, m.K8sSettings())
+    spec = m.to_dict(pod)["spec"]
+    assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
+
+
+def test_served_version_and_allocation_parsing():
+    assert m.served_version(["resource.k8s.io/v1", "resource.k8s.io/v1beta2"]) == "v1"
+    assert m.served_version(["apps/v1", "resource.k8s.io/v1beta1"]) == "v1beta1"
+    with pytest.raises(m.ManifestError, match="no usable"):
+        m.served_version(["apps/v1"])
+    claim = {"status": {"allocation": {"devices": {"results": [
+        {"request": "gpu", "driver": "gpu.nvidia.com", "pool": "gpu-node-0", "device": "gpu-2-mig-1g10gb-19-3"}]}}}}
+    assert m.allocated_devices(claim) == ["gpu.nvidia.com/gpu-node-0/gpu-2-mig-1g10gb-19-3"]
+    assert m.allocated_devices({"status": {}}) == []
+
+
+@pytest.mark.parametrize("path", sorted(glob.glob(str(REPO / "resources/k8s/manifests/*.yaml"))))
+def test_cluster_manifests_validate(path):
+    for doc in yaml.safe_load_all(Path(path).read_text()):
+        if doc:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_pod_env_json_roundtrip_contains_no_model_objects():
+    pod, template, _ = m.step_objects(_launch(GpuRequest(mig_ok=True)), m.K8sSettings())
+    json.dumps(m.to_dict(pod))
+    ann = json.loads(template.metadata.annotations[m.ANNOTATION_DEVICE_REQUEST])
+    assert ann["migProfile"] == "1g.10gb"
+
+
+def test_handle_from_pod_recovers_what_the_launcher_knew():
+    pod, template, choice = m.step_objects(_launch(GpuRequest(mig_ok=True), pk="doc 1/ä.txt"), m.K8sSettings())
+    pod.metadata.uid = "u-1"
+    h = m.handle_from_pod(pod)
+    assert h["pod"] == pod.metadata.name and h["template"] == template.metadata.name and h["pod_uid"] == "u-1"
+    assert h["device_type"] == "mig-1g.10gb" and h["device_fraction"] == pytest.approx(1 / 7)
+    assert h["partition_key"] == "doc 1/ä.txt"
+    cpu_pod, _, _ = m.step_objects(_launch(GpuRequest(count=0)), m.K8sSettings())
+    assert m.handle_from_pod(cpu_pod)["device_type"] == "cpu" and m.handle_from_pod(cpu_pod)["template"] == ""
