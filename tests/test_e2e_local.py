@@ -3,6 +3,7 @@ run by the real Dagster daemon, one run per partition, each step in its own work
 
 from __future__ import annotations
 
+import importlib
 import shutil
 from pathlib import Path
 
@@ -57,6 +58,7 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
     from dagster_gpu.keys import partition_key_for
     from tests.locations import e2e_location as loc
 
+    loc = importlib.reload(loc)  # the location reads $DAGSTER_GPU_TEST_CORPUS at import; another test may have imported it
     corpus_dir, out_dir = corpus
     instance = dg.DagsterInstance.get()
     assert "postgres" in type(instance.run_storage).__name__.lower()

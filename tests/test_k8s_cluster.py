@@ -72,9 +72,13 @@ def test_executor_service_account_is_least_privilege(apis):
     _, ex = apis
     core = client.CoreV1Api(ex)
     core.list_namespaced_pod(NAMESPACE)  # allowed
+    res = client.ResourceV1Api(ex)
+    assert len(res.list_resource_slice().items) >= 1  # read-only device inventory for the cost policy
+    res.list_resource_claim_for_all_namespaces()
     for call in (lambda: core.list_namespaced_secret(NAMESPACE), lambda: core.list_node(),
                  lambda: core.list_namespaced_pod("default"),
-                 lambda: client.ResourceV1Api(ex).list_resource_slice()):
+                 lambda: res.delete_collection_resource_slice(),
+                 lambda: res.create_namespaced_resource_claim("default", {"metadata": {"name": "x"}, "spec": {}})):
         with pytest.raises(ApiException) as e:
             call()
         assert e.value.status == 403

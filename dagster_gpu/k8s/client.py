@@ -65,6 +65,20 @@ class KubeClient:
     def _res(self):
         return _RESOURCE_APIS[self.resource_version](self.api)
 
+    # -- device inventory (cluster-scoped reads: see resources/k8s/manifests/42-executor-inventory.yaml)
+    def inventory(self, label_selector: str) -> tuple[list[dict], list[dict], list[dict]]:
+        """(ResourceSlices, ResourceClaims of all namespaces, our Pending pods) as plain API dicts."""
+        res = self._res()
+        ser = self.api.sanitize_for_serialization
+        slices = [ser(x) for x in res.list_resource_slice(_request_timeout=TIMEOUT).items]
+        claims = [ser(x) for x in res.list_resource_claim_for_all_namespaces(_request_timeout=TIMEOUT).items]
+        pending = [
+            ser(p) for p in self.core.list_namespaced_pod(
+                self.namespace, label_selector=label_selector, field_selector="status.phase=Pending", _request_timeout=TIMEOUT
+            ).items
+        ]
+        return slices, claims, pending
+
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, pod: dict | client.V1Pod) -> client.V1Pod:
         """Create the pod; raises ApiException (409 if it already exists)."""

@@ -51,6 +51,8 @@ SHARING_STRATEGIES = ("TimeSlicing", "MPS")
 RESOURCE_API_VERSIONS = ("v1", "v1beta2", "v1beta1")  # preference order
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+#: The rate-card device type the placement chose (the cost policy counts our Pending pods per pool by it).
+ANNOTATION_PLACEMENT_DEVICE = "dagster-gpu/placement-device"
 MANAGED_BY = "dagster-gpu"
 LABEL_RUN_ID = "dagster/run-id"
 LABEL_STEP_KEY = "dagster-gpu/step-key"
@@ -398,6 +400,8 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
 
     labels = {**cc_labels, **dict(settings.extra_labels), **step_labels(launch)}
     annotations = {ANNOTATION_STEP_KEY: launch.step_key}
+    if launch.placement.device:
+        annotations[ANNOTATION_PLACEMENT_DEVICE] = launch.placement.device
     if launch.partition_key is not None:
         annotations[ANNOTATION_PARTITION_KEY] = launch.partition_key
     spec = client.V1PodSpec(

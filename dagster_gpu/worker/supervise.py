@@ -8,7 +8,6 @@ The status file is written atomically: ``{"exit_code": N, "message": "...", "sta
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -16,19 +15,16 @@ import sys
 import time
 from pathlib import Path
 
+from dagster_gpu.jsonfile import read_json, write_json
+
 
 def read_status(path: Path) -> dict | None:
     """The status dict, or None while the command runs (or if the file is unreadable)."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+    return read_json(path)
 
 
 def write_status(path: Path, status: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(status))
-    os.replace(tmp, path)
+    write_json(path, status, mode=0o644)
 
 
 def describe_exit(code: int) -> str:

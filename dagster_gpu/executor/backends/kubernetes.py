@@ -202,6 +202,22 @@ class KubernetesBackend(Backend):
         self._finish_lock = threading.RLock()
         self._finalizer_started = False
 
+    # -- live state for the cost policy ---------------------------------------------------------------
+    def policy_state(self):
+        """``KubernetesState``: devices in ResourceSlices not allocated to any ResourceClaim, grouped into
+        pools, and our Pending pods per pool (by the MIG/whole-GPU class their request asked for).
+        Raises ApiException (e.g. 403 without the inventory ClusterRole) when the API cannot be read."""
+        from dagster_gpu.k8s.inventory import device_pools
+        from dagster_gpu.policy.snapshot import KubernetesState
+
+        slices, claims, pending_pods = self.kube.inventory(f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}")
+        waiting: dict[str, int] = {}
+        for pod in pending_pods:
+            device = (pod.get("metadata", {}).get("annotations") or {}).get(m.ANNOTATION_PLACEMENT_DEVICE)
+            if device:
+                waiting[device] = waiting.get(device, 0) + 1
+        return KubernetesState(pools=device_pools(slices, claims, waiting), namespace=self.kube.namespace)
+
     # -- launch -------------------------------------------------------------------------------------
     def launch(self, launch: StepLaunch) -> Handle:
         """Create the template and pod for ``launch``; returns the handle

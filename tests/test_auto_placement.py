@@ -1,0 +1,57 @@
+"""backend: auto — live state gathering and the policy's choice over configured backends."""
+
+from __future__ import annotations
+
+from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.corpus.listing import CorpusSource
+from dagster_gpu.executor.auto import gather_snapshot, step_size
+from dagster_gpu.executor.backends.local import LocalBackend
+from dagster_gpu.policy import choose_placement
+from dagster_gpu.policy.snapshot import DevicePool, SlurmState
+from dagster_gpu.request import TAG_CORPUS_URL, GpuRequest
+
+
+class _Handler:
+    """The two things auto placement reads from GpuStepHandler."""
+
+    def __init__(self, backends):
+        self._backends = backends
+        self.rate_card = RateCard.load()
+
+    def backend(self, name):
+        b = self._backends[name]
+        if isinstance(b, Exception):
+            raise b
+        return b
+
+
+class _Slurm:
+    def __init__(self, free):
+        self.free = free
+
+    def policy_state(self):
+        return SlurmState(pools=(DevicePool("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 80.0, free=self.free, total=4),))
+
+
+def test_unreachable_backend_is_recorded_and_skipped(tmp_path):
+    handler = _Handler({"local": LocalBackend(tmp_path), "slurm": _Slurm(free=2), "kubernetes": ConnectionError("connection refused")})
+    snap = gather_snapshot(handler, ["local", "slurm", "kubernetes"])
+    assert snap.local.pools == ()  # this CI host has no GPU
+    assert snap.kubernetes.reachable is False and "ConnectionError: connection refused" in snap.kubernetes.reason
+    p = choose_placement(GpuRequest(count=1), 100_000, snap)
+    assert (p.backend, p.device) == ("slurm", "NVIDIA A100-SXM4-80GB")
+    notes = {a.backend: a for a in p.alternatives}
+    assert notes["kubernetes"].feasible is False and "connection refused" in notes["kubernetes"].note
+    assert notes["local"].feasible is False
+    # cost = count x the rate card's Slurm A100 rate (1.20 USD/GPU-h) x estimated billed runtime / 3600
+    chosen = p.chosen
+    assert chosen.runtime_s > snap.slurm.billed_overhead_s  # runtime includes the billed start-up
+    assert abs(chosen.cost_usd - 1.20 * chosen.runtime_s / 3600) < 1e-12
+
+
+def test_step_size_reads_the_partition_file(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"x" * 1234)
+    assert step_size({TAG_CORPUS_URL: str(tmp_path)}, "a.txt").bytes == 1234
+    assert step_size({TAG_CORPUS_URL: str(tmp_path)}, "missing").bytes is None
+    assert step_size({}, "a.txt").bytes is None
+    assert CorpusSource(str(tmp_path)).file_for_key("a.txt").size_bytes == 1234
