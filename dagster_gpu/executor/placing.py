@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.request import TAG_BACKEND, GpuRequest
 
-#: ``auto`` placement hook: (request, step, candidates) -> Placement; set by the policy module.
-AutoPlacer = Callable[[GpuRequest, str, Sequence[str]], Placement]
 
 
 def forced_placement(request: GpuRequest, configured_backend: str, candidates: Sequence[str]) -> Placement | None:

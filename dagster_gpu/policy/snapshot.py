@@ -42,8 +42,26 @@ from typing import Any, Mapping
 from dagster_gpu.billing.ratecard import RateCard, mig_fraction
 
 
+class DeviceKind:
+    """Mixin for records of identical devices with ``device``, ``product`` and ``mig_profile`` fields."""
+
+    device: str
+    product: str
+    mig_profile: str | None
+
+    @property
+    def fraction(self) -> float:
+        """Share of one GPU this device is billed as: 1.0, or the MIG compute fraction (1g -> 1/7)."""
+        return mig_fraction(self.mig_profile) if self.mig_profile else 1.0
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """Identity of the kind within a backend: ``(device, product)``."""
+        return (self.device, self.product)
+
+
 @dataclass(frozen=True)
-class DevicePool:
+class DevicePool(DeviceKind):
     """Identical devices of one kind on one backend.
 
     Attributes:
@@ -68,15 +86,6 @@ class DevicePool:
     start_estimate_s: float | None = None
     mig_profile: str | None = None
 
-    @property
-    def fraction(self) -> float:
-        """Share of one GPU this device is billed as: 1.0, or the MIG compute fraction (1g -> 1/7)."""
-        return mig_fraction(self.mig_profile) if self.mig_profile else 1.0
-
-    @property
-    def key(self) -> tuple[str, str]:
-        """Identity of the pool within a backend: ``(device, product)``."""
-        return (self.device, self.product)
 
 
 @dataclass(frozen=True)

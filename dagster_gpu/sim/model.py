@@ -7,15 +7,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from dagster_gpu.billing.ratecard import RateCard, mig_fraction
+from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy.runtime import RuntimeModel
+from dagster_gpu.policy.snapshot import DeviceKind
 from dagster_gpu.request import GpuRequest
 
 A100 = "NVIDIA A100-SXM4-80GB"
 
 
 @dataclass(frozen=True)
-class Units:
+class Units(DeviceKind):
     """``count`` identical devices: a full GPU (``device == product``) or a MIG slice (``device = mig-<profile>``)."""
 
     device: str
@@ -23,14 +24,6 @@ class Units:
     memory_gib: float
     count: int
     mig_profile: str | None = None
-
-    @property
-    def fraction(self) -> float:
-        return mig_fraction(self.mig_profile) if self.mig_profile else 1.0
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.device, self.product)
 
 
 def full_gpus(count: int, product: str = A100, memory_gib: float = 80.0) -> Units:

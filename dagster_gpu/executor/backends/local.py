@@ -115,7 +115,7 @@ class LocalBackend(Backend):
         from dagster_gpu.policy.snapshot import DevicePool, LocalState
         from dagster_gpu.telemetry.nvml import list_gpus
 
-        running = sum(1 for pid, p in list(self._children.items()) if p.poll() is None)
+        running = sum(1 for p in list(self._children.values()) if p.poll() is None)
         gpus = list_gpus()
         pools = []
         for product in sorted({g.product for g in gpus}):
