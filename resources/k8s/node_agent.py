@@ -209,6 +209,10 @@ class NodeAgent:
                 v = e.value or ""
             env[e.name] = v
         uuids = self._allocated_uuids(pod)
+        deadline = time.monotonic() + 10
+        while not uuids and pod.spec.resource_claims and time.monotonic() < deadline:
+            time.sleep(0.5)  # like a kubelet, prepare the claims' devices before starting (transient API errors)
+            uuids = self._allocated_uuids(pod)
         if uuids:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
         return env
