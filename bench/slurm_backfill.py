@@ -3,10 +3,14 @@
     eval "$(resources/slurm/cluster.sh env)"; resources/postgres/postgres.sh start
     .venv/bin/python bench/slurm_backfill.py [--partitions 200] [--max-runs 50] [--throttle 4]
 
-Runs the backfill twice, one after the other on the same host, through dagster-daemon with the run queue
-limited to ``--max-runs`` concurrent runs (one run per partition, no BackfillPolicy):
-  1. gpu_executor, slurm backend (steps become job array tasks), and
-  2. Dagster's multiprocess executor (steps run as local subprocesses),
+Runs the backfill three times, one after the other on the same host, through dagster-daemon with the run
+queue limited to ``--max-runs`` concurrent runs (one run per partition, no BackfillPolicy):
+  1. gpu_executor, slurm backend (steps become job array tasks), coalescing window with its holds
+     (launches wait while our earlier arrays still have throttle-many pending tasks, and while the
+     backfill is starting more runs, up to 10 launches; dagster_gpu/slurm/window.py),
+  2. the same with both holds off (``coalesce_backlog_tasks: 0``, ``coalesce_target_tasks: 0``: the
+     plain quiet-gap window), and
+  3. Dagster's multiprocess executor (steps run as local subprocesses),
 and prints: partitions per sbatch call, controller RPCs per partition (``sdiag``, reset before the run),
 orchestrating-host memory per in-flight partition (RSS of the daemon's process tree, which holds the
 code server and every run worker, divided by runs in flight; sampled every 2 s), and the makespan ratio.
@@ -50,9 +54,12 @@ def tree_rss(pid: int) -> int:
     return total
 
 
-def run_backfill(executor: str, n: int, max_runs: int, throttle: int) -> dict:
+def run_backfill(variant: str, n: int, max_runs: int, throttle: int) -> dict:
+    executor = "multiprocess" if variant == "multiprocess" else "slurm"
     home, env = H.make_dagster_home(max_concurrent_runs=max_runs)
     env = {**env, "SLURM_TEST_EXECUTOR": executor, "SLURM_TEST_THROTTLE": str(throttle),
+           "SLURM_TEST_BACKLOG": "0" if variant == "slurm-no-hold" else "",
+           "SLURM_TEST_TARGET": "0" if variant == "slurm-no-hold" else "",
            "SLURM_TEST_WINDOW": "3", "SLURM_TEST_MAX_WINDOW": "20", "SLURM_TEST_POLL": "2"}  # fmt: skip
     os.environ.update(env)
     import importlib
@@ -83,7 +90,7 @@ def run_backfill(executor: str, n: int, max_runs: int, throttle: int) -> dict:
             stop.set()
             th.join()
     sd = client.sdiag()
-    res = {"executor": executor, "partitions": n, "succeeded": prog.succeeded, "failed": prog.failed,
+    res = {"variant": variant, "partitions": n, "succeeded": prog.succeeded, "failed": prog.failed,
            "makespan_s": round(makespan, 1), "home": str(home)}  # fmt: skip
     per = [rss / k for rss, k in samples if k > 0]
     res["rss_per_inflight_partition_mib_mean"] = round(sum(per) / len(per) / 2**20, 1) if per else None
@@ -100,23 +107,26 @@ def run_backfill(executor: str, n: int, max_runs: int, throttle: int) -> dict:
     return res
 
 
+VARIANTS = ["slurm", "slurm-no-hold", "multiprocess"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--partitions", type=int, default=200)
     ap.add_argument("--max-runs", type=int, default=50)
     ap.add_argument("--throttle", type=int, default=4)
-    ap.add_argument("--only", choices=["slurm", "multiprocess"])
+    ap.add_argument("--only", choices=VARIANTS, action="append", help="run only these variants (repeatable)")
     a = ap.parse_args()
     reason = H.cluster_unavailable_reason() or H.postgres_unavailable_reason()
     if reason:
         sys.exit(f"cannot run: {reason}")
-    results = []
-    for ex in (["slurm", "multiprocess"] if not a.only else [a.only]):
-        r = run_backfill(ex, a.partitions, a.max_runs, a.throttle)
-        print(json.dumps(r), flush=True)
-        results.append(r)
-    if len(results) == 2:
-        print(json.dumps({"makespan_ratio_slurm_over_multiprocess": round(results[0]["makespan_s"] / results[1]["makespan_s"], 2)}))
+    results = {}
+    for v in a.only or VARIANTS:
+        results[v] = run_backfill(v, a.partitions, a.max_runs, a.throttle)
+        print(json.dumps(results[v]), flush=True)
+    if "multiprocess" in results:
+        base = results["multiprocess"]["makespan_s"]
+        print(json.dumps({f"makespan_ratio_{v}_over_multiprocess": round(r["makespan_s"] / base, 2) for v, r in results.items() if v != "multiprocess"}))
 
 
 if __name__ == "__main__":

@@ -7,8 +7,10 @@ ServiceAccount (least privilege), ``admin_api()`` as cluster admin (only for set
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -78,3 +80,48 @@ def labelled(api, selector: str) -> dict[str, list[str]]:
         "templates": [t.metadata.name for t in
                       res.list_namespaced_resource_claim_template(NAMESPACE, label_selector=selector).items],
     }
+
+
+@contextlib.contextmanager
+def k8s_dagster_instance(pg: dict, tmp_path: Path, monkeypatch, max_runs: int = 10):
+    """A fresh PostgreSQL database and DAGSTER_HOME (``max_runs`` concurrent runs), the PostgreSQL Secret in
+    the namespace, and the executor's kubeconfig in the environment; yields the DagsterInstance and drops
+    the database afterwards. Skips when the control plane is not running."""
+    require_cluster()
+    import dagster as dg
+    import psycopg2
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    from tests.conftest import instance_yaml
+
+    admin = client.CoreV1Api(admin_api())
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="dagster-postgresql-secret"),
+                             string_data={"postgresql-password": pg["DAGSTER_PG_PASSWORD"]})
+    try:
+        admin.create_namespaced_secret(NAMESPACE, secret)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        admin.replace_namespaced_secret("dagster-postgresql-secret", NAMESPACE, secret)
+    db = f"t_{uuid.uuid4().hex[:12]}"
+    conn = psycopg2.connect(host=pg["DAGSTER_PG_HOST"], port=pg["DAGSTER_PG_PORT"], user=pg["DAGSTER_PG_USER"],
+                            password=pg["DAGSTER_PG_PASSWORD"], dbname=pg["DAGSTER_PG_DB"])
+    conn.autocommit = True
+    conn.cursor().execute(f"CREATE DATABASE {db}")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(instance_yaml(db, max_runs=max_runs))
+    for k, v in pg.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("DAGSTER_GPU_K8S_KUBECONFIG", str(K8S_DIR / "executor.kubeconfig"))
+    monkeypatch.setenv("DAGSTER_GPU_K8S_LOG", str(tmp_path / "k8s-backend.log"))
+    monkeypatch.chdir(tmp_path)
+    try:
+        with dg.DagsterInstance.get() as instance:
+            yield instance
+    finally:
+        conn.cursor().execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
+        conn.close()

@@ -84,7 +84,7 @@ _EXECUTOR = (
 )
 defs = dg.Definitions(
     assets=[k8s_mig, k8s_gpu, k8s_impossible],
-    jobs=[dg.define_asset_job(f"{a.key.path[-1]}_job", selection=[a], partitions_def=partitions)
+    jobs=[dg.define_asset_job(f"{a.key.path[-1]}_job", selection=[a])
           for a in (k8s_mig, k8s_gpu, k8s_impossible)],
     executor=_EXECUTOR,
 )

@@ -87,14 +87,21 @@ telemetry: {{enabled: false}}
         "DAGSTER_GPU_SLURM_SPOOL": str(home / "slurm-spool"),
         "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests"), os.environ.get("PYTHONPATH", "")]),
     }
+    # Create the instance's tables now, as a deployment's webserver or `dagster instance migrate` has
+    # before any run starts: Dagster's PostgreSQL storages race when several processes create them at
+    # once (`relation "instance_info" already exists`, recorded from a run of 8 concurrent run workers).
+    subprocess.run(
+        [sys.executable, "-c", "import dagster as dg\nwith dg.DagsterInstance.get() as i: i.get_runs(limit=1)"],
+        env=env, check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
     return home, env
 
 
 def start_runs(env: dict[str, str], keys, sleep_s: float = 0.0) -> list[subprocess.Popen]:
     """One run-worker process per partition key (as a backfill's runs are), all started at once."""
     procs = []
-    for k in keys:
-        log = open(Path(env["DAGSTER_HOME"]) / f"run-{uuid.uuid4().hex[:6]}.log", "wb")
+    for i, k in enumerate(keys):
+        log = open(Path(env["DAGSTER_HOME"]) / f"run-{i:03d}.log", "wb")
         procs.append(
             subprocess.Popen([sys.executable, str(PIPELINE), "run", k, str(sleep_s)], env=env, stdout=log, stderr=subprocess.STDOUT)
         )
@@ -109,6 +116,33 @@ def wait_all(procs, timeout_s: float) -> list[int | None]:
         except subprocess.TimeoutExpired:
             pass
     return [p.poll() for p in procs]
+
+
+def explain_failures(home: Path, keys, codes) -> str:
+    """For every run worker that did not exit 0: its partition, the error events its run recorded
+    (step failures, engine errors) and the tail of its log, so a failed assertion says why."""
+    import dagster as dg
+    from dagster._core.events import DagsterEventType
+
+    failed = [(i, k, c) for i, (k, c) in enumerate(zip(keys, codes)) if c != 0]
+    if not failed:
+        return ""
+    errors: dict[str, list[str]] = {}
+    with dg.DagsterInstance.get() as inst:
+        for run in inst.get_runs():
+            key = run.tags.get("dagster/partition")
+            for rec in inst.get_records_for_run(run.run_id).records:
+                ev = rec.event_log_entry.dagster_event
+                if ev and ev.event_type in (DagsterEventType.STEP_FAILURE, DagsterEventType.RUN_FAILURE, DagsterEventType.ENGINE_EVENT):
+                    err = getattr(ev.event_specific_data, "error", None)
+                    if ev.event_type != DagsterEventType.ENGINE_EVENT or err is not None:
+                        errors.setdefault(key, []).append(f"{ev.event_type_value}: {ev.message or ''} {err.to_string() if err else ''}"[:3000])
+    out = []
+    for i, k, c in failed:
+        log = Path(home) / f"run-{i:03d}.log"
+        tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
+        out.append(f"--- run worker {i} (partition {k!r}) exited {c}\nerrors: {errors.get(k, [])}\nlog tail:\n{tail}")
+    return "\n".join(out)
 
 
 def spool_batches(spool: Path) -> list[dict]:

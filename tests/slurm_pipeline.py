@@ -2,6 +2,8 @@
 
 Settings come from the environment so every process (test, daemon, run workers, array tasks) agrees:
 ``SLURM_TEST_THROTTLE`` (array %T), ``SLURM_TEST_WINDOW`` / ``SLURM_TEST_MAX_WINDOW`` (coalescing, s),
+``SLURM_TEST_BACKLOG`` / ``SLURM_TEST_TARGET`` (coalesce_backlog_tasks / coalesce_target_tasks; 0 turns
+that hold off),
 ``DAGSTER_GPU_SLURM_SPOOL`` (spool dir). The asset sleeps ``test/sleep`` seconds (a run tag) and
 returns its partition key.
 
@@ -33,6 +35,10 @@ def executor_config() -> dict:
         "vanish_grace_seconds": 60.0,
         "reconcile_wait_seconds": float(os.environ.get("SLURM_TEST_RECONCILE_WAIT", "30")),
     }
+    if os.environ.get("SLURM_TEST_BACKLOG"):
+        slurm["coalesce_backlog_tasks"] = int(os.environ["SLURM_TEST_BACKLOG"])
+    if os.environ.get("SLURM_TEST_TARGET"):
+        slurm["coalesce_target_tasks"] = int(os.environ["SLURM_TEST_TARGET"])
     if os.environ.get("SLURM_TEST_THROTTLE"):
         slurm["throttle"] = int(os.environ["SLURM_TEST_THROTTLE"])
     if os.environ.get("DAGSTER_GPU_SLURM_SPOOL"):
@@ -61,7 +67,7 @@ def trivial(context):
     return dg.MaterializeResult(metadata=md)
 
 
-trivial_job = dg.define_asset_job("trivial_job", selection=[trivial], partitions_def=partitions)
+trivial_job = dg.define_asset_job("trivial_job", selection=[trivial])
 #: ``SLURM_TEST_EXECUTOR=multiprocess`` swaps in Dagster's multiprocess executor (the bench's baseline).
 _EXECUTOR = (
     dg.multiprocess_executor

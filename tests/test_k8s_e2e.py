@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import dagster as dg
 import pytest
 from dagster._core.execution.backfill import BulkActionStatus
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
-from tests.k8s_helpers import K8S_DIR, NAMESPACE, admin_api, executor_api, labelled, require_cluster, wait_for
-from tests.conftest import REPO, instance_yaml
+from tests.k8s_helpers import NAMESPACE, admin_api, executor_api, k8s_dagster_instance, labelled, wait_for
+from tests.conftest import REPO
 
 pytestmark = [pytest.mark.k8s, pytest.mark.e2e, pytest.mark.postgres]
 
@@ -37,37 +35,8 @@ def _workspace(tmp_path: Path) -> Path:
 def k8s_instance(pg, tmp_path, monkeypatch):
     """A fresh PostgreSQL-backed DAGSTER_HOME (10 concurrent runs), the PostgreSQL Secret in the namespace,
     and the executor's kubeconfig in the environment. Yields the DagsterInstance."""
-    require_cluster()
-    import psycopg2
-
-    admin = client.CoreV1Api(admin_api())
-    secret = client.V1Secret(metadata=client.V1ObjectMeta(name="dagster-postgresql-secret"),
-                             string_data={"postgresql-password": pg["DAGSTER_PG_PASSWORD"]})
-    try:
-        admin.create_namespaced_secret(NAMESPACE, secret)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        admin.replace_namespaced_secret("dagster-postgresql-secret", NAMESPACE, secret)
-    db = f"t_{uuid.uuid4().hex[:12]}"
-    conn = psycopg2.connect(host=pg["DAGSTER_PG_HOST"], port=pg["DAGSTER_PG_PORT"], user=pg["DAGSTER_PG_USER"],
-                            password=pg["DAGSTER_PG_PASSWORD"], dbname=pg["DAGSTER_PG_DB"])
-    conn.autocommit = True
-    conn.cursor().execute(f"CREATE DATABASE {db}")
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(instance_yaml(db, max_runs=10))
-    for k, v in pg.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("DAGSTER_GPU_K8S_KUBECONFIG", str(K8S_DIR / "executor.kubeconfig"))
-    monkeypatch.setenv("DAGSTER_GPU_K8S_LOG", str(tmp_path / "k8s-backend.log"))
-    monkeypatch.chdir(tmp_path)
-    with dg.DagsterInstance.get() as instance:
+    with k8s_dagster_instance(pg, tmp_path, monkeypatch, max_runs=10) as instance:
         yield instance
-    conn.cursor().execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
-    conn.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
-    conn.close()
 
 
 def _slice_profiles() -> dict[str, str]:

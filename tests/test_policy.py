@@ -44,6 +44,14 @@ def test_least_cost_among_those_meeting_the_deadline():
     assert p.chosen == s
 
 
+def test_step_of_unknown_size_is_priced_with_the_fallback_rows():
+    # no corpus file: 10,000 rows at 2,000 texts/s = 5 s; Slurm 1.20 x (20 + 5) s, Kubernetes 2.40 x (30 + 5) s
+    p = decide(GpuRequest(), StepSize(), snap(S(pool(2, 10)), K(pool(1, 4))), model=RuntimeModel())
+    s, k = p.alternatives
+    assert p.backend == "slurm" and s.runtime_s == pytest.approx(25.0) and k.runtime_s == pytest.approx(35.0)
+    assert s.cost_usd == pytest.approx(1.2 * 25 / 3600) and k.cost_usd == pytest.approx(2.4 * 35 / 3600)
+
+
 def test_deadline_excludes_the_cheaper_queued_backend():
     # Slurm busy: the controller says a GPU frees in 3,600 s -> finish 3,841 s > 600 s
     p = decide(GpuRequest(deadline_s=600), SIZE, snap(S(pool(0, 10, est=3600.0)), K(pool(1, 4))), model=MODEL)

@@ -6,7 +6,7 @@ from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy import DevicePool, KubernetesState, SlurmState, Snapshot, after_submit
 from dagster_gpu.policy.history import point_from_metadata, points_from_metadata
 from dagster_gpu.policy.runtime import (
-    FALLBACK_BYTES_PER_ROW, FALLBACK_TEXTS_PER_SECOND, HistoryPoint, RuntimeModel, StepSize,
+    FALLBACK_BYTES_PER_ROW, FALLBACK_ROWS, FALLBACK_TEXTS_PER_SECOND, HistoryPoint, RuntimeModel, StepSize,
 )
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -18,6 +18,13 @@ def test_fallback_without_history():
     # 2,000,000 bytes / 200 bytes per row = 10,000 rows / 2,000 texts/s = 5 s
     assert FALLBACK_TEXTS_PER_SECOND == 2000.0 and FALLBACK_BYTES_PER_ROW == 200.0
     assert m.runtime_s(StepSize(bytes=2_000_000)) == pytest.approx(5.0)
+
+
+def test_unknown_size_uses_typical_rows():
+    # a GPU asset that reads no corpus file: 10,000 fallback rows / 2,000 texts/s = 5 s without history
+    assert FALLBACK_ROWS == 10000.0 and RuntimeModel.from_history([]).runtime_s(StepSize()) == pytest.approx(5.0)
+    m = RuntimeModel.from_history([HistoryPoint(rows=r, texts_per_second=100.0) for r in (300, 100, 900)])
+    assert m.typical_rows == 300.0 and m.runtime_s(StepSize()) == pytest.approx(3.0)  # median rows / median rate
 
 
 def test_medians_scaled_by_partition_size():

@@ -13,6 +13,7 @@ leaves them running so a resumed run re-attaches through the handle recorded in 
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -23,12 +24,15 @@ from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHa
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerStatus
+from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env
 from dagster_gpu.executor.placing import forced_placement
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.request import GpuRequest
 from dagster_gpu.worker.context import StepContext
+
+log = logging.getLogger(__name__)
 
 HANDLE_KEY = "dagster_gpu/handle"
 BACKEND_KEY = "dagster_gpu/backend"
@@ -127,6 +131,7 @@ class GpuStepHandler(StepHandler):
             request=request,
             placement=placement,
             tags=dict(run.tags),
+            launches_to_come=self._launches_to_come(ctx) if backend.coalesces_launches else None,
         )
         try:
             handle = backend.launch(launch)
@@ -148,6 +153,14 @@ class GpuStepHandler(StepHandler):
                 **{k: v for k, v in backend.handle_metadata(handle).items()},
             },
         )
+
+    @staticmethod
+    def _launches_to_come(ctx: StepHandlerContext) -> int | None:
+        try:
+            return launches_to_come(ctx.instance, ctx.dagster_run)
+        except Exception:  # noqa: BLE001 - a hint only: never fail a launch for it
+            log.warning("could not count the launches to come of run %s's backfill", ctx.dagster_run.run_id, exc_info=True)
+            return None
 
     def _find_launch(self, ctx: StepHandlerContext, step_key: str) -> tuple[str, Handle, int | None] | None:
         """(backend name, handle, storage id of the launch event) from memory, else from the event log."""

@@ -3,7 +3,9 @@
 Formula (seconds on one full GPU)::
 
     rows_est  = step.rows                     if the partition's row count is known
-              = step.bytes * rows_per_byte    else (rows_per_byte = median over history of rows / bytes)
+              = step.bytes * rows_per_byte    else if its size is (rows_per_byte = median over history of rows / bytes)
+              = typical_rows                  else (median rows per materialization in history; a GPU
+                                              asset that reads no corpus file has no size to scale by)
     runtime_s = rows_est / texts_per_second   (texts_per_second = median over history)
 
 On a MIG slice of compute fraction ``f`` the step runs at ``min(1, f / u)`` of the full GPU's speed,
@@ -18,6 +20,8 @@ Fallback when there is no history (stated, not measured here):
   data-centre GPU (sbert.net's pretrained-model table lists about 14,200 sentences/s for that model on a
   V100; real corpora with longer texts and parquet I/O run far slower).
 - ``FALLBACK_BYTES_PER_ROW = 200``: a short text plus its parquet/JSONL framing.
+- ``FALLBACK_ROWS = 10000``: rows of a partition of unknown size (5 s at the fallback rate), so a step
+  of unknown size is priced as a short one rather than refused.
 """
 
 from __future__ import annotations
@@ -28,11 +32,12 @@ from typing import Iterable
 
 FALLBACK_TEXTS_PER_SECOND = 2000.0
 FALLBACK_BYTES_PER_ROW = 200.0
+FALLBACK_ROWS = 10000.0
 
 
 @dataclass(frozen=True)
 class StepSize:
-    """How big one partition is. At least one of the two should be set.
+    """How big one partition is; both None when unknown (the runtime model then uses ``typical_rows``).
 
     Attributes:
         bytes: size of the partition's corpus file in bytes, or None.
@@ -74,6 +79,7 @@ class RuntimeModel:
         cpu_slowdown: CPU runtime = GPU runtime × this when ``cpu_texts_per_second`` is None.
         n_history: how many materializations the figures come from (0 = fallback).
         per_product: median texts/s by GPU product, where history has it.
+        typical_rows: median rows per materialization, for a partition of unknown size.
     """
 
     texts_per_second: float = FALLBACK_TEXTS_PER_SECOND
@@ -83,6 +89,7 @@ class RuntimeModel:
     cpu_slowdown: float = 20.0
     n_history: int = 0
     per_product: tuple[tuple[str, float], ...] = ()
+    typical_rows: float = FALLBACK_ROWS
 
     @property
     def source(self) -> str:
@@ -112,18 +119,21 @@ class RuntimeModel:
                 kw["gpu_busy"] = min(1.0, statistics.median(utils))
         if cpu:
             kw["cpu_texts_per_second"] = statistics.median(p.texts_per_second for p in cpu)
+        if pts:
+            kw["typical_rows"] = float(statistics.median(p.rows for p in pts))
         sized = [p.rows / p.bytes for p in pts if p.bytes]
         if sized:
             kw["rows_per_byte"] = statistics.median(sized)
         return cls(**kw)
 
     def rows(self, size: StepSize) -> float:
-        """Expected rows of a partition: its row count if known, else bytes × rows_per_byte."""
+        """Expected rows of a partition: its row count if known, else bytes × rows_per_byte, else
+        ``typical_rows``."""
         if size.rows is not None:
             return float(size.rows)
         if size.bytes is not None:
             return size.bytes * self.rows_per_byte
-        raise ValueError("StepSize needs bytes or rows")
+        return self.typical_rows
 
     def gpu_seconds_full(self, size: StepSize, product: str | None = None) -> float:
         """Seconds of work on one full GPU of ``product`` (history of that product if any, else overall)."""

@@ -2,13 +2,15 @@
 
 A backfill makes one Dagster run per partition, and each run's executor launches its step from its own
 process. Each launch writes a request into the shared :class:`~dagster_gpu.slurm.spool.Spool` and waits.
-Whichever waiting process takes the spool lock once no request arrived for ``window_s`` (or the oldest
-has waited ``max_window_s``) submits
-*every* pending request: grouped by identical sbatch options, chunked so indices stay below the
-controller's MaxArraySize (and ``max_tasks_per_array``), one ``sbatch --array=0-(n-1)%T`` per chunk whose
-task ``i`` runs request ``i`` through the manifest (:mod:`dagster_gpu.slurm.script`). It then writes a
-result per request (array job id + task id, or the rejection). No daemon is needed: processes that
-wait are the submitters; a crash of one is covered by the others (the lock is released by the kernel).
+Whichever waiting process takes the spool lock once the window rule (:mod:`dagster_gpu.slurm.window`:
+a quiet gap and a longest wait, with holds while the backfill is still starting runs or our earlier
+arrays still have a backlog of pending tasks) says a group of launches with identical sbatch options is
+due submits that group: chunked so indices
+stay below the controller's MaxArraySize (and ``max_tasks_per_array``), one
+``sbatch --array=0-(n-1)%T`` per chunk whose task ``i`` runs request ``i`` through the manifest
+(:mod:`dagster_gpu.slurm.script`). It then writes a result per request (array job id + task id, or the
+rejection). No daemon is needed: processes that wait are the submitters; a crash of one is covered by
+the others (the lock is released by the kernel).
 
 Works across processes on one host, and across hosts when the spool is on a shared file system with
 ``flock`` (the manifest must be readable from compute nodes anyway).
@@ -29,8 +31,14 @@ from dagster_gpu.slurm.client import SlurmClient, SlurmError, SlurmRejected
 from dagster_gpu.slurm.ids import format_array_spec
 from dagster_gpu.slurm.script import RUNNER, write_job_script, write_manifest
 from dagster_gpu.slurm.spool import Spool, read_json, write_json
+from dagster_gpu.slurm.window import FlushDecision, WindowRule, decide_flush
 
 log = logging.getLogger(__name__)
+
+
+def group_key(options: Sequence[str], throttle: int) -> str:
+    """Launches join one job array only when this key (their sbatch options and throttle) is equal."""
+    return json.dumps([list(options), throttle])
 
 
 class SubmissionRejected(RuntimeError):
@@ -61,6 +69,8 @@ class TaskRequest:
         throttle: the array's ``%T`` (0 = none).
         argv, env: the worker command and its environment (manifest data, never script text).
         run_id, step_key, partition_key, attempt: for logs, errors and reconciliation.
+        launches_to_come: more launches the run's backfill is about to make (None: not a backfill);
+            see :mod:`dagster_gpu.executor.backfill_hint`.
     """
 
     options: tuple[str, ...]
@@ -71,12 +81,9 @@ class TaskRequest:
     step_key: str
     partition_key: str | None
     attempt: int = 0
+    launches_to_come: int | None = None
     launch_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: float = field(default_factory=time.time)
-
-    @property
-    def group(self) -> str:
-        return json.dumps([list(self.options), self.throttle])
 
 
 @dataclass(frozen=True)
@@ -98,12 +105,12 @@ class ArrayCoalescer:
         spool: the shared spool.
         client: the Slurm client used for ``sbatch`` and ``scontrol show config``.
         python: interpreter that array tasks run ``dagster_gpu.slurm.script`` with.
-        window_s: quiet gap (seconds): pending launches are submitted once no new launch arrived for
-            this long (a backfill's run workers start over several seconds; each arrival extends it).
-        max_window_s: but never later than this many seconds after the oldest pending launch.
+        rule: the coalescing window (:class:`~dagster_gpu.slurm.window.WindowRule`, seconds).
         max_wait_s: how long a launch waits for its assignment before CoalescerTimeout.
         max_tasks_per_array: cap on tasks per sbatch (None: only MaxArraySize limits).
         max_array_size: callable returning the controller's MaxArraySize (cached by the caller).
+        pending_tasks: callable returning pending task counts by array job id from a recent poll, or
+            None when unknown (then no launch is held for backlog).
         env_files: ``KEY=VALUE`` secret files (0600) the tasks load; see :mod:`dagster_gpu.slurm.script`.
     """
 
@@ -112,22 +119,28 @@ class ArrayCoalescer:
         spool: Spool,
         client: SlurmClient,
         python: str,
-        window_s: float = 1.0,
-        max_window_s: float = 15.0,
+        rule: WindowRule | None = None,
         max_wait_s: float = 180.0,
         max_tasks_per_array: int | None = None,
         max_array_size: Callable[[], int] | None = None,
         env_files: Sequence[str] = (),
+        pending_tasks: Callable[[], Mapping[int, int] | None] | None = None,
     ):
         self.spool = spool
         self.client = client
         self.python = python
-        self.window_s = window_s
-        self.max_window_s = max(window_s, max_window_s)
+        self.rule = rule or WindowRule()
+        if self.rule.hard_cap_s > 0.8 * max_wait_s:
+            raise ValueError(
+                f"coalescing hard cap {self.rule.hard_cap_s:g}s must leave launches time to be submitted "
+                f"before their {max_wait_s:g}s timeout (at most {0.8 * max_wait_s:g}s)"
+            )
         self.max_wait_s = max_wait_s
         self.max_tasks_per_array = max_tasks_per_array
         self._max_array_size = max_array_size or client.max_array_size
         self.env_files = list(env_files)
+        self._pending_tasks = pending_tasks
+        self.last_decisions: dict[str, FlushDecision] = {}  # by group, for logs and tests
         self.sbatch_calls = 0  # submissions made by this process (benchmarks)
 
     # ------------------------------------------------------------------------------------ public
@@ -167,32 +180,47 @@ class ArrayCoalescer:
             time.sleep(0.05)
 
     def flush_due(self, force: bool = False) -> int:
-        """Submit every pending launch if the oldest has waited ``window_s`` (or ``force``).
+        """Submit every group of pending launches the window rule says is due (every group if ``force``).
         Caller holds the spool lock. Returns the number of sbatch calls made."""
-        entries = []
+        groups: dict[str, list[tuple[Path, dict]]] = {}
         for p in sorted(self.spool.pending.glob("*.json")):
             d = read_json(p)
-            if d is None:
-                continue
-            entries.append((p, d))
-        if not entries:
-            return 0
-        now = time.time()
-        oldest = min(d["created"] for _, d in entries)
-        newest = max(d["created"] for _, d in entries)
-        due = now - newest >= self.window_s or now - oldest >= self.max_window_s or len(entries) >= self._chunk_size()
-        if not force and not due:
-            return 0
-        groups: dict[str, list[tuple[Path, dict]]] = {}
-        for p, d in entries:
-            groups.setdefault(json.dumps([d["options"], d["throttle"]]), []).append((p, d))
+            if d is not None:
+                groups.setdefault(group_key(d["options"], d["throttle"]), []).append((p, d))
         calls = 0
         cap = self._chunk_size()
-        for members in groups.values():
+        backlog: dict[str, int] | None | bool = False  # False: not asked yet
+        for group, members in groups.items():
+            if not force:
+                created = [d["created"] for _, d in members]
+                throttle = int(members[0][1]["throttle"] or 0)
+                newest = max(members, key=lambda m: m[1]["created"])[1]
+                kw = {"throttle": throttle, "to_come": newest.get("launches_to_come")}
+                decision = decide_flush(self.rule, time.time(), created, cap, None, **kw)
+                if decision.due:  # would the backlog hold it? (asked only now: it may read a poll)
+                    if backlog is False:
+                        backlog = self._backlog_by_group()
+                    if backlog is not None:
+                        decision = decide_flush(self.rule, time.time(), created, cap, backlog.get(group, 0), **kw)
+                self.last_decisions[group] = decision
+                if not decision.due:
+                    continue
+                log.info("submitting %d launch(es): %s", len(members), decision.reason)
             for i in range(0, len(members), cap):
                 self._submit_chunk(members[i : i + cap])
                 calls += 1
         return calls
+
+    def _backlog_by_group(self) -> dict[str, int] | None:
+        """Pending tasks of our active job arrays by sbatch-options group; None when unknown."""
+        counts = self._pending_tasks() if self._pending_tasks else None
+        if counts is None:
+            return None
+        out: dict[str, int] = {}
+        for _, sub in self.spool.active_batches():
+            if "group" in sub:
+                out[sub["group"]] = out.get(sub["group"], 0) + int(counts.get(int(sub["array_job_id"]), 0))
+        return out
 
     # ------------------------------------------------------------------------------------ internals
     def _chunk_size(self) -> int:
@@ -239,7 +267,8 @@ class ArrayCoalescer:
         now = time.time()
         write_json(
             bdir / "submitted.json",
-            {"array_job_id": job_id, "tasks": n, "submitted_at": now, "launch_ids": [d["launch_id"] for _, d in members]},
+            {"array_job_id": job_id, "tasks": n, "submitted_at": now, "launch_ids": [d["launch_id"] for _, d in members],
+             "group": group_key(first["options"], first["throttle"])},
         )
         log.info("submitted job array %s (%d tasks, batch %s) for partitions %s", job_id, n, batch, partitions)
         for i, (p, d) in enumerate(members):

@@ -37,6 +37,9 @@ class StepLaunch:
             in clear text; secrets are passed by reference (env var names, Secret refs).
         request: the step's GPU request.
         placement: where and why.
+        tags: the run's tags.
+        launches_to_come: for a backend that coalesces launches (``Backend.coalesces_launches``), how
+            many more launches the run's backfill is about to make (None: not a backfill, or unknown).
     """
 
     run_id: str
@@ -48,6 +51,7 @@ class StepLaunch:
     request: GpuRequest
     placement: Placement
     tags: Mapping[str, str] = field(default_factory=dict)
+    launches_to_come: int | None = None
 
 
 class WorkerStatus(enum.Enum):
@@ -88,6 +92,9 @@ class Backend(ABC):
     #: True when workers outlive the orchestrating process (Slurm, Kubernetes): a SIGTERM to the
     #: run worker must then leave them running so a resumed run can re-attach by handle.
     workers_survive_orchestrator: bool = True
+    #: True when launches wait to share a submission (Slurm job arrays): the step handler then tells
+    #: each launch how many more its backfill is about to make (``StepLaunch.launches_to_come``).
+    coalesces_launches: bool = False
 
     @abstractmethod
     def launch(self, launch: StepLaunch) -> Handle:

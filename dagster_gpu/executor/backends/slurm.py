@@ -12,6 +12,11 @@ Config (``execution: config: slurm:``)::
       throttle: 4                              # %T of each array (default: GPUs in the slurm partition / GPUs per task)
       coalesce_window_seconds: 2.0             # launches share one sbatch until none arrived for this long…
       coalesce_max_window_seconds: 15.0        # …or the first of them has waited this long
+      coalesce_backlog_tasks: 4                # hold launches while our earlier arrays have this many pending tasks
+                                               # (default: the array throttle; 0: never hold)
+      coalesce_target_tasks: 10                # while a backfill is starting more runs, hold launches until this many wait
+                                               # (keep it below the run queue's max_concurrent_runs; 0: never)
+      coalesce_hold_max_seconds: 120.0         # longest any launch is held (must stay under submit_timeout_seconds)
       max_tasks_per_array: 1000                # cap per sbatch (MaxArraySize from the controller also applies)
       poll_interval_seconds: 2.0               # one squeue + one sacct per interval, for every array in the spool
       shards_per_gpu: 4                        # shard GRES per GPU (the gres.conf Count per device)
@@ -74,6 +79,9 @@ class SlurmSettings:
     throttle: int | None = None
     coalesce_window_seconds: float = 2.0
     coalesce_max_window_seconds: float = 15.0
+    coalesce_backlog_tasks: int | None = None
+    coalesce_hold_max_seconds: float = 120.0
+    coalesce_target_tasks: int = 10
     max_tasks_per_array: int | None = None
     poll_interval_seconds: float = 2.0
     shards_per_gpu: int = 4
@@ -101,12 +109,14 @@ class SlurmBackend(Backend):
 
     name = "slurm"
     workers_survive_orchestrator = True
+    coalesces_launches = True
 
     def __init__(self, settings: SlurmSettings, client: "SlurmClient | None" = None):
         from dagster_gpu.slurm.client import SlurmClient
         from dagster_gpu.slurm.coalescer import ArrayCoalescer, default_python
         from dagster_gpu.slurm.poller import SharedPoller
         from dagster_gpu.slurm.spool import Spool
+        from dagster_gpu.slurm.window import WindowRule
 
         self.settings = settings
         self.client = client or SlurmClient(slurm_conf=settings.slurm_conf)
@@ -118,12 +128,18 @@ class SlurmBackend(Backend):
             self.spool,
             self.client,
             python=settings.python or default_python(),
-            window_s=settings.coalesce_window_seconds,
-            max_window_s=settings.coalesce_max_window_seconds,
+            rule=WindowRule(
+                window_s=settings.coalesce_window_seconds,
+                max_window_s=settings.coalesce_max_window_seconds,
+                hard_cap_s=max(settings.coalesce_max_window_seconds, settings.coalesce_hold_max_seconds),
+                backlog_tasks=settings.coalesce_backlog_tasks,
+                target_tasks=settings.coalesce_target_tasks,
+            ),
             max_wait_s=settings.submit_timeout_seconds,
             max_tasks_per_array=settings.max_tasks_per_array,
             max_array_size=self.max_array_size,
             env_files=settings.env_files,
+            pending_tasks=self.pending_tasks,
         )
         self.poller = SharedPoller(self.spool, self.client, settings.poll_interval_seconds)
         self._launched: set[int] = set()
@@ -145,6 +161,24 @@ class SlurmBackend(Backend):
                 self._gpus = (time.time(), self.client.gpus_in_partition(self.settings.slurm_partition))
             return self._gpus[1]
 
+    def pending_tasks(self) -> dict[int, int] | None:
+        """Pending tasks per array job id of the spool's active job arrays, from the shared poll (at
+        most one squeue + sacct per poll interval across processes); None when Slurm did not answer."""
+        from dagster_gpu.slurm.client import SlurmError
+
+        try:
+            snap = self.poller.snapshot(set())
+        except (SlurmError, TimeoutError):
+            return None
+        if not snap.ok:
+            return None
+        counts: dict[int, int] = {}
+        for r in snap.queue:
+            if r.state.name == "PENDING":
+                n = sum(hi - lo + 1 for lo, hi in r.array_task_ids) or 1
+                counts[r.array_job_id] = counts.get(r.array_job_id, 0) + n
+        return counts
+
     # ------------------------------------------------------------------------------ sbatch options
     def gres_option(self, launch: StepLaunch) -> tuple[str | None, float | None]:
         """(``--gres=…`` or None, device fraction for a shared GPU or None)."""
@@ -158,16 +192,22 @@ class SlurmBackend(Backend):
 
     def sbatch_options(self, launch: StepLaunch) -> list[str]:
         """Options shared by the array (no --array/--job-name/--output: the coalescer adds those)."""
+        gres, _ = self.gres_option(launch)
+        return self._options(gres)
+
+    def sbatch_options_for(self, gpus: int) -> list[str]:
+        """The options of a step asking ``gpus`` whole GPUs (for ``--test-only`` estimates)."""
+        return self._options(f"--gres=gpu:{gpus}" if gpus > 0 else None)
+
+    def _options(self, gres: str | None) -> list[str]:
         s = self.settings
         opts = []
         for flag, value in (("--account", s.account), ("--partition", s.slurm_partition), ("--qos", s.qos), ("--time", s.time_limit)):
             if value:
                 opts.append(f"{flag}={value}")
-        gres, _ = self.gres_option(launch)
         if gres:
             opts.append(gres)
-        opts += list(s.extra_sbatch_args)
-        return opts
+        return opts + list(s.extra_sbatch_args)
 
     def throttle_for(self, launch: StepLaunch) -> int:
         """The array's ``%T``: the configured throttle, else GPUs in the slurm partition per task's GPUs
@@ -201,6 +241,7 @@ class SlurmBackend(Backend):
             step_key=launch.step_key,
             partition_key=launch.partition_key,
             attempt=launch.attempt,
+            launches_to_come=launch.launches_to_come,
         )
         a = self.coalescer.submit(req)
         self._launched.add(a.array_job_id)
@@ -251,20 +292,46 @@ class SlurmBackend(Backend):
 
     def policy_state(self):
         """The slurm partition as a ``SlurmState``: its GPUs (``sinfo``), those held and the tasks pending
-        (one ``squeue``), and our array throttle. Raises SlurmError when the controller does not answer."""
+        (one ``squeue``), our array throttle, and, when no GPU is free, the controller's start estimate
+        for one more task (``sbatch --test-only``; nothing is submitted). Raises SlurmError when the
+        controller does not answer."""
         from dagster_gpu.policy.snapshot import DevicePool, SlurmState
 
         s = self.settings
         total = self.gpus_in_partition()
         busy, pending = self.client.gpu_queue(s.slurm_partition)
+        free = max(0, total - busy)
         pool = DevicePool(
             device=s.gpu_product, product=s.gpu_product, memory_gib=s.gpu_memory_gib,
-            free=max(0, total - busy), total=total, pending=pending,
-        )
+            free=free, total=total, pending=pending,
+            start_estimate_s=None if free > pending else self.start_estimate_s(),
+        )  # fmt: skip
         return SlurmState(
             pools=(pool,), slurm_partition=s.slurm_partition or "", array_throttle=s.throttle,
             running_tasks=min(busy, total),
         )
+
+    def start_estimate_s(self, gpus: int = 1) -> float | None:
+        """Seconds until the controller expects to start a task like ours (``sbatch --test-only`` with
+        this backend's account, slurm partition, QOS, time limit and ``--gres=gpu:<gpus>``), or None when
+        it cannot say: a rejected test, or a start more than a day ahead (Slurm 22.05 prints year 6109
+        when the running jobs have no time limit). Assumes the controller's clock and time zone are
+        this host's (its estimate is printed in local time)."""
+        from datetime import datetime
+
+        from dagster_gpu.slurm.client import SlurmError
+        from dagster_gpu.slurm.parse import SlurmParseError
+        from dagster_gpu.slurm.script import write_job_script
+
+        try:
+            est = self.client.test_only(self.sbatch_options_for(gpus), write_job_script(self.spool.root))
+        except (SlurmError, SlurmParseError) as e:
+            log.info("no Slurm start estimate: %s", e)
+            return None
+        if est.start is None:
+            return None
+        wait = (est.start - datetime.now()).total_seconds()
+        return max(0.0, wait) if wait < 86400 else None
 
     def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
         return {
@@ -331,6 +398,9 @@ def config_field() -> dg.Field:
             "throttle": dg.Field(int, is_required=False, description="%T of each job array (default: GPUs in the slurm partition)."),
             "coalesce_window_seconds": dg.Field(float, default_value=2.0, description="Quiet gap (s) that ends a coalescing window."),
             "coalesce_max_window_seconds": dg.Field(float, default_value=15.0, description="Longest wait (s) of a launch for others."),
+            "coalesce_backlog_tasks": dg.Field(int, is_required=False, description="Hold launches while our earlier arrays have this many pending tasks (default: the array throttle; 0: never)."),
+            "coalesce_target_tasks": dg.Field(int, default_value=10, description="While a backfill is starting more runs, hold launches until this many wait (0: never)."),
+            "coalesce_hold_max_seconds": dg.Field(float, default_value=120.0, description="Longest hold (s) of a launch; below submit_timeout_seconds."),
             "max_tasks_per_array": dg.Field(int, is_required=False, description="Tasks per sbatch cap (MaxArraySize also applies)."),
             "poll_interval_seconds": dg.Field(float, default_value=2.0, description="Seconds between squeue+sacct polls."),
             "shards_per_gpu": dg.Field(int, default_value=4, description="shard GRES per GPU (gres.conf)."),
