@@ -121,13 +121,34 @@ class DaemonProcess:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.proc and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        """Stop the daemon's process group, then whatever it started in other sessions (its code
+        server and run workers): SIGTERM, and SIGKILL for those alive 10 s (30 s for the daemon) later."""
+        import psutil
+
+        if not self.proc or self.proc.poll() is not None:
+            return
+        try:
+            descendants = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            descendants = []
+        os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        alive = [p for p in descendants if p.is_running()]
+        for p in alive:
             try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+                p.terminate()
+            except psutil.NoSuchProcess:
+                pass
+        _, alive = psutil.wait_procs(alive, timeout=10)
+        for p in alive:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
 
 
 def _die_with_parent() -> None:

@@ -11,6 +11,7 @@ import dagster as dg
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import psutil
 import pytest
 
 from tests.conftest import FORTUNES, REPO, expected_records
@@ -20,6 +21,13 @@ pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 GOOD = ["goedel", "magic", "news", "paradoxum", "translate-me"]
 WEIRD_NAME = "mixed $(touch pwned) 'q' \"dq\" 日本語\nline"
 LOCATION = REPO / "tests" / "locations" / "e2e_location.py"
+
+
+def _alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _workspace(tmp_path: Path) -> Path:
@@ -67,9 +75,13 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
     assert len(keys) == 9
     instance.add_dynamic_partitions(loc.embeddings.partitions_def.name, keys)
     backfill_id = submit_asset_backfill(instance, loc.defs, loc.embeddings.key, keys, title="e2e")
-    with DaemonProcess(_workspace(tmp_path), log_file=tmp_path / "daemon.log") as daemon:
+    ws = _workspace(tmp_path)
+    with DaemonProcess(ws, log_file=tmp_path / "daemon.log") as daemon:
         final = wait_for_backfill(instance, backfill_id, len(keys), timeout_s=900, daemon=daemon)
+        started = psutil.Process(daemon.proc.pid).children(recursive=True)
     assert final.running == 0
+    # the daemon's code server runs in a session of its own: stopping the daemon stops it too
+    assert started and not [p.pid for p in started if _alive(p)]
     summary = {s.partition_key: s for s in summarize_partitions(instance, loc.embeddings.key, keys, backfill_id)}
 
     # the undecodable file fails alone, with an error naming the file
