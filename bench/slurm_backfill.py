@@ -60,6 +60,9 @@ def run_backfill(variant: str, n: int, max_runs: int, throttle: int) -> dict:
     env = {**env, "SLURM_TEST_EXECUTOR": executor, "SLURM_TEST_THROTTLE": str(throttle),
            "SLURM_TEST_BACKLOG": "0" if variant == "slurm-no-hold" else "",
            "SLURM_TEST_TARGET": "0" if variant == "slurm-no-hold" else "",
+           # 2 shared CPUs: Dagster's code server needs longer than its 60 s default to answer the daemon
+           # while dozens of run workers start (DagsterUserCodeUnreachableError fails runs otherwise)
+           "DAGSTER_GRPC_TIMEOUT_SECONDS": "300",
            "SLURM_TEST_WINDOW": "3", "SLURM_TEST_MAX_WINDOW": "20", "SLURM_TEST_POLL": "2"}  # fmt: skip
     os.environ.update(env)
     import importlib

@@ -292,8 +292,8 @@ class SlurmBackend(Backend):
 
     def policy_state(self):
         """The slurm partition as a ``SlurmState``: its GPUs (``sinfo``), those held and the tasks pending
-        (one ``squeue``), our array throttle, and, when no GPU is free, the controller's start estimate
-        for one more task (``sbatch --test-only``; nothing is submitted). Raises SlurmError when the
+        (one ``squeue``), our array throttle, and, when the free GPUs do not outnumber the pending tasks,
+        the controller's start estimate for one more task (``sbatch --test-only``; nothing is submitted). Raises SlurmError when the
         controller does not answer."""
         from dagster_gpu.policy.snapshot import DevicePool, SlurmState
 
