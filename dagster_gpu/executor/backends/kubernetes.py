@@ -373,6 +373,10 @@ class KubernetesBackend(Backend):
         age = time.time() - float(handle.get("launched_at", 0))
         pod = self.kube.read_pod(name)
         if pod is None or pod.metadata.uid != uid:
+            with self._lock:  # another thread may have just finished or given up on it, then deleted it
+                final = self._final.get(uid)
+            if final is not None:
+                return final["state"]
             return WorkerState(WorkerStatus.FAILED, message=(
                 f"pod {handle['namespace']}/{name} (uid {uid}) does not exist (never created, or deleted outside the executor)"))
         phase = pod.status.phase
@@ -396,19 +400,17 @@ class KubernetesBackend(Backend):
                 msg = evs[-1].message if evs else ""
             if age > self.pending_timeout_s:
                 why = msg or "the scheduler has not placed the pod"
-                self._give_up(handle)
-                return self._remember(handle, WorkerState(WorkerStatus.FAILED, message=(
+                return self._give_up(handle, (
                     f"pod {handle['namespace']}/{name} unschedulable for {age:.0f}s (> pending_timeout_seconds="
-                    f"{self.pending_timeout_s:g}): FailedScheduling: {why}")))
+                    f"{self.pending_timeout_s:g}): FailedScheduling: {why}"))
             return WorkerState(WorkerStatus.PENDING, message=msg)
         waiting = cs.state.waiting if cs is not None and cs.state is not None else None
         if age > self.create_timeout_s:
             reason = f"{waiting.reason}: {waiting.message}" if waiting is not None else "container not started"
             if waiting is None or waiting.reason in _STUCK_REASONS or waiting.reason == "ContainerCreating":
-                self._give_up(handle)
-                return self._remember(handle, WorkerState(WorkerStatus.FAILED, message=(
+                return self._give_up(handle, (
                     f"pod {handle['namespace']}/{name} bound to {pod.spec.node_name} but not started after {age:.0f}s "
-                    f"(> create_timeout_seconds={self.create_timeout_s:g}): {reason}")))
+                    f"(> create_timeout_seconds={self.create_timeout_s:g}): {reason}"))
         return WorkerState(WorkerStatus.PENDING, message=f"{waiting.reason}" if waiting is not None else "")
 
     def _claim_of(self, pod) -> Any | None:
@@ -508,9 +510,19 @@ class KubernetesBackend(Backend):
                                                    "resource_claim": "", "allocated_devices": []}
         return state
 
-    def _give_up(self, handle: Handle) -> None:
-        """Delete a pod that will not run (unschedulable / stuck), with its template and claims."""
-        self.terminate(handle)
+    def _give_up(self, handle: Handle, message: str) -> WorkerState:
+        """Fail a pod that will not run (unschedulable / stuck), then delete it with its template and claims.
+
+        The FAILED state is remembered before the delete, so a concurrent ``state`` call (finalizer thread,
+        health check) reports this reason rather than "does not exist". A failed delete is logged; the
+        sweep removes what is left.
+        """
+        state = self._remember(handle, WorkerState(WorkerStatus.FAILED, message=message))
+        try:
+            self.terminate(handle)
+        except Exception:  # noqa: BLE001 - the step's outcome is decided; leftovers are swept
+            log.exception("deleting pod %s after giving up on it failed", handle["pod"])
+        return state
 
     # -- terminate ---------------------------------------------------------------------------------------
     def terminate(self, handle: Handle) -> None:
