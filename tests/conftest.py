@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -51,9 +52,10 @@ telemetry:
 """
 
 
-@pytest.fixture
-def pg_home(pg, tmp_path, monkeypatch):
-    """A fresh database and DAGSTER_HOME for one test; yields the home directory."""
+@contextmanager
+def fresh_pg_home(pg: dict[str, str], tmp_path: Path, monkeypatch, max_runs: int = 2) -> Iterator[Path]:
+    """A fresh PostgreSQL database and a DAGSTER_HOME on it (``max_runs`` concurrent runs) set in the
+    environment; yields the home directory and drops the database afterwards."""
     import psycopg2
 
     db = f"t_{uuid.uuid4().hex[:12]}"
@@ -65,14 +67,23 @@ def pg_home(pg, tmp_path, monkeypatch):
     conn.cursor().execute(f"CREATE DATABASE {db}")
     home = tmp_path / "dagster_home"
     home.mkdir()
-    (home / "dagster.yaml").write_text(instance_yaml(db))
+    (home / "dagster.yaml").write_text(instance_yaml(db, max_runs=max_runs))
     for k, v in pg.items():
         monkeypatch.setenv(k, v)
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    yield home
-    conn.cursor().execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
-    conn.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
-    conn.close()
+    try:
+        yield home
+    finally:
+        conn.cursor().execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
+        conn.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
+        conn.close()
+
+
+@pytest.fixture
+def pg_home(pg, tmp_path, monkeypatch):
+    """A fresh database and DAGSTER_HOME for one test; yields the home directory."""
+    with fresh_pg_home(pg, tmp_path, monkeypatch) as home:
+        yield home
 
 
 def expected_records(path: Path, separator_line: str = "%") -> list[tuple[int, str]]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ def cluster_skip_reason() -> str | None:
     if not admin.exists() or not ex.exists():
         return f"k8s control plane not started (no kubeconfigs in {K8S_DIR}; run resources/k8s/cluster.sh start)"
     try:
-        from kubernetes import client, config
+        from kubernetes import config
 
         api = config.new_client_from_config(config_file=str(admin))
         r = api.call_api("/readyz", "GET", auth_settings=["BearerToken"], _preload_content=False, _request_timeout=3)
@@ -89,11 +88,10 @@ def k8s_dagster_instance(pg: dict, tmp_path: Path, monkeypatch, max_runs: int = 
     the database afterwards. Skips when the control plane is not running."""
     require_cluster()
     import dagster as dg
-    import psycopg2
     from kubernetes import client
     from kubernetes.client.rest import ApiException
 
-    from tests.conftest import instance_yaml
+    from tests.conftest import fresh_pg_home
 
     admin = client.CoreV1Api(admin_api())
     secret = client.V1Secret(metadata=client.V1ObjectMeta(name="dagster-postgresql-secret"),
@@ -104,24 +102,9 @@ def k8s_dagster_instance(pg: dict, tmp_path: Path, monkeypatch, max_runs: int = 
         if e.status != 409:
             raise
         admin.replace_namespaced_secret("dagster-postgresql-secret", NAMESPACE, secret)
-    db = f"t_{uuid.uuid4().hex[:12]}"
-    conn = psycopg2.connect(host=pg["DAGSTER_PG_HOST"], port=pg["DAGSTER_PG_PORT"], user=pg["DAGSTER_PG_USER"],
-                            password=pg["DAGSTER_PG_PASSWORD"], dbname=pg["DAGSTER_PG_DB"])
-    conn.autocommit = True
-    conn.cursor().execute(f"CREATE DATABASE {db}")
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text(instance_yaml(db, max_runs=max_runs))
-    for k, v in pg.items():
-        monkeypatch.setenv(k, v)
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("DAGSTER_GPU_K8S_KUBECONFIG", str(K8S_DIR / "executor.kubeconfig"))
-    monkeypatch.setenv("DAGSTER_GPU_K8S_LOG", str(tmp_path / "k8s-backend.log"))
-    monkeypatch.chdir(tmp_path)
-    try:
+    with fresh_pg_home(pg, tmp_path, monkeypatch, max_runs=max_runs):
+        monkeypatch.setenv("DAGSTER_GPU_K8S_KUBECONFIG", str(K8S_DIR / "executor.kubeconfig"))
+        monkeypatch.setenv("DAGSTER_GPU_K8S_LOG", str(tmp_path / "k8s-backend.log"))
+        monkeypatch.chdir(tmp_path)
         with dg.DagsterInstance.get() as instance:
             yield instance
-    finally:
-        conn.cursor().execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
-        conn.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
-        conn.close()

@@ -7,10 +7,8 @@ Everything namespaced is done as the executor's ServiceAccount, not as admin.
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 from kubernetes import client

@@ -6,7 +6,6 @@ ServiceAccount (least privilege), the PostgreSQL password reaches pods only as a
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 

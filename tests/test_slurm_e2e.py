@@ -333,7 +333,6 @@ def test_policy_state_reads_the_controller_start_estimate_when_gpus_are_busy(tmp
 def test_150_launches_chunked_by_max_array_size(home, small_max_array_size):
     """150 launches from 150 threads into the coalescer on a cluster with MaxArraySize=101: valid arrays
     (at most 101 tasks, indices 0..100), and every task runs (the tasks run a trivial command)."""
-    from dagster_gpu.policy.placement import Placement
     from dagster_gpu.slurm.client import SlurmClient
     from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest
     from dagster_gpu.slurm.window import WindowRule

@@ -18,6 +18,7 @@ Works across processes on one host, and across hosts when the spool is on a shar
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -114,6 +115,8 @@ class ArrayCoalescer:
         env_files: ``KEY=VALUE`` secret files (0600) the tasks load; see :mod:`dagster_gpu.slurm.script`.
     """
 
+    FLUSH_CHECK_S = 0.25  # seconds between one waiting process's attempts to flush the spool
+
     def __init__(
         self,
         spool: Spool,
@@ -141,6 +144,7 @@ class ArrayCoalescer:
         self.env_files = list(env_files)
         self._pending_tasks = pending_tasks
         self.last_decisions: dict[str, FlushDecision] = {}  # by group, for logs and tests
+        self._groups_cache: tuple[int, list[tuple[int, str]]] | None = None  # (batches mtime_ns, groups)
         self.sbatch_calls = 0  # submissions made by this process (benchmarks)
 
     # ------------------------------------------------------------------------------------ public
@@ -155,9 +159,13 @@ class ArrayCoalescer:
         write_json(pending, doc)
         result_path = self.spool.results / f"{req.launch_id}.json"
         deadline = time.monotonic() + self.max_wait_s
+        next_flush = 0.0
         while True:
             res = read_json(result_path)
-            if res is None:
+            if res is None and time.monotonic() >= next_flush:
+                # The window's decisions change on a scale of seconds: every waiting process checks the
+                # result file often but tries to flush only every FLUSH_CHECK_S (one flusher at a time).
+                next_flush = time.monotonic() + self.FLUSH_CHECK_S
                 with self.spool.lock(timeout_s=0) as got:
                     if got:
                         res = read_json(result_path)
@@ -189,7 +197,7 @@ class ArrayCoalescer:
                 groups.setdefault(group_key(d["options"], d["throttle"]), []).append((p, d))
         calls = 0
         cap = self._chunk_size()
-        backlog: dict[str, int] | None | bool = False  # False: not asked yet
+        backlog_by_group = functools.cache(self._backlog_by_group)  # asked once, only if the window is due
         for group, members in groups.items():
             if not force:
                 created = [d["created"] for _, d in members]
@@ -198,8 +206,7 @@ class ArrayCoalescer:
                 kw = {"throttle": throttle, "to_come": newest.get("launches_to_come")}
                 decision = decide_flush(self.rule, time.time(), created, cap, None, **kw)
                 if decision.due:  # would the backlog hold it? (asked only now: it may read a poll)
-                    if backlog is False:
-                        backlog = self._backlog_by_group()
+                    backlog = backlog_by_group()
                     if backlog is not None:
                         decision = decide_flush(self.rule, time.time(), created, cap, backlog.get(group, 0), **kw)
                 self.last_decisions[group] = decision
@@ -217,10 +224,21 @@ class ArrayCoalescer:
         if counts is None:
             return None
         out: dict[str, int] = {}
-        for _, sub in self.spool.active_batches():
-            if "group" in sub:
-                out[sub["group"]] = out.get(sub["group"], 0) + int(counts.get(int(sub["array_job_id"]), 0))
+        for array_job_id, group in self._array_groups():
+            out[group] = out.get(group, 0) + int(counts.get(array_job_id, 0))
         return out
+
+    def _array_groups(self) -> list[tuple[int, str]]:
+        """(array job id, group) of the spool's active job arrays, re-read only when a batch was added.
+
+        Batches are created (under the spool lock, submitted.json included) before any other flusher
+        looks, so the batches directory's mtime changes exactly when this list can grow; a batch marked
+        done since stays listed and counts 0 (its tasks are no longer pending in any poll)."""
+        mtime = self.spool.batches.stat().st_mtime_ns
+        if self._groups_cache is None or self._groups_cache[0] != mtime:
+            groups = [(int(sub["array_job_id"]), sub["group"]) for _, sub in self.spool.active_batches() if "group" in sub]
+            self._groups_cache = (mtime, groups)
+        return self._groups_cache[1]
 
     # ------------------------------------------------------------------------------------ internals
     def _chunk_size(self) -> int:

@@ -8,7 +8,6 @@ The status file is written atomically: ``{"exit_code": N, "message": "...", "sta
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys

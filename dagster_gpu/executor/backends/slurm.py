@@ -44,12 +44,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import dagster as dg
 
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
+
+if TYPE_CHECKING:
+    from dagster_gpu.slurm.client import SlurmClient
 
 # dagster_gpu.slurm.* is imported inside the backend: this module is imported while
 # dagster_gpu.executor initialises (for config_field), and dagster_gpu.slurm imports executor.backends.base.
@@ -111,7 +114,7 @@ class SlurmBackend(Backend):
     workers_survive_orchestrator = True
     coalesces_launches = True
 
-    def __init__(self, settings: SlurmSettings, client: "SlurmClient | None" = None):
+    def __init__(self, settings: SlurmSettings, client: SlurmClient | None = None):
         from dagster_gpu.slurm.client import SlurmClient
         from dagster_gpu.slurm.coalescer import ArrayCoalescer, default_python
         from dagster_gpu.slurm.poller import SharedPoller
