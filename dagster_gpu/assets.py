@@ -18,6 +18,7 @@ from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
 from dagster_gpu.worker.billing import measure
 from dagster_gpu.worker.context import StepContext
+from dagster_gpu.worker.k8s_claim import claim_metadata
 from dagster_gpu.worker.metadata import build_metadata
 
 
@@ -118,6 +119,7 @@ def embedding_asset(
             product, count = _torch_gpu(loaded.device)
         t0 = psutil.Process().create_time() if step.launched_by_executor else started
         billing = measure(step.rates, max(0.0, time.time() - t0), loaded.device, product, count, step.device_fraction)
+        claim = claim_metadata() if step.backend == "kubernetes" else {}
         return dg.MaterializeResult(
             metadata=build_metadata(
                 result=result,
@@ -127,7 +129,7 @@ def embedding_asset(
                 billing=billing,
                 backend=step.backend,
                 placement=step.placement,
-                backend_metadata={**backend_metadata(step.backend), "corpus/file": source.uri},
+                backend_metadata={**backend_metadata(step.backend), **claim, "corpus/file": source.uri},
             )
         )
 

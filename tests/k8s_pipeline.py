@@ -38,7 +38,8 @@ def executor_config() -> dict:
             "namespace": NAMESPACE,
             "image": "dagster-gpu:dev",
             "postgres_password_secret": {"name": PG_SECRET, "key": "postgresql-password", "env": "DAGSTER_PG_PASSWORD"},
-            "container_context": {"env_vars": env_vars, "labels": {"dagster-gpu/test": "e2e"}},
+            "container_context": {"env_vars": env_vars, "labels": {"dagster-gpu/test": "e2e"},
+                                  "service_account_name": "dagster-gpu-worker"},
             "pending_timeout_seconds": float(os.environ.get("K8S_TEST_PENDING_TIMEOUT", "300")),
             "create_timeout_seconds": 60.0,
             "termination_grace_period_seconds": 10,
@@ -51,9 +52,10 @@ def executor_config() -> dict:
 
 def _body(context) -> dg.MaterializeResult:
     from dagster_gpu.worker.backend_env import backend_metadata
+    from dagster_gpu.worker.k8s_claim import claim_metadata
 
     time.sleep(float(context.run.tags.get("test/sleep", "0")))
-    md = backend_metadata("kubernetes")
+    md = {**backend_metadata("kubernetes"), **claim_metadata()}  # as the embedding asset does
     md["test/partition_key"] = context.partition_key
     md["test/nvidia_visible_devices"] = os.environ.get("NVIDIA_VISIBLE_DEVICES", "")
     md["test/pg_password_set"] = bool(os.environ.get("DAGSTER_PG_PASSWORD"))

@@ -82,6 +82,32 @@ def test_executor_service_account_is_least_privilege(apis):
         assert e.value.status == 403
 
 
+def test_worker_service_account_reads_only_pods_and_claims(apis):
+    """dagster-gpu-worker (43-worker-rbac.yaml), the step pods' account: get pods and resourceclaims, nothing else."""
+    admin, _ = apis
+    tr = client.CoreV1Api(admin).create_namespaced_service_account_token(
+        "dagster-gpu-worker", NAMESPACE, client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=600)))
+    cfg = client.Configuration()
+    cfg.host, cfg.ssl_ca_cert = admin.configuration.host, admin.configuration.ssl_ca_cert
+    cfg.api_key = {"authorization": f"Bearer {tr.status.token}"}
+    worker = client.ApiClient(cfg)
+    core, res = client.CoreV1Api(worker), client.ResourceV1Api(worker)
+    for allowed in (lambda: core.read_namespaced_pod("no-such-pod", NAMESPACE),
+                    lambda: res.read_namespaced_resource_claim("no-such-claim", NAMESPACE)):
+        with pytest.raises(ApiException) as e:
+            allowed()
+        assert e.value.status == 404  # authorized; the object does not exist
+    for denied in (lambda: core.list_namespaced_pod(NAMESPACE), lambda: core.list_namespaced_secret(NAMESPACE),
+                   lambda: core.read_namespaced_secret("dagster-postgresql-secret", NAMESPACE),
+                   lambda: core.delete_namespaced_pod("x", NAMESPACE),
+                   lambda: res.list_namespaced_resource_claim(NAMESPACE),
+                   lambda: core.read_namespaced_pod("x", "default")):
+        with pytest.raises(ApiException) as e:
+            denied()
+        assert e.value.status == 403
+
+
 def test_claim_from_template_is_allocated_by_scheduler_and_released(apis, tmp_path):
     admin, ex = apis
     core, res = client.CoreV1Api(ex), client.ResourceV1Api(ex)

@@ -113,6 +113,10 @@ def test_backfill_10_partitions_mig_claims(k8s_instance, tmp_path):
         assert len(obs) == 1
         o = obs[0]
         assert o["k8s/pod"] == md["k8s/pod"] and o["k8s/resource_claim"].startswith(md["k8s/pod"] + "-gpu-")
+        # the step read its own claim as the pod's ServiceAccount: the same claim and devices on the materialization
+        assert "k8s/claim_unavailable_reason" not in md, md.get("k8s/claim_unavailable_reason")
+        assert md["k8s/resource_claim"] == o["k8s/resource_claim"]
+        assert md["k8s/allocated_devices"] == o["k8s/allocated_devices"]
         driver, pool, device = o["k8s/allocated_devices"].split("/")
         assert (driver, pool) == ("gpu.nvidia.com", "gpu-node-0")
         assert profiles[device] == "1g.10gb", device

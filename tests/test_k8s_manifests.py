@@ -127,6 +127,10 @@ def test_no_secret_value_in_pod_spec():
         m.step_objects(bad, m.K8sSettings())
     spec = m.to_dict(pod)["spec"]
     assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
+    assert "serviceAccountName" not in spec  # the namespace's default account, no token
+    named, _, _ = m.step_objects(launch, m.K8sSettings(container_context={"service_account_name": "dagster-gpu-worker"}))
+    spec = m.to_dict(named)["spec"]
+    assert spec["serviceAccountName"] == "dagster-gpu-worker" and spec["automountServiceAccountToken"] is True
 
 
 def test_served_version_and_allocation_parsing():

@@ -404,12 +404,15 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
         annotations[ANNOTATION_PLACEMENT_DEVICE] = launch.placement.device
     if launch.partition_key is not None:
         annotations[ANNOTATION_PARTITION_KEY] = launch.partition_key
+    # Only a named ServiceAccount's token is mounted (the worker reads its own pod and ResourceClaim with
+    # it: resources/k8s/manifests/43-worker-rbac.yaml); the namespace's default account gets none.
+    service_account = pod_spec_cfg.pop("service_account_name", None)
     spec = client.V1PodSpec(
         restart_policy="Never",
         termination_grace_period_seconds=settings.termination_grace_period_s,
-        automount_service_account_token=False,
+        automount_service_account_token=bool(service_account),
         enable_service_links=False,
-        service_account_name=pod_spec_cfg.pop("service_account_name", None),
+        service_account_name=service_account,
         image_pull_secrets=[k8s_model_from_dict(client.V1LocalObjectReference, s)
                             for s in pod_spec_cfg.pop("image_pull_secrets", [])] or None,
         volumes=[k8s_model_from_dict(client.V1Volume, v) for v in pod_spec_cfg.pop("volumes", [])] or None,

@@ -18,8 +18,8 @@
 #   kube-scheduler                    default profile (DynamicResources plugin allocates ResourceClaims)
 #   node agent (node_agent.py)        node gpu-node-0: runs bound pods as local processes (test infrastructure)
 # Manifests applied from resources/k8s/manifests/: namespace dagster-gpu, DeviceClasses gpu.nvidia.com and
-# mig.nvidia.com, Node gpu-node-0, its ResourceSlice (2x A100-SXM4-80GB + 7x MIG 1g.10gb), and the executor's
-# ServiceAccount/Role/RoleBinding. Kubeconfigs written: $DIR/admin.kubeconfig (system:masters) and
+# mig.nvidia.com, Node gpu-node-0, its ResourceSlice (2x A100-SXM4-80GB + 7x MIG 1g.10gb), the executor's
+# ServiceAccount/Role/RoleBinding and the step pods' (dagster-gpu-worker: get pods and resourceclaims). Kubeconfigs written: $DIR/admin.kubeconfig (system:masters) and
 # $DIR/executor.kubeconfig (ServiceAccount dagster-gpu/dagster-gpu-executor, least privilege).
 set -euo pipefail
 

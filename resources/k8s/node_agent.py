@@ -9,7 +9,10 @@ It authenticates as ``system:node:<node>`` (Node authorizer + NodeRestriction ap
   resolved through the API (``secretKeyRef``, ``configMapKeyRef``, ``fieldRef``), ``workingDir`` if it
   exists, stdout+stderr to ``<state-dir>/logs/<namespace>_<pod>.log``; DRA: for each allocated
   ResourceClaim of the pod it sets ``NVIDIA_VISIBLE_DEVICES`` to the devices' ``uuid`` attributes
-  (what NVIDIA's driver injects through CDI);
+  (what NVIDIA's driver injects through CDI); a pod with a named ServiceAccount (token automounted) gets
+  a pod-bound token from the TokenRequest API, written with ca.crt and namespace to a per-pod directory
+  named in ``DAGSTER_GPU_K8S_SA_DIR`` (a kubelet mounts them at the standard path), plus
+  ``KUBERNETES_SERVICE_HOST``/``_PORT``;
 * reports phase Pending -> Running -> Succeeded/Failed with ``startTime``, conditions and
   ``containerStatuses`` (``running.startedAt``; ``terminated.{exitCode, reason, startedAt, finishedAt}``);
 * on pod deletion (``deletionTimestamp``) sends SIGTERM to the process group, SIGKILL after
@@ -30,10 +33,12 @@ import datetime as dt
 import logging
 import os
 import platform
+import shutil
 import signal
 import subprocess
 import threading
 import time
+import urllib.parse
 import uuid as uuidlib
 from dataclasses import dataclass, field
 
@@ -208,6 +213,7 @@ class NodeAgent:
             else:
                 v = e.value or ""
             env[e.name] = v
+        env.update(self._service_account_env(pod))
         uuids = self._allocated_uuids(pod)
         deadline = time.monotonic() + 10
         while not uuids and pod.spec.resource_claims and time.monotonic() < deadline:
@@ -216,6 +222,41 @@ class NodeAgent:
         if uuids:
             env["NVIDIA_VISIBLE_DEVICES"] = ",".join(uuids)
         return env
+
+    def _sa_dir(self, uid: str) -> str:
+        return os.path.join(self.state_dir, "pods", uid, "serviceaccount")
+
+    def _service_account_env(self, pod) -> dict[str, str]:
+        """The pod's ServiceAccount credentials, as a kubelet projects them (empty when not automounted).
+
+        A kubelet asks for a token bound to the pod (TokenRequest; the Node authorizer allows it for pods
+        on this node) and mounts token, ca.crt and namespace at /var/run/secrets/kubernetes.io/
+        serviceaccount, and sets KUBERNETES_SERVICE_HOST/PORT. This agent runs processes, not containers,
+        so it writes the same three files under the pod's state directory and names that directory in
+        DAGSTER_GPU_K8S_SA_DIR (which dagster-gpu's worker reads before the standard path).
+        """
+        # The ServiceAccount admission plugin adds the token as a projected volume (kube-api-access-*) only
+        # when the pod (or its account) automounts it; the kubelet mounts what the volumes say.
+        sources = [src.service_account_token for v in pod.spec.volumes or [] if v.projected is not None
+                   for src in v.projected.sources or [] if src.service_account_token is not None]
+        if not sources or not pod.spec.service_account_name:
+            return {}
+        md, tok = pod.metadata, sources[0]
+        tr = self.core.create_namespaced_service_account_token(
+            pod.spec.service_account_name, md.namespace, client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+                audiences=[tok.audience] if tok.audience else [], expiration_seconds=tok.expiration_seconds or 3607,
+                bound_object_ref=client.V1BoundObjectReference(api_version="v1", kind="Pod", name=md.name, uid=md.uid))))
+        d = self._sa_dir(md.uid)
+        os.makedirs(d, mode=0o700, exist_ok=True)
+        with open(self.api.configuration.ssl_ca_cert, "rb") as f:
+            ca = f.read()
+        for name, data in (("token", tr.status.token.encode()), ("ca.crt", ca), ("namespace", md.namespace.encode())):
+            fd = os.open(os.path.join(d, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+        host = urllib.parse.urlsplit(self.api.configuration.host)
+        return {"KUBERNETES_SERVICE_HOST": host.hostname or "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(host.port or 443),
+                "DAGSTER_GPU_K8S_SA_DIR": d}
 
     def _allocated_uuids(self, pod) -> list[str]:
         """UUIDs of the devices allocated to the pod's claims (best effort; empty when none)."""
@@ -338,6 +379,7 @@ class NodeAgent:
                                    "state": {"terminated": term}}],
         })
         p.reported = True
+        shutil.rmtree(self._sa_dir(p.uid), ignore_errors=True)  # the projected token goes with the container
         log.info("pod %s/%s finished: exit %s (%s)", p.namespace, p.name, code, reason)
 
     def remove_pod(self, p: Proc) -> None:
