@@ -69,6 +69,7 @@ def _backend():
                           create_timeout_s=4, rates={"default": 1.0}, report_observations=False)
     b.claims = _NoWatch()
     handle = {"namespace": "ns", "pod": "p", "pod_uid": UID, "template": "t", "launched_at": time.time() - 10}
+    b._active[UID] = handle  # as if launched by this process (no finalizer thread: the test is the other thread)
     return b, kube, handle
 
 

@@ -213,3 +213,58 @@ def test_terminate_mid_backfill_leaves_no_pod_or_claim(k8s_instance, tmp_path):
     statuses = {instance.get_run_by_id(r).status for r in seen["runs"]}
     assert statuses == {dg.DagsterRunStatus.CANCELED}, statuses
     wait_for(lambda: _leftovers(seen["runs"]) == {"pods": [], "claims": [], "templates": []}, 60, what="no pod or claim left")
+
+
+def test_killed_run_worker_is_resumed_and_reattaches_to_its_pod(k8s_instance, tmp_path):
+    """The orchestrating process dies (SIGKILL) while its step runs in a pod: the pod keeps running; the
+    run, resumed as Dagster's run monitoring resumes it (``dagster api resume_run``), re-attaches to that
+    pod by the handle in its event log, the partition materializes once from it, and the resumed process
+    finalizes it (pod-interval observation, nothing left)."""
+    import subprocess
+    import sys
+
+    from dagster._core.events import DagsterEventType
+    from dagster._grpc.types import ResumeRunArgs
+
+    from dagster_gpu.executor.step_handler import HANDLE_KEY
+    from tests import k8s_pipeline as p
+
+    instance, key = k8s_instance, p.KEYS[20]
+    code = ("import sys, dagster as dg\nfrom dagster._core.definitions.reconstruct import ReconstructableJob\n"
+            "with dg.DagsterInstance.get() as i:\n"
+            f"    dg.execute_job(ReconstructableJob.for_file({str(PIPELINE)!r}, 'get_mig_job'), instance=i,\n"
+            f"                   tags={{'dagster/partition': {key!r}, 'test/sleep': '20'}})\n")
+    with open(tmp_path / "run.log", "wb") as log:
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+
+    def launched():
+        runs = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": key}))
+        for r in runs:
+            for rec in instance.get_records_for_run(r.run_id, of_type=DagsterEventType.STEP_WORKER_STARTING).records:
+                md = rec.event_log_entry.dagster_event.engine_event_data.metadata
+                if HANDLE_KEY in md:
+                    return r, md[HANDLE_KEY].value
+        return None
+
+    run, handle = wait_for(launched, 120, interval=1, what="the step's launch")
+    core = client.CoreV1Api(executor_api())
+    wait_for(lambda: core.read_namespaced_pod(handle["pod"], NAMESPACE).status.phase == "Running", 60, what="pod running")
+    proc.kill()
+    proc.wait(timeout=30)
+    assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
+    pod = core.read_namespaced_pod(handle["pod"], NAMESPACE)
+    assert pod.metadata.uid == handle["pod_uid"] and pod.metadata.deletion_timestamp is None  # left running
+    argv = ResumeRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=instance.get_ref()).get_command_args()
+    with open(tmp_path / "resume.log", "wb") as log:
+        rc = subprocess.run([sys.executable, "-m", "dagster", *argv[1:]], cwd=REPO, stdout=log,
+                            stderr=subprocess.STDOUT, timeout=300).returncode
+    final = instance.get_run_by_id(run.run_id)
+    assert rc == 0 and final.status == dg.DagsterRunStatus.SUCCESS, (rc, final.status, (tmp_path / "resume.log").read_text()[-3000:])
+    logs = [e.message or "" for e in instance.all_logs(run.run_id)]
+    assert any("Checking on status of in-progress step" in m for m in logs)
+    assert not any("Including step" in m and "in the new run" in m for m in logs), "the step was launched again"
+    recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=p.k8s_mig.key, asset_partitions=[key]), limit=5).records
+    assert len(recs) == 1 and recs[0].asset_materialization.metadata["k8s/pod"].value == handle["pod"]
+    obs = wait_for(lambda: _observation(instance, p.k8s_mig.key, key), 30, what="pod-interval observation")
+    assert obs[0]["k8s/pod"] == handle["pod"] and obs[0]["k8s/running_seconds"] >= 20
+    assert wait_for(lambda: _leftovers([run.run_id]) == {"pods": [], "claims": [], "templates": []}, 60, what="cleanup")

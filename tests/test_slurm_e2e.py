@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -381,3 +382,97 @@ def test_150_launches_chunked_by_max_array_size(home, small_max_array_size):
         from collections import Counter
 
         raise AssertionError(f"sacct states: {Counter(str(r.state) for r in client.sacct(ids))}") from None
+
+
+def _worker_starting(run_id: str):
+    """The handle of the run's STEP_WORKER_STARTING event (None before the step was launched)."""
+    import dagster as dg
+    from dagster._core.events import DagsterEventType
+
+    with dg.DagsterInstance.get() as inst:
+        recs = inst.get_records_for_run(run_id, of_type=DagsterEventType.STEP_WORKER_STARTING).records
+    for r in recs:
+        md = r.event_log_entry.dagster_event.engine_event_data.metadata
+        if "dagster_gpu/handle" in md:
+            return md["dagster_gpu/handle"].value
+    return None
+
+
+def test_killed_run_worker_is_resumed_and_reattaches_to_its_task(home):
+    """The orchestrating process dies (SIGKILL, as on a host restart) while its step runs as an array task:
+    the task keeps running; the run, resumed as Dagster's run monitoring resumes it (``dagster api
+    resume_run``), re-attaches to that task by the handle in its event log instead of launching another,
+    and the partition materializes once."""
+    import dagster as dg
+    from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+    from dagster._grpc.types import ResumeRunArgs
+
+    home_dir, env = home
+    key = "p190"
+    proc = H.start_runs(env, [key], sleep_s=25)[0]
+    with dg.DagsterInstance.get() as inst:
+        run = _wait_for(lambda: next(iter(inst.get_runs(RunsFilter(tags={"dagster/partition": key}))), None), 120,
+                        what="the run")
+    handle = _wait_for(lambda: _worker_starting(run.run_id), 120, what="the step's launch")
+    client = _client()
+    job_id = f"{handle['array_job_id']}_{handle['array_task_id']}"
+    _wait_for(lambda: any(r.state.name == "RUNNING" for r in client.squeue([int(handle["array_job_id"])])), 60,
+              what=f"task {job_id} running")
+    proc.kill()
+    proc.wait(timeout=30)
+    with dg.DagsterInstance.get() as inst:
+        assert inst.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED  # nobody marked it ended
+        args = ResumeRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=inst.get_ref())
+    assert any(r.state.name == "RUNNING" for r in client.squeue([int(handle["array_job_id"])])), "the task was cancelled"
+    with open(home_dir / "resume.log", "wb") as log:
+        argv = args.get_command_args()  # ["dagster", "api", "resume_run", ...]: this venv's dagster
+        rc = subprocess.run([sys.executable, "-m", "dagster", *argv[1:]], env=env, stdout=log, stderr=subprocess.STDOUT, timeout=300).returncode
+    with dg.DagsterInstance.get() as inst:
+        final = inst.get_run_by_id(run.run_id)
+        logs = [e.message or "" for e in inst.all_logs(run.run_id)]
+    assert rc == 0 and final.status == DagsterRunStatus.SUCCESS, (rc, final.status, (home_dir / "resume.log").read_text()[-3000:])
+    assert any("Checking on status of in-progress step" in m for m in logs)
+    assert not any("Including step" in m and "in the new run" in m for m in logs), "the step was launched again"
+    batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
+    assert [b["tasks"] for b in batches] == [1]  # one sbatch, one task: never relaunched
+    mats = _materializations([key])[key]
+    assert len(mats) == 1 and f"{mats[0]['slurm/array_job_id']}_{mats[0]['slurm/array_task_id']}" == job_id
+    obs = _wait_for(lambda: _all_observed([key]), 60, what="the sacct observation from the resumed process")[key]
+    assert obs[0]["billing/source"] == "sacct" and obs[0]["slurm/state"] == "COMPLETED"
+    assert obs[0]["slurm/elapsed_seconds"] >= 25
+
+
+def test_sigterm_to_the_run_worker_leaves_its_task_running(home):
+    """A SIGTERM to the orchestrating process (a restart, not a user's terminate) cancels no task: the
+    task runs to COMPLETED, its partition materializes, and the run's log says the worker was left running."""
+    import signal
+
+    import dagster as dg
+    from dagster._core.events import DagsterEventType
+    from dagster._core.storage.dagster_run import RunsFilter
+
+    home_dir, env = home
+    key = "p191"
+    proc = H.start_runs(env, [key], sleep_s=15)[0]
+    with dg.DagsterInstance.get() as inst:
+        run = _wait_for(lambda: next(iter(inst.get_runs(RunsFilter(tags={"dagster/partition": key}))), None), 120,
+                        what="the run")
+    handle = _wait_for(lambda: _worker_starting(run.run_id), 120, what="the step's launch")
+    client = _client()
+    aid = int(handle["array_job_id"])
+    # once the step's body runs (STEP_START): before that, Dagster's step worker skips a run that its
+    # interrupted run worker has meanwhile marked failed ("treating as failure"), whatever the executor does
+    with dg.DagsterInstance.get() as inst:
+        _wait_for(lambda: inst.get_records_for_run(run.run_id, of_type=DagsterEventType.STEP_START).records, 120,
+                  what="the step to start")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=120)
+    with dg.DagsterInstance.get() as inst:
+        logs = [e.message or "" for e in inst.all_logs(run.run_id)]
+    assert any("Leaving the slurm worker of step trivial running" in m for m in logs), logs[-5:]
+    acct = _wait_for(lambda: [r for r in client.sacct([aid]) if r.state.name == "COMPLETED"] or None, 90,
+                     what=f"task {aid}_0 to complete")
+    assert len(acct) == 1 and acct[0].array_task_id == 0
+    assert acct[0].elapsed_s >= 15, acct[0]  # the step's whole sleep: it was not cut short
+    mats = _materializations([key])[key]
+    assert len(mats) == 1 and mats[0]["slurm/array_job_id"] == aid

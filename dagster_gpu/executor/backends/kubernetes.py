@@ -359,8 +359,11 @@ class KubernetesBackend(Backend):
         uid = str(handle["pod_uid"])
         with self._lock:
             final = self._final.get(uid)
+            known = uid in self._active
         if final is not None:
             return final["state"]
+        if not known:  # launched by an earlier process (a resumed run re-attached): finalize it from here
+            self._track(handle)
         try:
             return self._state(handle)
         except ApiException as e:

@@ -266,6 +266,9 @@ class SlurmBackend(Backend):
 
         aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
         submitted = float(handle["submitted_at"])
+        if aid not in self._launched:  # launched by an earlier process (a resumed run re-attached): bill it from here
+            self._launched.add(aid)
+            self._register_atexit()
         try:
             snap = self.poller.snapshot({aid}, not_before=submitted)
         except (SlurmError, TimeoutError) as e:
