@@ -398,22 +398,30 @@ def _worker_starting(run_id: str):
     return None
 
 
+def _start_one_run(env, key: str, sleep_s: float):
+    """A run worker for partition ``key`` whose step sleeps ``sleep_s``: (process, run, launch handle)."""
+    import dagster as dg
+    from dagster._core.storage.dagster_run import RunsFilter
+
+    proc = H.start_runs(env, [key], sleep_s=sleep_s)[0]
+    with dg.DagsterInstance.get() as inst:
+        run = _wait_for(lambda: next(iter(inst.get_runs(RunsFilter(tags={"dagster/partition": key}))), None), 120,
+                        what="the run")
+    return proc, run, _wait_for(lambda: _worker_starting(run.run_id), 120, what="the step's launch")
+
+
 def test_killed_run_worker_is_resumed_and_reattaches_to_its_task(home):
     """The orchestrating process dies (SIGKILL, as on a host restart) while its step runs as an array task:
     the task keeps running; the run, resumed as Dagster's run monitoring resumes it (``dagster api
     resume_run``), re-attaches to that task by the handle in its event log instead of launching another,
     and the partition materializes once."""
     import dagster as dg
-    from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+    from dagster._core.storage.dagster_run import DagsterRunStatus
     from dagster._grpc.types import ResumeRunArgs
 
     home_dir, env = home
     key = "p190"
-    proc = H.start_runs(env, [key], sleep_s=25)[0]
-    with dg.DagsterInstance.get() as inst:
-        run = _wait_for(lambda: next(iter(inst.get_runs(RunsFilter(tags={"dagster/partition": key}))), None), 120,
-                        what="the run")
-    handle = _wait_for(lambda: _worker_starting(run.run_id), 120, what="the step's launch")
+    proc, run, handle = _start_one_run(env, key, 25)
     client = _client()
     job_id = f"{handle['array_job_id']}_{handle['array_task_id']}"
     _wait_for(lambda: any(r.state.name == "RUNNING" for r in client.squeue([int(handle["array_job_id"])])), 60,
@@ -449,15 +457,10 @@ def test_sigterm_to_the_run_worker_leaves_its_task_running(home):
 
     import dagster as dg
     from dagster._core.events import DagsterEventType
-    from dagster._core.storage.dagster_run import RunsFilter
 
-    home_dir, env = home
+    _, env = home
     key = "p191"
-    proc = H.start_runs(env, [key], sleep_s=15)[0]
-    with dg.DagsterInstance.get() as inst:
-        run = _wait_for(lambda: next(iter(inst.get_runs(RunsFilter(tags={"dagster/partition": key}))), None), 120,
-                        what="the run")
-    handle = _wait_for(lambda: _worker_starting(run.run_id), 120, what="the step's launch")
+    proc, run, handle = _start_one_run(env, key, 15)
     client = _client()
     aid = int(handle["array_job_id"])
     # once the step's body runs (STEP_START): before that, Dagster's step worker skips a run that its
