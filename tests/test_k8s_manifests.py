@@ -144,6 +144,18 @@ def test_served_version_and_allocation_parsing():
     assert m.allocated_devices({"status": {}}) == []
 
 
+def test_generated_claim_name_is_the_gpu_requests_claim():
+    from kubernetes.client import V1Pod, V1PodResourceClaimStatus, V1PodStatus
+
+    def pod(*statuses):
+        return V1Pod(status=V1PodStatus(resource_claim_statuses=[V1PodResourceClaimStatus(name=n, resource_claim_name=c)
+                                                                 for n, c in statuses] or None))
+
+    assert m.generated_claim_name(pod(("other", "x-other-1"), (m.REQUEST_NAME, "p-gpu-7xk2q"))) == "p-gpu-7xk2q"
+    assert m.generated_claim_name(pod((m.REQUEST_NAME, None))) is None  # not generated yet
+    assert m.generated_claim_name(pod()) is None
+
+
 @pytest.mark.parametrize("path", sorted(glob.glob(str(REPO / "resources/k8s/manifests/*.yaml"))))
 def test_cluster_manifests_validate(path):
     for doc in yaml.safe_load_all(Path(path).read_text()):

@@ -476,6 +476,13 @@ def handle_from_pod(pod: client.V1Pod) -> dict[str, Any]:
     }
 
 
+def generated_claim_name(pod: Any) -> str | None:
+    """Name of the ResourceClaim the resourceclaim controller generated for a step pod's GPU request
+    (``status.resourceClaimStatuses`` entry named REQUEST_NAME), or None before it exists. ``pod``: V1Pod."""
+    return next((s.resource_claim_name for s in pod.status.resource_claim_statuses or []
+                 if s.name == REQUEST_NAME and s.resource_claim_name), None)
+
+
 def allocated_devices(claim: Mapping[str, Any] | Any) -> list[str]:
     """``driver/pool/device`` of each device in a claim's ``status.allocation`` (empty if unallocated).
 

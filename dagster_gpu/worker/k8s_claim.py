@@ -42,7 +42,7 @@ def claim_metadata(env: Mapping[str, str] | None = None) -> dict[str, str]:
         from kubernetes.config.incluster_config import InClusterConfigLoader
 
         from dagster_gpu.k8s.client import KubeClient
-        from dagster_gpu.k8s.manifests import REQUEST_NAME, allocated_devices
+        from dagster_gpu.k8s.manifests import allocated_devices, generated_claim_name
 
         cfg = client.Configuration()
         InClusterConfigLoader(str(sa_dir / "token"), str(sa_dir / "ca.crt"), environ=e).load_and_set(cfg)
@@ -50,15 +50,14 @@ def claim_metadata(env: Mapping[str, str] | None = None) -> dict[str, str]:
         pod = kube.read_pod(pod_name)
         if pod is None:
             return {"k8s/claim_unavailable_reason": f"pod {namespace}/{pod_name} not found"}
-        names = [s.resource_claim_name for s in pod.status.resource_claim_statuses or []
-                 if s.name == REQUEST_NAME and s.resource_claim_name]
-        if not names:
+        name = generated_claim_name(pod)
+        if not name:
             return {} if not pod.spec.resource_claims else {
                 "k8s/claim_unavailable_reason": f"pod {namespace}/{pod_name} lists no generated ResourceClaim"}
-        claim = kube.read_claim(names[0])
+        claim = kube.read_claim(name)
         if claim is None:
-            return {"k8s/claim_unavailable_reason": f"ResourceClaim {namespace}/{names[0]} not found"}
-        return {"k8s/resource_claim": names[0], "k8s/allocated_devices": ",".join(allocated_devices(claim))}
+            return {"k8s/claim_unavailable_reason": f"ResourceClaim {namespace}/{name} not found"}
+        return {"k8s/resource_claim": name, "k8s/allocated_devices": ",".join(allocated_devices(claim))}
     except Exception as ex:  # noqa: BLE001 - metadata only; the reason is recorded instead
         status = getattr(ex, "status", None)
         what = f"HTTP {status} {getattr(ex, 'reason', '')}".strip() if status else f"{type(ex).__name__}: {ex}"

@@ -417,10 +417,8 @@ class KubernetesBackend(Backend):
         return WorkerState(WorkerStatus.PENDING, message=f"{waiting.reason}" if waiting is not None else "")
 
     def _claim_of(self, pod) -> Any | None:
-        for s in pod.status.resource_claim_statuses or []:
-            if s.name == m.REQUEST_NAME and s.resource_claim_name:
-                return self.kube.read_claim(s.resource_claim_name)
-        return None
+        name = m.generated_claim_name(pod)
+        return self.kube.read_claim(name) if name else None
 
     def _finish(self, handle: Handle, pod, cs) -> WorkerState:
         # One finisher at a time: the finalizer thread, a health check and the exit hook may all see the
@@ -443,8 +441,7 @@ class KubernetesBackend(Backend):
             detail = f"{term.reason}" + (f": {term.message}" if term is not None and term.message else "") if term else (pod.status.reason or "")
             state = WorkerState(WorkerStatus.FAILED, exit_code=code,
                                 message=f"pod {pod.metadata.name} Failed ({detail})")
-        claim_name = next((s.resource_claim_name for s in pod.status.resource_claim_statuses or []
-                           if s.name == m.REQUEST_NAME), None) or ""
+        claim_name = m.generated_claim_name(pod) or ""
         seen = self.claims.get(pod.metadata.uid)
         if seen is None and claim_name:
             claim = self._claim_of(pod)
