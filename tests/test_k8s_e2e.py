@@ -223,11 +223,8 @@ def test_killed_run_worker_is_resumed_and_reattaches_to_its_pod(k8s_instance, tm
     import subprocess
     import sys
 
-    from dagster._core.events import DagsterEventType
-    from dagster._grpc.types import ResumeRunArgs
-
-    from dagster_gpu.executor.step_handler import HANDLE_KEY
     from tests import k8s_pipeline as p
+    from tests.resume_helpers import launch_handle, resume_and_check_reattached
 
     instance, key = k8s_instance, p.KEYS[20]
     code = ("import sys, dagster as dg\nfrom dagster._core.definitions.reconstruct import ReconstructableJob\n"
@@ -237,16 +234,9 @@ def test_killed_run_worker_is_resumed_and_reattaches_to_its_pod(k8s_instance, tm
     with open(tmp_path / "run.log", "wb") as log:
         proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
 
-    def launched():
-        runs = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": key}))
-        for r in runs:
-            for rec in instance.get_records_for_run(r.run_id, of_type=DagsterEventType.STEP_WORKER_STARTING).records:
-                md = rec.event_log_entry.dagster_event.engine_event_data.metadata
-                if HANDLE_KEY in md:
-                    return r, md[HANDLE_KEY].value
-        return None
-
-    run, handle = wait_for(launched, 120, interval=1, what="the step's launch")
+    run = wait_for(lambda: next(iter(instance.get_runs(dg.RunsFilter(tags={"dagster/partition": key}))), None), 120,
+                   interval=1, what="the run")
+    handle = wait_for(lambda: launch_handle(instance, run.run_id), 120, interval=1, what="the step's launch")
     core = client.CoreV1Api(executor_api())
     wait_for(lambda: core.read_namespaced_pod(handle["pod"], NAMESPACE).status.phase == "Running", 60, what="pod running")
     proc.kill()
@@ -254,15 +244,7 @@ def test_killed_run_worker_is_resumed_and_reattaches_to_its_pod(k8s_instance, tm
     assert instance.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.STARTED
     pod = core.read_namespaced_pod(handle["pod"], NAMESPACE)
     assert pod.metadata.uid == handle["pod_uid"] and pod.metadata.deletion_timestamp is None  # left running
-    argv = ResumeRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=instance.get_ref()).get_command_args()
-    with open(tmp_path / "resume.log", "wb") as log:
-        rc = subprocess.run([sys.executable, "-m", "dagster", *argv[1:]], cwd=REPO, stdout=log,
-                            stderr=subprocess.STDOUT, timeout=300).returncode
-    final = instance.get_run_by_id(run.run_id)
-    assert rc == 0 and final.status == dg.DagsterRunStatus.SUCCESS, (rc, final.status, (tmp_path / "resume.log").read_text()[-3000:])
-    logs = [e.message or "" for e in instance.all_logs(run.run_id)]
-    assert any("Checking on status of in-progress step" in m for m in logs)
-    assert not any("Including step" in m and "in the new run" in m for m in logs), "the step was launched again"
+    resume_and_check_reattached(instance, run, tmp_path / "resume.log")
     recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=p.k8s_mig.key, asset_partitions=[key]), limit=5).records
     assert len(recs) == 1 and recs[0].asset_materialization.metadata["k8s/pod"].value == handle["pod"]
     obs = wait_for(lambda: _observation(instance, p.k8s_mig.key, key), 30, what="pod-interval observation")

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from tests import slurm_helpers as H
+from tests.resume_helpers import launch_handle, resume_and_check_reattached
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.postgres]
 
@@ -384,20 +384,6 @@ def test_150_launches_chunked_by_max_array_size(home, small_max_array_size):
         raise AssertionError(f"sacct states: {Counter(str(r.state) for r in client.sacct(ids))}") from None
 
 
-def _worker_starting(run_id: str):
-    """The handle of the run's STEP_WORKER_STARTING event (None before the step was launched)."""
-    import dagster as dg
-    from dagster._core.events import DagsterEventType
-
-    with dg.DagsterInstance.get() as inst:
-        recs = inst.get_records_for_run(run_id, of_type=DagsterEventType.STEP_WORKER_STARTING).records
-    for r in recs:
-        md = r.event_log_entry.dagster_event.engine_event_data.metadata
-        if "dagster_gpu/handle" in md:
-            return md["dagster_gpu/handle"].value
-    return None
-
-
 def _start_one_run(env, key: str, sleep_s: float):
     """A run worker for partition ``key`` whose step sleeps ``sleep_s``: (process, run, launch handle)."""
     import dagster as dg
@@ -407,7 +393,7 @@ def _start_one_run(env, key: str, sleep_s: float):
     with dg.DagsterInstance.get() as inst:
         run = _wait_for(lambda: next(iter(inst.get_runs(RunsFilter(tags={"dagster/partition": key}))), None), 120,
                         what="the run")
-    return proc, run, _wait_for(lambda: _worker_starting(run.run_id), 120, what="the step's launch")
+        return proc, run, _wait_for(lambda: launch_handle(inst, run.run_id), 120, what="the step's launch")
 
 
 def test_killed_run_worker_is_resumed_and_reattaches_to_its_task(home):
@@ -417,7 +403,6 @@ def test_killed_run_worker_is_resumed_and_reattaches_to_its_task(home):
     and the partition materializes once."""
     import dagster as dg
     from dagster._core.storage.dagster_run import DagsterRunStatus
-    from dagster._grpc.types import ResumeRunArgs
 
     home_dir, env = home
     key = "p190"
@@ -430,17 +415,8 @@ def test_killed_run_worker_is_resumed_and_reattaches_to_its_task(home):
     proc.wait(timeout=30)
     with dg.DagsterInstance.get() as inst:
         assert inst.get_run_by_id(run.run_id).status == DagsterRunStatus.STARTED  # nobody marked it ended
-        args = ResumeRunArgs(job_origin=run.job_code_origin, run_id=run.run_id, instance_ref=inst.get_ref())
-    assert any(r.state.name == "RUNNING" for r in client.squeue([int(handle["array_job_id"])])), "the task was cancelled"
-    with open(home_dir / "resume.log", "wb") as log:
-        argv = args.get_command_args()  # ["dagster", "api", "resume_run", ...]: this venv's dagster
-        rc = subprocess.run([sys.executable, "-m", "dagster", *argv[1:]], env=env, stdout=log, stderr=subprocess.STDOUT, timeout=300).returncode
-    with dg.DagsterInstance.get() as inst:
-        final = inst.get_run_by_id(run.run_id)
-        logs = [e.message or "" for e in inst.all_logs(run.run_id)]
-    assert rc == 0 and final.status == DagsterRunStatus.SUCCESS, (rc, final.status, (home_dir / "resume.log").read_text()[-3000:])
-    assert any("Checking on status of in-progress step" in m for m in logs)
-    assert not any("Including step" in m and "in the new run" in m for m in logs), "the step was launched again"
+        assert any(r.state.name == "RUNNING" for r in client.squeue([int(handle["array_job_id"])])), "the task was cancelled"
+        resume_and_check_reattached(inst, run, home_dir / "resume.log", env=env)
     batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
     assert [b["tasks"] for b in batches] == [1]  # one sbatch, one task: never relaunched
     mats = _materializations([key])[key]
