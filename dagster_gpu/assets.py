@@ -1,38 +1,18 @@
 """The embedding asset factory: one dynamic partition per corpus file, one parquet file per partition."""
 
-
-
 import posixpath
-import time
 from typing import Any, Mapping, Sequence
 
 import dagster as dg
-import psutil
 
-from dagster_gpu.corpus.listing import CorpusNotFound, CorpusSource
-from dagster_gpu.corpus.readers import CorpusReadError
-from dagster_gpu.embedding.model import ModelNotFound, load_model
-from dagster_gpu.embedding.pipeline import embed_partition
-from dagster_gpu.request import TAG_ASSET_KEY, TAG_CORPUS_URL, GpuRequest
-from dagster_gpu.telemetry.nvml import NvmlSampler
-from dagster_gpu.worker.backend_env import backend_metadata
-from dagster_gpu.worker.billing import measure
-from dagster_gpu.worker.context import StepContext
-from dagster_gpu.worker.k8s_claim import claim_metadata
-from dagster_gpu.worker.metadata import build_metadata
+from dagster_gpu.corpus.listing import CorpusSource
+from dagster_gpu.request import TAG_ASSET_KEY, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, GpuRequest
+from dagster_gpu.worker.unit import UnitSpec, run_unit
 
 
 def output_uri_for(output_url: str, asset_name: str, partition_key: str) -> str:
     """``<output_url>/<asset_name>/<partition_key>.parquet`` (the key is already path-safe)."""
     return posixpath.join(output_url.rstrip("/"), asset_name, f"{partition_key}.parquet")
-
-
-def _torch_gpu(model_device: str) -> tuple[str | None, int]:
-    if not model_device.startswith("cuda"):
-        return None, 0
-    import torch
-
-    return torch.cuda.get_device_name(0), torch.cuda.device_count()
 
 
 def embedding_asset(
@@ -52,6 +32,7 @@ def embedding_asset(
     group_name: str | None = None,
     key_prefix: Sequence[str] | None = None,
     retry_policy: dg.RetryPolicy | None = None,
+    max_partitions_per_run: int = 50,
 ) -> dg.AssetsDefinition:
     """Build a partitioned asset that embeds one corpus file per partition.
 
@@ -66,71 +47,45 @@ def embedding_asset(
         read_batch_rows: records per I/O batch (bounds worker memory).
         gpu: the GPU request, written to the op tags gpu_executor reads.
         telemetry_interval_s: NVML sampling period in seconds.
+        max_partitions_per_run: a backfill (and the sensor and schedule) makes runs of at most this many
+            partitions (``BackfillPolicy.multi_run``); each run's step is one work unit that loads the model
+            once and embeds its partitions back to back (see :mod:`dagster_gpu.worker.unit`).
 
-    The step fails with ``dagster.Failure`` (no retry) naming the partition and file on bad input,
-    a missing file or model; other partitions are unaffected.
+    Each partition gets its own materialization. A missing or unreadable file, or a missing model, fails
+    its partition(s) with ``dagster.Failure`` (no retry) naming the partition and file; the other partitions
+    of the range are still embedded and materialized.
     """
     pdef = partitions_def or dg.DynamicPartitionsDefinition(name=f"{name}_files")
+    spec = UnitSpec(
+        corpus=corpus,
+        output_uri_for=lambda key: output_uri_for(output_url, name, key),
+        model=model,
+        device=device,
+        max_seq_length=max_seq_length,
+        batch_size=batch_size,
+        read_batch_rows=read_batch_rows,
+        telemetry_interval_s=telemetry_interval_s,
+    )
 
     @dg.asset(
         name=name,
         key_prefix=list(key_prefix) if key_prefix else None,
         partitions_def=pdef,
-        op_tags={**gpu.to_tags(), TAG_CORPUS_URL: corpus.url, TAG_ASSET_KEY: "/".join([*(key_prefix or []), name])},
+        op_tags={
+            **gpu.to_tags(),
+            TAG_CORPUS_URL: corpus.url,
+            TAG_ASSET_KEY: "/".join([*(key_prefix or []), name]),
+            TAG_PARTITIONS_DEF: pdef.name or "",
+        },
         kinds={"pytorch", "parquet"},
         group_name=group_name,
         retry_policy=retry_policy,
+        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run),
+        output_required=False,
         description=f"Sentence embeddings ({model}) of each file of corpus {corpus.url}, one parquet file per partition under {output_url}.",
         metadata={"dagster_gpu/corpus_url": corpus.url, "dagster_gpu/output_url": output_url},
     )
-    def _embed(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
-        started = time.time()
-        step = StepContext.from_env()
-        key = context.partition_key
-        try:
-            source = corpus.file_for_key(key)
-            loaded = load_model(model, device=device, max_seq_length=max_seq_length)
-        except (CorpusNotFound, ModelNotFound) as e:
-            raise dg.Failure(description=f"partition {key!r}: {e}", allow_retries=False) from e
-        out_uri = output_uri_for(output_url, name, key)
-        context.log.info(
-            f"partition {key!r}: embedding {source.uri} ({source.size_bytes} bytes) on {loaded.device} -> {out_uri}"
-        )
-        try:
-            with NvmlSampler(telemetry_interval_s) as sampler:
-                result = embed_partition(
-                    source.uri,
-                    out_uri,
-                    loaded,
-                    corpus.text_format,
-                    batch_size=batch_size,
-                    read_batch_rows=read_batch_rows,
-                    storage_options=dict(corpus.storage_options),
-                )
-        except CorpusReadError as e:
-            raise dg.Failure(
-                description=f"partition {key!r}: {e}",
-                metadata={"corpus/file": source.uri},
-                allow_retries=False,
-            ) from e
-        telemetry = sampler.summary()
-        product, count = telemetry.product_name, len(telemetry.device_uuids)
-        if product is None:
-            product, count = _torch_gpu(loaded.device)
-        t0 = psutil.Process().create_time() if step.launched_by_executor else started
-        billing = measure(step.rates, max(0.0, time.time() - t0), loaded.device, product, count, step.device_fraction)
-        claim = claim_metadata() if step.backend == "kubernetes" else {}
-        return dg.MaterializeResult(
-            metadata=build_metadata(
-                result=result,
-                model_name=model,
-                model_device=loaded.device,
-                telemetry=telemetry,
-                billing=billing,
-                backend=step.backend,
-                placement=step.placement,
-                backend_metadata={**backend_metadata(step.backend), **claim, "corpus/file": source.uri},
-            )
-        )
+    def _embed(context: dg.AssetExecutionContext):
+        yield from run_unit(context, spec)
 
     return _embed

@@ -49,9 +49,12 @@ def test_unreachable_backend_is_recorded_and_skipped(tmp_path):
     assert abs(chosen.cost_usd - 1.20 * chosen.runtime_s / 3600) < 1e-12
 
 
-def test_step_size_reads_the_partition_file(tmp_path):
+def test_step_size_reads_the_partition_files(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"x" * 1234)
-    assert step_size({TAG_CORPUS_URL: str(tmp_path)}, "a.txt").bytes == 1234
-    assert step_size({TAG_CORPUS_URL: str(tmp_path)}, "missing").bytes is None
-    assert step_size({}, "a.txt").bytes is None
+    (tmp_path / "b.txt").write_bytes(b"x" * 66)
+    assert step_size({TAG_CORPUS_URL: str(tmp_path)}, ["a.txt"]).bytes == 1234
+    assert step_size({TAG_CORPUS_URL: str(tmp_path)}, ["a.txt", "b.txt"]).bytes == 1300  # a ranged step: the sum
+    assert step_size({TAG_CORPUS_URL: str(tmp_path)}, ["a.txt", "missing"]).bytes == 1234
+    assert step_size({TAG_CORPUS_URL: str(tmp_path)}, ["missing"]).bytes is None
+    assert step_size({}, ["a.txt"]).bytes is None
     assert CorpusSource(str(tmp_path)).file_for_key("a.txt").size_bytes == 1234

@@ -13,7 +13,7 @@ import uuid
 import pytest
 
 from dagster_gpu.executor.backends.base import StepLaunch, WorkerStatus
-from dagster_gpu.executor.backends.kubernetes import KubernetesBackend, reconcile
+from dagster_gpu.executor.backends.kubernetes import KubernetesBackend
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import KubeClient
 from dagster_gpu.policy.placement import Placement
@@ -59,8 +59,6 @@ def test_mig_step_runs_and_reports_pod_interval(backend):
     assert 1.0 <= md["k8s/running_seconds"] <= 5.0
     assert md["billing/gpu_seconds"] == pytest.approx(md["k8s/running_seconds"] / 7)
     assert md["billing/cost_usd"] == pytest.approx(md["billing/gpu_seconds"] * 2.40 / 3600)
-    assert reconcile(md, {"billing/gpu_seconds": 0.1})["billing/difference_gpu_seconds"] == pytest.approx(
-        md["billing/gpu_seconds"] - 0.1)
     # delete_finished_pods: nothing of the step is left; the claim went with the pod
     sel = m.run_selector(launch.run_id)
     wait_for(lambda: not any(labelled(backend.kube.api, sel).values()), 30, what="cleanup")

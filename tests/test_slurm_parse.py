@@ -13,7 +13,8 @@ from dagster_gpu.executor.backends.base import WorkerStatus
 from dagster_gpu.slurm import parse as P
 from dagster_gpu.slurm.client import gpu_count
 from dagster_gpu.slurm.ids import BadJobId, format_array_spec, parse_array_task_field, parse_job_id
-from dagster_gpu.slurm.reconcile import observation_metadata, sacct_figures
+from dagster_gpu.billing.apportion import apportion_unit_bill
+from dagster_gpu.slurm.reconcile import sacct_figures
 from dagster_gpu.slurm.states import STATE_MAP, UnknownSlurmState, parse_state, worker_status
 from dagster_gpu.slurm.status import records_for, task_state
 
@@ -196,9 +197,10 @@ def test_sacct_recorded_preempted_then_completed():
     assert figs["billing/gpu_seconds"] == 1 + 15  # every attempt counts
     assert figs["slurm/attempts"] == 2 and figs["slurm/state"] == "COMPLETED"
     assert figs["slurm/billing_tres_seconds"] == 11.0 * 16
-    md = observation_metadata(figs, 1.2, measured_gpu_seconds=14.0)
-    assert md["billing/source"] == "sacct" and md["billing/difference_gpu_seconds"] == 2.0
-    assert md["billing/cost_usd"] == pytest.approx(16 * 1.2 / 3600)
+    # the unit's 16 GPU-seconds split over the partitions it materialized, by their measured figures
+    parts = dict(apportion_unit_bill(figs["billing/gpu_seconds"], [("a", 10.5), ("b", 3.5)], []))
+    assert parts == {"a": pytest.approx(12.0), "b": pytest.approx(4.0)}
+    assert sum(parts.values()) == figs["billing/gpu_seconds"]
 
 
 def test_sacct_pending_record_while_requeued():

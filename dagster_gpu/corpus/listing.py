@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import fsspec
 
@@ -69,7 +69,6 @@ class CorpusSource:
         if not fs.exists(root):
             raise CorpusNotFound(f"corpus {self.url!r} does not exist")
         entries = fs.find(root, maxdepth=None if self.recursive else 1, detail=True, withdirs=False)
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
         out: dict[str, CorpusFile] = {}
         for path, info in entries.items():
             if info.get("type") != "file":
@@ -81,16 +80,64 @@ class CorpusSource:
             if not fnmatch.fnmatchcase(base, self.pattern):
                 continue
             key = partition_key_for(rel)
-            uri = path if protocol in ("file", "local") else f"{protocol}://{path}"
-            out[key] = CorpusFile(key=key, uri=uri, relative_name=rel, size_bytes=int(info.get("size") or 0), mtime=_mtime(info))
+            out[key] = CorpusFile(key=key, uri=_uri(fs, path), relative_name=rel, size_bytes=int(info.get("size") or 0), mtime=_mtime(info))
         return [out[k] for k in sorted(out)]
 
     def file_for_key(self, key: str) -> CorpusFile:
         """The file behind partition ``key``. Raises CorpusNotFound naming the key and the corpus."""
-        for f in self.list_files():
-            if f.key == key:
-                return f
-        raise CorpusNotFound(f"partition {key!r}: no file in corpus {self.url!r} has this key (deleted or renamed?)")
+        return self.files_for_keys([key])[key]
+
+    def files_for_keys(
+        self, keys: Sequence[str], *, max_direct_lookups: int = 32, missing_ok: bool = False
+    ) -> dict[str, CorpusFile]:
+        """The files behind partition ``keys`` (key -> CorpusFile), without listing the corpus per key.
+
+        A key that was not rewritten from its file name (see :func:`dagster_gpu.keys.partition_key_for`)
+        names its file directly: up to ``max_direct_lookups`` such keys are resolved with one ``info`` call
+        each. Any other key (a rewritten or recursive name, a missing file), or a longer list, costs one
+        listing of the corpus for the whole call, never one per key. Raises CorpusNotFound naming every key
+        without a file, and the corpus (with ``missing_ok``, such keys are left out of the result instead).
+        """
+        wanted = list(dict.fromkeys(keys))
+        found: dict[str, CorpusFile] = {}
+        if len(wanted) <= max_direct_lookups:
+            fs, root = self.filesystem()
+            for key in wanted:
+                f = self._direct(fs, root, key)
+                if f is not None:
+                    found[key] = f
+        missing = [k for k in wanted if k not in found]
+        if missing:
+            listed = {f.key: f for f in self.list_files()}
+            for k in missing:
+                if k in listed:
+                    found[k] = listed[k]
+            gone = [k for k in missing if k not in found]
+            if gone and not missing_ok:
+                raise CorpusNotFound(
+                    f"partition(s) {', '.join(repr(k) for k in gone)}: no file in corpus {self.url!r} has this key "
+                    "(deleted or renamed?)"
+                )
+        return {k: found[k] for k in wanted if k in found}
+
+    def _direct(self, fs, root: str, key: str) -> CorpusFile | None:
+        """The file named exactly ``key`` under the root, when ``key`` is its own file's key; else None."""
+        if partition_key_for(key) != key or key.startswith(_IGNORED_PREFIXES) or not fnmatch.fnmatchcase(key, self.pattern):
+            return None
+        path = posixpath.join(root, key)
+        try:
+            info = fs.info(path)
+        except (FileNotFoundError, OSError):
+            return None
+        if info.get("type") != "file":
+            return None
+        return CorpusFile(key=key, uri=_uri(fs, path), relative_name=key, size_bytes=int(info.get("size") or 0), mtime=_mtime(info))
+
+
+def _uri(fs, path: str) -> str:
+    """A plain path for local files, ``<protocol>://path`` otherwise."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    return path if protocol in ("file", "local") else f"{protocol}://{path}"
 
 
 def _mtime(info: Mapping[str, Any]) -> float:

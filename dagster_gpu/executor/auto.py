@@ -2,13 +2,14 @@
 
 Each backend reports its live state as a :class:`~dagster_gpu.policy.snapshot.BackendState`
 (``Backend.policy_state()``); a backend that cannot be asked is recorded as unreachable with the error,
-and the policy skips it. The step's size comes from its corpus file (op tag ``dagster-gpu/corpus-url``,
+and the policy skips it. The step's size comes from the corpus files of its partitions (op tag ``dagster-gpu/corpus-url``,
 set by ``embedding_asset``), the expected throughput from the asset's earlier materializations.
 """
 
 from __future__ import annotations
 
 import time
+from typing import Sequence
 
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.policy import StepSize, choose_placement
@@ -19,15 +20,17 @@ from dagster_gpu.request import TAG_ASSET_KEY, TAG_CORPUS_URL, GpuRequest
 _STATE_TYPES = {"local": LocalState, "slurm": SlurmState, "kubernetes": KubernetesState}
 
 
-def step_size(tags: dict, partition_key: str | None) -> StepSize:
-    """The partition's corpus file size in bytes (StepSize() when unknown: the policy's fallback applies)."""
+def step_size(tags: dict, partition_keys: Sequence[str]) -> StepSize:
+    """The bytes of the corpus files of every partition the step embeds (one listing of the corpus at
+    most, see ``CorpusSource.files_for_keys``); StepSize() when unknown (the policy's fallback applies)."""
     url = tags.get(TAG_CORPUS_URL)
-    if not url or not partition_key:
+    if not url or not partition_keys:
         return StepSize()
     try:
-        return StepSize(bytes=CorpusSource(url=url).file_for_key(partition_key).size_bytes)
-    except Exception:  # the step itself reports a missing file with a clear error
+        files = CorpusSource(url=url).files_for_keys(partition_keys, missing_ok=True)
+    except Exception:  # the step itself reports a missing corpus or file with a clear error
         return StepSize()
+    return StepSize(bytes=sum(f.size_bytes for f in files.values())) if files else StepSize()
 
 
 def gather_snapshot(handler, candidates) -> Snapshot:
@@ -41,11 +44,10 @@ def gather_snapshot(handler, candidates) -> Snapshot:
     return Snapshot(rate_card=handler.rate_card, taken_at=time.time(), **states)
 
 
-def auto_placement(handler, request: GpuRequest, ctx, step_key: str) -> Placement:
-    """The cost policy's placement of one step over the handler's configured backends."""
+def auto_placement(handler, request: GpuRequest, ctx, step_key: str, partition_keys: Sequence[str] = ()) -> Placement:
+    """The cost policy's placement of one step (all of its partitions) over the handler's configured backends."""
     tags = dict(ctx.step_tags.get(step_key, {}))
-    partition_key = ctx.dagster_run.tags.get("dagster/partition")
     snapshot = gather_snapshot(handler, handler.candidates)
     asset_key = tags.get(TAG_ASSET_KEY)
     history = runtime_model(ctx.instance, asset_key) if asset_key else None
-    return choose_placement(request, step_size(tags, partition_key), snapshot, history=history)
+    return choose_placement(request, step_size(tags, partition_keys), snapshot, history=history)

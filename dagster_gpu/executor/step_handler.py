@@ -27,16 +27,16 @@ from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, Work
 from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env
 from dagster_gpu.executor.placing import forced_placement
+from dagster_gpu.executor.ranges import describe, run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.context import StepContext
 
 log = logging.getLogger(__name__)
 
 HANDLE_KEY = "dagster_gpu/handle"
 BACKEND_KEY = "dagster_gpu/backend"
-PARTITION_TAG = "dagster/partition"
 _OUTCOMES = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_UP_FOR_RETRY}
 
 
@@ -94,57 +94,65 @@ class GpuStepHandler(StepHandler):
         tags.update({k: v for k, v in ctx.dagster_run.tags.items() if k.startswith("dagster-gpu/")})
         return GpuRequest.from_tags(tags)
 
-    def place(self, request: GpuRequest, ctx: StepHandlerContext, step_key: str) -> Placement:
+    def place(
+        self, request: GpuRequest, ctx: StepHandlerContext, step_key: str, partition_keys: tuple[str, ...] = ()
+    ) -> Placement:
         forced = forced_placement(request, self._config.get("backend", "auto"), self._candidates)
         if forced is not None:
             return forced
         from dagster_gpu.executor.auto import auto_placement
 
-        return auto_placement(self, request, ctx, step_key)
+        return auto_placement(self, request, ctx, step_key, partition_keys)
 
-    def step_context(self, placement: Placement, request: GpuRequest) -> StepContext:
+    def step_context(self, placement: Placement, request: GpuRequest, partitions_def: str | None = None) -> StepContext:
         return StepContext(
             backend=placement.backend,
             placement=placement,
             rates=dict(self._rate_card.table(placement.backend)),
             gpu_count=request.count,
+            extra={"partitions_def": partitions_def} if partitions_def else {},
         )
+
+    @staticmethod
+    def partition_keys(ctx: StepHandlerContext, step_key: str) -> tuple[str, ...]:
+        """Every partition key the step's unit embeds (one, a ranged run's range, or none)."""
+        pdef = ctx.step_tags.get(step_key, {}).get(TAG_PARTITIONS_DEF)
+        return run_partition_keys(ctx.instance, ctx.dagster_run.tags, pdef)
 
     # -- StepHandler ------------------------------------------------------------------------------
     def launch_step(self, step_handler_context: StepHandlerContext) -> Iterator[DagsterEvent]:
         ctx = step_handler_context
         step_key = self._step_key(ctx)
         run = ctx.dagster_run
-        partition_key = run.tags.get(PARTITION_TAG)
+        keys = self.partition_keys(ctx, step_key)
         attempt = self._attempt(ctx, step_key)
         request = self.request_for(ctx, step_key)
-        placement = self.place(request, ctx, step_key)
+        placement = self.place(request, ctx, step_key, keys)
         backend = self.backend(placement.backend)
         args = ctx.execute_step_args
+        pdef = ctx.step_tags.get(step_key, {}).get(TAG_PARTITIONS_DEF)
         launch = StepLaunch(
             run_id=run.run_id,
             step_key=step_key,
-            partition_key=partition_key,
+            partition_key=keys[0] if len(keys) == 1 else None,
             attempt=attempt,
             argv=worker_argv(args, self._config.get("worker_python")),
-            env={**worker_env(args, run.job_name, step_key), **self.step_context(placement, request).to_env()},
+            env={**worker_env(args, run.job_name, step_key), **self.step_context(placement, request, pdef).to_env()},
             request=request,
             placement=placement,
             tags=dict(run.tags),
             launches_to_come=self._launches_to_come(ctx) if backend.coalesces_launches else None,
+            partition_keys=keys,
         )
         try:
             handle = backend.launch(launch)
         except Exception as e:
-            raise RuntimeError(
-                f"{backend.name} backend could not launch step {step_key!r} of partition {partition_key!r}: {e}"
-            ) from e
+            raise RuntimeError(f"{backend.name} backend could not launch step {step_key!r} ({describe(keys)}): {e}") from e
         with self._lock:
             self._launched[(run.run_id, step_key, attempt)] = (backend.name, handle, None)
-        where = f" (partition {partition_key})" if partition_key else ""
         yield DagsterEvent.step_worker_starting(
             ctx.get_step_context(step_key),
-            message=f"Launching step {step_key}{where} on {backend.name}: {placement.reason}",
+            message=f"Launching step {step_key} ({describe(keys)}) on {backend.name}: {placement.reason}",
             metadata={
                 BACKEND_KEY: MetadataValue.text(backend.name),
                 HANDLE_KEY: MetadataValue.json(dict(handle)),
@@ -197,9 +205,9 @@ class GpuStepHandler(StepHandler):
         ctx = step_handler_context
         step_key = self._step_key(ctx)
         found = self._find_launch(ctx, step_key)
-        partition_key = ctx.dagster_run.tags.get(PARTITION_TAG)
         if found is None:
-            return CheckStepHealthResult.unhealthy(f"no launch of step {step_key} (partition {partition_key}) was recorded")
+            where = describe(self.partition_keys(ctx, step_key))
+            return CheckStepHealthResult.unhealthy(f"no launch of step {step_key} ({where}) was recorded")
         name, handle, launched_at = found
         state = self.backend(name).state(handle)
         if state.status not in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
@@ -207,8 +215,9 @@ class GpuStepHandler(StepHandler):
         if self._outcome_recorded(ctx, step_key, launched_at):
             return CheckStepHealthResult.healthy()
         code = "" if state.exit_code is None else f", exit code {state.exit_code}"
+        where = describe(self.partition_keys(ctx, step_key))
         return CheckStepHealthResult.unhealthy(
-            f"{name} worker of step {step_key} (partition {partition_key}) ended ({state.status.value}: "
+            f"{name} worker of step {step_key} ({where}) ended ({state.status.value}: "
             f"{state.message}{code}) without the step recording success or failure; handle {json.dumps(dict(handle))}"
         )
 

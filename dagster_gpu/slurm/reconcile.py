@@ -6,11 +6,12 @@ time each attempt held its GPUs):
 - ``slurm/elapsed_seconds``: sum of ``ElapsedRaw``;
 - ``billing/gpu_seconds``: sum of ``ElapsedRaw × (gres/gpu + gres/shard ÷ shards_per_gpu)``;
 - ``slurm/billing_tres_seconds``: sum of ``ElapsedRaw × billing`` (TRESBillingWeights applied);
-- ``billing/cost_usd`` at the slurm rate card rate; ``billing/measured_gpu_seconds`` and
-  ``billing/difference_gpu_seconds`` (sacct − measured) when the materialization has a measured figure.
+- split over the partitions of the task's unit and written by
+  :class:`dagster_gpu.executor.observations.ObservationWriter` (cost at the slurm rate card rate, measured
+  and difference figures per partition).
 
-:func:`sacct_figures` and :func:`observation_metadata` are pure; :func:`reconcile_spool` reads the spool
-and writes observations into the Dagster instance of each task (from its serialized instance ref).
+:func:`sacct_figures` is pure; :func:`reconcile_spool` reads the spool and writes observations into the
+Dagster instance of each task (from its serialized instance ref).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from __future__ import annotations
 import logging
 from typing import Any, Mapping, Sequence
 
-from dagster_gpu.billing.metering import cost_usd
 from dagster_gpu.slurm.parse import AcctRow
 
 log = logging.getLogger(__name__)
@@ -49,78 +49,26 @@ def sacct_figures(rows: Sequence[AcctRow], shards_per_gpu: int) -> dict[str, Any
     }
 
 
-def observation_metadata(
-    figures: Mapping[str, Any], rate_usd_per_gpu_hour: float, measured_gpu_seconds: float | None
-) -> dict[str, Any]:
-    """Metadata of the sacct observation (all numbers finite)."""
-    md = dict(figures)
-    md["billing/source"] = "sacct"
-    md["billing/rate_usd_per_gpu_hour"] = float(rate_usd_per_gpu_hour)
-    md["billing/cost_usd"] = cost_usd(figures["billing/gpu_seconds"], rate_usd_per_gpu_hour)
-    md["dagster_gpu/backend"] = "slurm"
-    if measured_gpu_seconds is not None:
-        md["billing/measured_gpu_seconds"] = float(measured_gpu_seconds)
-        md["billing/difference_gpu_seconds"] = float(figures["billing/gpu_seconds"] - measured_gpu_seconds)
-    return md
-
-
 # ------------------------------------------------------------------------------------ the reporter
-def _step_args(env: Mapping[str, str]):
-    import base64
-    import zlib
-
-    from dagster._grpc.types import ExecuteStepArgs
-    from dagster._serdes import deserialize_value
-
-    raw = env["DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS"]
-    return deserialize_value(zlib.decompress(base64.b64decode(raw.encode())).decode(), ExecuteStepArgs)
-
-
-def _report_task(task: Mapping[str, Any], rows: Sequence[AcctRow], shards_per_gpu: int, instances: dict) -> int:
-    """Report the observation(s) of one finished array task; returns how many were written."""
+def _report_task(task: Mapping[str, Any], rows: Sequence[AcctRow], shards_per_gpu: int, writer) -> int:
+    """Report the observations of one finished array task (its unit's partitions); returns how many."""
     import json
 
-    import dagster as dg
-    from dagster import DagsterEventType, DagsterInstance
-
-    from dagster_gpu.billing.ratecard import rate_from_table
+    from dagster_gpu.executor.observations import UnitBill
     from dagster_gpu.worker.context import ENV_VAR
 
     env = task["env"]
-    args = _step_args(env)
-    from dagster._serdes import serialize_value
-
-    key = serialize_value(args.instance_ref)
-    if key not in instances:
-        instances[key] = DagsterInstance.from_ref(args.instance_ref)
-    instance = instances[key]
     rates = json.loads(env.get(ENV_VAR, "{}")).get("rates") or {"default": 0.0}
     figures = sacct_figures(rows, shards_per_gpu)
-    targets: list[tuple[Any, str | None, Mapping[str, Any]]] = []
-    for rec in instance.get_records_for_run(task["run_id"], of_type=DagsterEventType.ASSET_MATERIALIZATION).records:
-        ev = rec.event_log_entry.dagster_event
-        if ev is None or ev.step_key != task["step_key"]:
-            continue
-        mat = ev.step_materialization_data.materialization
-        targets.append((mat.asset_key, mat.partition, mat.metadata))
-    if not targets:  # the step failed: bill the partition of the assets the run selected
-        run = instance.get_run_by_id(task["run_id"])
-        for ak in (run.asset_selection or []) if run else []:
-            targets.append((ak, task.get("partition_key"), {}))
-    for asset_key, partition, mat_md in targets:
-        measured = mat_md.get("billing/gpu_seconds")
-        measured_v = float(getattr(measured, "value", measured)) if measured is not None else None
-        device = mat_md.get("billing/device_type")
-        device_v = str(getattr(device, "value", device)) if device is not None else "default"
-        try:
-            rate = rate_from_table(rates, device_v)
-        except Exception:  # noqa: BLE001 - a rate table without default: bill at 0 rather than not at all
-            rate = 0.0
-        md = observation_metadata(figures, rate, measured_v)
-        instance.report_runless_asset_event(
-            dg.AssetObservation(asset_key=asset_key, partition=partition, metadata=md)
-        )
-    return len(targets)
+    md = {k: v for k, v in figures.items() if not k.startswith("billing/")}
+    bill = UnitBill(
+        gpu_seconds=figures["billing/gpu_seconds"],
+        rate_usd_per_gpu_hour=None,
+        rates=rates,
+        metadata={**md, "billing/source": "sacct", "dagster_gpu/backend": "slurm"},
+        match=("slurm/job_id", figures["slurm/job_id"]),
+    )
+    return writer.write(env, bill)
 
 
 def reconcile_spool(spool, acct: Sequence[AcctRow], shards_per_gpu: int = 4) -> int:
@@ -131,8 +79,10 @@ def reconcile_spool(spool, acct: Sequence[AcctRow], shards_per_gpu: int = 4) -> 
     from dagster_gpu.slurm.spool import create_exclusive, read_json
     from dagster_gpu.slurm.status import records_for
 
+    from dagster_gpu.executor.observations import ObservationWriter
+
     written = 0
-    instances: dict = {}
+    writer = ObservationWriter()
     for bdir in sorted(spool.batches.iterdir()):
         if not (bdir / "done").exists() or (bdir / "reconciled" / "all").exists():
             continue
@@ -152,11 +102,10 @@ def reconcile_spool(spool, acct: Sequence[AcctRow], shards_per_gpu: int = 4) -> 
             if not create_exclusive(marker, {"at": time.time()}):
                 continue
             try:
-                written += _report_task(task, rows, shards_per_gpu, instances)
+                written += _report_task(task, rows, shards_per_gpu, writer)
             except Exception:  # noqa: BLE001 - billing must never break a run
                 log.exception("could not report the sacct observation of array task %s_%s", aid, i)
         if complete:
             create_exclusive(bdir / "reconciled" / "all", {"at": time.time()})
-    for inst in instances.values():
-        inst.dispose()
+    writer.close()
     return written

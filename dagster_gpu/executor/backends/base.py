@@ -40,6 +40,9 @@ class StepLaunch:
         tags: the run's tags.
         launches_to_come: for a backend that coalesces launches (``Backend.coalesces_launches``), how
             many more launches the run's backfill is about to make (None: not a backfill, or unknown).
+        partition_keys: every partition key the step's work unit embeds (a ranged run's whole range;
+            ``(partition_key,)`` for a single-partition run). Same rule as ``partition_key``: never
+            interpolated into a script or manifest field.
     """
 
     run_id: str
@@ -52,6 +55,7 @@ class StepLaunch:
     placement: Placement
     tags: Mapping[str, str] = field(default_factory=dict)
     launches_to_come: int | None = None
+    partition_keys: tuple[str, ...] = ()
 
 
 class WorkerStatus(enum.Enum):

@@ -61,6 +61,7 @@ from kubernetes.client.rest import ApiException
 from dagster_gpu.billing.metering import cost_usd, gpu_seconds
 from dagster_gpu.billing.ratecard import RateCard, rate_from_table
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.executor.observations import ObservationWriter, UnitBill
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
@@ -191,7 +192,7 @@ class KubernetesBackend(Backend):
         self.delete_finished_pods = delete_finished_pods
         self.rates = dict(rates or RateCard.load().table("kubernetes"))
         self._final: dict[str, dict[str, Any]] = {}  # pod uid -> terminal facts (state, interval, claim, devices)
-        self._instances: dict[str, Any] = {}  # serialized instance ref -> DagsterInstance (observations)
+        self._observations = ObservationWriter()
         self.report_observations = report_observations
         self._lock = threading.Lock()
         # Allocations are read from a watch: the claim is deallocated and deleted right after the pod ends.
@@ -469,40 +470,20 @@ class KubernetesBackend(Backend):
         return state
 
     def _report_observation(self, handle: Handle, pod) -> int:
-        """Write the pod-interval AssetObservation of each asset partition the step materialized (or, if it
-        failed, of the run's selected assets) into the Dagster instance named by the step's own args.
-        Returns the number of observations written."""
+        """Write the pod-interval bill of this pod's unit, one AssetObservation per partition it covered
+        (see :mod:`dagster_gpu.executor.observations`). Returns the number of observations written."""
         md = self.post_run_metadata(handle)
         if md is None:
             return 0
         env = {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
-        if "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS" not in env:
-            return 0
-        args = _step_args(env["DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS"])
-        from dagster._serdes import serialize_value
-
-        key = serialize_value(args.instance_ref)
-        with self._lock:
-            instance = self._instances.get(key)
-            if instance is None:
-                instance = self._instances[key] = dg.DagsterInstance.from_ref(args.instance_ref)
-        step_key = args.step_keys_to_execute[0]
-        targets: list[tuple[Any, str | None, Mapping[str, Any]]] = []
-        for rec in instance.get_records_for_run(args.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records:
-            ev = rec.event_log_entry.dagster_event
-            if ev is None or ev.step_key != step_key:
-                continue
-            mat = ev.step_materialization_data.materialization
-            targets.append((mat.asset_key, mat.partition, mat.metadata))
-        if not targets:  # the step failed: the devices were still held, bill the run's partition
-            run = instance.get_run_by_id(args.run_id)
-            for ak in (run.asset_selection or []) if run else []:
-                targets.append((ak, handle.get("partition_key") or None, {}))
-        for asset_key, partition, mat_md in targets:
-            obs = {**md, **reconcile(md, mat_md), "dagster_gpu/backend": "kubernetes"}
-            instance.report_runless_asset_event(dg.AssetObservation(asset_key=asset_key, partition=partition, metadata=obs))
-        log.info("pod %s: %d pod-interval observation(s) for run %s", handle["pod"], len(targets), args.run_id)
-        return len(targets)
+        bill = UnitBill(
+            gpu_seconds=md["billing/gpu_seconds"],
+            rate_usd_per_gpu_hour=md["billing/rate_usd_per_gpu_hour"],
+            metadata={**{k: v for k, v in md.items() if k not in ("billing/gpu_seconds", "billing/cost_usd")},
+                      "dagster_gpu/backend": "kubernetes"},
+            match=("k8s/pod", str(handle["pod"])),
+        )
+        return self._observations.write(env, bill)
 
     def _remember(self, handle: Handle, state: WorkerState) -> WorkerState:
         with self._lock:
@@ -579,34 +560,3 @@ class KubernetesBackend(Backend):
             "billing/cost_usd": float(cost_usd(secs, rate)),
             "billing/source": "pod-interval",
         }
-
-
-def reconcile(pod_interval: Mapping[str, Any], measured: Mapping[str, Any]) -> dict[str, float]:
-    """Compare the pod-interval bill with the worker's measured one (materialization metadata values).
-
-    Returns ``billing/measured_gpu_seconds`` and ``billing/difference_gpu_seconds`` (pod-interval minus
-    measured, s: pod start, imports and teardown outside the measured window) plus
-    ``billing/measured_cost_usd``, each only when the materialization has the figure.
-    """
-    out: dict[str, float] = {}
-    mg = measured.get("billing/gpu_seconds")
-    mg = getattr(mg, "value", mg)
-    if isinstance(mg, (int, float)):
-        out["billing/measured_gpu_seconds"] = float(mg)
-        out["billing/difference_gpu_seconds"] = float(pod_interval["billing/gpu_seconds"]) - float(mg)
-    mc = measured.get("billing/cost_usd")
-    mc = getattr(mc, "value", mc)
-    if isinstance(mc, (int, float)):
-        out["billing/measured_cost_usd"] = float(mc)
-    return out
-
-
-def _step_args(compressed: str):
-    """ExecuteStepArgs from ``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS`` (base64 of zlib of serdes JSON)."""
-    import base64
-    import zlib
-
-    from dagster._grpc.types import ExecuteStepArgs
-    from dagster._serdes import deserialize_value
-
-    return deserialize_value(zlib.decompress(base64.b64decode(compressed.encode())).decode(), ExecuteStepArgs)

@@ -1,0 +1,157 @@
+"""One writer for the scheduler's bill of a work unit: an AssetObservation per partition it covered.
+
+Both the Slurm backend (``sacct`` after an array task ends) and the Kubernetes backend (the pod's running
+interval after it ends) bill a whole unit; :func:`write_unit_bill` splits that bill over the unit's
+partitions with :func:`dagster_gpu.billing.apportion.apportion_unit_bill` (materialized partitions in
+proportion to their measured GPU-seconds, what is left over to the partitions the unit did not finish)
+and writes one ``AssetObservation`` per partition into the Dagster instance named by the step's own
+arguments. The parts add up to the scheduler's figure.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import dagster as dg
+from dagster._grpc.types import ExecuteStepArgs
+from dagster._serdes import deserialize_value, serialize_value
+
+from dagster_gpu.billing.apportion import apportion_unit_bill
+from dagster_gpu.billing.metering import cost_usd
+from dagster_gpu.billing.ratecard import rate_from_table
+from dagster_gpu.executor.ranges import run_partition_keys
+from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
+
+log = logging.getLogger(__name__)
+
+STEP_ARGS_ENV = "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS"
+
+
+def step_args(compressed: str) -> ExecuteStepArgs:
+    """ExecuteStepArgs from ``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS`` (base64 of zlib of serdes JSON)."""
+    return deserialize_value(zlib.decompress(base64.b64decode(compressed.encode())).decode(), ExecuteStepArgs)
+
+
+def _value(md: Mapping[str, Any], key: str) -> Any:
+    v = md.get(key)
+    return getattr(v, "value", v)
+
+
+@dataclass(frozen=True)
+class UnitBill:
+    """What the scheduler billed one unit.
+
+    Attributes:
+        gpu_seconds: the unit's GPU-seconds by the scheduler's accounting (sacct, pod interval).
+        rate_usd_per_gpu_hour: USD per GPU-hour the unit is charged at; None: looked up in ``rates`` (the
+            backend's rate table) for the device type the unit's materializations report (``default``
+            when none).
+        metadata: the scheduler's own figures (``slurm/*``, ``k8s/*``, ``billing/source``…), put on every
+            partition's observation as they are.
+        match: (metadata key, value) that the unit's own materializations carry (``slurm/job_id`` of the
+            array task, ``k8s/pod``): materializations of the same step by an earlier unit (a retry) are
+            not this unit's. None: every materialization of the step in the run.
+    """
+
+    gpu_seconds: float
+    rate_usd_per_gpu_hour: float | None
+    metadata: Mapping[str, Any]
+    match: tuple[str, str] | None = None
+    rates: Mapping[str, float] | None = None
+
+    def rate_for(self, device_type: str | None) -> float:
+        if self.rate_usd_per_gpu_hour is not None:
+            return float(self.rate_usd_per_gpu_hour)
+        try:
+            return rate_from_table(self.rates or {}, device_type or "default")
+        except Exception:  # noqa: BLE001 - a rate table without default: bill at 0 rather than not at all
+            return 0.0
+
+
+class ObservationWriter:
+    """Writes unit bills into the instances named by steps' args (one instance per ref, reused)."""
+
+    def __init__(self) -> None:
+        self._instances: dict[str, dg.DagsterInstance] = {}
+        self._lock = threading.Lock()
+
+    def instance_for(self, args: ExecuteStepArgs) -> dg.DagsterInstance:
+        key = serialize_value(args.instance_ref)
+        with self._lock:
+            if key not in self._instances:
+                self._instances[key] = dg.DagsterInstance.from_ref(args.instance_ref)
+            return self._instances[key]
+
+    def write(self, env: Mapping[str, str], bill: UnitBill) -> int:
+        """Write the observations of the unit launched with worker environment ``env``; returns how many."""
+        if STEP_ARGS_ENV not in env:
+            return 0
+        args = step_args(env[STEP_ARGS_ENV])
+        pdef = (json.loads(env.get(STEP_CONTEXT_ENV) or "{}").get("extra") or {}).get("partitions_def")
+        return write_unit_bill(self.instance_for(args), args.run_id, args.step_keys_to_execute[0], pdef, bill)
+
+    def close(self) -> None:
+        with self._lock:
+            for inst in self._instances.values():
+                inst.dispose()
+            self._instances.clear()
+
+
+def write_unit_bill(
+    instance: dg.DagsterInstance, run_id: str, step_key: str, partitions_def: str | None, bill: UnitBill
+) -> int:
+    """One observation per partition of the unit (see module doc); returns how many were written."""
+    run = instance.get_run_by_id(run_id)
+    assets = list(run.asset_selection or []) if run else []
+    materialized: dict[str, tuple[dg.AssetKey, Mapping[str, Any]]] = {}
+    done_in_run: set[str] = set()
+    for rec in instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records:
+        ev = rec.event_log_entry.dagster_event
+        if ev is None or ev.step_key != step_key:
+            continue
+        mat = ev.step_materialization_data.materialization
+        done_in_run.add(mat.partition or "")
+        if bill.match is not None and str(_value(mat.metadata, bill.match[0])) != bill.match[1]:
+            continue
+        materialized[mat.partition or ""] = (mat.asset_key, mat.metadata)
+    try:
+        keys = run_partition_keys(instance, run.tags, partitions_def) if run else ()
+    except ValueError:
+        keys = ()
+    failed = [k for k in keys if k not in done_in_run]
+    if not materialized and not failed:
+        failed = list(keys) or [""]
+    measured = [(k, float(_value(md, "billing/gpu_seconds") or 0.0)) for k, (_, md) in materialized.items()]
+    parts = apportion_unit_bill(bill.gpu_seconds, measured, failed)
+    n = len(parts)
+    rate = bill.rate_for(next((str(_value(md, "billing/device_type")) for _, md in materialized.values()
+                               if md.get("billing/device_type") is not None), None))
+    written = 0
+    for key, share in parts:
+        asset_key, mat_md = materialized.get(key, (assets[0] if assets else None, {}))
+        if asset_key is None:
+            continue
+        md = {
+            **bill.metadata,
+            "billing/gpu_seconds": float(share),
+            "billing/rate_usd_per_gpu_hour": rate,
+            "billing/cost_usd": cost_usd(share, rate),
+            "billing/unit_gpu_seconds": float(bill.gpu_seconds),
+            "billing/unit_partitions": n,
+        }
+        m = _value(mat_md, "billing/gpu_seconds")
+        if isinstance(m, (int, float)):
+            md["billing/measured_gpu_seconds"] = float(m)
+            md["billing/difference_gpu_seconds"] = float(share) - float(m)
+        if key not in materialized:
+            md["billing/note"] = "not materialized by this unit: its share of the unit's time not accounted to materialized partitions"
+        instance.report_runless_asset_event(dg.AssetObservation(asset_key=asset_key, partition=key or None, metadata=md))
+        written += 1
+    log.info("run %s step %s: %d observation(s) of %s", run_id, step_key, written, bill.metadata.get("billing/source"))
+    return written

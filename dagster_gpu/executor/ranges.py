@@ -1,0 +1,65 @@
+"""The partition keys a run covers: one (``dagster/partition``) or a range of a dynamic partitions
+definition (``dagster/asset_partition_range_start`` / ``_end``, as ``BackfillPolicy.multi_run`` makes)."""
+
+from __future__ import annotations
+
+from typing import Mapping, Protocol, Sequence
+
+from dagster._core.storage.tags import (
+    ASSET_PARTITION_RANGE_END_TAG,
+    ASSET_PARTITION_RANGE_START_TAG,
+    PARTITION_NAME_TAG,
+)
+
+
+class DynamicPartitionsStore(Protocol):
+    def get_dynamic_partitions(self, partitions_def_name: str) -> Sequence[str]: ...
+
+
+class PartitionRangeError(ValueError):
+    """A run's partition range names keys that are not (or no longer) partitions; the message names them."""
+
+
+def range_tags(tags: Mapping[str, str]) -> tuple[str, str] | None:
+    """(start, end) of a ranged run's tags, else None."""
+    start, end = tags.get(ASSET_PARTITION_RANGE_START_TAG), tags.get(ASSET_PARTITION_RANGE_END_TAG)
+    return (start, end) if start is not None and end is not None else None
+
+
+def keys_in_range(all_keys: Sequence[str], start: str, end: str) -> tuple[str, ...]:
+    """The keys from ``start`` to ``end`` inclusive, in the definition's order (pure).
+    Raises PartitionRangeError when either end is missing or ``end`` comes before ``start``."""
+    index = {k: i for i, k in enumerate(all_keys)}
+    missing = [k for k in (start, end) if k not in index]
+    if missing:
+        raise PartitionRangeError(f"partition range {start}…{end}: {', '.join(missing)} not a partition (deleted?)")
+    i, j = index[start], index[end]
+    if j < i:
+        raise PartitionRangeError(f"partition range {start}…{end}: the end comes before the start")
+    return tuple(all_keys[i : j + 1])
+
+
+def run_partition_keys(
+    store: DynamicPartitionsStore, tags: Mapping[str, str], partitions_def_name: str | None
+) -> tuple[str, ...]:
+    """Every partition key of a run with ``tags``: ``(key,)`` for a single-partition run, the range's keys
+    (resolved in ``partitions_def_name``) for a ranged run, ``()`` for an unpartitioned run."""
+    if PARTITION_NAME_TAG in tags:
+        return (tags[PARTITION_NAME_TAG],)
+    r = range_tags(tags)
+    if r is None:
+        return ()
+    if r[0] == r[1]:
+        return (r[0],)
+    if not partitions_def_name:
+        raise PartitionRangeError(f"partition range {r[0]}…{r[1]}: the asset names no dynamic partitions definition")
+    return keys_in_range(store.get_dynamic_partitions(partitions_def_name), *r)
+
+
+def describe(keys: Sequence[str]) -> str:
+    """``partition 'a'`` / ``3 partitions 'a'…'c'`` / ``unpartitioned run``, for messages."""
+    if not keys:
+        return "unpartitioned run"
+    if len(keys) == 1:
+        return f"partition {keys[0]!r}"
+    return f"{len(keys)} partitions {keys[0]!r}…{keys[-1]!r}"

@@ -1,0 +1,215 @@
+"""One work unit: the step worker of a (possibly ranged) run embeds every partition of its range.
+
+The unit loads the model once and embeds its partitions back to back. Each partition that succeeds is
+materialized on its own, as soon as it ends (``AssetMaterialization(partition=key)`` with its own rows,
+seconds, throughput, utilization, GPU-seconds, cost and placement), so a unit killed mid-range leaves its
+finished partitions materialized. A partition whose file is missing or unreadable fails alone: the unit
+goes on with the next one and raises ``dagster.Failure`` at the end naming every failed partition and why
+(Dagster then shows those partitions failed: a failed ranged run's partitions minus those it materialized).
+
+A retried step (RetryPolicy) or a re-launched worker skips the partitions this run already materialized,
+so no partition is materialized twice by one run.
+
+Billing: see :mod:`dagster_gpu.billing.apportion` — start-up is shared by file size, each partition is
+billed its own interval on the device, and the shares of a unit add up to its measured wall seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Mapping, Sequence
+
+import dagster as dg
+import psutil
+
+from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
+from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource
+from dagster_gpu.corpus.readers import CorpusReadError
+from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
+from dagster_gpu.embedding.pipeline import EmbeddingResult, embed_partition
+from dagster_gpu.telemetry.nvml import NvmlSampler
+from dagster_gpu.worker.backend_env import backend_metadata
+from dagster_gpu.worker.billing import measure
+from dagster_gpu.worker.context import StepContext
+from dagster_gpu.worker.k8s_claim import claim_metadata
+from dagster_gpu.worker.metadata import build_metadata
+
+
+@dataclass(frozen=True)
+class UnitSpec:
+    """What the asset asks of each unit (the embedding_asset arguments that matter in the worker)."""
+
+    corpus: CorpusSource
+    output_uri_for: Callable[[str], str]
+    model: str
+    device: str
+    max_seq_length: int | None
+    batch_size: int
+    read_batch_rows: int
+    telemetry_interval_s: float
+    embed_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class UnitOutcome:
+    """What a unit did: partitions materialized (in order), skipped (already done by this run) and failed
+    (key -> reason)."""
+
+    materialized: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    failed: dict[str, str] = field(default_factory=dict)
+    retryable: bool = False
+
+
+def already_materialized(instance: dg.DagsterInstance, run_id: str, asset_key: dg.AssetKey) -> set[str]:
+    """Partition keys of ``asset_key`` that run ``run_id`` has materialized (by any step attempt)."""
+    done: set[str] = set()
+    for rec in instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records:
+        ev = rec.event_log_entry.dagster_event
+        mat = ev.step_materialization_data.materialization if ev is not None else None
+        if mat is not None and mat.asset_key == asset_key and mat.partition is not None:
+            done.add(mat.partition)
+    return done
+
+
+def _torch_gpu(model_device: str) -> tuple[str | None, int]:
+    if not model_device.startswith("cuda"):
+        return None, 0
+    import torch
+
+    return torch.cuda.get_device_name(0), torch.cuda.device_count()
+
+
+def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.AssetMaterialization]:
+    """Embed every partition of the step's range; yield one materialization per good partition.
+
+    Raises ``dagster.Failure`` after the last partition when any failed (no retry when every failure is
+    bad input — a missing or unreadable file, a missing model — that a retry cannot fix).
+    """
+    step = StepContext.from_env()
+    started = psutil.Process().create_time() if step.launched_by_executor else time.time()
+    keys = list(context.partition_keys) if context.has_partition_key_range or context.has_partition_key else []
+    outcome = UnitOutcome()
+    done = already_materialized(context.instance, context.run_id, context.asset_key)
+    todo = [k for k in keys if k not in done]
+    outcome.skipped = [k for k in keys if k in done]
+    if outcome.skipped:
+        context.log.info(f"{len(outcome.skipped)} partition(s) already materialized by this run, skipped: {_short(outcome.skipped)}")
+    files = _resolve(spec.corpus, todo, outcome)
+    loaded = _load(spec, [k for k in todo if k in files], outcome)
+    if loaded is not None and files:
+        ready = time.time()
+        shares = startup_shares({k: f.size_bytes for k, f in files.items()})
+        context.log.info(
+            f"unit of {len(files)} partition(s) on {loaded.device}: start-up {ready - started:.1f} s shared by file size"
+        )
+        yield from _embed_all(context, spec, step, loaded, files, shares, ready - started, ready, outcome)
+    if outcome.failed:
+        lines = [f"{k}: {why}" for k, why in outcome.failed.items()]
+        raise dg.Failure(
+            description=(
+                f"{len(outcome.failed)} of {len(keys)} partition(s) failed "
+                f"({len(outcome.materialized)} materialized):\n" + "\n".join(lines)
+            ),
+            metadata={
+                "dagster_gpu/failed_partitions": dg.MetadataValue.json(dict(outcome.failed)),
+                "dagster_gpu/materialized_partitions": len(outcome.materialized),
+            },
+            allow_retries=outcome.retryable,
+        )
+
+
+def _short(keys: Sequence[str], n: int = 5) -> str:
+    return ", ".join(keys[:n]) + (f" … (+{len(keys) - n})" if len(keys) > n else "")
+
+
+def _resolve(corpus: CorpusSource, keys: list[str], outcome: UnitOutcome) -> dict[str, CorpusFile]:
+    """Each key's file (one listing for the whole range at most); keys without one fail alone."""
+    if not keys:
+        return {}
+    try:
+        found = corpus.files_for_keys(keys, missing_ok=True)
+    except CorpusNotFound as e:  # the corpus itself is gone
+        found = {}
+        for k in keys:
+            outcome.failed[k] = f"partition {k!r}: {e}"
+    for k in keys:
+        if k not in found and k not in outcome.failed:
+            outcome.failed[k] = f"partition {k!r}: no file in corpus {corpus.url!r} has this key (deleted or renamed?)"
+    return found
+
+
+def _load(spec: UnitSpec, keys: list[str], outcome: UnitOutcome) -> LoadedModel | None:
+    if not keys:
+        return None
+    try:
+        return load_model(spec.model, device=spec.device, max_seq_length=spec.max_seq_length)
+    except ModelNotFound as e:
+        for k in keys:
+            outcome.failed[k] = f"partition {k!r}: {e}"
+        return None
+
+
+def _embed_all(
+    context: dg.AssetExecutionContext,
+    spec: UnitSpec,
+    step: StepContext,
+    loaded: LoadedModel,
+    files: dict[str, CorpusFile],
+    shares: Mapping[str, float],
+    startup_s: float,
+    ready: float,
+    outcome: UnitOutcome,
+) -> Iterator[dg.AssetMaterialization]:
+    previous_end = ready
+    n = len(files)
+    for i, (key, source) in enumerate(files.items()):
+        out_uri = spec.output_uri_for(key)
+        context.log.info(f"partition {key!r} ({i + 1}/{n}): {source.uri} ({source.size_bytes} bytes) -> {out_uri}")
+        try:
+            with NvmlSampler(spec.telemetry_interval_s) as sampler:
+                result = embed_partition(
+                    source.uri, out_uri, loaded, spec.corpus.text_format,
+                    batch_size=spec.batch_size, read_batch_rows=spec.read_batch_rows,
+                    storage_options=dict(spec.corpus.storage_options), **dict(spec.embed_options),
+                )
+        except CorpusReadError as e:
+            outcome.failed[key] = f"partition {key!r}: {e}"
+            context.log.error(outcome.failed[key])
+            continue
+        except Exception as e:  # noqa: BLE001 - one partition's fault must not lose the others
+            outcome.failed[key] = f"partition {key!r}: {type(e).__name__}: {e}"
+            outcome.retryable = True
+            context.log.error(outcome.failed[key])
+            continue
+        finally:
+            now = time.time()
+            interval, previous_end = max(0.0, now - previous_end), now
+        md = _metadata(step, loaded, spec, source, result, sampler.summary(),
+                       partition_wall_seconds(startup_s, shares[key], interval), position=(i, n))
+        outcome.materialized.append(key)
+        yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md)
+
+
+def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wall_s: float, position) -> dict:
+    product, count = telemetry.product_name, len(telemetry.device_uuids)
+    if product is None:
+        product, count = _torch_gpu(loaded.device)
+    billing = measure(step.rates, wall_s, loaded.device, product, count, step.device_fraction)
+    claim = claim_metadata() if step.backend == "kubernetes" else {}
+    unit = {
+        "dagster_gpu/unit_partitions": int(position[1]),
+        "dagster_gpu/unit_position": int(position[0]),
+        "embedding/useful_fraction": min(1.0, result.seconds / wall_s) if wall_s > 0 else 0.0,
+    }
+    return build_metadata(
+        result=result,
+        model_name=spec.model,
+        model_device=loaded.device,
+        telemetry=telemetry,
+        billing=billing,
+        backend=step.backend,
+        placement=step.placement,
+        backend_metadata={**backend_metadata(step.backend), **claim, **unit, "corpus/file": source.uri},
+    )
