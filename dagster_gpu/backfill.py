@@ -1,9 +1,9 @@
 """Submit an asset backfill, run the Dagster daemon until it ends, and summarize per partition.
 
 This is the same path as a backfill launched from the UI: a ``PartitionBackfill`` stored in the
-instance, picked up by the daemon's backfill loop, one run per partition (no BackfillPolicy) queued
-through the run coordinator and launched by the run launcher; each run's step goes through whatever
-executor the job has (``gpu_executor`` for our assets).
+instance, picked up by the daemon's backfill loop, which makes runs over ranges of partitions (the asset's
+``BackfillPolicy.multi_run``) queued through the run coordinator and launched by the run launcher; each
+run's step goes through whatever executor the job has (``gpu_executor`` for our assets).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.storage.dagster_run import RunsFilter
 from dagster._core.utils import make_new_backfill_id
 
-PARTITION_TAG = "dagster/partition"
+from dagster_gpu.ranges import range_tags, run_partition_keys
+
 _DONE_BACKFILL = {
     BulkActionStatus.COMPLETED,
     BulkActionStatus.COMPLETED_SUCCESS,
@@ -67,12 +68,14 @@ def submit_asset_backfill(
 
 @dataclass
 class BackfillProgress:
-    """Counts of the backfill's partitions by the state of their latest run."""
+    """Counts of the backfill's partitions: materialized by one of its runs, failed (their run ended without
+    materializing them), or waiting/running; ``runs`` is how many runs the backfill has made so far."""
 
     total: int
     succeeded: int = 0
     failed: int = 0
     running: int = 0
+    runs: int = 0
     status: str = "REQUESTED"
 
     @property
@@ -80,17 +83,82 @@ class BackfillProgress:
         return self.succeeded + self.failed
 
 
-def backfill_progress(instance: dg.DagsterInstance, backfill_id: str, total: int) -> BackfillProgress:
-    latest: dict[str, dg.DagsterRunStatus] = {}
-    for rec in instance.get_run_records(RunsFilter.for_backfill(backfill_id), order_by="id", ascending=True):
-        pk = rec.dagster_run.tags.get(PARTITION_TAG)
-        if pk is not None:
-            latest[pk] = rec.dagster_run.status
-    p = BackfillProgress(total=total)
-    for s in latest.values():
-        if s == dg.DagsterRunStatus.SUCCESS:
+_FINISHED = (dg.DagsterRunStatus.SUCCESS, dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+
+
+class BackfillRuns:
+    """The runs of one backfill and the partitions each covered and materialized (finished runs are read
+    once and remembered, so polling a long backfill costs a query per unfinished run, not per partition)."""
+
+    def __init__(self, instance: dg.DagsterInstance, backfill_id: str, partitions_def_name: str | None):
+        self.instance = instance
+        self.backfill_id = backfill_id
+        self.partitions_def_name = partitions_def_name
+        self._finished: dict[str, tuple[dg.DagsterRun, tuple[str, ...], set[str]]] = {}
+        self._all_keys: list[str] | None = None
+
+    def _keys(self, run: dg.DagsterRun) -> tuple[str, ...]:
+        r = range_tags(run.tags)
+        if r is not None and r[0] != r[1]:
+            if self._all_keys is None or r[1] not in self._all_keys:
+                self._all_keys = list(self.instance.get_dynamic_partitions(self.partitions_def_name or ""))
+        return run_partition_keys(_ListStore(self._all_keys or []), run.tags, self.partitions_def_name)
+
+    def _materialized(self, run_id: str) -> set[str]:
+        recs = self.instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records
+        return {r.event_log_entry.dagster_event.step_materialization_data.materialization.partition
+                for r in recs if r.event_log_entry.dagster_event is not None} - {None}
+
+    def runs(self) -> list[tuple[dg.DagsterRun, tuple[str, ...], set[str]]]:
+        """(run, its partition keys, the keys it materialized), oldest run first."""
+        out = []
+        for rec in self.instance.get_run_records(RunsFilter.for_backfill(self.backfill_id), order_by="id", ascending=True):
+            run = rec.dagster_run
+            if run.run_id in self._finished:
+                out.append(self._finished[run.run_id])
+                continue
+            item = (run, self._keys(run), self._materialized(run.run_id))
+            if run.status in _FINISHED:
+                self._finished[run.run_id] = item
+            out.append(item)
+        return out
+
+    def partition_states(self) -> dict[str, tuple[str, dg.DagsterRun]]:
+        """Partition key -> ("ok" | "failed" | "running", the latest run that covered it)."""
+        state: dict[str, tuple[str, dg.DagsterRun]] = {}
+        for run, keys, materialized in self.runs():
+            for k in keys:
+                if k in materialized:
+                    state[k] = ("ok", run)
+                elif run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+                    state[k] = ("failed", run)
+                elif run.status == dg.DagsterRunStatus.SUCCESS:
+                    state[k] = ("ok", run)
+                else:
+                    state[k] = ("running", run)
+        return state
+
+
+class _ListStore:
+    def __init__(self, keys: list[str]):
+        self.keys = keys
+
+    def get_dynamic_partitions(self, partitions_def_name: str) -> list[str]:
+        return self.keys
+
+
+def backfill_progress(
+    instance: dg.DagsterInstance, backfill_id: str, total: int, runs: BackfillRuns | None = None,
+    partitions_def_name: str | None = None,
+) -> BackfillProgress:
+    """The backfill's progress by partition (a ranged run counts each of its partitions)."""
+    runs = runs or BackfillRuns(instance, backfill_id, partitions_def_name)
+    states = runs.partition_states()
+    p = BackfillProgress(total=total, runs=len({run.run_id for _, run in states.values()}))
+    for st, _ in states.values():
+        if st == "ok":
             p.succeeded += 1
-        elif s in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+        elif st == "failed":
             p.failed += 1
         else:
             p.running += 1
@@ -170,14 +238,17 @@ def wait_for_backfill(
     poll_s: float = 1.0,
     on_progress: Callable[[BackfillProgress], None] | None = None,
     daemon: DaemonProcess | None = None,
+    partitions_def_name: str | None = None,
 ) -> BackfillProgress:
-    """Poll until the backfill's status is final and no run is in flight; raises BackfillTimeout."""
+    """Poll until the backfill's status is final and no run is in flight; raises BackfillTimeout.
+    ``partitions_def_name`` resolves ranged runs' partitions (required when the asset has a BackfillPolicy)."""
     deadline = time.monotonic() + timeout_s
+    runs = BackfillRuns(instance, backfill_id, partitions_def_name)
     while True:
-        p = backfill_progress(instance, backfill_id, total)
+        p = backfill_progress(instance, backfill_id, total, runs)
         if on_progress:
             on_progress(p)
-        if BulkActionStatus(p.status) in _DONE_BACKFILL and p.running == 0:
+        if BulkActionStatus(p.status) in _DONE_BACKFILL and p.running == 0 and not _runs_in_flight(instance, backfill_id):
             return p
         if daemon and daemon.proc and daemon.proc.poll() is not None:
             raise RuntimeError(f"dagster-daemon exited with code {daemon.proc.returncode} before backfill {backfill_id} finished")
@@ -190,7 +261,7 @@ def wait_for_backfill(
 
 @dataclass(frozen=True)
 class PartitionSummary:
-    """One partition's outcome: its materialization figures, or the failure."""
+    """One partition's outcome: its materialization figures, or the failure (with the run that failed it)."""
 
     partition_key: str
     ok: bool
@@ -200,27 +271,36 @@ class PartitionSummary:
     backend: str | None = None
     gpu_seconds: float | None = None
     cost_usd: float | None = None
+    useful_fraction: float | None = None
+    billed_seconds: float | None = None
     error: str | None = None
+    run_id: str | None = None
 
 
 def summarize_partitions(
-    instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition_keys: Sequence[str], backfill_id: str | None = None
+    instance: dg.DagsterInstance,
+    asset_key: dg.AssetKey,
+    partition_keys: Sequence[str],
+    backfill_id: str | None = None,
+    partitions_def_name: str | None = None,
 ) -> list[PartitionSummary]:
-    """The latest materialization of each partition (or the failure message of its latest run)."""
-    failures: dict[str, str] = {}
+    """The latest materialization of each partition (or the failure of the backfill run that covered it:
+    the failed partition's own line of the run's failure message when the unit named it)."""
+    failures: dict[str, tuple[str, str]] = {}
     if backfill_id:
-        for rec in instance.get_run_records(RunsFilter.for_backfill(backfill_id), order_by="id", ascending=True):
-            run = rec.dagster_run
-            pk = run.tags.get(PARTITION_TAG)
-            if pk and run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
-                failures[pk] = _failure_message(instance, run.run_id) or run.status.value
-            elif pk:
-                failures.pop(pk, None)
+        messages: dict[str, str] = {}
+        for key, (st, run) in BackfillRuns(instance, backfill_id, partitions_def_name).partition_states().items():
+            if st != "failed":
+                continue
+            if run.run_id not in messages:
+                messages[run.run_id] = _failure_message(instance, run.run_id) or run.status.value
+            failures[key] = (_line_for(messages[run.run_id], key), run.run_id)
     out = []
     for pk in partition_keys:
         recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[pk]), limit=1).records
         if pk in failures or not recs:
-            out.append(PartitionSummary(pk, ok=False, error=failures.get(pk, "not materialized")))
+            error, run_id = failures.get(pk, ("not materialized", None))
+            out.append(PartitionSummary(pk, ok=False, error=error, run_id=run_id))
             continue
         md = {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
         out.append(
@@ -233,9 +313,25 @@ def summarize_partitions(
                 backend=md.get("dagster_gpu/backend"),
                 gpu_seconds=md.get("billing/gpu_seconds"),
                 cost_usd=md.get("billing/cost_usd"),
+                useful_fraction=md.get("embedding/useful_fraction"),
+                billed_seconds=md.get("billing/wall_seconds"),
+                run_id=recs[0].run_id,
             )
         )
     return out
+
+
+def _line_for(message: str, key: str) -> str:
+    """The line of a unit's failure message about partition ``key`` (``key: why``), else its first line."""
+    for line in message.splitlines():
+        if line.startswith(f"{key}: "):
+            return line[len(key) + 2 :]
+    return message.strip().splitlines()[0] if message.strip() else message
+
+
+def _runs_in_flight(instance: dg.DagsterInstance, backfill_id: str) -> bool:
+    return any(rec.dagster_run.status not in _FINISHED
+               for rec in instance.get_run_records(RunsFilter.for_backfill(backfill_id)))
 
 
 def _failure_message(instance: dg.DagsterInstance, run_id: str) -> str | None:

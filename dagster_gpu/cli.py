@@ -37,7 +37,8 @@ def _backfill(argv: list[str]) -> int:
         print(f"no partitions of {args.asset} to backfill", file=sys.stderr)
         return 2
     rows = run_backfill_with_progress(
-        instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout
+        instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout,
+        partitions_def_name=asset.partitions_def.name,
     )
     return 1 if any(not r.ok for r in rows) else 0
 

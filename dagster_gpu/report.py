@@ -24,7 +24,15 @@ def progress_bar(console: Console) -> Progress:
 
 
 def progress_detail(p: BackfillProgress) -> str:
-    return f"ok {p.succeeded}  failed {p.failed}  running {p.running}  [{p.status.lower()}]"
+    return f"ok {p.succeeded}  failed {p.failed}  running {p.running}  runs {p.runs}  [{p.status.lower()}]"
+
+
+def useful_fraction(rows: Sequence[PartitionSummary]) -> float | None:
+    """Embedding seconds ÷ billed wall seconds (``billing/wall_seconds``) summed over the materialized
+    partitions (None when nothing was billed)."""
+    embed = sum(r.seconds or 0.0 for r in rows if r.ok and r.billed_seconds)
+    billed = sum(r.billed_seconds or 0.0 for r in rows if r.ok)
+    return embed / billed if billed > 0 else None
 
 
 def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition summary") -> Table:
@@ -38,11 +46,14 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
     t.add_column("backend")
     t.add_column("GPU-seconds", justify="right", footer=f"{sum(r.gpu_seconds or 0 for r in ok):.1f}")
     t.add_column("cost (USD)", justify="right", footer=f"{sum(r.cost_usd or 0 for r in ok):.6f}")
+    uf = useful_fraction(rows)
+    t.add_column("useful", justify="right", footer="" if uf is None else f"{uf:.2f}")
     for r in rows:
         if r.ok:
             t.add_row(
                 r.partition_key, str(r.rows), f"{r.seconds or 0:.2f}", f"{r.texts_per_second or 0:.1f}", r.backend or "",
                 f"{r.gpu_seconds or 0:.2f}", f"{r.cost_usd or 0:.6f}",
+                "" if r.useful_fraction is None else f"{r.useful_fraction:.2f}",
             )
         else:
             t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", "", "", "", "", f"[red]{(r.error or '')[:60]}[/red]")
@@ -60,6 +71,7 @@ def run_backfill_with_progress(
     timeout_s: float,
     daemon_log=None,
     console: Console | None = None,
+    partitions_def_name: str | None = None,
 ) -> list[PartitionSummary]:
     """Submit an asset backfill, run the daemon with a progress bar until it ends, print the summary.
 
@@ -75,7 +87,11 @@ def run_backfill_with_progress(
         final = wait_for_backfill(
             instance, backfill_id, len(partition_keys), timeout_s=timeout_s, daemon=daemon,
             on_progress=lambda p: bar.update(task, completed=p.done, detail=progress_detail(p)),
+            partitions_def_name=partitions_def_name,
         )
-    rows = summarize_partitions(instance, asset_key, partition_keys, backfill_id)
-    console.print(summary_table(rows, title=f"Backfill {backfill_id}: {final.status.lower()}"))
+    rows = summarize_partitions(instance, asset_key, partition_keys, backfill_id, partitions_def_name)
+    console.print(summary_table(rows, title=f"Backfill {backfill_id}: {final.status.lower()} in {final.runs} run(s)"))
+    uf = useful_fraction(rows)
+    if uf is not None:
+        console.print(f"Useful fraction (embedding seconds ÷ billed seconds, all partitions): {uf:.3f}")
     return rows

@@ -1,13 +1,14 @@
 """Sensor and schedule for corpus partitions.
 
 - :func:`corpus_sensor`: lists the corpus each tick, adds a dynamic partition for every file whose key
-  is not yet a partition, and requests one run per new partition (run key = partition key, so a
-  partition is never requested twice by the sensor). The cursor records how many files and the newest
+  is not yet a partition, and requests runs over ranges of the new partitions (at most the asset's
+  ``max_partitions_per_run`` each, as a backfill would; run key = ``<first>..<last>``, so a partition is
+  never requested twice by the sensor). The cursor records how many files and the newest
   modification time seen (for the UI); the set of existing partitions is the authority, so files
   arriving out of modification-time order are never missed.
-- :func:`backfill_missing_schedule`: requests runs for partitions never materialized, or whose latest
-  run failed or was canceled, skipping partitions with a run in flight; the run key names the run it
-  replaces, so each failure is retried once per tick-cycle, not on every tick.
+- :func:`backfill_missing_schedule`: requests runs for partitions never materialized, or failed (as the
+  UI's partitions view shows them: a failed ranged run's partitions that it did not materialize), skipping
+  partitions with a run in flight; consecutive keys share ranged runs, a key that is fine ends a range.
 """
 
 from __future__ import annotations
@@ -15,11 +16,10 @@ from __future__ import annotations
 import json
 
 import dagster as dg
-from dagster._core.storage.dagster_run import IN_PROGRESS_RUN_STATUSES, RunsFilter
+from dagster._core.definitions.partitions.context import partition_loading_context
 
 from dagster_gpu.corpus.listing import CorpusSource
-
-PARTITION_TAG = "dagster/partition"
+from dagster_gpu.ranges import contiguous_ranges, range_run_tags
 
 
 def _partitions_def(asset: dg.AssetsDefinition) -> dg.DynamicPartitionsDefinition:
@@ -30,7 +30,7 @@ def _partitions_def(asset: dg.AssetsDefinition) -> dg.DynamicPartitionsDefinitio
 
 
 def asset_job(asset: dg.AssetsDefinition) -> dg.UnresolvedAssetJobDefinition:
-    """The job materializing ``asset`` one partition per run (``<asset>_job``)."""
+    """The job materializing ``asset`` (``<asset>_job``); a run covers one partition or a range."""
     return dg.define_asset_job(f"{asset.key.to_python_identifier()}_job", selection=[asset])
 
 
@@ -43,7 +43,7 @@ def corpus_sensor(
     minimum_interval_seconds: int = 30,
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
 ) -> dg.SensorDefinition:
-    """A sensor adding one partition and one run request per new corpus file of ``asset``."""
+    """A sensor adding one partition per new corpus file of ``asset`` and requesting ranged runs over them."""
     pdef = _partitions_def(asset)
     job = job or asset_job(asset)
 
@@ -62,8 +62,9 @@ def corpus_sensor(
         if not new:
             return dg.SensorResult(skip_reason=dg.SkipReason(f"no new files under {corpus.url}"), cursor=cursor)
         keys = [f.key for f in new]
+        # the new keys are appended to the definition in this order, so they are consecutive
         return dg.SensorResult(
-            run_requests=[dg.RunRequest(partition_key=k, run_key=k) for k in keys],
+            run_requests=ranged_run_requests(asset, [*context.instance.get_dynamic_partitions(pdef.name), *keys], keys),
             dynamic_partitions_requests=[pdef.build_add_request(keys)],
             cursor=cursor,
         )
@@ -71,34 +72,55 @@ def corpus_sensor(
     return _sensor
 
 
-def _latest_runs(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, keys: list[str]) -> dict[str, dg.DagsterRun]:
-    """The newest run of each partition key that targets ``asset`` (one runs query)."""
-    latest: dict[str, dg.DagsterRun] = {}
-    if not keys:
-        return latest
-    for rec in instance.get_run_records(RunsFilter(tags={PARTITION_TAG: keys}), order_by="id", ascending=False):
-        run = rec.dagster_run
-        pk = run.tags.get(PARTITION_TAG)
-        if pk is not None and pk not in latest and asset.key in (run.asset_selection or {asset.key}):
-            latest[pk] = run
-    return latest
+def max_partitions_per_run(asset: dg.AssetsDefinition) -> int:
+    """The asset's ``BackfillPolicy.multi_run`` limit (1 without a policy, unbounded for ``single_run``)."""
+    policy = asset.backfill_policy
+    if policy is None:
+        return 1
+    return policy.max_partitions_per_run or 2**31 - 1
 
 
-def partitions_to_rerun(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> dict[str, str | None]:
-    """Partition key -> id of its latest run (None if never run), for every partition never
-    materialized or whose latest run failed/was canceled, and with no run in flight."""
+def ranged_run_requests(
+    asset: dg.AssetsDefinition, all_keys: list[str], selected: list[str] | set[str], run_key_prefix: str = ""
+) -> list[dg.RunRequest]:
+    """Run requests covering ``selected`` partitions in ranges of consecutive keys, each at most the asset's
+    ``max_partitions_per_run`` long, as a backfill with the same policy would make them (run key =
+    ``<prefix><first>..<last>``)."""
+    out = []
+    for keys in contiguous_ranges(all_keys, selected, max_partitions_per_run(asset)):
+        tags = range_run_tags(keys)
+        run_key = f"{run_key_prefix}{keys[0]}..{keys[-1]}"
+        if len(keys) == 1:
+            out.append(dg.RunRequest(partition_key=keys[0], run_key=run_key))
+        else:
+            out.append(dg.RunRequest(run_key=run_key, tags=tags))
+    return out
+
+
+def partition_status(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> tuple[set[str], set[str], set[str]]:
+    """(materialized, failed, in progress) partition keys of ``asset``, as the UI's partitions view shows them
+    (Dagster's asset status cache: a failed ranged run's partitions that it did not materialize are failed)."""
+    from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
+
+    pdef = _partitions_def(asset)
+    cache = get_and_update_asset_status_cache_value(instance, asset.key, pdef)
+    if cache is None:
+        return set(), set(), set()
+    with partition_loading_context(dynamic_partitions_store=instance):
+        return (
+            set(cache.deserialize_materialized_partition_subsets(pdef).get_partition_keys()),
+            set(cache.deserialize_failed_partition_subsets(pdef).get_partition_keys()),
+            set(cache.deserialize_in_progress_partition_subsets(pdef).get_partition_keys()),
+        )
+
+
+def partitions_to_rerun(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> list[str]:
+    """Partition keys never materialized or failed (their latest run failed or was canceled without
+    materializing them), and not in progress, in the definition's order."""
     pdef = _partitions_def(asset)
     keys = list(instance.get_dynamic_partitions(pdef.name))
-    materialized = instance.get_materialized_partitions(asset.key)
-    latest = _latest_runs(instance, asset, keys)
-    out: dict[str, str | None] = {}
-    for k in keys:
-        run = latest.get(k)
-        if run is not None and run.status in IN_PROGRESS_RUN_STATUSES:
-            continue
-        if k not in materialized or (run is not None and run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)):
-            out[k] = run.run_id if run else None
-    return out
+    materialized, failed, in_progress = partition_status(instance, asset)
+    return [k for k in keys if k not in in_progress and (k not in materialized or k in failed)]
 
 
 def backfill_missing_schedule(
@@ -123,7 +145,7 @@ def backfill_missing_schedule(
         todo = partitions_to_rerun(context.instance, asset)
         if not todo:
             return dg.SkipReason("every partition is materialized or in flight")
-        # the run key names the failed run being replaced, so a partition is requested once per failure
-        return [dg.RunRequest(partition_key=k, run_key=f"{k}:after:{run_id or 'none'}") for k, run_id in todo.items()]
+        keys = list(context.instance.get_dynamic_partitions(_partitions_def(asset).name))
+        return ranged_run_requests(asset, keys, todo)
 
     return _schedule

@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = run_backfill_with_progress(
         instance, defs, fortune_embeddings.key, keys, REPO / "workspace.yaml",
         title=f"fortunes demo: {len(keys)} partitions", timeout_s=args.timeout,
-        daemon_log=args.home / "daemon.log", console=console,
+        daemon_log=args.home / "daemon.log", console=console, partitions_def_name=pdef_name,
     )
     failed = [r for r in rows if not r.ok]
     if failed:

@@ -1,5 +1,6 @@
 """End to end on a real PostgreSQL instance: an asset backfill through gpu_executor (local backend),
-run by the real Dagster daemon, one run per partition, each step in its own worker process."""
+run by the real Dagster daemon in ranged runs of 4 partitions, each run's step in its own worker process
+that embeds every partition of its range."""
 
 from __future__ import annotations
 
@@ -77,17 +78,21 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
     backfill_id = submit_asset_backfill(instance, loc.defs, loc.embeddings.key, keys, title="e2e")
     ws = _workspace(tmp_path)
     with DaemonProcess(ws, log_file=tmp_path / "daemon.log") as daemon:
-        final = wait_for_backfill(instance, backfill_id, len(keys), timeout_s=900, daemon=daemon)
+        final = wait_for_backfill(instance, backfill_id, len(keys), timeout_s=900, daemon=daemon,
+                                  partitions_def_name=loc.embeddings.partitions_def.name)
         started = psutil.Process(daemon.proc.pid).children(recursive=True)
     assert final.running == 0
     # the daemon's code server runs in a session of its own: stopping the daemon stops it too
     assert started and not [p.pid for p in started if _alive(p)]
-    summary = {s.partition_key: s for s in summarize_partitions(instance, loc.embeddings.key, keys, backfill_id)}
+    summary = {s.partition_key: s for s in summarize_partitions(
+        instance, loc.embeddings.key, keys, backfill_id, loc.embeddings.partitions_def.name)}
+    assert final.runs == 3 and final.failed == 1 and final.succeeded == 8
 
-    # the undecodable file fails alone, with an error naming the file
+    # the undecodable file fails alone (its run's other partitions are materialized), with an error naming the file
     bad = summary[partition_key_for("latin1")]
     assert not bad.ok
     assert "latin1" in bad.error and "utf-8" in bad.error
+    assert bad.run_id is not None
     assert not (out_dir / "e2e_embeddings" / f"{bad.partition_key}.parquet").exists()
     assert not (tmp_path / "pwned").exists()
 
@@ -96,6 +101,7 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
     assert expected_rows[partition_key_for("empty")] == 0
     assert expected_rows[partition_key_for("blank records")] == 0
     assert expected_rows[partition_key_for(WEIRD_NAME)] == 3
+    units: dict[str, list[dict]] = {}
     for f in files:
         if f.relative_name == "latin1":
             continue
@@ -112,7 +118,9 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
         assert md["billing/source"] == "measured"
         assert md["billing/device_type"] == "cpu"
         assert md["billing/rate_usd_per_gpu_hour"] == 0.05
-        assert md["billing/gpu_seconds"] > 1.0  # a worker process cannot start, load torch and finish in under 1 s
+        assert 0.0 < md["embedding/useful_fraction"] <= 1.0
+        assert md["embedding/useful_fraction"] == pytest.approx(md["embedding/seconds"] / md["billing/wall_seconds"])
+        units.setdefault(rec[0].run_id, []).append(md)
         assert md["billing/cost_usd"] == pytest.approx(md["billing/gpu_seconds"] * 0.05 / 3600, rel=1e-9)
         assert "CPU-only" in md["gpu/unavailable_reason"]
         table = pq.read_table(out_dir / "e2e_embeddings" / f"{f.key}.parquet")
@@ -125,8 +133,17 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
             direct = model.encode(texts, normalize_embeddings=True, convert_to_numpy=True)
             cos = np.sum(ours * direct, axis=1) / (np.linalg.norm(ours, axis=1) * np.linalg.norm(direct, axis=1))
             assert cos.min() >= 0.999, f"{f.key}: min cosine {cos.min()}"
-    # each step ran in its own worker process, not in the run worker
+    # ranges of 4: three runs, each one work unit that loaded the model once for all its partitions
     runs = instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": backfill_id}))
-    assert len(runs) == 9
+    assert len(runs) == 3
+    assert sorted(len(mds) for mds in units.values()) == [1, 3, 4]  # the range with latin1 materialized 3 of 4
+    for mds in units.values():
+        n = {m["dagster_gpu/unit_partitions"] for m in mds}
+        assert n == {len(mds) + (1 if len(mds) == 3 else 0)}  # the latin1 unit set out to embed 4
+        positions = [m["dagster_gpu/unit_position"] for m in mds]
+        assert len(set(positions)) == len(mds) and max(positions) < n.pop()
+        # the unit's start-up (a process cannot start, import torch and load the model in under 1 s) is
+        # shared by its partitions, so their billed seconds add up to more than 1 s
+        assert sum(m["billing/wall_seconds"] for m in mds) > 1.0
     starting = instance.get_records_for_run(runs[0].dagster_run.run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING).records
     assert starting and "local/pid" in starting[0].event_log_entry.dagster_event.engine_event_data.metadata

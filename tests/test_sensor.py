@@ -8,7 +8,8 @@ import dagster as dg
 import pytest
 
 from dagster_gpu import CorpusSource, TextFormat, asset_job, backfill_missing_schedule, corpus_sensor, embedding_asset
-from dagster_gpu.sensors import partitions_to_rerun
+from dagster_gpu.ranges import range_run_tags
+from dagster_gpu.sensors import partition_status, partitions_to_rerun
 
 
 def _defs(corpus: CorpusSource, output_url: str):
@@ -33,7 +34,9 @@ def _assert_two_ticks(corpus: CorpusSource, add_file, output_url: str):
     asset, sensor, _, defs = _defs(corpus, output_url)
     with dg.instance_for_test() as instance:
         first = _tick(sensor, instance, defs, None)
-        assert sorted(r.partition_key for r in first.run_requests) == ["a.txt", "b.txt"]
+        # two new files: one ranged run over both (the asset's max_partitions_per_run is 50)
+        assert [(r.partition_key, r.partition_key_range, r.run_key) for r in first.run_requests] == [
+            (None, dg.PartitionKeyRange("a.txt", "b.txt"), "a.txt..b.txt")]
         assert instance.get_dynamic_partitions("s_embeddings_files") == ["a.txt", "b.txt"]
         assert json.loads(first.cursor)["files"] == 2
         idle = _tick(sensor, instance, defs, first.cursor)
@@ -45,7 +48,7 @@ def _assert_two_ticks(corpus: CorpusSource, add_file, output_url: str):
         assert len(new_key) == 1 and new_key[0].startswith("c_d.txt-")
         assert [list(r.partition_keys) for r in second.dynamic_partitions_requests] == [new_key]
         assert sorted(instance.get_dynamic_partitions("s_embeddings_files")) == sorted(["a.txt", "b.txt", *new_key])
-        assert second.run_requests[0].run_key == new_key[0]
+        assert second.run_requests[0].run_key == f"{new_key[0]}..{new_key[0]}"
         assert json.loads(second.cursor)["files"] == 3
 
 
@@ -99,35 +102,49 @@ def test_sensor_on_s3(s3_endpoint, tmp_path, monkeypatch):
     _assert_two_ticks(corpus, add, "s3://corpus/out")
 
 
-def test_schedule_requests_missing_and_failed_partitions(tmp_path):
+def _finish(instance, run, status):
+    instance.run_storage.handle_run_event(
+        run.run_id,
+        dg.DagsterEvent(
+            event_type_value={
+                dg.DagsterRunStatus.FAILURE: "PIPELINE_FAILURE",
+                dg.DagsterRunStatus.STARTED: "PIPELINE_START",
+                dg.DagsterRunStatus.SUCCESS: "PIPELINE_SUCCESS",
+            }[status],
+            job_name=run.job_name,
+        ),
+    )
+
+
+def test_schedule_requests_missing_and_failed_partitions_in_ranges(tmp_path):
     d = tmp_path / "corpus"
     d.mkdir()
     corpus = CorpusSource(url=str(d))
-    asset, _, schedule, defs = _defs(corpus, str(tmp_path / "out"))
+    asset = embedding_asset(name="s_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu",
+                            max_partitions_per_run=2)
+    job = asset_job(asset)
+    schedule = backfill_missing_schedule(asset, job=job)
+    defs = dg.Definitions(assets=[asset], jobs=[job], schedules=[schedule])
+    job_def = defs.resolve_job_def("s_embeddings_job")
+    keys = ["done", "bad", "ok2", "never1", "never2", "never3", "running", "after"]
     with dg.instance_for_test() as instance:
-        instance.add_dynamic_partitions("s_embeddings_files", ["done", "failed", "never", "running"])
-        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="done"))
-        run_ids = {}
-        for pk, status in (("failed", dg.DagsterRunStatus.FAILURE), ("running", dg.DagsterRunStatus.STARTED), ("done", dg.DagsterRunStatus.SUCCESS)):
-            run = instance.create_run_for_job(
-                defs.resolve_job_def("s_embeddings_job"), tags={"dagster/partition": pk}, asset_selection=frozenset({asset.key})
-            )
-            run_ids[pk] = run.run_id
-            instance.run_storage.handle_run_event(
-                run.run_id,
-                dg.DagsterEvent(
-                    event_type_value={
-                        dg.DagsterRunStatus.FAILURE: "PIPELINE_FAILURE",
-                        dg.DagsterRunStatus.STARTED: "PIPELINE_START",
-                        dg.DagsterRunStatus.SUCCESS: "PIPELINE_SUCCESS",
-                    }[status],
-                    job_name=run.job_name,
-                ),
-            )
-        todo = partitions_to_rerun(instance, asset)
-        assert sorted(todo) == ["failed", "never"]
-        assert todo["never"] is None and todo["failed"] == run_ids["failed"]
-        ctx = dg.build_schedule_context(instance=instance)
-        reqs = schedule(ctx)
-        assert sorted((r.partition_key, r.run_key) for r in reqs) == [
-            ("failed", f"failed:after:{run_ids['failed']}"), ("never", "never:after:none")]
+        instance.add_dynamic_partitions("s_embeddings_files", keys)
+        # a ranged run over done..ok2 that materialized two of its three partitions, then failed
+        ranged = instance.create_run_for_job(job_def, tags=range_run_tags(["done", "bad", "ok2"]), asset_selection=frozenset({asset.key}))
+        for pk in ("done", "ok2"):
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition=pk))
+        _finish(instance, ranged, dg.DagsterRunStatus.FAILURE)
+        running = instance.create_run_for_job(job_def, tags={"dagster/partition": "running"}, asset_selection=frozenset({asset.key}))
+        _finish(instance, running, dg.DagsterRunStatus.STARTED)
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="after"))
+
+        materialized, failed, in_progress = partition_status(instance, asset)
+        assert materialized == {"done", "ok2", "after"} and failed == {"bad"} and in_progress == {"running"}
+        assert partitions_to_rerun(instance, asset) == ["bad", "never1", "never2", "never3"]
+        reqs = schedule(dg.build_schedule_context(instance=instance))
+        # consecutive keys share runs of at most 2; "ok2" (materialized) ends the first range
+        assert [(r.partition_key, r.partition_key_range, r.run_key) for r in reqs] == [
+            ("bad", None, "bad..bad"),
+            (None, dg.PartitionKeyRange("never1", "never2"), "never1..never2"),
+            ("never3", None, "never3..never3"),
+        ]

@@ -25,7 +25,7 @@ from dagster._serdes import deserialize_value, serialize_value
 from dagster_gpu.billing.apportion import apportion_unit_bill
 from dagster_gpu.billing.metering import cost_usd
 from dagster_gpu.billing.ratecard import rate_from_table
-from dagster_gpu.executor.ranges import run_partition_keys
+from dagster_gpu.ranges import run_partition_keys
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,7 @@ from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, Work
 from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env
 from dagster_gpu.executor.placing import forced_placement
-from dagster_gpu.executor.ranges import describe, run_partition_keys
+from dagster_gpu.ranges import describe, run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.request import TAG_PARTITIONS_DEF, GpuRequest

@@ -15,6 +15,7 @@ embeddings = embedding_asset(
     device="cpu",
     batch_size=32,
     gpu=GpuRequest(count=1),
+    max_partitions_per_run=int(os.environ.get("DAGSTER_GPU_TEST_PER_RUN", "4")),
 )
 
 sleepy_parts = dg.StaticPartitionsDefinition(["a", "b"])

@@ -63,3 +63,34 @@ def describe(keys: Sequence[str]) -> str:
     if len(keys) == 1:
         return f"partition {keys[0]!r}"
     return f"{len(keys)} partitions {keys[0]!r}…{keys[-1]!r}"
+
+
+def contiguous_ranges(all_keys: Sequence[str], selected: Sequence[str] | set[str], max_per_run: int) -> list[tuple[str, ...]]:
+    """The ``selected`` keys as runs of consecutive keys of ``all_keys`` (the definition's order), each at
+    most ``max_per_run`` long (pure). A key between two selected ones that is not selected ends a range,
+    so a ranged run never covers a partition that was not asked for. Raises ValueError if ``max_per_run`` < 1."""
+    if max_per_run < 1:
+        raise ValueError(f"max_per_run must be >= 1, got {max_per_run}")
+    chosen = set(selected)
+    out: list[tuple[str, ...]] = []
+    cur: list[str] = []
+    for k in all_keys:
+        if k in chosen:
+            cur.append(k)
+            if len(cur) == max_per_run:
+                out.append(tuple(cur))
+                cur = []
+        elif cur:
+            out.append(tuple(cur))
+            cur = []
+    if cur:
+        out.append(tuple(cur))
+    return out
+
+
+def range_run_tags(keys: Sequence[str]) -> dict[str, str]:
+    """Run tags for a run over ``keys`` (consecutive): ``dagster/partition`` for one key, the range tags
+    ``BackfillPolicy.multi_run`` uses otherwise."""
+    if len(keys) == 1:
+        return {PARTITION_NAME_TAG: keys[0]}
+    return {ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]}
