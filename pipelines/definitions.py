@@ -4,6 +4,7 @@ Environment:
     DAGSTER_GPU_CORPUS_URL   corpus directory or s3:// URL   (default: <repo>/.demo/corpus)
     DAGSTER_GPU_OUTPUT_URL   where the parquet outputs go     (default: <repo>/.demo/embeddings)
     DAGSTER_GPU_DEVICE       auto | cpu | cuda                 (default: auto)
+    DAGSTER_GPU_DEMO_PER_RUN partitions per run                (default: 50)
 
 Every job here runs through ``gpu_executor`` (local backend unless the run config says otherwise).
 """
@@ -33,6 +34,7 @@ fortune_embeddings = embedding_asset(
     device=os.environ.get("DAGSTER_GPU_DEVICE", "auto"),
     gpu=GpuRequest(count=1, memory_gib=2, mig_ok=True, shared_ok=True),
     group_name="embeddings",
+    max_partitions_per_run=int(os.environ.get("DAGSTER_GPU_DEMO_PER_RUN", "50")),
 )
 
 fortune_job = asset_job(fortune_embeddings)

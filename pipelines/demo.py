@@ -13,9 +13,11 @@ Exit code 1 if any partition failed.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,7 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="only the first N fortune files")
     ap.add_argument("--max-concurrent-runs", type=int, default=max(2, os.cpu_count() or 2))
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the backfill")
+    ap.add_argument("--per-run", type=int, default=None,
+                    help="partitions per run (the asset's max_partitions_per_run; default 50: one work unit embeds up to 50 files)")
+    ap.add_argument("--summary-json", type=Path, default=None, help="also write the backfill's span and totals here")
     args = ap.parse_args(argv)
+    if args.per_run is not None:
+        os.environ["DAGSTER_GPU_DEMO_PER_RUN"] = str(args.per_run)
 
     prepare_corpus(args.corpus, limit=args.limit)
     write_instance_yaml(args.home, args.max_concurrent_runs)
@@ -89,11 +96,22 @@ def main(argv: list[str] | None = None) -> int:
     known = set(instance.get_dynamic_partitions(pdef_name))
     instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])
     console.print(f"Embedding {len(keys)} fortune files through gpu_executor (DAGSTER_HOME={args.home})")
+    t0 = time.time()
     rows = run_backfill_with_progress(
         instance, defs, fortune_embeddings.key, keys, REPO / "workspace.yaml",
         title=f"fortunes demo: {len(keys)} partitions", timeout_s=args.timeout,
         daemon_log=args.home / "daemon.log", console=console, partitions_def_name=pdef_name,
     )
+    span = time.time() - t0
+    if args.summary_json:
+        from dagster_gpu.report import useful_fraction
+
+        args.summary_json.write_text(json.dumps({
+            "partitions": len(rows), "ok": sum(r.ok for r in rows), "span_s": round(span, 1),
+            "embedding_s": round(sum(r.seconds or 0 for r in rows if r.ok), 1),
+            "billed_s": round(sum(r.billed_seconds or 0 for r in rows if r.ok), 1),
+            "useful_fraction": useful_fraction(rows), "per_run": fortune_embeddings.backfill_policy.max_partitions_per_run,
+        }) + "\n")
     failed = [r for r in rows if not r.ok]
     if failed:
         console.print(f"[red]{len(failed)} partition(s) failed[/red]: see the runs in the UI (dagster dev -w workspace.yaml)")

@@ -1,0 +1,176 @@
+"""Benchmark: ranged runs on the local Slurm cluster against a plain loop and one run per partition.
+
+    eval "$(bash resources/slurm/cluster.sh env)"; bash resources/postgres/postgres.sh start
+    .venv/bin/python bench/ranged_backfill.py [--files 1000] [--per-run 50] [--per-partition-sample 40]
+
+Side by side, in one command, on the same generated corpus (bench/make_corpus.py: fortune records, ~20 a file):
+  1. ``loop``: one plain Python process that imports sentence-transformers, loads the model once and embeds
+     every file in a loop (read, ``SentenceTransformer.encode``, write parquet): the limit of this box;
+  2. ``ranged``: an asset backfill of every file through gpu_executor's slurm backend, in runs of
+     ``--per-run`` partitions (``BackfillPolicy.multi_run``), each run's step one array task that embeds its
+     whole range;
+  3. ``per_partition``: today's path, one run per partition (``max_partitions_per_run=1``), on the first
+     ``--per-partition-sample`` files; its makespan for all files is extrapolated from its throughput
+     (partitions per second over the sample), which is stated in the output.
+Prints JSON lines and the ratios; writes the ``ranged_1000.*`` keys of bench/results/summary.json and the run's
+figures to bench/results/ranged_backfill.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
+
+import dagster as dg  # noqa: E402
+
+import slurm_helpers as H  # noqa: E402
+from make_corpus import make_corpus  # noqa: E402
+from summary import update_summary  # noqa: E402
+
+LOOP = r"""
+import sys, time, hashlib
+from pathlib import Path
+import pyarrow as pa, pyarrow.parquet as pq
+from sentence_transformers import SentenceTransformer
+from dagster_gpu.embedding.model import resolve_model_path
+corpus, out = Path(sys.argv[1]), Path(sys.argv[2])
+out.mkdir(parents=True, exist_ok=True)
+model = SentenceTransformer(str(resolve_model_path("all-MiniLM-L6-v2")), device="cpu")
+t0 = time.perf_counter()
+rows = 0
+for f in sorted(corpus.iterdir()):
+    texts = [r for r in f.read_text().split("\n%\n") if r.strip()]
+    v = model.encode(texts, batch_size=64, normalize_embeddings=True, convert_to_numpy=True)
+    flat = pa.array(v.reshape(-1), pa.float32())
+    pq.write_table(pa.table({"record_id": list(range(len(texts))),
+                             "text_sha256": [hashlib.sha256(t.encode()).hexdigest() for t in texts],
+                             "vector": pa.FixedSizeListArray.from_arrays(flat, v.shape[1])}), out / (f.name + ".parquet"))
+    rows += len(texts)
+print(rows, time.perf_counter() - t0)
+"""
+
+
+class RssSampler(threading.Thread):
+    """Peak RSS (bytes) of the daemon's process tree: the daemon, its code server and every run worker
+    (step workers run as Slurm array tasks, outside this tree), sampled every second."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.peak, self.stop = pid, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0):
+            try:
+                root = psutil.Process(self.pid)
+                procs = [root, *root.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                return
+            total = 0
+            for p in procs:
+                try:
+                    total += p.memory_info().rss
+                except psutil.NoSuchProcess:
+                    pass
+            self.peak = max(self.peak, total)
+
+
+def run_loop(corpus: Path, out: Path) -> dict:
+    t0 = time.time()
+    cp = subprocess.run([sys.executable, "-c", LOOP, str(corpus), str(out)], capture_output=True, text=True,
+                        env={**os.environ, "HF_HUB_OFFLINE": "1"}, check=True)
+    wall = time.time() - t0
+    rows, encode_s = cp.stdout.split()[-2:]
+    return {"variant": "loop", "makespan_s": round(wall, 1), "rows": int(rows), "loop_embed_s": round(float(encode_s), 1)}
+
+
+def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_runs: int, workdir: Path) -> dict:
+    home, env = H.make_dagster_home(max_concurrent_runs=max_runs)
+    env = {**env, "RANGED_TEST_BACKEND": "slurm", "RANGED_TEST_CORPUS": str(corpus), "RANGED_TEST_OUTPUT": str(workdir / variant),
+           "RANGED_TEST_PER_RUN": str(per_run), "RANGED_TEST_RETRIES": "0", "SLURM_TEST_THROTTLE": "4",
+           "SLURM_TEST_WINDOW": "3", "SLURM_TEST_MAX_WINDOW": "30", "SLURM_TEST_POLL": "2",
+           "DAGSTER_GRPC_TIMEOUT_SECONDS": "300", "HF_HUB_OFFLINE": "1"}  # fmt: skip
+    os.environ.update(env)
+    ws = home / "workspace.yaml"
+    ws.write_text(f"load_from:\n  - python_file:\n      relative_path: {REPO / 'tests' / 'ranged_pipeline.py'}\n"
+                  f"      working_directory: {REPO}\n      location_name: ranged\n")
+    import importlib
+
+    import ranged_pipeline
+
+    importlib.reload(ranged_pipeline)
+    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
+
+    asset = ranged_pipeline.ranged_embeddings
+    pdef = asset.partitions_def.name
+    with dg.DagsterInstance.get() as instance:
+        instance.add_dynamic_partitions(pdef, keys)
+        with DaemonProcess(ws, env=env, log_file=home / "daemon.log") as d:
+            sampler = RssSampler(d.proc.pid)
+            sampler.start()
+            t0 = time.time()
+            bid = submit_asset_backfill(instance, ranged_pipeline.defs, asset.key, keys, title=f"bench-{variant}")
+            prog = wait_for_backfill(instance, bid, len(keys), timeout_s=7200, poll_s=2, daemon=d, partitions_def_name=pdef)
+            makespan = time.time() - t0
+            sampler.stop.set()
+        recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset.key), limit=len(keys) + 10).records
+        mds = [{k: v.value for k, v in r.asset_materialization.metadata.items()} for r in recs]
+    embed = sum(m["embedding/seconds"] for m in mds)
+    billed = sum(m["billing/wall_seconds"] for m in mds)
+    batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
+    return {"variant": variant, "partitions": len(keys), "succeeded": prog.succeeded, "failed": prog.failed,
+            "runs": prog.runs, "sbatch_calls": len(batches), "makespan_s": round(makespan, 1),
+            "embedding_s": round(embed, 1), "billed_s": round(billed, 1),
+            "useful_fraction": round(embed / billed, 3) if billed else None,
+            "orchestrator_peak_rss_mib": round(sampler.peak / 2**20, 1), "home": str(home)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=1000)
+    ap.add_argument("--records", type=int, default=20)
+    ap.add_argument("--per-run", type=int, default=50)
+    ap.add_argument("--max-runs", type=int, default=8)
+    ap.add_argument("--per-partition-sample", type=int, default=40)
+    ap.add_argument("--workdir", type=Path, default=Path("/tmp/dagster-gpu-bench-ranged"))
+    a = ap.parse_args()
+    reason = H.cluster_unavailable_reason() or H.postgres_unavailable_reason()
+    if reason:
+        sys.exit(f"cannot run: {reason}")
+    corpus = a.workdir / "corpus"
+    make_corpus(corpus, a.files, a.records)
+    keys = sorted(p.name for p in corpus.iterdir())
+    res = {"loop": run_loop(corpus, a.workdir / "loop")}
+    print(json.dumps(res["loop"]), flush=True)
+    res["ranged"] = run_backfill("ranged", corpus, keys, a.per_run, a.max_runs, a.workdir)
+    print(json.dumps(res["ranged"]), flush=True)
+    sample = keys[: a.per_partition_sample]
+    pp = run_backfill("per_partition", corpus, sample, 1, a.max_runs, a.workdir)
+    pp["extrapolated_makespan_s"] = round(pp["makespan_s"] * len(keys) / len(sample), 1)
+    res["per_partition"] = pp
+    print(json.dumps(pp), flush=True)
+    ratios = {
+        "ranged_1000.runs": res["ranged"]["runs"],
+        "ranged_1000.sbatch_calls": res["ranged"]["sbatch_calls"],
+        "ranged_1000.useful_fraction": res["ranged"]["useful_fraction"],
+        "ranged_1000.makespan_ratio_vs_loop": round(res["ranged"]["makespan_s"] / res["loop"]["makespan_s"], 2),
+        "ranged_1000.speedup_vs_per_partition": round(pp["extrapolated_makespan_s"] / res["ranged"]["makespan_s"], 1),
+    }
+    print(json.dumps(ratios), flush=True)
+    (REPO / "bench" / "results" / "ranged_backfill.json").write_text(json.dumps({**res, "summary": ratios}, indent=1) + "\n")
+    if a.files == 1000:
+        update_summary(ratios)
+
+
+if __name__ == "__main__":
+    main()
