@@ -134,7 +134,7 @@ class SharedPoller:
         if doc.get("error"):
             log.warning("slurm poll failed (states stay unknown until the next poll): %s", doc["error"])
         self.polls += 1
-        write_json(self.spool.root / "poll.json", doc, mode=0o644)
+        write_json(self.spool.root / "poll.json", doc, mode=self.spool.public_mode)
         snap = self._read()
         assert snap is not None
         if snap.ok:
