@@ -335,3 +335,13 @@ def test_slurm_array_task_refuses_a_swapped_manifest_and_logs_are_private(tmp_pa
         sub = json.loads((sp.batch_dir(a.batch) / "submitted.json").read_text())
         assert sub["job_script_sha256"] == JOB_SCRIPT_SHA256 and len(sub["manifest_sha256"]) == 64
     assert _mode(sp.batch_dir(kept.batch) / "manifest.json") == 0o600 and _mode(sp.batch_dir(kept.batch)) == 0o700
+    # the step fails with the task's reason: the backend's state carries the refusal from the log
+    from dagster_gpu.executor.backends.base import WorkerStatus
+    from dagster_gpu.executor.backends.slurm import SlurmBackend, SlurmSettings
+
+    backend = SlurmBackend(SlurmSettings(slurm_conf=H.slurm_conf(), spool_dir=str(sp.root), reconcile_wait_seconds=0))
+    handle = {"array_job_id": swapped.array_job_id, "array_task_id": 0, "submitted_at": swapped.submitted_at,
+              "log_file": swapped.log_file}  # fmt: skip
+    st = backend.state(handle)
+    assert st.status == WorkerStatus.FAILED, st  # (exit code: from sacct, which may not have it yet)
+    assert "(nothing was run)" in st.message and f"owner uid {other_uid} ({OTHER})" in st.message, st.message
