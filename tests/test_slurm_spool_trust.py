@@ -116,7 +116,11 @@ def test_group_shared_spool_is_opt_in_and_still_checks_what_it_acts_on(tmp_path,
         assert _mode(d) == 0o2770 and os.stat(d).st_gid == gid
     with sp.lock():
         assert _mode(sp.root / "lock") == 0o660  # every member takes the same flock
-    assert sp.job_script.name == f"dagster-gpu-array.{os.geteuid()}.sh"
+    # the job script: a private directory under a sticky one, so no member can rename it away
+    assert sp.job_script == sp.root / "users" / str(os.geteuid()) / "dagster-gpu-array.sh"
+    assert _mode(sp.root / "users") == 0o3770 and _mode(sp.job_script.parent) == 0o700
+    assert sp.poll_file == sp.root / "poll" / "poll.json" and _mode(sp.poll_file.parent) == 0o2770
+    assert verify_job_script(write_job_script(sp.job_script.parent, sp.job_script.name)) == JOB_SCRIPT_SHA256
     # a member's directory is fine; another group, or others' write bit, is not
     os.chown(sp.root, other_uid, -1)
     Spool(sp.root, shared_group=TEAM)

@@ -264,7 +264,7 @@ class ArrayCoalescer:
         ]
         manifest = write_manifest(bdir / "manifest.json", batch, tasks, self.env_files)
         manifest_hash = manifest_sha256(manifest)
-        script = write_job_script(self.spool.root, self.spool.job_script.name)
+        script = write_job_script(self.spool.job_script.parent, self.spool.job_script.name)
         first = members[0][1]
         n = len(members)
         options = [

@@ -3,13 +3,14 @@
 Layout (all files written atomically: temp file + rename)::
 
     <spool>/lock                         flock: the coalescer's submit lock
-    <spool>/poll.lock, poll.json         the shared poller's lock and last snapshot
+    <spool>/poll.lock, poll.json         the shared poller's lock and last snapshot (poll/poll.json in a
+                                         group-shared spool: any member replaces it, even under a sticky root)
     <spool>/pending/<ns>-<launch>.json   launches waiting to join a job array
     <spool>/results/<launch>.json        the array job id / task id (or the rejection) of a launch
     <spool>/batches/<batch>/             one job array: manifest.json, submitted.json, <task>.out logs,
                                          done (all tasks final), reconciled/<task>.json
-    <spool>/dagster-gpu-array.sh         the constant job script (dagster-gpu-array.<uid>.sh in a
-                                         group-shared spool)
+    <spool>/dagster-gpu-array.sh         the constant job script (in a group-shared spool:
+                                         users/<uid>/dagster-gpu-array.sh, users/ sticky, <uid>/ 0700)
 
 ``submitted.json``: ``{"array_job_id", "tasks", "submitted_at", "launch_ids", "group",
 "job_script_sha256", "manifest_sha256"}`` (the two hashes were added for issue 13: what ``sbatch`` was
@@ -89,11 +90,19 @@ class Spool:
         self.make_dir(self.root, parents=True)
         for d in (self.pending, self.results, self.batches):
             self.make_dir(d)
+        if shared:  # the job script sits where no member can rename or replace it
+            self.make_dir(self.root / "users", mode=0o3770)
+            self.make_dir(self.poll_file.parent)
+            self.make_dir(self.job_script.parent, private=True)
 
-    def make_dir(self, path: Path, parents: bool = False, exclusive: bool = False) -> Path:
-        """Create ``path`` with this spool's directory mode (0700, or 2770 + the shared group) if it
-        does not exist, then check it (raises UntrustedPathError). ``exclusive``: raise
-        FileExistsError when it exists. ``parents``: create missing parents first (default mode)."""
+    def make_dir(
+        self, path: Path, parents: bool = False, exclusive: bool = False, mode: int | None = None, private: bool = False
+    ) -> Path:
+        """Create ``path`` with this spool's directory mode (0700, or 2770 + the shared group; or
+        ``mode``) if it does not exist, then check it (raises UntrustedPathError). ``private``: 0700 and
+        checked as a private directory even in a shared spool. ``exclusive``: raise FileExistsError
+        when it exists. ``parents``: create missing parents first (default mode)."""
+        shared_gid = None if private else self.shared_gid
         if parents:
             path.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -102,18 +111,28 @@ class Spool:
             if exclusive:
                 raise
         else:
-            if self.shared_gid is not None:
-                os.chown(path, -1, self.shared_gid)
-            os.chmod(path, self.dir_mode)  # mkdir's mode is cut by the umask; set it exactly
-        check_dir(path, self.uid, self.shared_gid)
+            if shared_gid is not None:
+                os.chown(path, -1, shared_gid)
+            # mkdir's mode is cut by the umask; set it exactly
+            os.chmod(path, 0o700 if private else (self.dir_mode if mode is None else mode))
+        check_dir(path, self.uid, shared_gid)
         return path
 
     @property
     def job_script(self) -> Path:
-        """The job script ``sbatch`` reads: one per user in a shared spool (each verifies its own)."""
+        """The job script ``sbatch`` reads. In a shared spool one per user, in ``users/<uid>/`` (0700,
+        under a sticky ``users/``) so no member can swap it between its check and ``sbatch``."""
         if self.shared_gid is None:
             return self.root / "dagster-gpu-array.sh"
-        return self.root / f"dagster-gpu-array.{self.uid}.sh"
+        return self.root / "users" / str(self.uid) / "dagster-gpu-array.sh"
+
+    @property
+    def poll_file(self) -> Path:
+        """The shared poller's last snapshot. In a shared spool it sits in ``poll/`` (2770, not sticky)
+        so any member can replace it even when the spool root is sticky (docs/security.md)."""
+        if self.shared_gid is None:
+            return self.root / "poll.json"
+        return self.root / "poll" / "poll.json"
 
     def read_own_json(self, path: Path) -> Any | None:
         """The JSON document at ``path`` if it is a regular file owned by this user that neither group

@@ -363,7 +363,7 @@ class SlurmBackend(Backend):
         from dagster_gpu.slurm.script import write_job_script
 
         try:
-            est = self.client.test_only(self.sbatch_options_for(gpus), write_job_script(self.spool.root, self.spool.job_script.name))
+            est = self.client.test_only(self.sbatch_options_for(gpus), write_job_script(self.spool.job_script.parent, self.spool.job_script.name))
         except (SlurmError, SlurmParseError) as e:
             log.info("no Slurm start estimate: %s", e)
             return None
