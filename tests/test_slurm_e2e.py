@@ -120,6 +120,13 @@ def test_eight_concurrent_runs_share_one_sbatch(home):
         assert isinstance(md["slurm/array_task_id"], int) and md["slurm/job_id"]
         assert md["test/cuda_visible_devices"] in {"0", "1", "2", "3"}
     assert not pwned.exists(), "a partition key reached a shell"
+    # shared hosts (issue 13): nobody else can list the spool or read a step's manifest or log
+    spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
+    files = [p for b in batches for p in (spool / "batches" / b["batch"]).iterdir() if p.name == "manifest.json" or p.suffix == ".out"]
+    modes = {str(p.relative_to(spool)): oct(p.stat().st_mode & 0o7777) for p in files}
+    assert len(files) == len(batches) + 8 and set(modes.values()) == {"0o600"}, modes
+    dirs = [spool, spool / "batches", *(spool / "batches" / b["batch"] for b in batches)]
+    assert {oct(d.stat().st_mode & 0o7777) for d in dirs} == {"0o700"}
     # sacct billing observations (reported by the run workers before they exit)
     obs = _wait_for(lambda: _all_observed(keys), 60, what="sacct observations")
     for k in keys:

@@ -14,10 +14,17 @@ the others (the lock is released by the kernel).
 
 Works across processes on one host, and across hosts when the spool is on a shared file system with
 ``flock`` (the manifest must be readable from compute nodes anyway).
+
+Trust (``docs/security.md``): pending launches and results are acted on only when this user owns them
+and nobody else can write them (so in a group-shared spool each user submits only their own launches);
+the job script is rewritten atomically and verified (owner, mode, SHA-256) right before ``sbatch``
+reads it; the array's tasks get the batch id and the manifest's SHA-256 as arguments and refuse a
+manifest that does not match; ``sbatch`` runs with ``SLURM_UMASK=0077`` so the tasks' logs are 0600.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -30,8 +37,9 @@ from typing import Callable, Mapping, Sequence
 
 from dagster_gpu.slurm.client import SlurmClient, SlurmError, SlurmRejected
 from dagster_gpu.slurm.ids import format_array_spec
-from dagster_gpu.slurm.script import RUNNER, write_job_script, write_manifest
-from dagster_gpu.slurm.spool import Spool, read_json, write_json
+from dagster_gpu.slurm.script import RUNNER, manifest_sha256, verify_job_script, write_job_script, write_manifest
+from dagster_gpu.slurm.spool import Spool, write_json
+from dagster_gpu.slurm.trust import UntrustedPathError
 from dagster_gpu.slurm.window import FlushDecision, WindowRule, decide_flush
 
 log = logging.getLogger(__name__)
@@ -161,17 +169,17 @@ class ArrayCoalescer:
         deadline = time.monotonic() + self.max_wait_s
         next_flush = 0.0
         while True:
-            res = read_json(result_path)
+            res = self.spool.read_own_json(result_path)
             if res is None and time.monotonic() >= next_flush:
                 # The window's decisions change on a scale of seconds: every waiting process checks the
                 # result file often but tries to flush only every FLUSH_CHECK_S (one flusher at a time).
                 next_flush = time.monotonic() + self.FLUSH_CHECK_S
                 with self.spool.lock(timeout_s=0) as got:
                     if got:
-                        res = read_json(result_path)
+                        res = self.spool.read_own_json(result_path)
                         if res is None:
                             self.flush_due()
-                            res = read_json(result_path)
+                            res = self.spool.read_own_json(result_path)
             if res is not None:
                 result_path.unlink(missing_ok=True)
                 return self._result(res)
@@ -192,7 +200,7 @@ class ArrayCoalescer:
         Caller holds the spool lock. Returns the number of sbatch calls made."""
         groups: dict[str, list[tuple[Path, dict]]] = {}
         for p in sorted(self.spool.pending.glob("*.json")):
-            d = read_json(p)
+            d = self.spool.read_own_json(p)  # never another user's launch (a shared spool)
             if d is not None:
                 groups.setdefault(group_key(d["options"], d["throttle"]), []).append((p, d))
         calls = 0
@@ -249,14 +257,14 @@ class ArrayCoalescer:
 
     def _submit_chunk(self, members: list[tuple[Path, dict]]) -> None:
         batch = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
-        bdir = self.spool.batch_dir(batch)
-        bdir.mkdir(parents=True)
+        bdir = self.spool.make_dir(self.spool.batch_dir(batch), exclusive=True)
         tasks = [
             {k: d[k] for k in ("launch_id", "run_id", "step_key", "partition_key", "attempt", "argv", "env")}
             for _, d in members
         ]
         manifest = write_manifest(bdir / "manifest.json", batch, tasks, self.env_files)
-        script = write_job_script(self.spool.root)
+        manifest_hash = manifest_sha256(manifest)
+        script = write_job_script(self.spool.job_script.parent, self.spool.job_script.name)
         first = members[0][1]
         n = len(members)
         options = [
@@ -268,17 +276,24 @@ class ArrayCoalescer:
         ]
         partitions = [d["partition_key"] for _, d in members]
         try:
-            job_id = self.client.submit(script, [*options], script_args=[self.python, RUNNER, str(manifest)])
-        except SlurmError as e:
-            kind = "rejected" if isinstance(e, SlurmRejected) else "could not be submitted"
+            script_hash = verify_job_script(script)  # right before sbatch reads (and copies) it
+            job_id = self._submitting_client().submit(
+                script, [*options], script_args=[self.python, RUNNER, str(manifest), batch, manifest_hash]
+            )
+        except (SlurmError, UntrustedPathError) as e:
+            if isinstance(e, SlurmError):
+                kind = "rejected" if isinstance(e, SlurmRejected) else "could not be submitted"
+                reason = e.message
+            else:
+                kind, reason = "was not asked to run", str(e)
             msg = (
-                f"Slurm {kind} the job array of {n} step(s) for partitions {partitions}: {e.message} "
+                f"Slurm {kind} the job array of {n} step(s) for partitions {partitions}: {reason} "
                 f"(sbatch {' '.join(options)})"
             )
             log.error(msg)
             write_json(bdir / "rejected.json", {"error": msg, "partitions": partitions})
             for i, (p, d) in enumerate(members):
-                write_json(self.spool.results / f"{d['launch_id']}.json", {"ok": False, "error": msg, "partitions": partitions, "slurm_message": e.message})
+                write_json(self.spool.results / f"{d['launch_id']}.json", {"ok": False, "error": msg, "partitions": partitions, "slurm_message": reason})
                 p.unlink(missing_ok=True)
             return
         self.sbatch_calls += 1
@@ -286,7 +301,9 @@ class ArrayCoalescer:
         write_json(
             bdir / "submitted.json",
             {"array_job_id": job_id, "tasks": n, "submitted_at": now, "launch_ids": [d["launch_id"] for _, d in members],
-             "group": group_key(first["options"], first["throttle"])},
+             "group": group_key(first["options"], first["throttle"]),
+             "job_script_sha256": script_hash, "manifest_sha256": manifest_hash},
+            mode=self.spool.public_mode,
         )
         log.info("submitted job array %s (%d tasks, batch %s) for partitions %s", job_id, n, batch, partitions)
         for i, (p, d) in enumerate(members):
@@ -296,6 +313,16 @@ class ArrayCoalescer:
                  "tasks_in_array": n, "log_file": str(bdir / f"{i}.out")},
             )  # fmt: skip
             p.unlink(missing_ok=True)
+
+    def _submitting_client(self):
+        """The client with ``SLURM_UMASK=0077`` in sbatch's environment: slurmstepd then creates the
+        tasks' ``--output`` logs 0600 whatever this process's umask (checked on Slurm 22.05). A client
+        that is not a dataclass with ``extra_env`` (a test double) is used as it is."""
+        c = self.client
+        if dataclasses.is_dataclass(c) and isinstance(getattr(c, "extra_env", None), Mapping):
+            if c.extra_env.get("SLURM_UMASK") != "0077":
+                return dataclasses.replace(c, extra_env={**c.extra_env, "SLURM_UMASK": "0077"})  # shares c.calls
+        return c
 
     @staticmethod
     def _result(res: dict) -> TaskAssignment:

@@ -55,7 +55,7 @@ class SharedPoller:
         self.polls = 0  # polls this process made (benchmarks/tests)
 
     def _read(self) -> Snapshot | None:
-        path = self.spool.root / "poll.json"
+        path = self.spool.poll_file
         try:
             mtime = path.stat().st_mtime
         except OSError:
@@ -134,7 +134,7 @@ class SharedPoller:
         if doc.get("error"):
             log.warning("slurm poll failed (states stay unknown until the next poll): %s", doc["error"])
         self.polls += 1
-        write_json(self.spool.root / "poll.json", doc, mode=0o644)
+        write_json(self.spool.poll_file, doc, mode=self.spool.public_mode)
         snap = self._read()
         assert snap is not None
         if snap.ok:

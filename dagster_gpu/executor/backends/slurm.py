@@ -4,7 +4,8 @@ Config (``execution: config: slurm:``)::
 
     slurm:
       slurm_conf: /etc/slurm/slurm.conf        # default: $SLURM_CONF / Slurm's default
-      spool_dir: /shared/dagster-gpu-spool     # default: $DAGSTER_HOME/dagster_gpu/slurm-spool
+      spool_dir: /shared/dagster-gpu-spool     # default: see default_spool_dir(); must be ours, not group/other-writable
+      spool_shared_group: gpu-team             # opt in to a spool shared by this Unix group (dirs 2770); default: private (0700)
       account: research                        # sbatch --account
       slurm_partition: gpu                     # sbatch --partition (default: the cluster's default)
       qos: normal                              # sbatch --qos
@@ -32,6 +33,11 @@ The step worker's metadata (``slurm/job_id``, ``slurm/array_job_id``, ``slurm/ar
 Slurm's environment in the worker; after the task ends, sacct figures are reported per partition as an
 AssetObservation with ``billing/source: sacct`` (:mod:`dagster_gpu.slurm.reconcile`) by whichever process
 polls next, and by each orchestrating process before it exits (``reconcile_wait_seconds``).
+
+Shared hosts (``docs/security.md``): the spool refuses a directory another user owns or can write
+(:class:`~dagster_gpu.slurm.trust.UntrustedPathError`, naming path, owner, group and mode) unless
+``spool_shared_group`` says it is shared on purpose; array tasks verify their manifest before running
+anything and a refused task fails its step with the reason from its log.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -60,13 +66,34 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
+SPOOL_ENV = "DAGSTER_GPU_SLURM_SPOOL"
+
+
 def default_spool_dir() -> str:
-    """``$DAGSTER_GPU_SLURM_SPOOL``, else ``$DAGSTER_HOME/dagster_gpu/slurm-spool``, else a per-user /tmp dir."""
-    if os.environ.get("DAGSTER_GPU_SLURM_SPOOL"):
-        return os.environ["DAGSTER_GPU_SLURM_SPOOL"]
+    """The spool when ``spool_dir`` is not configured, never a predictable name under /tmp:
+
+    ``$DAGSTER_GPU_SLURM_SPOOL``, else ``$DAGSTER_HOME/dagster_gpu/slurm-spool``, else
+    ``$XDG_RUNTIME_DIR/dagster-gpu/slurm-spool`` (this host only: right for a single-host cluster),
+    else a new directory made exclusively by ``tempfile.mkdtemp`` (mode 0700). That last one is logged
+    (WARNING) and exported as ``$DAGSTER_GPU_SLURM_SPOOL`` so this process and its children share it;
+    a deployment sets ``spool_dir`` or ``DAGSTER_HOME`` instead."""
+    import tempfile
+
+    if os.environ.get(SPOOL_ENV):
+        return os.environ[SPOOL_ENV]
     if os.environ.get("DAGSTER_HOME"):
         return str(Path(os.environ["DAGSTER_HOME"]) / "dagster_gpu" / "slurm-spool")
-    return f"/tmp/dagster-gpu-slurm-spool-{os.getuid()}"
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
+        return str(Path(xdg) / "dagster-gpu" / "slurm-spool")
+    path = tempfile.mkdtemp(prefix="dagster-gpu-slurm-spool-")
+    os.environ[SPOOL_ENV] = path
+    log.warning(
+        "no spool_dir, DAGSTER_HOME or XDG_RUNTIME_DIR: the Slurm spool is the new directory %s "
+        "(exported as %s for this process's children); set slurm.spool_dir to share one across run workers",
+        path, SPOOL_ENV,
+    )  # fmt: skip
+    return path
 
 
 @dataclass(frozen=True)
@@ -74,7 +101,8 @@ class SlurmSettings:
     """The ``slurm:`` section, typed (see module doc for meanings; seconds for all durations)."""
 
     slurm_conf: str | None = None
-    spool_dir: str = field(default_factory=default_spool_dir)
+    spool_dir: str | None = None  # None: default_spool_dir(), resolved when the backend starts
+    spool_shared_group: str | None = None
     account: str | None = None
     slurm_partition: str | None = None
     qos: str | None = None
@@ -123,7 +151,7 @@ class SlurmBackend(Backend):
 
         self.settings = settings
         self.client = client or SlurmClient(slurm_conf=settings.slurm_conf)
-        self.spool = Spool(settings.spool_dir)
+        self.spool = Spool(settings.spool_dir or default_spool_dir(), shared_group=settings.spool_shared_group)
         self._cfg_lock = threading.Lock()
         self._max_array_size: tuple[float, int] | None = None
         self._gpus: tuple[float, int] | None = None
@@ -290,6 +318,11 @@ class SlurmBackend(Backend):
         )
         if st.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
             self._reconcile(snap)
+        if st.status == WorkerStatus.FAILED and handle.get("log_file"):
+            # the task's own words: e.g. why it refused its manifest (exit 3) before running anything
+            from dagster_gpu.executor.backends.local import log_tail
+
+            st = WorkerState(st.status, st.exit_code, f"{st.message}; last lines of {handle['log_file']}:\n{log_tail(Path(str(handle['log_file'])))}")
         return st
 
     def terminate(self, handle: Handle) -> None:
@@ -330,7 +363,7 @@ class SlurmBackend(Backend):
         from dagster_gpu.slurm.script import write_job_script
 
         try:
-            est = self.client.test_only(self.sbatch_options_for(gpus), write_job_script(self.spool.root))
+            est = self.client.test_only(self.sbatch_options_for(gpus), write_job_script(self.spool.job_script.parent, self.spool.job_script.name))
         except (SlurmError, SlurmParseError) as e:
             log.info("no Slurm start estimate: %s", e)
             return None
@@ -396,7 +429,8 @@ def config_field() -> dg.Field:
     return dg.Field(
         {
             "slurm_conf": dg.Field(S, is_required=False, description="slurm.conf path (default $SLURM_CONF)."),
-            "spool_dir": dg.Field(S, is_required=False, description="Spool shared by run workers (and compute nodes)."),
+            "spool_dir": dg.Field(S, is_required=False, description="Spool shared by run workers (and compute nodes); owned by this user, not writable by group/others."),
+            "spool_shared_group": dg.Field(S, is_required=False, description="Unix group that shares the spool on purpose (dirs 2770; manifests, logs and the job script are still verified). Default: a private spool."),
             "account": dg.Field(S, is_required=False, description="sbatch --account."),
             "slurm_partition": dg.Field(S, is_required=False, description="sbatch --partition (a slurm partition)."),
             "qos": dg.Field(S, is_required=False, description="sbatch --qos."),
