@@ -26,7 +26,7 @@ import dagster as dg  # noqa: E402
 import slurm_helpers as H  # noqa: E402
 from make_corpus import make_corpus  # noqa: E402
 from ranged_backfill import run_backfill  # noqa: E402
-from summary import update_summary  # noqa: E402
+from summary import merge_summary  # noqa: E402
 
 
 def single_run_creation(keys: list[str], n: int) -> dict:
@@ -73,7 +73,7 @@ def main() -> None:
     figures = {"big_10000.completed": big["succeeded"], "big_10000.orchestrator_peak_rss_mib": big["orchestrator_peak_rss_mib"]}
     (REPO / "bench" / "results" / "big_backfill.json").write_text(json.dumps({"single_run": one, "backfill": big}, indent=1) + "\n")
     if a.files == 10000:
-        update_summary(figures)
+        merge_summary(figures)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from summary import update_summary  # noqa: E402
+from summary import merge_summary  # noqa: E402
 
 
 def run_demo(per_run: int, work: Path, limit: int | None) -> dict:
@@ -52,7 +52,7 @@ def main() -> None:
     (REPO / "bench" / "results" / "demo_span.json").write_text(
         json.dumps({"per_partition": per_partition, "ranged": ranged, "summary": figures}, indent=1) + "\n")
     if a.limit is None:
-        update_summary(figures)
+        merge_summary(figures)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import dagster as dg  # noqa: E402
 
 import slurm_helpers as H  # noqa: E402
 from make_corpus import make_corpus  # noqa: E402
-from summary import update_summary  # noqa: E402
+from summary import merge_summary  # noqa: E402
 
 LOOP = r"""
 import sys, time, hashlib
@@ -169,7 +169,7 @@ def main() -> None:
     print(json.dumps(ratios), flush=True)
     (REPO / "bench" / "results" / "ranged_backfill.json").write_text(json.dumps({**res, "summary": ratios}, indent=1) + "\n")
     if a.files == 1000:
-        update_summary(ratios)
+        merge_summary(ratios)
 
 
 if __name__ == "__main__":

@@ -2,15 +2,18 @@
 
 The executor's entry point is :func:`choose_placement`; the pure rule is :func:`decide`
 (``dagster_gpu.policy.policy``); the backends fill :class:`Snapshot` (``dagster_gpu.policy.snapshot``).
+A ranged step (several partitions, issue 8) is sized with ``StepSize.for_range``; :func:`plan_range`
+(``dagster_gpu.policy.ranges``) spreads it over work units, largest partition first.
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.policy import NoFeasiblePlacement, PolicyConfig, alternatives, decide
+from dagster_gpu.policy.ranges import RangePlan, UnitPlan, plan_largest_first, plan_range
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import (
     BackendState,
@@ -26,7 +29,7 @@ from dagster_gpu.request import GpuRequest
 
 def choose_placement(
     request: GpuRequest,
-    step_size: StepSize | int,
+    step_size: StepSize | int | Sequence[StepSize | int | None],
     snapshot: Snapshot,
     rate_card: RateCard | None = None,
     history: Iterable[HistoryPoint] | RuntimeModel | None = None,
@@ -36,7 +39,8 @@ def choose_placement(
 
     Args:
         request: ``GpuRequest.from_tags(step tags)``.
-        step_size: a :class:`StepSize`, or the partition's corpus size in bytes (int).
+        step_size: a :class:`StepSize`, the partition's corpus size in bytes (int), or a ranged step's
+            partition sizes (a sequence of those or None; the range is placed as one work unit).
         snapshot: filled by the backends (``rate_card``, when given, replaces the snapshot's).
         history: earlier materializations (``dagster_gpu.policy.history.fetch_history``) or a ready
             :class:`RuntimeModel`; None = the stated fallback throughput.
@@ -47,6 +51,8 @@ def choose_placement(
     """
     if isinstance(step_size, int):
         step_size = StepSize(bytes=step_size)
+    elif not isinstance(step_size, StepSize):
+        step_size = StepSize.for_range(step_size)
     if rate_card is not None:
         from dataclasses import replace
 
@@ -57,6 +63,7 @@ def choose_placement(
 
 __all__ = [
     "Alternative", "BackendState", "DevicePool", "GpuRequest", "HistoryPoint", "KubernetesState", "LocalState",
-    "NoFeasiblePlacement", "Placement", "PolicyConfig", "RuntimeModel", "SlurmState", "Snapshot", "StepSize",
-    "after_submit", "alternatives", "choose_placement", "decide",
+    "NoFeasiblePlacement", "Placement", "PolicyConfig", "RangePlan", "RuntimeModel", "SlurmState", "Snapshot",
+    "StepSize", "UnitPlan", "after_submit", "alternatives", "choose_placement", "decide", "plan_largest_first",
+    "plan_range",
 ]

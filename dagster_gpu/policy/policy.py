@@ -10,10 +10,11 @@ Rule (issue 5):
 2. For each feasible candidate (all times in seconds from launch, money in USD)::
 
        start_delay = launch_latency_s + wait_s
-       work        = RuntimeModel.runtime_s(size, product, fraction)       (see runtime.py)
+       work        = RuntimeModel.runtime_s(size, product, fraction)       (see runtime.py; a range: Σ partitions)
        rework      = λ · (work/3600) · (work/2 + billed_overhead_s)        (Slurm preemption, λ per GPU-hour:
                      expected preemptions λ·T, each losing on average half the work plus a restart)
-       runtime     = billed_overhead_s + work + rework                     (device seconds billed)
+       runtime     = billed_overhead_s + n · per_partition_s + work + rework   (device seconds billed; one
+                     start-up per work unit, n = partitions the unit embeds, per_partition_s from the model)
        cost        = count · rate(backend, device) · runtime / 3600       (rate in USD per GPU-hour; a MIG
                                                                             slice's rate is already its fraction)
        finish      = start_delay + runtime
@@ -103,6 +104,19 @@ def _wait(state: BackendState, pool: DevicePool, count: int, runtime_s: float) -
     return waves * runtime_s, f"queue estimate: {pool.pending} pending, {pool.free} free, {waves} wave(s)"
 
 
+def unit_runtime_s(state: BackendState, work_s: float, partition_overhead_s: float = 0.0) -> tuple[float, float]:
+    """``(runtime, rework)`` in billed seconds of one work unit on ``state``'s backend.
+
+    ``work_s``: embedding seconds of all its partitions on the chosen device; ``partition_overhead_s``:
+    ``n · per_partition_s``. ``runtime = billed_overhead_s + partition_overhead_s + work_s + rework`` with
+    Slurm's expected preemption ``rework = λ · (work/3600) · (work/2 + billed_overhead_s)`` (module docstring).
+    """
+    rework = 0.0
+    if isinstance(state, SlurmState) and state.preemptions_per_gpu_hour > 0:
+        rework = state.preemptions_per_gpu_hour * (work_s / 3600.0) * (work_s / 2.0 + state.billed_overhead_s)
+    return state.billed_overhead_s + partition_overhead_s + work_s + rework, rework
+
+
 def _evaluate(
     name: str, state: BackendState, pool: DevicePool, request: GpuRequest, size: StepSize, model: RuntimeModel,
     snapshot: Snapshot,
@@ -112,10 +126,7 @@ def _evaluate(
     if why:
         return Alternative(feasible=False, note=why, **base)
     work = model.runtime_s(size, pool.product, pool.fraction)
-    rework = 0.0
-    if isinstance(state, SlurmState) and state.preemptions_per_gpu_hour > 0:
-        rework = state.preemptions_per_gpu_hour * (work / 3600.0) * (work / 2.0 + state.billed_overhead_s)
-    runtime = state.billed_overhead_s + work + rework
+    runtime, rework = unit_runtime_s(state, work, model.partition_overhead_s(size))
     if isinstance(state, SlurmState) and state.time_limit_s is not None and runtime > state.time_limit_s:
         return Alternative(
             feasible=False, runtime_s=runtime,
@@ -140,7 +151,7 @@ def _cpu_alternative(name: str, state: BackendState, size: StepSize, model: Runt
     if not state.cpu_available:
         return Alternative(backend=name, device="cpu", feasible=False, note="no CPU slots")
     slowdown = state.cpu_slowdown if isinstance(state, LocalState) else None
-    runtime = state.billed_overhead_s + model.cpu_runtime_s(size, slowdown)
+    runtime = state.billed_overhead_s + model.partition_overhead_s(size) + model.cpu_runtime_s(size, slowdown)
     try:
         rate = snapshot.rate_card.rate(name, "cpu")
     except RateCardError as e:
@@ -202,6 +213,24 @@ def _label(a: Alternative) -> str:
     return f"{a.backend} {a.device}" if a.device else a.backend
 
 
+def select(pool: list[Alternative], deadline_s: float | None, config: PolicyConfig = DEFAULT_CONFIG
+           ) -> tuple[Alternative, str, bool]:
+    """Rule 3 of the module docstring over feasible, evaluated ``pool`` (non-empty):
+    ``(chosen, why, deadline_met)``."""
+    dl = deadline_s
+    meeting = [a for a in pool if a.meets_deadline]
+    if meeting:
+        cheapest = min(a.cost_usd for a in meeting)
+        tied = [a for a in meeting if a.cost_usd <= cheapest + config.cost_tie_usd]
+        best = min(tied, key=lambda a: (a.finish_s, ORDER.index(a.backend)))
+        why = "least expected cost" + (" (tie: earliest finish)" if len(tied) > 1 else "")
+        why += " of " + (f"{len(meeting)} placement(s) finishing within the {dl:g} s deadline" if dl is not None
+                         else f"{len(meeting)} feasible placement(s) (batch)")
+        return best, why, True
+    best = min(pool, key=lambda a: (a.finish_s, a.cost_usd, ORDER.index(a.backend)))
+    return best, f"DEADLINE MISS: no placement finishes within {dl:g} s; earliest finish wins", False
+
+
 def decide(
     request: GpuRequest,
     step_size: StepSize,
@@ -215,7 +244,9 @@ def decide(
 
     Args:
         request: the step's GPU request (its ``backend`` field forces a backend).
-        step_size: the partition's size (bytes and/or rows).
+        step_size: the partition's size (bytes and/or rows), or a range's (``StepSize.for_range``): the
+            whole range is then placed as one work unit (to spread a range over several units, see
+            :func:`dagster_gpu.policy.ranges.plan_range`).
         snapshot: live state of the backends and the rate card.
         model: expected-runtime model learned from history (default: the stated fallback).
         force: a backend forced by the executor config; the request's tag wins over it.
@@ -232,19 +263,7 @@ def decide(
         where = f" on forced backend {forced!r}" if forced else ""
         raise NoFeasiblePlacement(f"no feasible placement{where}: {skipped or 'no backend configured'}", alts)
     dl = request.deadline_s
-    meeting = [a for a in pool if a.meets_deadline]
-    if meeting:
-        cheapest = min(a.cost_usd for a in meeting)
-        tied = [a for a in meeting if a.cost_usd <= cheapest + config.cost_tie_usd]
-        best = min(tied, key=lambda a: (a.finish_s, ORDER.index(a.backend)))
-        why = "least expected cost" + (" (tie: earliest finish)" if len(tied) > 1 else "")
-        why += " of " + (f"{len(meeting)} placement(s) finishing within the {dl:g} s deadline" if dl is not None
-                         else f"{len(meeting)} feasible placement(s) (batch)")
-        met = True
-    else:
-        best = min(pool, key=lambda a: (a.finish_s, a.cost_usd, ORDER.index(a.backend)))
-        why = f"DEADLINE MISS: no placement finishes within {dl:g} s; earliest finish wins"
-        met = False
+    best, why, met = select(pool, dl, config)
     reason = (
         f"{_label(best)}: {why}; est. start {best.start_delay_s:.0f} s, runtime {best.runtime_s:.0f} s, "
         f"cost {best.cost_usd:.4f} USD, finish {best.finish_s:.0f} s"

@@ -8,6 +8,12 @@ Formula (seconds on one full GPU)::
                                               asset that reads no corpus file has no size to scale by)
     runtime_s = rows_est / texts_per_second   (texts_per_second = median over history)
 
+A ranged step (one work unit embedding several partitions back to back, issue 8) has the size
+``StepSize.for_range(parts)``: its ``rows_est`` is the sum of each partition's ``rows_est`` (each
+resolved on its own, so one unknown partition costs ``typical_rows``, not the whole range), and the
+unit additionally pays ``per_partition_s`` for each partition (open, read, write, event: measured by
+``bench/unit_startup.py``) on top of its one start-up (``BackendState.billed_overhead_s``).
+
 On a MIG slice of compute fraction ``f`` the step runs at ``min(1, f / u)`` of the full GPU's speed,
 where ``u`` is the median ``gpu/utilization_mean_percent`` / 100 of the history (a step that keeps an
 A100 25 % busy loses nothing on a 2g slice, 2/7 ≈ 29 %); with no utilization history ``u = 1`` (the
@@ -37,15 +43,73 @@ FALLBACK_ROWS = 10000.0
 
 @dataclass(frozen=True)
 class StepSize:
-    """How big one partition is; both None when unknown (the runtime model then uses ``typical_rows``).
+    """How big one step is: one partition, or a range of partitions embedded by one work unit.
+
+    A single partition: ``bytes`` and/or ``rows``; both None when unknown (the runtime model then uses
+    ``typical_rows``). A range: ``partitions`` holds each partition's own size, in the range's order, and
+    ``bytes`` / ``rows`` are their totals when every partition's figure is known, else None (build it with
+    :meth:`for_range`).
 
     Attributes:
-        bytes: size of the partition's corpus file in bytes, or None.
-        rows: number of texts in the partition, or None (usually unknown before the step reads it).
+        bytes: corpus bytes (the partition's file, or the range's total), or None.
+        rows: number of texts, or None (usually unknown before the step reads it).
+        partitions: per-partition sizes of a ranged step (each without ``partitions``); ``()`` for a
+            single-partition step.
+
+    Raises:
+        ValueError: a negative size, or a nested range.
     """
 
     bytes: int | None = None
     rows: int | None = None
+    partitions: tuple["StepSize", ...] = ()
+
+    def __post_init__(self) -> None:
+        for what, v in (("bytes", self.bytes), ("rows", self.rows)):
+            if v is not None and v < 0:
+                raise ValueError(f"StepSize: {what} must be >= 0, got {v}")
+        if any(p.partitions for p in self.partitions):
+            raise ValueError("StepSize: a range's partitions must be single partitions (no nested ranges)")
+
+    @classmethod
+    def for_range(cls, sizes: Iterable["StepSize | int | None"]) -> "StepSize":
+        """The size of a ranged step from its partitions' sizes, in the range's order.
+
+        Each item is a :class:`StepSize` of one partition, its corpus bytes (int), or None (unknown).
+        ``bytes`` (``rows``) is the total when every partition's is known, else None.
+
+        Raises:
+            ValueError: ``sizes`` is empty, an item is negative, a nested range, or of another type
+                (the message names its index).
+        """
+        parts = []
+        for i, s in enumerate(sizes):
+            if s is None:
+                s = cls()
+            elif isinstance(s, bool) or not isinstance(s, (int, StepSize)):
+                raise ValueError(f"StepSize.for_range: item {i} is {type(s).__name__}, not StepSize, int or None")
+            elif isinstance(s, int):
+                if s < 0:
+                    raise ValueError(f"StepSize.for_range: item {i} has negative bytes {s}")
+                s = cls(bytes=s)
+            if s.partitions:
+                raise ValueError(f"StepSize.for_range: item {i} is itself a range")
+            parts.append(s)
+        if not parts:
+            raise ValueError("StepSize.for_range: a range needs at least one partition")
+        total_bytes = sum(p.bytes for p in parts) if all(p.bytes is not None for p in parts) else None
+        total_rows = sum(p.rows for p in parts) if all(p.rows is not None for p in parts) else None
+        return cls(bytes=total_bytes, rows=total_rows, partitions=tuple(parts))
+
+    @property
+    def parts(self) -> tuple["StepSize", ...]:
+        """The partitions this step embeds: ``partitions`` for a range, ``(self,)`` for one partition."""
+        return self.partitions or (self,)
+
+    @property
+    def n_partitions(self) -> int:
+        """How many partitions this step embeds (1 for a single-partition step)."""
+        return len(self.parts)
 
 
 @dataclass(frozen=True)
@@ -80,6 +144,10 @@ class RuntimeModel:
         n_history: how many materializations the figures come from (0 = fallback).
         per_product: median texts/s by GPU product, where history has it.
         typical_rows: median rows per materialization, for a partition of unknown size.
+        per_partition_s: billed seconds each partition adds inside a work unit beyond its embedding
+            (open and read its file, write its parquet atomically, record its materialization); 0.0 by
+            default (the single-partition policy of issue 5 folded it into the start-up). The simulator
+            takes it from ``bench/results/unit_startup.json``.
     """
 
     texts_per_second: float = FALLBACK_TEXTS_PER_SECOND
@@ -90,6 +158,7 @@ class RuntimeModel:
     n_history: int = 0
     per_product: tuple[tuple[str, float], ...] = ()
     typical_rows: float = FALLBACK_ROWS
+    per_partition_s: float = 0.0
 
     @property
     def source(self) -> str:
@@ -128,7 +197,9 @@ class RuntimeModel:
 
     def rows(self, size: StepSize) -> float:
         """Expected rows of a partition: its row count if known, else bytes × rows_per_byte, else
-        ``typical_rows``."""
+        ``typical_rows``; of a range: the sum over its partitions, each resolved so."""
+        if size.partitions:
+            return sum(self.rows(p) for p in size.partitions)
         if size.rows is not None:
             return float(size.rows)
         if size.bytes is not None:
@@ -147,6 +218,10 @@ class RuntimeModel:
     def runtime_s(self, size: StepSize, product: str | None = None, fraction: float = 1.0) -> float:
         """Expected seconds of work on a device of ``product`` and compute ``fraction``."""
         return self.gpu_seconds_full(size, product) / self.speed(fraction)
+
+    def partition_overhead_s(self, size: StepSize) -> float:
+        """Billed seconds the step's partitions add beyond their embedding: ``n_partitions × per_partition_s``."""
+        return size.n_partitions * self.per_partition_s
 
     def cpu_runtime_s(self, size: StepSize, slowdown: float | None = None) -> float:
         """Expected seconds on CPU: CPU history if any, else GPU runtime × slowdown."""

@@ -7,11 +7,18 @@ Mechanics, per cluster:
   (``submit + launch_latency_s``) starts on the lowest-numbered free device of its pool, unless it is
   ours and the array throttle is reached (then it is skipped, as Slurm holds throttled tasks while
   others run). No reservations (greedy first fit).
-- A run holds its device ``billed_overhead_s + work`` seconds, all billed; ``work`` comes from the
-  scenario's :class:`~dagster_gpu.policy.runtime.RuntimeModel` for that device.
-- A preemption kills our most recently started run on that cluster: the time it held is billed, its
-  work is lost, the device goes to the preemptor for ``hold_s``, and the step is requeued with its
-  original priority (ready again after the launch latency).
+- Our jobs are *work units* (issue 8): one scheduler job that loads the model once and embeds one or
+  more partitions back to back. A unit holds its device ``billed_overhead_s + Σ (per_partition_s +
+  work)`` seconds, all billed: the start-up once, then each partition's overhead and work in turn
+  (``per_partition_s`` and ``work`` from the scenario's :class:`~dagster_gpu.policy.runtime.RuntimeModel`
+  for that device). A partition is done, and its deadline judged, when its own turn in the unit ends.
+- A run (``Task.run``: a ranged run of a backfill, or one partition) arrives as a whole; the policy
+  either plans its units (``place_run``) or places each partition (``place``) and the engine forms the
+  units by :func:`form_units` (the LPT rule of :mod:`dagster_gpu.policy.ranges`).
+- A preemption kills our most recently started unit on that cluster: the time it held is billed, the
+  partitions it finished stay done, the rest are requeued as a unit with the original priority (ready
+  again after the launch latency, paying the start-up again); the device goes to the preemptor for
+  ``hold_s``.
 - During an outage nothing is submitted or allocated; submissions wait for its end; runs continue.
 - The resident baseline's devices live in a cluster named ``resident`` (no latency, no overhead: the
   model stays loaded) and are billed for the whole window, busy or not.
@@ -28,6 +35,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from dagster_gpu.policy.ranges import assign_units
 from dagster_gpu.policy.runtime import StepSize
 from dagster_gpu.policy.snapshot import DevicePool, KubernetesState, LocalState, SlurmState, Snapshot
 from dagster_gpu.sim.model import ClusterSpec, Scenario, Task, Units
@@ -35,7 +43,11 @@ from dagster_gpu.sim.model import ClusterSpec, Scenario, Task, Units
 
 @dataclass
 class Segment:
-    """One run of one of our steps on one device: ``[start_s, end_s)`` billed; ``useful_s`` of work done."""
+    """One run of one of our work units on one device: ``[start_s, end_s)`` billed; ``useful_s`` seconds
+    of embedding work of the partitions it finished (``work_spans``: when each of them encoded).
+
+    ``task`` is the unit's first partition, ``tasks`` all the partitions it held; ``completed`` is False
+    for a run cut short by a preemption."""
 
     task: int
     cluster: str
@@ -46,6 +58,8 @@ class Segment:
     end_s: float
     useful_s: float
     completed: bool
+    tasks: tuple[int, ...] = ()
+    work_spans: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass
@@ -72,10 +86,16 @@ class SimResult:
     """Devices held regardless of use: (cluster, device, product, start_s, end_s, count)."""
 
 
+Option = tuple[str, str, str]
+
+
 class Policy(Protocol):
+    """Decides at a run's arrival. ``place`` is required; a policy may also define
+    ``place_run(tasks, sim) -> list[(option, [tasks in the unit's order])]`` to plan the units itself."""
+
     name: str
 
-    def place(self, task: Task, sim: "Simulation") -> tuple[str, str, str]:
+    def place(self, task: Task, sim: "Simulation") -> Option:
         """``(cluster, device, product)`` for ``task``, decided at its arrival."""
 
 
@@ -86,13 +106,26 @@ class _Job:
     ready: float
     key: tuple[str, str]
     ours: bool
-    task: Task | None = None
+    parts: list[tuple[Task, float]] = field(default_factory=list)  # (partition, work s) in the unit's order
     dur: float = 0.0
-    work: float = 0.0
     fraction: float = 1.0
     start: float | None = None
     unit: int | None = None
     token: int = 0
+    overhead: float = 0.0
+    per_part: float = 0.0
+
+    def ends(self) -> list[float]:
+        """When each partition's turn ends, for a run started at ``start``."""
+        t, out = self.start + self.overhead, []
+        for _task, w in self.parts:
+            t += self.per_part + w
+            out.append(t)
+        return out
+
+    def set_parts(self, parts: list[tuple[Task, float]]) -> None:
+        self.parts = parts
+        self.dur = self.overhead + sum(self.per_part + w for _t, w in parts)
 
 
 class _Cluster:
@@ -138,8 +171,8 @@ class Simulation:
         heapq.heappush(self._events, (t, self._seq, fn, args))
 
     def run(self) -> SimResult:
-        for t in self.sc.tasks:
-            self._push(t.arrival_s, self._arrive, t)
+        for tasks in self.sc.runs():
+            self._push(tasks[0].arrival_s, self._arrive_run, tasks)
         for c in self.clusters.values():
             for b in c.spec.background:
                 self._push(b.submit_s, self._submit_bg, c, b)
@@ -162,17 +195,41 @@ class Simulation:
     def work_s(self, task: Task, unit: Units) -> float:
         return self.sc.model.runtime_s(StepSize(rows=task.rows), unit.product, unit.fraction)
 
+    def unit_of(self, opt: Option) -> Units:
+        c = self.clusters[opt[0]]
+        return next(u for u in c.units if u.key == opt[1:])
+
+    def capacity(self, opt: Option) -> int:
+        """Units of one run a pool takes side by side: its devices, at most the Slurm array throttle
+        (what the snapshot reports, so the policy's plan and :func:`form_units` agree)."""
+        c = self.clusters[opt[0]]
+        n = sum(1 for u in c.units if u.key == opt[1:])
+        if opt[0] == "slurm" and c.spec.array_throttle is not None:
+            n = min(n, c.spec.array_throttle)
+        return max(1, n)
+
     # --- handlers ---------------------------------------------------------------------------------
     def _arrive(self, task: Task) -> None:
-        name, device, product = self.policy.place(task, self)
-        c = self.clusters[name]
-        unit = next(u for u in c.units if u.key == (device, product))
-        self.result.outcomes[task.id] = TaskOutcome(task, name, device, product)
-        work = self.work_s(task, unit)
-        self._seq += 1
-        job = _Job(self._seq, self.now, 0.0, (device, product), True, task, c.spec.billed_overhead_s + work, work,
-                   unit.fraction)
-        self._submit(c, job)
+        self._arrive_run((task,))
+
+    def _arrive_run(self, tasks: tuple[Task, ...]) -> None:
+        if hasattr(self.policy, "place_run"):
+            units = self.policy.place_run(tasks, self)
+        else:
+            units = form_units(self, tasks, {t.id: self.policy.place(t, self) for t in tasks})
+        placed = sorted(t.id for _o, ts in units for t in ts)
+        if placed != sorted(t.id for t in tasks):
+            raise ValueError(f"policy {self.policy.name!r} placed partitions {placed} of run {[t.id for t in tasks]}")
+        for (name, device, product), ts in units:
+            c = self.clusters[name]
+            unit = self.unit_of((name, device, product))
+            for t in ts:
+                self.result.outcomes[t.id] = TaskOutcome(t, name, device, product)
+            self._seq += 1
+            job = _Job(self._seq, self.now, 0.0, (device, product), True, fraction=unit.fraction,
+                       overhead=c.spec.billed_overhead_s, per_part=self.sc.model.per_partition_s)
+            job.set_parts([(t, self.work_s(t, unit)) for t in ts])
+            self._submit(c, job)
 
     def _submit_bg(self, c: _Cluster, b) -> None:
         self._seq += 1
@@ -218,15 +275,28 @@ class Simulation:
         c.busy[job.unit] = None
         c.running.remove(job)
 
+    def _segment(self, c: _Cluster, job: _Job, upto: float, completed: bool) -> list[tuple[Task, float]]:
+        """Record ``job``'s run until ``upto``; returns the partitions it had not finished by then."""
+        u = c.units[job.unit]
+        done, spans, rest = 0.0, [], []
+        for (t, w), end in zip(job.parts, job.ends()):
+            if end <= upto + 1e-9:
+                done += w
+                spans.append((end - w, end))
+                self.result.outcomes[t.id].end_s = end
+            else:
+                rest.append((t, w))
+        self.result.segments.append(Segment(
+            job.parts[0][0].id, c.spec.name, u.device, u.product, u.fraction, job.start, upto, done,
+            completed and not rest, tuple(t.id for t, _w in job.parts), tuple(spans)))
+        return rest
+
     def _finish(self, c: _Cluster, job: _Job, token: int) -> None:
         if token != job.token or job.start is None:
             return
         self._release(c, job)
         if job.ours:
-            u = c.units[job.unit]
-            self.result.segments.append(Segment(job.task.id, c.spec.name, u.device, u.product, u.fraction, job.start,
-                                                self.now, job.work, True))
-            self.result.outcomes[job.task.id].end_s = self.now
+            self._segment(c, job, self.now, True)
         job.start = None
         self._dispatch(c)
 
@@ -236,14 +306,17 @@ class Simulation:
             return
         v = max(victims, key=lambda j: (j.start, j.seq))
         u = c.units[v.unit]
-        self.result.segments.append(Segment(v.task.id, c.spec.name, u.device, u.product, u.fraction, v.start,
-                                            self.now, 0.0, False))
+        rest = self._segment(c, v, self.now, False)
         i = v.unit
         self._release(c, v)
         v.start, v.unit = None, None
         v.token += 1
         self._seq += 1
         self._start(c, _Job(self._seq, self.now, self.now, u.key, False, dur=hold_s), i)
+        if not rest:  # it had just finished its last partition
+            self._dispatch(c)
+            return
+        v.set_parts(rest)
         v.ready = self.now + c.spec.launch_latency_s
         bisect.insort(c.queue, (v.prio, v.seq, v))
         self._push(v.ready, self._dispatch, c)
@@ -315,6 +388,19 @@ class Simulation:
                           preemptions_per_gpu_hour=s.preemptions_per_gpu_hour)
             states[name] = typ(**kw)
         return Snapshot(rate_card=self.sc.rate_card, taken_at=self.now, **states)
+
+
+def form_units(sim: Simulation, tasks: tuple[Task, ...], choice: dict[int, Option]
+               ) -> list[tuple[Option, list[Task]]]:
+    """Work units of one run whose partitions were each given an option: largest first, up to the
+    pool's capacity side by side, then joining the least-loaded unit (``dagster_gpu.policy.ranges``'s
+    rule, so a policy that plans the same assignment gets the same units)."""
+    model = sim.sc.model
+    order = sorted(range(len(tasks)), key=lambda i: (-model.rows(StepSize(rows=tasks[i].rows)), i))
+    key_of = {i: choice[t.id] for i, t in enumerate(tasks)}
+    load_of = {i: model.per_partition_s + sim.work_s(t, sim.unit_of(key_of[i])) for i, t in enumerate(tasks)}
+    cap = {k: sim.capacity(k) for k in set(key_of.values())}
+    return [(k, [tasks[i] for i in members]) for k, members in assign_units(order, key_of, load_of, cap)]
 
 
 def simulate(scenario: Scenario, policy: Policy) -> SimResult:

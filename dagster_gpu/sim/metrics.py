@@ -3,8 +3,8 @@
 - ``billed_gpu_hours``: Σ device fraction × seconds each device was held (runs, including lost ones,
   and resident holds) / 3600.
 - ``cost_usd``: Σ rate(backend, device) × held seconds / 3600 (a MIG slice's rate is already its fraction).
-- ``busy_fraction``: useful GPU-seconds (fraction × work seconds of completed runs, without the start
-  overhead) ÷ billed GPU-seconds.
+- ``busy_fraction``: useful GPU-seconds (fraction × embedding seconds of the partitions finished, without
+  a unit's start-up or the per-partition overhead) ÷ billed GPU-seconds.
 - ``makespan_s``: last step's end − first step's arrival.
 - ``deadline_misses``: steps that ended more than their deadline after arrival.
 """
@@ -42,8 +42,7 @@ def figures(result: SimResult, rate_card: RateCard) -> Figures:
         if s.cluster not in held_clusters:  # devices held for the window are billed below, once
             billed += s.fraction * held
             cost += _rate(rate_card, s.cluster, s.device, s.product) * held / 3600.0
-        if s.completed:
-            useful += s.fraction * s.useful_s
+        useful += s.fraction * s.useful_s
     for cluster, device, product, a, b, n in result.held:
         frac = 1.0 if device == product else mig_fraction(device)
         billed += n * frac * (b - a)
@@ -83,8 +82,8 @@ def timeline(result: SimResult, step_s: float, end_s: float) -> tuple[list[float
     for s in result.segments:
         if s.cluster not in held_clusters:
             add(held, s.start_s, s.end_s, s.fraction)
-        if s.completed:
-            add(busy, s.end_s - s.useful_s, s.end_s, s.fraction)
+        for a, b in s.work_spans:
+            add(busy, a, b, s.fraction)
     for _c, device, product, a, b, k in result.held:
         add(held, a, b, k * (1.0 if device == product else
                              mig_fraction(device)))

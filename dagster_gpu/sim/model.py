@@ -60,7 +60,8 @@ class ClusterSpec:
         name: ``slurm``, ``kubernetes`` or ``local``.
         units: its devices.
         launch_latency_s: unbilled seconds from submission to being allocatable.
-        billed_overhead_s: billed seconds per run on top of the work (worker start + model load).
+        billed_overhead_s: billed seconds per work unit on top of its partitions (the step worker's
+            start: python, imports, model load — once per unit, however many partitions it embeds).
         array_throttle: at most this many of our tasks run at once (Slurm ``%N``), None = no limit.
         background: other users' jobs in the same FIFO queue (Slurm).
         preemptions: preemption events (see :class:`Preemption`).
@@ -91,13 +92,18 @@ class ClusterSpec:
 
 @dataclass(frozen=True)
 class Task:
-    """One partition step: ``rows`` texts arriving at ``arrival_s``; ``deadline_s`` after arrival (None = batch)."""
+    """One partition: ``rows`` texts arriving at ``arrival_s``; ``deadline_s`` after arrival (None = batch).
+
+    ``run``: tasks with the same ``run`` form one ranged run (a backfill's run over a range of partition
+    keys), placed together at their common arrival; None = a run of its own (one partition).
+    """
 
     id: int
     rows: int
     arrival_s: float = 0.0
     deadline_s: float | None = None
     request: GpuRequest = GpuRequest()
+    run: int | None = None
 
     def req(self) -> GpuRequest:
         """The request with this task's deadline as its service class."""
@@ -141,3 +147,17 @@ class Scenario:
 
     def cluster(self, name: str) -> ClusterSpec | None:
         return next((c for c in self.clusters if c.name == name), None)
+
+    def runs(self) -> list[tuple[Task, ...]]:
+        """The workload as runs, in order of first appearance: tasks sharing ``run`` together, others alone.
+
+        Raises:
+            ValueError: a run's tasks do not share one arrival time or request (the message names the run).
+        """
+        groups: dict = {}
+        for t in self.tasks:
+            groups.setdefault(("run", t.run) if t.run is not None else ("task", t.id), []).append(t)
+        for (kind, rid), ts in groups.items():
+            if kind == "run" and len({(t.arrival_s, t.deadline_s, t.request) for t in ts}) > 1:
+                raise ValueError(f"scenario {self.name!r}: run {rid} mixes arrival times, deadlines or requests")
+        return [tuple(ts) for ts in groups.values()]

@@ -5,8 +5,12 @@
   whatever the backend's state — an outage just delays the submission.
 - :class:`ResidentPods` ("always Kubernetes resident pods", the article's resident deployment): steps
   queue on devices held for the whole window.
-- :class:`Ours`: the real :func:`dagster_gpu.policy.decide` on the snapshot the simulator builds.
+- :class:`Ours`: the real policy on the snapshot the simulator builds: :func:`dagster_gpu.policy.plan_range`
+  for each run (one partition or a ranged run), which plans its work units largest first.
 - :class:`Fixed`: a given assignment (used by the oracle).
+
+Except ``Ours``, the policies place each partition and the engine forms a run's work units
+(:func:`dagster_gpu.sim.engine.form_units`, the same rule as ``plan_range``'s).
 """
 
 from __future__ import annotations
@@ -14,9 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dagster_gpu.policy.policy import _fit, decide
+from dagster_gpu.policy.ranges import plan_range
 from dagster_gpu.policy.runtime import StepSize
 from dagster_gpu.policy.snapshot import DevicePool
-from dagster_gpu.sim.engine import Simulation
+from dagster_gpu.sim.engine import Option, Simulation
 from dagster_gpu.sim.model import Scenario, Task, Units
 
 
@@ -73,6 +78,13 @@ class Ours:
         p = decide(task.req(), StepSize(rows=task.rows), sim.snapshot(), model=sim.sc.model)
         self.decisions.append(p)
         return (p.backend, p.device, p.product)
+
+    def place_run(self, tasks: tuple[Task, ...], sim: Simulation) -> list[tuple[Option, list[Task]]]:
+        """The run's units as :func:`plan_range` plans them (largest partition first)."""
+        plan = plan_range(tasks[0].req(), StepSize.for_range([StepSize(rows=t.rows) for t in tasks]), sim.snapshot(),
+                          model=sim.sc.model)
+        self.decisions.append(plan)
+        return [((u.backend, u.device, u.product), [tasks[i] for i in u.partitions]) for u in plan.units]
 
 
 @dataclass
