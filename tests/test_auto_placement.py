@@ -53,8 +53,10 @@ def test_step_size_reads_the_partition_files(tmp_path):
     (tmp_path / "a.txt").write_bytes(b"x" * 1234)
     (tmp_path / "b.txt").write_bytes(b"x" * 66)
     assert step_size({TAG_CORPUS_URL: str(tmp_path)}, ["a.txt"]).bytes == 1234
-    assert step_size({TAG_CORPUS_URL: str(tmp_path)}, ["a.txt", "b.txt"]).bytes == 1300  # a ranged step: the sum
-    assert step_size({TAG_CORPUS_URL: str(tmp_path)}, ["a.txt", "missing"]).bytes == 1234
+    ranged = step_size({TAG_CORPUS_URL: str(tmp_path)}, ["a.txt", "b.txt"])
+    assert ranged.bytes == 1300 and [p.bytes for p in ranged.partitions] == [1234, 66]  # a ranged step: each and the sum
+    partial = step_size({TAG_CORPUS_URL: str(tmp_path)}, ["a.txt", "missing"])
+    assert partial.bytes is None and [p.bytes for p in partial.partitions] == [1234, None]
     assert step_size({TAG_CORPUS_URL: str(tmp_path)}, ["missing"]).bytes is None
     assert step_size({}, ["a.txt"]).bytes is None
     assert CorpusSource(str(tmp_path)).file_for_key("a.txt").size_bytes == 1234

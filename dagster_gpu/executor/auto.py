@@ -21,8 +21,10 @@ _STATE_TYPES = {"local": LocalState, "slurm": SlurmState, "kubernetes": Kubernet
 
 
 def step_size(tags: dict, partition_keys: Sequence[str]) -> StepSize:
-    """The bytes of the corpus files of every partition the step embeds (one listing of the corpus at
-    most, see ``CorpusSource.files_for_keys``); StepSize() when unknown (the policy's fallback applies)."""
+    """The step's size: one partition's corpus file bytes, or a ranged step's per-partition bytes
+    (``StepSize.for_range``: the policy then counts each partition's overhead once the unit has started).
+    One listing of the corpus at most (``CorpusSource.files_for_keys``); StepSize() when the corpus is
+    unknown (the policy's fallback applies), None for a partition without a file."""
     url = tags.get(TAG_CORPUS_URL)
     if not url or not partition_keys:
         return StepSize()
@@ -30,7 +32,8 @@ def step_size(tags: dict, partition_keys: Sequence[str]) -> StepSize:
         files = CorpusSource(url=url).files_for_keys(partition_keys, missing_ok=True)
     except Exception:  # the step itself reports a missing corpus or file with a clear error
         return StepSize()
-    return StepSize(bytes=sum(f.size_bytes for f in files.values())) if files else StepSize()
+    sizes = [files[k].size_bytes if k in files else None for k in partition_keys]
+    return StepSize(bytes=sizes[0]) if len(sizes) == 1 else StepSize.for_range(sizes)
 
 
 def gather_snapshot(handler, candidates) -> Snapshot:
