@@ -27,8 +27,6 @@ import threading
 import time
 from pathlib import Path
 
-import psutil
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
@@ -36,6 +34,7 @@ import dagster as dg  # noqa: E402
 
 import slurm_helpers as H  # noqa: E402
 from make_corpus import make_corpus  # noqa: E402
+from slurm_backfill import tree_rss  # noqa: E402
 from summary import merge_summary  # noqa: E402
 
 LOOP = r"""
@@ -71,18 +70,7 @@ class RssSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.wait(1.0):
-            try:
-                root = psutil.Process(self.pid)
-                procs = [root, *root.children(recursive=True)]
-            except psutil.NoSuchProcess:
-                return
-            total = 0
-            for p in procs:
-                try:
-                    total += p.memory_info().rss
-                except psutil.NoSuchProcess:
-                    pass
-            self.peak = max(self.peak, total)
+            self.peak = max(self.peak, tree_rss(self.pid))
 
 
 def run_loop(corpus: Path, out: Path) -> dict:
