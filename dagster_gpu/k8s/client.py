@@ -9,12 +9,13 @@ discovered once (v1 on Kubernetes 1.34; v1beta2/v1beta1 where only those are ser
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
-from kubernetes import client, config
+from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
-from dagster_gpu.k8s.manifests import claim_template_for_version, served_version
+from dagster_gpu.k8s.manifests import allocated_devices, claim_template_for_version, served_version, to_dict
 
 TIMEOUT = (5, 30)  # connect, read (seconds)
 
@@ -204,24 +205,18 @@ class ClaimWatcher:
 
     def record(self, claim: Any) -> None:
         """Record one claim (a model or dict) if it is allocated and owned by a pod."""
-        from dagster_gpu.k8s.manifests import allocated_devices, to_dict
-
         d = claim if isinstance(claim, dict) else to_dict(claim)
         devices = allocated_devices(d)
         owners = [o for o in (d.get("metadata") or {}).get("ownerReferences") or [] if o.get("kind") == "Pod"]
         if not devices or not owners:
             return
-        import time as _time
-
         with self._lock:
             for o in owners:
                 if o["uid"] not in self._by_pod:
                     self._by_pod[o["uid"]] = {"claim": d["metadata"]["name"], "devices": devices,
-                                              "allocated_at": _time.time()}
+                                              "allocated_at": time.time()}
 
     def _run(self) -> None:
-        from kubernetes import watch
-
         while not self._stop.is_set():
             try:
                 res = self.kube._res()

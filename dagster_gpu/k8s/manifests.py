@@ -39,7 +39,7 @@ from typing import Any, Mapping, Sequence
 from kubernetes import client
 
 from dagster_gpu.billing.ratecard import mig_fraction
-from dagster_gpu.executor.backends.base import StepLaunch
+from dagster_gpu.contracts import StepLaunch
 from dagster_gpu.request import GpuRequest
 
 DRIVER = "gpu.nvidia.com"

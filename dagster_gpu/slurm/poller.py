@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from dagster_gpu.executor.backends.base import WorkerStatus
+from dagster_gpu.contracts import WorkerStatus
 from dagster_gpu.slurm import parse as P
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.spool import Spool, read_json, write_json

@@ -1,4 +1,4 @@
-"""Slurm job states -> :class:`~dagster_gpu.executor.backends.base.WorkerStatus` (pure, no I/O).
+"""Slurm job states -> :class:`~dagster_gpu.contracts.WorkerStatus` (pure, no I/O).
 
 Slurm prints a job's state as a long name (``squeue %T``, ``sacct State``: ``RUNNING``,
 ``CANCELLED by 0``), a short code (``squeue %t``: ``R``, ``CA``), or a name truncated to the column
@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dagster_gpu.executor.backends.base import WorkerStatus
+from dagster_gpu.contracts import WorkerStatus
 
 #: Long state name -> WorkerStatus.
 STATE_MAP: dict[str, WorkerStatus] = {

@@ -56,13 +56,17 @@ import time
 from typing import Any, Mapping
 
 import dagster as dg
+from dagster._serdes import serialize_value
 from kubernetes.client.rest import ApiException
 
 from dagster_gpu.billing.metering import cost_usd, gpu_seconds
 from dagster_gpu.billing.ratecard import RateCard, rate_from_table
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.executor.backends.step_args import step_args_from_env
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
+from dagster_gpu.k8s.inventory import device_pools
+from dagster_gpu.policy.snapshot import KubernetesState
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
 log = logging.getLogger(__name__)
@@ -207,9 +211,6 @@ class KubernetesBackend(Backend):
         """``KubernetesState``: devices in ResourceSlices not allocated to any ResourceClaim, grouped into
         pools, and our Pending pods per pool (by the MIG/whole-GPU class their request asked for).
         Raises ApiException (e.g. 403 without the inventory ClusterRole) when the API cannot be read."""
-        from dagster_gpu.k8s.inventory import device_pools
-        from dagster_gpu.policy.snapshot import KubernetesState
-
         slices, claims, pending_pods = self.kube.inventory(f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}")
         waiting: dict[str, int] = {}
         for pod in pending_pods:
@@ -476,11 +477,9 @@ class KubernetesBackend(Backend):
         if md is None:
             return 0
         env = {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
-        if "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS" not in env:
+        args = step_args_from_env(env)
+        if args is None:
             return 0
-        args = _step_args(env["DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS"])
-        from dagster._serdes import serialize_value
-
         key = serialize_value(args.instance_ref)
         with self._lock:
             instance = self._instances.get(key)
@@ -600,13 +599,3 @@ def reconcile(pod_interval: Mapping[str, Any], measured: Mapping[str, Any]) -> d
         out["billing/measured_cost_usd"] = float(mc)
     return out
 
-
-def _step_args(compressed: str):
-    """ExecuteStepArgs from ``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS`` (base64 of zlib of serdes JSON)."""
-    import base64
-    import zlib
-
-    from dagster._grpc.types import ExecuteStepArgs
-    from dagster._serdes import deserialize_value
-
-    return deserialize_value(zlib.decompress(base64.b64decode(compressed.encode())).decode(), ExecuteStepArgs)

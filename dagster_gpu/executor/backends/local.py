@@ -17,6 +17,8 @@ from pathlib import Path
 import psutil
 
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.policy.snapshot import DevicePool, LocalState
+from dagster_gpu.telemetry.nvml import list_gpus
 from dagster_gpu.worker.supervise import read_status
 
 
@@ -112,9 +114,6 @@ class LocalBackend(Backend):
     def policy_state(self):
         """This host as a ``LocalState``: one pool per GPU product NVML sees (free = total minus our running
         workers), none on a CPU-only host."""
-        from dagster_gpu.policy.snapshot import DevicePool, LocalState
-        from dagster_gpu.telemetry.nvml import list_gpus
-
         running = sum(1 for p in list(self._children.values()) if p.poll() is None)
         gpus = list_gpus()
         pools = []

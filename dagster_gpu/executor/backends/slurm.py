@@ -30,7 +30,7 @@ device fraction of N ÷ shards_per_gpu; a step with ``gpu-count: 0`` requests no
 
 The step worker's metadata (``slurm/job_id``, ``slurm/array_job_id``, ``slurm/array_task_id``) comes from
 Slurm's environment in the worker; after the task ends, sacct figures are reported per partition as an
-AssetObservation with ``billing/source: sacct`` (:mod:`dagster_gpu.slurm.reconcile`) by whichever process
+AssetObservation with ``billing/source: sacct`` (:mod:`dagster_gpu.executor.backends.slurm_accounting`) by whichever process
 polls next, and by each orchestrating process before it exits (``reconcile_wait_seconds``).
 """
 
@@ -43,19 +43,24 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import dagster as dg
 
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.executor.backends.slurm_accounting import reconcile_spool
+from dagster_gpu.policy.snapshot import DevicePool, SlurmState
+from dagster_gpu.slurm.client import SlurmClient, SlurmError
+from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python
+from dagster_gpu.slurm.parse import SlurmParseError
+from dagster_gpu.slurm.poller import SharedPoller
+from dagster_gpu.slurm.script import write_job_script
+from dagster_gpu.slurm.spool import Spool
+from dagster_gpu.slurm.status import records_for, task_state
+from dagster_gpu.slurm.window import WindowRule
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
-
-if TYPE_CHECKING:
-    from dagster_gpu.slurm.client import SlurmClient
-
-# dagster_gpu.slurm.* is imported inside the backend: this module is imported while
-# dagster_gpu.executor initialises (for config_field), and dagster_gpu.slurm imports executor.backends.base.
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +120,6 @@ class SlurmBackend(Backend):
     coalesces_launches = True
 
     def __init__(self, settings: SlurmSettings, client: SlurmClient | None = None):
-        from dagster_gpu.slurm.client import SlurmClient
-        from dagster_gpu.slurm.coalescer import ArrayCoalescer, default_python
-        from dagster_gpu.slurm.poller import SharedPoller
-        from dagster_gpu.slurm.spool import Spool
-        from dagster_gpu.slurm.window import WindowRule
-
         self.settings = settings
         self.client = client or SlurmClient(slurm_conf=settings.slurm_conf)
         self.spool = Spool(settings.spool_dir)
@@ -167,8 +166,6 @@ class SlurmBackend(Backend):
     def pending_tasks(self) -> dict[int, int] | None:
         """Pending tasks per array job id of the spool's active job arrays, from the shared poll (at
         most one squeue + sacct per poll interval across processes); None when Slurm did not answer."""
-        from dagster_gpu.slurm.client import SlurmError
-
         try:
             snap = self.poller.snapshot(set())
         except (SlurmError, TimeoutError):
@@ -227,8 +224,6 @@ class SlurmBackend(Backend):
 
     # ------------------------------------------------------------------------------ Backend
     def launch(self, launch: StepLaunch) -> Handle:
-        from dagster_gpu.slurm.coalescer import TaskRequest
-
         _, fraction = self.gres_option(launch)
         env = dict(launch.env)
         if fraction is not None and STEP_CONTEXT_ENV in env:
@@ -261,9 +256,6 @@ class SlurmBackend(Backend):
         }
 
     def state(self, handle: Handle) -> WorkerState:
-        from dagster_gpu.slurm.client import SlurmError
-        from dagster_gpu.slurm.status import records_for, task_state
-
         aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
         submitted = float(handle["submitted_at"])
         if aid not in self._launched:  # launched by an earlier process (a resumed run re-attached): bill it from here
@@ -301,8 +293,6 @@ class SlurmBackend(Backend):
         (one ``squeue``), our array throttle, and, when the free GPUs do not outnumber the pending tasks,
         the controller's start estimate for one more task (``sbatch --test-only``; nothing is submitted). Raises SlurmError when the
         controller does not answer."""
-        from dagster_gpu.policy.snapshot import DevicePool, SlurmState
-
         s = self.settings
         total = self.gpus_in_partition()
         busy, pending = self.client.gpu_queue(s.slurm_partition)
@@ -323,11 +313,6 @@ class SlurmBackend(Backend):
         it cannot say: a rejected test, or a start more than a day ahead (Slurm 22.05 prints year 6109
         when the running jobs have no time limit). Assumes the controller's clock and time zone are
         this host's (its estimate is printed in local time)."""
-        from datetime import datetime
-
-        from dagster_gpu.slurm.client import SlurmError
-        from dagster_gpu.slurm.parse import SlurmParseError
-        from dagster_gpu.slurm.script import write_job_script
 
         try:
             est = self.client.test_only(self.sbatch_options_for(gpus), write_job_script(self.spool.root))
@@ -351,8 +336,6 @@ class SlurmBackend(Backend):
 
     # ------------------------------------------------------------------------------ billing
     def _reconcile(self, snap) -> None:
-        from dagster_gpu.slurm.reconcile import reconcile_spool
-
         try:
             reconcile_spool(self.spool, snap.acct, self.settings.shards_per_gpu)
         except Exception:  # noqa: BLE001 - billing never breaks a run
@@ -361,9 +344,6 @@ class SlurmBackend(Backend):
     def reconcile_now(self, wait_s: float | None = None) -> int:
         """Poll until every job array this process launched is done (at most ``wait_s``, default
         ``reconcile_wait_seconds``), then report sacct observations. Returns observations written."""
-        from dagster_gpu.slurm.client import SlurmError
-        from dagster_gpu.slurm.reconcile import reconcile_spool
-
         deadline = time.monotonic() + (self.settings.reconcile_wait_seconds if wait_s is None else wait_s)
         written = 0
         while True:
