@@ -1,4 +1,4 @@
-"""Rate card (resources/ratecard.yaml), metering, and the worker's measured billing."""
+"""Rate card (dagster_gpu/data/ratecard.yaml), metering, and the worker's measured billing."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ def card() -> RateCard:
     return RateCard.load()
 
 
-def test_default_card_is_the_repo_file(card):
-    assert DEFAULT_RATE_CARD == REPO / "resources" / "ratecard.yaml"
+def test_default_card_is_package_data(card):
+    assert DEFAULT_RATE_CARD == REPO / "dagster_gpu" / "data" / "ratecard.yaml"
+    # the documented example in resources/ is the same file
+    assert (REPO / "resources" / "ratecard.yaml").resolve() == DEFAULT_RATE_CARD.resolve()
     assert card.source == str(DEFAULT_RATE_CARD)
     assert set(card.rates) == {"local", "slurm", "kubernetes"}
     assert dict(card.table("local")) == {"cpu": 0.05, "default": 1.00}

@@ -1,4 +1,8 @@
-"""The rate card: USD per GPU-hour by backend and device type (see ``resources/ratecard.yaml``)."""
+"""The rate card: USD per GPU-hour by backend and device type.
+
+The default card is package data, ``dagster_gpu/data/ratecard.yaml`` (``resources/ratecard.yaml`` in the
+repository is a link to it), so :meth:`RateCard.load` works from an installed wheel.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Mapping
 
 import yaml
 
-DEFAULT_RATE_CARD = Path(__file__).resolve().parents[2] / "resources" / "ratecard.yaml"
+DEFAULT_RATE_CARD = Path(__file__).resolve().parents[1] / "data" / "ratecard.yaml"
 
 _MIG_PROFILE = re.compile(r"^mig-(\d+)g\.(\d+)gb$")
 #: Compute slices of a full GPU for MIG on A100/H100/H200 (NVIDIA MIG User Guide, "Supported MIG Profiles").
@@ -41,7 +45,7 @@ class RateCard:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "RateCard":
-        """Read a YAML rate card (default: the packaged ``resources/ratecard.yaml``).
+        """Read a YAML rate card (default: the packaged ``dagster_gpu/data/ratecard.yaml``).
 
         Raises RateCardError naming the file when it is unreadable, has no ``backends`` mapping, or a
         rate is not a finite number >= 0.

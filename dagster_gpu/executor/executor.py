@@ -3,7 +3,7 @@
 Run config (``execution: config:``)::
 
     backend: auto | local | slurm | kubernetes      # default auto (the cost policy, or the only backend)
-    rate_card: /path/to/ratecard.yaml              # default: the packaged resources/ratecard.yaml
+    rate_card: /path/to/ratecard.yaml              # default: the packaged dagster_gpu/data/ratecard.yaml
     worker_python: /opt/venv/bin/python            # default: the code location's interpreter
     local: {log_dir: ..., cuda_visible_devices: "0", terminate_grace_seconds: 10, enabled: true}
     slurm: {...}                                   # see dagster_gpu.executor.backends.slurm
