@@ -21,27 +21,16 @@ Terminate: graceful delete of the pod (its ``terminationGracePeriodSeconds``, ne
 and its claims. Workers survive the orchestrator: a SIGTERM to the run worker leaves pods running and a
 resumed run re-attaches by the handle (pod name + uid) recorded in the event log.
 
-Run config (``execution: config: kubernetes:``), all optional::
+Run config (``execution: config: kubernetes:``): every key, its default and its meaning are in
+:class:`~dagster_gpu.executor.backends.kubernetes_settings.KubernetesSettings` (the Dagster schema is
+generated from it). For example::
 
-    kubeconfig: /path/to/kubeconfig        # default $KUBECONFIG / ~/.kube/config; or in_cluster: true
-    context: name
-    in_cluster: false
+    kubeconfig: /path/to/kubeconfig        # or in_cluster: true
     namespace: dagster-gpu
     image: registry/dagster-gpu:tag        # the step worker's image
     postgres_password_secret: {name: dagster-postgresql-secret, key: postgresql-password}
-    env_secret_refs: [{env: AWS_SECRET_ACCESS_KEY, secret: s3, key: secret-key}]
-    container_context: {...}               # dagster-k8s K8sContainerContext fields (env_vars, volumes...)
+    container_context: {service_account_name: dagster-gpu-worker}
     mig_profile: 1g.10gb                   # for mig-ok requests; null = whole GPUs only
-    sharing_strategy: TimeSlicing | MPS    # opaque GpuConfig for shared-ok requests; default none
-    pending_timeout_seconds: 300
-    create_timeout_seconds: 120
-    termination_grace_period_seconds: 30
-    cpu_request: 100m
-    memory_request: null
-    delete_finished_pods: true
-    finalize_wait_seconds: 15              # at orchestrator exit, wait this long for launched pods to end
-    resource_api_version: null             # force v1 / v1beta2 / v1beta1 (default: discovered)
-    labels: {}
 """
 
 from __future__ import annotations
@@ -62,6 +51,7 @@ from kubernetes.client.rest import ApiException
 from dagster_gpu.billing.metering import cost_usd, gpu_seconds
 from dagster_gpu.billing.ratecard import RateCard, rate_from_table
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.executor.backends.kubernetes_settings import KubernetesSettings, config_field, settings_from_config  # noqa: F401
 from dagster_gpu.executor.backends.step_args import step_args_from_env
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
@@ -81,76 +71,20 @@ _STUCK_REASONS = {"CreateContainerConfigError", "CreateContainerError", "ErrImag
                   "InvalidImageName", "RunContainerError"}
 
 
-def config_field() -> dg.Field:
-    """The ``kubernetes:`` section of gpu_executor's config (see the module docstring)."""
-    return dg.Field(
-        {
-            "kubeconfig": dg.Field(dg.StringSource, is_required=False, description="kubeconfig path (default $KUBECONFIG)."),
-            "context": dg.Field(dg.StringSource, is_required=False),
-            "in_cluster": dg.Field(bool, default_value=False),
-            "namespace": dg.Field(dg.StringSource, default_value="dagster-gpu"),
-            "image": dg.Field(dg.StringSource, default_value="dagster-gpu:latest"),
-            "postgres_password_secret": dg.Field(
-                dg.Noneable({"name": dg.Field(str), "key": dg.Field(str, default_value="postgresql-password"),
-                             "env": dg.Field(str, default_value="DAGSTER_PG_PASSWORD")}),
-                default_value={"name": "dagster-postgresql-secret", "key": "postgresql-password", "env": "DAGSTER_PG_PASSWORD"},
-                description="Secret holding the Dagster PostgreSQL password (passed by secretKeyRef, never by value).",
-            ),
-            "env_secret_refs": dg.Field([{"env": str, "secret": str, "key": str}], default_value=[]),
-            "container_context": dg.Field(dg.Permissive(), default_value={},
-                                          description="dagster-k8s K8sContainerContext fields (env_vars, env_secrets, volumes, ...)."),
-            "mig_profile": dg.Field(dg.Noneable(str), default_value="1g.10gb"),
-            "sharing_strategy": dg.Field(dg.Noneable(dg.Enum("K8sSharing", [dg.EnumValue("TimeSlicing"), dg.EnumValue("MPS")])),
-                                         default_value=None),
-            "pending_timeout_seconds": dg.Field(float, default_value=300.0),
-            "create_timeout_seconds": dg.Field(float, default_value=120.0),
-            "termination_grace_period_seconds": dg.Field(int, default_value=30),
-            "cpu_request": dg.Field(dg.Noneable(str), default_value="100m"),
-            "memory_request": dg.Field(dg.Noneable(str), default_value=None),
-            "delete_finished_pods": dg.Field(bool, default_value=True),
-            "finalize_wait_seconds": dg.Field(float, default_value=15.0),
-            "resource_api_version": dg.Field(dg.Noneable(str), default_value=None),
-            "labels": dg.Field(dg.Permissive(), default_value={}),
-        },
-        is_required=False,
-        description="Kubernetes backend: one pod per step, GPU by DRA ResourceClaimTemplate (resource.k8s.io/v1).",
-    )
-
-
-def settings_from_config(section: Mapping[str, Any]) -> m.K8sSettings:
-    """K8sSettings from the ``kubernetes:`` section (already defaulted by Dagster's config system or not)."""
-    secret_env = []
-    pg = section.get("postgres_password_secret", {"name": "dagster-postgresql-secret"})
-    if pg:
-        secret_env.append(m.SecretEnv(pg.get("env", "DAGSTER_PG_PASSWORD"), pg["name"], pg.get("key", "postgresql-password")))
-    secret_env += [m.SecretEnv(r["env"], r["secret"], r["key"]) for r in section.get("env_secret_refs", [])]
-    return m.K8sSettings(
-        namespace=section.get("namespace", "dagster-gpu"),
-        image=section.get("image", "dagster-gpu:latest"),
-        secret_env=tuple(secret_env),
-        container_context=dict(section.get("container_context") or {}),
-        mig_profile=section.get("mig_profile", "1g.10gb"),
-        sharing_strategy=section.get("sharing_strategy"),
-        termination_grace_period_s=int(section.get("termination_grace_period_seconds", 30)),
-        cpu_request=section.get("cpu_request", "100m"),
-        memory_request=section.get("memory_request"),
-        extra_labels=dict(section.get("labels") or {}),
-    )
-
-
 def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any]) -> "KubernetesBackend":
     """The backend for gpu_executor (called by ``dagster_gpu.executor.registry``)."""
-    settings = settings_from_config(section)
-    api = load_api_client(section.get("kubeconfig"), section.get("context"), bool(section.get("in_cluster", False)))
-    kube = KubeClient(api, settings.namespace, section.get("resource_api_version"))
+    s = KubernetesSettings.from_section(section)
+    api = load_api_client(s.kubeconfig, s.context, s.in_cluster)
+    pod = s.pod_settings()
+    kube = KubeClient(api, pod.namespace, s.resource_api_version)
     rate_card = RateCard.load(executor_config.get("rate_card"))
     return KubernetesBackend(
-        kube, settings,
-        pending_timeout_s=float(section.get("pending_timeout_seconds", 300.0)),
-        create_timeout_s=float(section.get("create_timeout_seconds", 120.0)),
-        delete_finished_pods=bool(section.get("delete_finished_pods", True)),
+        kube, pod,
+        pending_timeout_s=s.pending_timeout_seconds,
+        create_timeout_s=s.create_timeout_seconds,
+        delete_finished_pods=s.delete_finished_pods,
         rates=rate_card.table("kubernetes"),
-        finalize_wait_s=float(section.get("finalize_wait_seconds", 15.0)),
+        finalize_wait_s=s.finalize_wait_seconds,
     )
 
 
@@ -184,10 +118,12 @@ class KubernetesBackend(Backend):
     name = "kubernetes"
     workers_survive_orchestrator = True
 
-    def __init__(self, kube: KubeClient, settings: m.K8sSettings, pending_timeout_s: float = 300.0,
-                 create_timeout_s: float = 120.0, delete_finished_pods: bool = True,
+    def __init__(self, kube: KubeClient, settings: m.K8sSettings,
+                 pending_timeout_s: float = KubernetesSettings.pending_timeout_seconds,
+                 create_timeout_s: float = KubernetesSettings.create_timeout_seconds,
+                 delete_finished_pods: bool = KubernetesSettings.delete_finished_pods,
                  rates: Mapping[str, float] | None = None, report_observations: bool = True,
-                 finalize_wait_s: float = 15.0, sweep_grace_s: float = 10.0):
+                 finalize_wait_s: float = KubernetesSettings.finalize_wait_seconds, sweep_grace_s: float = 10.0):
         self.kube = kube
         self.settings = settings
         self.pending_timeout_s = pending_timeout_s

@@ -42,7 +42,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Mapping
@@ -51,6 +51,8 @@ import dagster as dg
 
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
 from dagster_gpu.executor.backends.slurm_accounting import reconcile_spool
+from dagster_gpu.executor.settings import config_field as settings_config_field
+from dagster_gpu.executor.settings import from_section, setting
 from dagster_gpu.policy.snapshot import DevicePool, SlurmState
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python
@@ -76,40 +78,47 @@ def default_spool_dir() -> str:
 
 @dataclass(frozen=True)
 class SlurmSettings:
-    """The ``slurm:`` section, typed (see module doc for meanings; seconds for all durations)."""
+    """The ``slurm:`` section, typed: the one place its defaults are written (:func:`config_field` generates
+    the Dagster schema from it). Seconds for all durations."""
 
-    slurm_conf: str | None = None
-    spool_dir: str = field(default_factory=default_spool_dir)
-    account: str | None = None
-    slurm_partition: str | None = None
-    qos: str | None = None
-    time_limit: str | None = None
-    throttle: int | None = None
-    coalesce_window_seconds: float = 2.0
-    coalesce_max_window_seconds: float = 15.0
-    coalesce_backlog_tasks: int | None = None
-    coalesce_hold_max_seconds: float = 120.0
-    coalesce_target_tasks: int = 10
-    max_tasks_per_array: int | None = None
-    poll_interval_seconds: float = 2.0
-    shards_per_gpu: int = 4
-    shards_per_shared_task: int = 1
-    extra_sbatch_args: tuple[str, ...] = ()
-    env_files: tuple[str, ...] = ()
-    python: str | None = None
-    submit_timeout_seconds: float = 180.0
-    vanish_grace_seconds: float = 60.0
-    reconcile_wait_seconds: float = 20.0
-    gpu_product: str = "NVIDIA A100-SXM4-80GB"
-    gpu_memory_gib: float = 80.0
+    slurm_conf: str | None = setting(None, "slurm.conf path (default $SLURM_CONF).")
+    spool_dir: str = setting(default_factory=default_spool_dir, show_default=False,
+                             description="Spool shared by run workers (and compute nodes); default "
+                                         "$DAGSTER_GPU_SLURM_SPOOL, else $DAGSTER_HOME/dagster_gpu/slurm-spool.")
+    account: str | None = setting(None, "sbatch --account.")
+    slurm_partition: str | None = setting(None, "sbatch --partition (a slurm partition).")
+    qos: str | None = setting(None, "sbatch --qos.")
+    time_limit: str | None = setting(None, "sbatch --time, e.g. 01:00:00.")
+    throttle: int | None = setting(None, "%T of each job array (default: GPUs in the slurm partition).")
+    coalesce_window_seconds: float = setting(2.0, "Quiet gap (s) that ends a coalescing window.")
+    coalesce_max_window_seconds: float = setting(15.0, "Longest wait (s) of a launch for others.")
+    coalesce_backlog_tasks: int | None = setting(None, "Hold launches while our earlier arrays have this many pending "
+                                                       "tasks (default: the array throttle; 0: never).")
+    coalesce_hold_max_seconds: float = setting(120.0, "Longest hold (s) of a launch; below submit_timeout_seconds.")
+    coalesce_target_tasks: int = setting(10, "While a backfill is starting more runs, hold launches until this many "
+                                             "wait (0: never).")
+    max_tasks_per_array: int | None = setting(None, "Tasks per sbatch cap (MaxArraySize also applies).")
+    poll_interval_seconds: float = setting(2.0, "Seconds between squeue+sacct polls.")
+    shards_per_gpu: int = setting(4, "shard GRES per GPU (gres.conf).")
+    shards_per_shared_task: int = setting(1, "--gres=shard:N for shared-ok steps.")
+    extra_sbatch_args: tuple[str, ...] = setting((), "More sbatch argv items.")
+    env_files: tuple[str, ...] = setting((), "KEY=VALUE secret files (0600) loaded by each task (~ expanded).")
+    python: str | None = setting(None, "Interpreter on compute nodes (default: this one).")
+    submit_timeout_seconds: float = setting(180.0, "Longest wait (s) of a launch for its sbatch.")
+    vanish_grace_seconds: float = setting(60.0, "Seconds a task may be unknown to squeue and sacct after submission.")
+    reconcile_wait_seconds: float = setting(20.0, "Wait at exit for sacct billing.")
+    gpu_product: str = setting("NVIDIA A100-SXM4-80GB", "Product of the slurm partition's GPUs (rate card device "
+                                                        "type; untyped GRES do not say).")
+    gpu_memory_gib: float = setting(80.0, "Memory of one of those GPUs (GiB).")
+
+    def __post_init__(self):
+        object.__setattr__(self, "extra_sbatch_args", tuple(self.extra_sbatch_args))
+        object.__setattr__(self, "env_files", tuple(os.path.expanduser(x) for x in self.env_files))
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> "SlurmSettings":
-        kw = {k: v for k, v in section.items() if v is not None and k in cls.__dataclass_fields__}
-        for k in ("extra_sbatch_args", "env_files"):
-            if k in kw:
-                kw[k] = tuple(os.path.expanduser(x) if k == "env_files" else x for x in kw[k])
-        return cls(**kw)
+        """Settings from the ``slurm:`` section (absent keys take the defaults above)."""
+        return from_section(cls, section)
 
 
 class SlurmBackend(Backend):
@@ -371,38 +380,8 @@ class SlurmBackend(Backend):
 
 
 def config_field() -> dg.Field:
-    """The ``slurm:`` section of gpu_executor's config (see the module docstring)."""
-    S = dg.StringSource
-    return dg.Field(
-        {
-            "slurm_conf": dg.Field(S, is_required=False, description="slurm.conf path (default $SLURM_CONF)."),
-            "spool_dir": dg.Field(S, is_required=False, description="Spool shared by run workers (and compute nodes)."),
-            "account": dg.Field(S, is_required=False, description="sbatch --account."),
-            "slurm_partition": dg.Field(S, is_required=False, description="sbatch --partition (a slurm partition)."),
-            "qos": dg.Field(S, is_required=False, description="sbatch --qos."),
-            "time_limit": dg.Field(S, is_required=False, description="sbatch --time, e.g. 01:00:00."),
-            "throttle": dg.Field(int, is_required=False, description="%T of each job array (default: GPUs in the slurm partition)."),
-            "coalesce_window_seconds": dg.Field(float, default_value=2.0, description="Quiet gap (s) that ends a coalescing window."),
-            "coalesce_max_window_seconds": dg.Field(float, default_value=15.0, description="Longest wait (s) of a launch for others."),
-            "coalesce_backlog_tasks": dg.Field(int, is_required=False, description="Hold launches while our earlier arrays have this many pending tasks (default: the array throttle; 0: never)."),
-            "coalesce_target_tasks": dg.Field(int, default_value=10, description="While a backfill is starting more runs, hold launches until this many wait (0: never)."),
-            "coalesce_hold_max_seconds": dg.Field(float, default_value=120.0, description="Longest hold (s) of a launch; below submit_timeout_seconds."),
-            "max_tasks_per_array": dg.Field(int, is_required=False, description="Tasks per sbatch cap (MaxArraySize also applies)."),
-            "poll_interval_seconds": dg.Field(float, default_value=2.0, description="Seconds between squeue+sacct polls."),
-            "shards_per_gpu": dg.Field(int, default_value=4, description="shard GRES per GPU (gres.conf)."),
-            "shards_per_shared_task": dg.Field(int, default_value=1, description="--gres=shard:N for shared-ok steps."),
-            "extra_sbatch_args": dg.Field([str], is_required=False, description="More sbatch argv items."),
-            "env_files": dg.Field([str], is_required=False, description="KEY=VALUE secret files (0600) loaded by each task."),
-            "python": dg.Field(S, is_required=False, description="Interpreter on compute nodes (default: this one)."),
-            "submit_timeout_seconds": dg.Field(float, default_value=180.0),
-            "vanish_grace_seconds": dg.Field(float, default_value=60.0),
-            "reconcile_wait_seconds": dg.Field(float, default_value=20.0, description="Wait at exit for sacct billing."),
-            "gpu_product": dg.Field(S, default_value="NVIDIA A100-SXM4-80GB", description="Product of the slurm partition's GPUs (rate card device type; untyped GRES do not say)."),
-            "gpu_memory_gib": dg.Field(float, default_value=80.0, description="Memory of one of those GPUs (GiB)."),
-        },
-        is_required=False,
-        description="Slurm backend settings (dagster_gpu.executor.backends.slurm).",
-    )
+    """The ``slurm:`` section of gpu_executor's config, generated from :class:`SlurmSettings`."""
+    return settings_config_field(SlurmSettings, "Slurm backend settings (dagster_gpu.executor.backends.slurm).")
 
 
 def build_backend(section: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> SlurmBackend:
