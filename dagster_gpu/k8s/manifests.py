@@ -182,6 +182,8 @@ class DeviceChoice:
         sharing: ``TimeSlicing``/``MPS`` or None.
         device_type: the rate-card device type (``mig-1g.10gb``, a product name, or ``default``).
         fraction_per_device: 1.0 for a whole GPU, :func:`mig_fraction` of the profile for MIG.
+        product: the GPU product asked for (a MIG slice's parent), from the request or the placement, or
+            None (the rate card's ``default`` prices it).
     """
 
     device_class: str
@@ -191,6 +193,7 @@ class DeviceChoice:
     sharing: str | None
     device_type: str
     fraction_per_device: float
+    product: str | None = None
 
     @property
     def device_fraction(self) -> float:
@@ -200,7 +203,7 @@ class DeviceChoice:
     def to_json(self) -> dict:
         return {"deviceClassName": self.device_class, "count": self.count, "selectors": list(self.selectors),
                 "migProfile": self.mig_profile, "sharing": self.sharing, "deviceFraction": self.device_fraction,
-                "deviceType": self.device_type}
+                "deviceType": self.device_type, "product": self.product}
 
 
 def _cel_string(s: str) -> str:
@@ -224,12 +227,15 @@ def profile_selector(profile: str) -> str:
     return f"device.attributes[{_cel_string(DRIVER)}].profile == {_cel_string(profile)}"
 
 
-def device_choice(request: GpuRequest, placement_device: str | None, settings: K8sSettings) -> DeviceChoice | None:
+def device_choice(request: GpuRequest, placement_device: str | None, settings: K8sSettings,
+                  placement_product: str | None = None) -> DeviceChoice | None:
     """The DRA request for ``request`` (None for a CPU-only step, ``count == 0``).
 
     MIG is used when ``placement_device`` is ``mig-<profile>``, or when the request is ``mig_ok``,
     asks for one device, and ``settings.mig_profile`` is set. ``placement_device`` naming a product
     (``NVIDIA A100-SXM4-80GB``) narrows the product selector when the request has none.
+    ``placement_product`` (the policy's product of the chosen pool, a MIG slice's parent) only names the
+    product billed (:attr:`DeviceChoice.product`), it adds no selector.
     Raises ManifestError for a malformed MIG device name.
     """
     if request.count <= 0:
@@ -252,9 +258,11 @@ def device_choice(request: GpuRequest, placement_device: str | None, settings: K
     if request.memory_gib is not None:
         selectors.append(memory_selector(request.memory_gib))
     sharing = settings.sharing_strategy if request.shared_ok else None
+    billed = product or (placement_product if placement_product not in (None, "", "cpu", "default") else None)
     if profile:
-        return DeviceChoice(MIG_CLASS, request.count, tuple(selectors), profile, sharing, f"mig-{profile}", mig_fraction(profile))
-    return DeviceChoice(GPU_CLASS, request.count, tuple(selectors), None, sharing, product or "default", 1.0)
+        return DeviceChoice(MIG_CLASS, request.count, tuple(selectors), profile, sharing, f"mig-{profile}",
+                            mig_fraction(profile), billed)
+    return DeviceChoice(GPU_CLASS, request.count, tuple(selectors), None, sharing, product or "default", 1.0, billed)
 
 
 def _opaque_config(choice: DeviceChoice) -> client.V1DeviceClaimConfiguration | None:
@@ -443,7 +451,7 @@ def owner_reference(pod_name: str, pod_uid: str) -> dict:
 def step_objects(launch: StepLaunch, settings: K8sSettings) -> tuple[client.V1Pod, client.V1ResourceClaimTemplate | None, DeviceChoice | None]:
     """(pod, template or None, device choice or None) for ``launch``; names from :func:`object_name`."""
     name = object_name(launch.run_id, launch.step_key, launch.attempt)
-    choice = device_choice(launch.request, launch.placement.device, settings)
+    choice = device_choice(launch.request, launch.placement.device, settings, launch.placement.product)
     labels = {**dict(settings.extra_labels), **step_labels(launch)}
     template = None
     if choice is not None:
@@ -471,6 +479,7 @@ def handle_from_pod(pod: client.V1Pod) -> dict[str, Any]:
         "device_class": req.get("deviceClassName", ""),
         "device_type": device_type,
         "device_fraction": fraction,
+        "product": req.get("product") or "",
         "launched_at": pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else 0.0,
         "partition_key": ann.get(ANNOTATION_PARTITION_KEY, ""),
     }

@@ -14,8 +14,9 @@ Rule (issue 5):
        rework      = λ · (work/3600) · (work/2 + billed_overhead_s)        (Slurm preemption, λ per GPU-hour:
                      expected preemptions λ·T, each losing on average half the work plus a restart)
        runtime     = billed_overhead_s + work + rework                     (device seconds billed)
-       cost        = count · rate(backend, device) · runtime / 3600       (rate in USD per GPU-hour; a MIG
-                                                                            slice's rate is already its fraction)
+       cost        = count · fraction · rate · runtime / 3600             (billing.metering.charge, as the meters
+                                                                            bill: rate in USD per GPU-hour, a MIG
+                                                                            slice at its parent product's rate)
        finish      = start_delay + runtime
 
    ``wait_s`` is 0 when the pool has more free devices than our pending requests (and the Slurm array
@@ -37,6 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dagster_gpu.billing.metering import charge
 from dagster_gpu.billing.ratecard import RateCardError
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
@@ -121,13 +123,13 @@ def _evaluate(
             feasible=False, runtime_s=runtime,
             note=f"runtime {runtime:.0f} s exceeds the time limit {state.time_limit_s:.0f} s", **base
         )
-    try:
-        rate = snapshot.rate_card.rate(name, pool.device, parent_product=pool.product)
+    try:  # priced as the meters bill it (dagster_gpu.billing.metering.charge)
+        bill = charge(snapshot.rate_card.table(name), pool.device, max(1, request.count) * pool.fraction, runtime, pool.product)
     except RateCardError as e:
         return Alternative(feasible=False, note=f"no rate: {e}", **base)
     wait, how = _wait(state, pool, max(1, request.count), runtime)
     delay = state.launch_latency_s + wait
-    cost = max(1, request.count) * rate * runtime / 3600.0
+    cost, rate = bill.cost_usd, bill.rate_usd_per_gpu_hour
     note = f"{how}; {rate:g} USD/GPU-h"
     if rework:
         note += f"; +{rework:.0f} s expected preemption rework"

@@ -48,9 +48,9 @@ import dagster as dg
 from dagster._serdes import serialize_value
 from kubernetes.client.rest import ApiException
 
-from dagster_gpu.billing.metering import cost_usd, gpu_seconds
-from dagster_gpu.billing.ratecard import RateCard, rate_from_table
+from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.executor.backends.kubernetes_billing import pod_interval_metadata, reconcile
 from dagster_gpu.executor.backends.kubernetes_settings import KubernetesSettings, config_field, settings_from_config  # noqa: F401
 from dagster_gpu.executor.backends.step_args import step_args_from_env
 from dagster_gpu.k8s import manifests as m
@@ -163,7 +163,7 @@ class KubernetesBackend(Backend):
         partition_key}`` (``template`` empty for a CPU-only step). An existing pod of the same
         run/step/attempt is re-attached. Raises ManifestError or ApiException (naming the partition).
         """
-        choice0 = m.device_choice(launch.request, launch.placement.device, self.settings)
+        choice0 = m.device_choice(launch.request, launch.placement.device, self.settings, launch.placement.product)
         if choice0 is not None and STEP_CONTEXT_ENV in launch.env:
             ctx = json.loads(launch.env[STEP_CONTEXT_ENV])
             ctx["device_fraction"] = choice0.device_fraction  # the worker bills MIG/shared devices by it
@@ -203,6 +203,7 @@ class KubernetesBackend(Backend):
             "device_class": choice.device_class if choice else "",
             "device_type": choice.device_type if choice else "cpu",
             "device_fraction": choice.device_fraction if choice else 0.0,
+            "product": (choice.product or "") if choice else "",
             "launched_at": time.time(),
             "partition_key": launch.partition_key or "",
         }
@@ -478,60 +479,11 @@ class KubernetesBackend(Backend):
 
     # -- post-run figures ---------------------------------------------------------------------------------
     def post_run_metadata(self, handle: Handle) -> dict[str, Any] | None:
-        """Observation metadata once the pod ended (None before, or if it never ran).
-
-        ``billing/source: pod-interval``: ``billing/gpu_seconds`` = the container's running interval
-        (terminated.finishedAt - startedAt, s; 1 s resolution) × ``gpu/device_fraction``; cost at the
-        kubernetes rate of the device type (a MIG slice at its parent's rate, as in the worker's billing).
-        Also ``k8s/namespace``, ``k8s/pod``, ``k8s/resource_claim``, ``k8s/allocated_devices``
-        (``driver/pool/device``, comma-separated), ``k8s/running_seconds`` and the container's
-        ``k8s/started_at`` / ``k8s/finished_at`` (Unix epoch s).
-        """
+        """The pod-interval observation metadata of an ended pod (:func:`pod_interval_metadata`), or None
+        before it ended or if it never ran."""
         with self._lock:
             facts = self._final.get(str(handle["pod_uid"]))
-        if facts is None or facts["started_at"] is None or facts["finished_at"] is None:
+        if facts is None:
             return None
-        interval = max(0.0, facts["finished_at"] - facts["started_at"])
-        fraction = float(handle.get("device_fraction", 0.0))
-        device_type = str(handle.get("device_type", "default"))
-        if device_type == "cpu":
-            rate, secs = rate_from_table(self.rates, "cpu"), gpu_seconds(1.0, interval)
-        else:
-            rate = rate_from_table(self.rates, "default" if device_type.startswith("mig-") else device_type)
-            secs = gpu_seconds(fraction, interval)
-        return {
-            "k8s/namespace": str(handle["namespace"]),
-            "k8s/pod": str(handle["pod"]),
-            "k8s/resource_claim": facts["resource_claim"],
-            "k8s/allocated_devices": ",".join(facts["allocated_devices"]),
-            "k8s/running_seconds": float(interval),
-            "k8s/started_at": float(facts["started_at"]),
-            "k8s/finished_at": float(facts["finished_at"]),
-            "gpu/device_fraction": fraction,
-            "billing/device_type": device_type,
-            "billing/gpu_seconds": float(secs),
-            "billing/rate_usd_per_gpu_hour": float(rate),
-            "billing/cost_usd": float(cost_usd(secs, rate)),
-            "billing/source": "pod-interval",
-        }
-
-
-def reconcile(pod_interval: Mapping[str, Any], measured: Mapping[str, Any]) -> dict[str, float]:
-    """Compare the pod-interval bill with the worker's measured one (materialization metadata values).
-
-    Returns ``billing/measured_gpu_seconds`` and ``billing/difference_gpu_seconds`` (pod-interval minus
-    measured, s: pod start, imports and teardown outside the measured window) plus
-    ``billing/measured_cost_usd``, each only when the materialization has the figure.
-    """
-    out: dict[str, float] = {}
-    mg = measured.get("billing/gpu_seconds")
-    mg = getattr(mg, "value", mg)
-    if isinstance(mg, (int, float)):
-        out["billing/measured_gpu_seconds"] = float(mg)
-        out["billing/difference_gpu_seconds"] = float(pod_interval["billing/gpu_seconds"]) - float(mg)
-    mc = measured.get("billing/cost_usd")
-    mc = getattr(mc, "value", mc)
-    if isinstance(mc, (int, float)):
-        out["billing/measured_cost_usd"] = float(mc)
-    return out
-
+        return pod_interval_metadata(handle, facts["started_at"], facts["finished_at"], facts["resource_claim"],
+                                     facts["allocated_devices"], self.rates)

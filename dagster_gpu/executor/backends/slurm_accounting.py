@@ -16,12 +16,13 @@ from typing import Any, Mapping, Sequence
 import dagster as dg
 from dagster._serdes import serialize_value
 
-from dagster_gpu.billing.ratecard import rate_from_table
+from dagster_gpu.billing.ratecard import gpu_hour_rate
 from dagster_gpu.executor.backends.step_args import step_args_from_env
 from dagster_gpu.slurm.parse import AcctRow
 from dagster_gpu.slurm.reconcile import observation_metadata, sacct_figures
 from dagster_gpu.slurm.spool import Spool, create_exclusive, read_json
 from dagster_gpu.slurm.status import records_for
+from dagster_gpu.worker.billing import billed_device
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,10 @@ def _report_task(task: Mapping[str, Any], rows: Sequence[AcctRow], shards_per_gp
         measured_v = float(getattr(measured, "value", measured)) if measured is not None else None
         device = mat_md.get("billing/device_type")
         device_v = str(getattr(device, "value", device)) if device is not None else "default"
-        try:
-            rate = rate_from_table(rates, device_v)
+        product = mat_md.get("gpu/product_name")
+        parent = billed_device("cuda", str(getattr(product, "value", product)), 1, None)[1] if product is not None else None
+        try:  # sacct GPU-seconds are whole-GPU equivalents: the GPU-hour rate, as every meter charges
+            rate = gpu_hour_rate(rates, device_v, parent)
         except Exception:  # noqa: BLE001 - a rate table without default: bill at 0 rather than not at all
             rate = 0.0
         md = observation_metadata(figures, rate, measured_v)
