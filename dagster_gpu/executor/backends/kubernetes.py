@@ -35,7 +35,6 @@ generated from it). For example::
 
 from __future__ import annotations
 
-import atexit
 import datetime as dt
 import json
 import logging
@@ -51,6 +50,8 @@ from kubernetes.client.rest import ApiException
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
 from dagster_gpu.executor.backends.kubernetes_billing import pod_interval_metadata, reconcile
+from dagster_gpu.executor.backends.kubernetes_finalizer import PodFinalizer
+from dagster_gpu.executor.backends.kubernetes_pod_state import PodTimeouts, needs_scheduler_events, pod_state
 from dagster_gpu.executor.backends.kubernetes_settings import KubernetesSettings, config_field, settings_from_config  # noqa: F401
 from dagster_gpu.executor.backends.step_args import step_args_from_env
 from dagster_gpu.k8s import manifests as m
@@ -65,10 +66,6 @@ if os.environ.get("DAGSTER_GPU_K8S_LOG"):  # optional log file for the backend's
     _h.setFormatter(logging.Formatter("%(asctime)s pid=%(process)d %(levelname)s %(message)s"))
     log.addHandler(_h)
     log.setLevel(logging.INFO)
-
-# Kubelet waiting reasons that mean the container will not start without intervention.
-_STUCK_REASONS = {"CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
-                  "InvalidImageName", "RunContainerError"}
 
 
 def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any]) -> "KubernetesBackend":
@@ -128,6 +125,7 @@ class KubernetesBackend(Backend):
         self.settings = settings
         self.pending_timeout_s = pending_timeout_s
         self.create_timeout_s = create_timeout_s
+        self.timeouts = PodTimeouts(pending_s=pending_timeout_s, create_s=create_timeout_s)
         self.delete_finished_pods = delete_finished_pods
         self.rates = dict(rates or RateCard.load().table("kubernetes"))
         self._final: dict[str, dict[str, Any]] = {}  # pod uid -> terminal facts (state, interval, claim, devices)
@@ -138,9 +136,8 @@ class KubernetesBackend(Backend):
         self.claims = ClaimWatcher(kube, f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}")
         self.finalize_wait_s = finalize_wait_s
         self.sweep_grace_s = sweep_grace_s
-        self._active: dict[str, Handle] = {}  # pod uid -> handle, launched here and not yet finalized
         self._finish_lock = threading.RLock()
-        self._finalizer_started = False
+        self.finalizer = PodFinalizer(self, finalize_wait_s, sweep_grace_s)
 
     # -- live state for the cost policy ---------------------------------------------------------------
     def policy_state(self):
@@ -210,77 +207,27 @@ class KubernetesBackend(Backend):
         self._track(handle)
         return handle
 
-    # -- finalizer ----------------------------------------------------------------------------------
+    # -- finalizer (see kubernetes_finalizer.PodFinalizer) -------------------------------------------------
+    @property
+    def _active(self) -> dict[str, Handle]:
+        """Handles launched (or re-attached) here and not yet finalized, by pod uid."""
+        return self.finalizer.active
+
     def _track(self, handle: Handle) -> None:
-        with self._lock:
-            self._active[str(handle["pod_uid"])] = handle
-            start = not self._finalizer_started
-            self._finalizer_started = True
-        if start:
-            threading.Thread(target=self._finalizer_loop, name="dagster-gpu-k8s-finalizer", daemon=True).start()
-            if self.finalize_wait_s > 0:
-                atexit.register(self.finalize_all, self.finalize_wait_s)
+        self.finalizer.track(handle)
 
-    def _finalize_pass(self) -> int:
-        """Check every active handle once (finalizing ended pods); returns how many are still active."""
+    def is_final(self, uid: str) -> bool:
+        """True once this process decided the pod's outcome (finished or gave up on it)."""
         with self._lock:
-            handles = list(self._active.values())
-        for h in handles:
-            st = self.state(h)
-            if st.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
-                with self._lock:
-                    self._active.pop(str(h["pod_uid"]), None)
-        with self._lock:
-            return len(self._active)
-
-    def _finalizer_loop(self) -> None:
-        last_sweep = 0.0
-        while True:
-            try:
-                self._finalize_pass()
-                if self.sweep_grace_s >= 0 and time.monotonic() - last_sweep >= 5.0:
-                    last_sweep = time.monotonic()
-                    self.sweep(self.sweep_grace_s)
-            except Exception:  # noqa: BLE001 - keep finalizing
-                log.exception("kubernetes finalizer pass failed")
-            time.sleep(1.0)
+            return uid in self._final
 
     def sweep(self, grace_s: float = 10.0) -> int:
-        """Finalize ended pods of *any* orchestrator (a run worker may exit, or be killed, between its step
-        recording success and its pod ending): every dagster-gpu pod in the namespace that ended more than
-        ``grace_s`` seconds ago gets its observation written and is deleted, exactly once across processes
-        (the delete's UID precondition decides who reports). Returns how many this call finalized."""
-        n = 0
-        now = time.time()
-        for pod in self.kube.list_pods(f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}"):
-            if pod.status.phase not in ("Succeeded", "Failed"):
-                continue
-            cs = (pod.status.container_statuses or [None])[0]
-            term = cs.state.terminated if cs is not None and cs.state is not None else None
-            ended = _ts(term.finished_at) if term is not None else None
-            if ended is not None and now - ended < grace_s:
-                continue
-            with self._lock:
-                if pod.metadata.uid in self._active or pod.metadata.uid in self._final:
-                    continue
-            self._finish(m.handle_from_pod(pod), pod, cs)
-            n += 1
-        return n
+        """See :meth:`PodFinalizer.sweep`."""
+        return self.finalizer.sweep(grace_s)
 
     def finalize_all(self, wait_s: float) -> int:
-        """Finalize ended pods, waiting at most ``wait_s`` for the others to end; returns how many remain."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                left = self._finalize_pass()
-            except Exception:  # noqa: BLE001
-                log.exception("kubernetes finalize at exit failed")
-                return -1
-            if left == 0 or time.monotonic() > deadline:
-                # wait for a finish (observation write) the finalizer thread may be in the middle of
-                with self._finish_lock:
-                    return left
-            time.sleep(0.5)
+        """See :meth:`PodFinalizer.finalize_all`."""
+        return self.finalizer.finalize_all(wait_s)
 
     def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
         return {
@@ -297,7 +244,7 @@ class KubernetesBackend(Backend):
         uid = str(handle["pod_uid"])
         with self._lock:
             final = self._final.get(uid)
-            known = uid in self._active
+        known = self.finalizer.is_tracked(uid)
         if final is not None:
             return final["state"]
         if not known:  # launched by an earlier process (a resumed run re-attached): finalize it from here
@@ -320,45 +267,28 @@ class KubernetesBackend(Backend):
                 return final["state"]
             return WorkerState(WorkerStatus.FAILED, message=(
                 f"pod {handle['namespace']}/{name} (uid {uid}) does not exist (never created, or deleted outside the executor)"))
-        phase = pod.status.phase
-        cs = (pod.status.container_statuses or [None])[0]
-        if phase in ("Succeeded", "Failed"):
-            return self._finish(handle, pod, cs)
-        if pod.metadata.deletion_timestamp is not None:
-            return WorkerState(WorkerStatus.RUNNING, message="pod is terminating")
-        if phase == "Running":
-            if self.claims.get(uid) is None and handle.get("template"):
-                claim = self._claim_of(pod)  # fallback when the watch is behind
-                if claim is not None:
-                    self.claims.record(claim)
-            return WorkerState(WorkerStatus.RUNNING)
-        # Pending
-        if not pod.spec.node_name:
-            cond = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
-            msg = cond.message if cond is not None and cond.reason == "Unschedulable" and cond.message else ""
-            if not msg:
-                evs = self.kube.scheduling_events(name)
-                msg = evs[-1].message if evs else ""
-            if age > self.pending_timeout_s:
-                why = msg or "the scheduler has not placed the pod"
-                return self._give_up(handle, (
-                    f"pod {handle['namespace']}/{name} unschedulable for {age:.0f}s (> pending_timeout_seconds="
-                    f"{self.pending_timeout_s:g}): FailedScheduling: {why}"))
-            return WorkerState(WorkerStatus.PENDING, message=msg)
-        waiting = cs.state.waiting if cs is not None and cs.state is not None else None
-        if age > self.create_timeout_s:
-            reason = f"{waiting.reason}: {waiting.message}" if waiting is not None else "container not started"
-            if waiting is None or waiting.reason in _STUCK_REASONS or waiting.reason == "ContainerCreating":
-                return self._give_up(handle, (
-                    f"pod {handle['namespace']}/{name} bound to {pod.spec.node_name} but not started after {age:.0f}s "
-                    f"(> create_timeout_seconds={self.create_timeout_s:g}): {reason}"))
-        return WorkerState(WorkerStatus.PENDING, message=f"{waiting.reason}" if waiting is not None else "")
+        body = m.to_dict(pod)
+        msg = ""
+        if needs_scheduler_events(body):
+            evs = self.kube.scheduling_events(name)
+            msg = evs[-1].message if evs else ""
+        verdict = pod_state(body, age, self.timeouts, msg)
+        if verdict.action == "finish":
+            return self._finish(handle, pod, verdict.state)
+        if verdict.action == "give_up":
+            return self._give_up(handle, verdict.state.message)
+        if verdict.state.status == WorkerStatus.RUNNING and not pod.metadata.deletion_timestamp \
+                and self.claims.get(uid) is None and handle.get("template"):
+            claim = self._claim_of(pod)  # fallback when the watch is behind
+            if claim is not None:
+                self.claims.record(claim)
+        return verdict.state
 
     def _claim_of(self, pod) -> Any | None:
         name = m.generated_claim_name(pod)
         return self.kube.read_claim(name) if name else None
 
-    def _finish(self, handle: Handle, pod, cs) -> WorkerState:
+    def _finish(self, handle: Handle, pod, state: WorkerState) -> WorkerState:
         # One finisher at a time: the finalizer thread, a health check and the exit hook may all see the
         # pod end; whoever comes second gets the remembered state. Holding the lock through the report
         # also makes the exit hook wait for a report the finalizer thread is writing.
@@ -367,18 +297,11 @@ class KubernetesBackend(Backend):
                 done = self._final.get(str(handle["pod_uid"]))
             if done is not None:
                 return done["state"]
-            return self._finish_locked(handle, pod, cs)
+            return self._finish_locked(handle, pod, state)
 
-    def _finish_locked(self, handle: Handle, pod, cs) -> WorkerState:
+    def _finish_locked(self, handle: Handle, pod, state: WorkerState) -> WorkerState:
+        cs = (pod.status.container_statuses or [None])[0]
         term = cs.state.terminated if cs is not None and cs.state is not None else None
-        code = term.exit_code if term is not None else None
-        if pod.status.phase == "Succeeded":
-            state = WorkerState(WorkerStatus.SUCCEEDED, exit_code=code if code is not None else 0,
-                                message=f"pod {pod.metadata.name} Succeeded")
-        else:
-            detail = f"{term.reason}" + (f": {term.message}" if term is not None and term.message else "") if term else (pod.status.reason or "")
-            state = WorkerState(WorkerStatus.FAILED, exit_code=code,
-                                message=f"pod {pod.metadata.name} Failed ({detail})")
         claim_name = m.generated_claim_name(pod) or ""
         seen = self.claims.get(pod.metadata.uid)
         if seen is None and claim_name:
