@@ -237,10 +237,10 @@ def test_a_mig_slice_is_priced_the_same_by_the_policy_the_worker_and_the_pod_int
     from dagster_gpu.contracts import StepLaunch
     from dagster_gpu.executor.backends.kubernetes_billing import pod_interval_metadata
     from dagster_gpu.k8s import manifests as m
-    from dagster_gpu.policy import DevicePool, GpuRequest, KubernetesState, RuntimeModel, Snapshot, StepSize, decide
+    from dagster_gpu.policy import DeviceGroup, GpuRequest, KubernetesState, RuntimeModel, Snapshot, StepSize, decide
 
     parent = "NVIDIA H100 80GB HBM3"
-    pool = DevicePool("mig-1g.10gb", parent, 10.0, free=7, total=7, mig_profile="1g.10gb")
+    pool = DeviceGroup("mig-1g.10gb", parent, 10.0, free=7, total=7, mig_profile="1g.10gb")
     placement = decide(GpuRequest(mig_ok=True, memory_gib=10), StepSize(rows=100_000),
                        Snapshot(rate_card=card, kubernetes=KubernetesState(pools=(pool,))),
                        model=RuntimeModel(texts_per_second=1000.0, n_history=3))

@@ -13,7 +13,8 @@ import uuid
 import pytest
 
 from dagster_gpu.executor.backends.base import StepLaunch, WorkerStatus
-from dagster_gpu.executor.backends.kubernetes import KubernetesBackend, reconcile
+from dagster_gpu.executor.backends.kubernetes import KubernetesBackend
+from dagster_gpu.executor.backends.kubernetes_billing import compare_with_measured
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import KubeClient
 from dagster_gpu.policy.placement import Placement
@@ -27,7 +28,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.e2e]
 def backend():
     require_cluster()
     kube = KubeClient(executor_api(), NAMESPACE)
-    assert kube.resource_version == "v1"
+    assert kube.resource_api_version == "v1"
     # No Secret named like the default PostgreSQL one exists here: no secret env for these shell steps.
     settings = m.K8sSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_s=10)
     return KubernetesBackend(kube, settings, pending_timeout_s=5, create_timeout_s=30)
@@ -59,7 +60,7 @@ def test_mig_step_runs_and_reports_pod_interval(backend):
     assert 1.0 <= md["k8s/running_seconds"] <= 5.0
     assert md["billing/gpu_seconds"] == pytest.approx(md["k8s/running_seconds"] / 7)
     assert md["billing/cost_usd"] == pytest.approx(md["billing/gpu_seconds"] * 2.40 / 3600)
-    assert reconcile(md, {"billing/gpu_seconds": 0.1})["billing/difference_gpu_seconds"] == pytest.approx(
+    assert compare_with_measured(md, {"billing/gpu_seconds": 0.1})["billing/difference_gpu_seconds"] == pytest.approx(
         md["billing/gpu_seconds"] - 0.1)
     # delete_finished_pods: nothing of the step is left; the claim went with the pod
     sel = m.run_selector(launch.run_id)
@@ -109,7 +110,7 @@ def test_relaunch_reattaches_to_existing_pod(backend):
 def test_older_resource_api_shapes_work_on_a_real_server(version):
     """Clusters that serve only v1beta2/v1beta1 get those shapes (this one serves all three)."""
     require_cluster()
-    kube = KubeClient(executor_api(), NAMESPACE, resource_version=version)
+    kube = KubeClient(executor_api(), NAMESPACE, resource_api_version=version)
     groups = [v.group_version for g in __import__("kubernetes").client.ApisApi(kube.api).get_api_versions().groups
               for v in g.versions]
     if f"resource.k8s.io/{version}" not in groups:

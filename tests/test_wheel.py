@@ -8,6 +8,7 @@ outside the repository.
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -26,8 +27,13 @@ def _run(cmd, **kw):
 
 
 def test_wheel_installs_with_its_rate_card_and_without_pipelines(tmp_path):
+    src = tmp_path / "src"  # build from a copy: setuptools writes build/ and *.egg-info next to the sources
+    for d in ("dagster_gpu", "pipelines"):  # pipelines/ is there, and must stay out of the wheel
+        shutil.copytree(REPO / d, src / d, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    for f in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / f, src / f)
     dist = tmp_path / "dist"
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, REPO])
+    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", dist, src])
     (wheel,) = dist.glob("dagster_gpu-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "dagster_gpu/data/ratecard.yaml" in names

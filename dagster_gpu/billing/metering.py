@@ -1,7 +1,7 @@
 """GPU-seconds and cost (pure).
 
 GPU-seconds = allocated device count (or fraction, e.g. 1/7 for a MIG 1g.10gb slice) × wall seconds
-the devices were held (DESIGN.md, "Our own" vocabulary). Cost = GPU-seconds × rate (USD per GPU-hour) / 3600.
+the devices were held (docs/architecture.md, "Billing"). Cost = GPU-seconds × rate (USD per GPU-hour) / 3600.
 """
 
 from __future__ import annotations

@@ -71,22 +71,22 @@ class KubeClient:
     Args:
         api: an authenticated ApiClient (see :func:`load_api_client`).
         namespace: where pods, templates and claims live.
-        resource_version: force a ``resource.k8s.io`` version (``v1``/``v1beta2``/``v1beta1``); default:
+        resource_api_version: force a ``resource.k8s.io`` version (``v1``/``v1beta2``/``v1beta1``); default:
             discover from the API server on first use.
         attempts: tries of each call on transient errors (:func:`api_retry`).
     """
 
-    def __init__(self, api: client.ApiClient, namespace: str, resource_version: str | None = None, attempts: int = 4):
+    def __init__(self, api: client.ApiClient, namespace: str, resource_api_version: str | None = None, attempts: int = 4):
         self.attempts = attempts
         self.api = api
         self.namespace = namespace
         self.core = client.CoreV1Api(api)
-        self._version = resource_version
+        self._version = resource_api_version
         self._lock = threading.Lock()
 
     # -- discovery --------------------------------------------------------------------------------
     @property
-    def resource_version(self) -> str:
+    def resource_api_version(self) -> str:
         """The ``resource.k8s.io`` version in use (discovered once). Raises ManifestError if DRA is not served."""
         with self._lock:
             if self._version is None:
@@ -95,7 +95,7 @@ class KubeClient:
             return self._version
 
     def _res(self):
-        return _RESOURCE_APIS[self.resource_version](self.api)
+        return _RESOURCE_APIS[self.resource_api_version](self.api)
 
     # -- calls with retry ----------------------------------------------------------------------------
     def _read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -160,7 +160,7 @@ class KubeClient:
     # -- DRA -----------------------------------------------------------------------------------------
     def create_claim_template(self, template_v1: dict) -> Any:
         """Create a ResourceClaimTemplate given in the v1 shape (converted to the served version)."""
-        body = claim_template_for_version(template_v1, self.resource_version)
+        body = claim_template_for_version(template_v1, self.resource_api_version)
         return self._write(self._res().create_namespaced_resource_claim_template, self.namespace, body)
 
     def set_template_owner(self, name: str, owner_patch: dict) -> None:

@@ -14,7 +14,7 @@ from dagster_gpu.policy.policy import NoFeasiblePlacement, PolicyConfig, alterna
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import (
     BackendState,
-    DevicePool,
+    DeviceGroup,
     KubernetesState,
     LocalState,
     SlurmState,
@@ -56,7 +56,7 @@ def choose_placement(
 
 
 __all__ = [
-    "Alternative", "BackendState", "DevicePool", "GpuRequest", "HistoryPoint", "KubernetesState", "LocalState",
+    "Alternative", "BackendState", "DeviceGroup", "GpuRequest", "HistoryPoint", "KubernetesState", "LocalState",
     "NoFeasiblePlacement", "Placement", "PolicyConfig", "RuntimeModel", "SlurmState", "Snapshot", "StepSize",
     "after_submit", "alternatives", "choose_placement", "decide",
 ]

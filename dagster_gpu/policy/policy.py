@@ -1,6 +1,6 @@
 """The cost policy: where one partition step should run (pure, deterministic, no I/O).
 
-Rule (issue 5):
+Rule:
 
 1. Candidates are every device pool of every configured backend (plus ``cpu`` for a ``count == 0``
    step). An unreachable backend is skipped with the reason recorded; a pool no device of which can
@@ -42,7 +42,7 @@ from dagster_gpu.billing.metering import charge
 from dagster_gpu.billing.ratecard import RateCardError
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
-from dagster_gpu.policy.snapshot import BackendState, DevicePool, LocalState, SlurmState, Snapshot
+from dagster_gpu.policy.snapshot import BackendState, DeviceGroup, LocalState, SlurmState, Snapshot
 from dagster_gpu.request import BACKENDS, GpuRequest
 
 ORDER = BACKENDS  # ("local", "slurm", "kubernetes"): tie order, and the order of alternatives
@@ -74,7 +74,7 @@ DEFAULT_CONFIG = PolicyConfig()
 _DEFAULT_MODEL = RuntimeModel()
 
 
-def _fit(request: GpuRequest, pool: DevicePool) -> str:
+def _fit(request: GpuRequest, pool: DeviceGroup) -> str:
     """'' if ``pool`` can satisfy ``request``, else why not."""
     if pool.mig_profile:
         if not request.mig_ok:
@@ -90,7 +90,7 @@ def _fit(request: GpuRequest, pool: DevicePool) -> str:
     return ""
 
 
-def _wait(state: BackendState, pool: DevicePool, count: int, runtime_s: float) -> tuple[float, str]:
+def _wait(state: BackendState, pool: DeviceGroup, count: int, runtime_s: float) -> tuple[float, str]:
     """Seconds until allocation (excluding launch latency) and how it was estimated."""
     avail = pool.free - pool.pending  # negative: that many of ours queue ahead of a new request
     capacity = pool.total
@@ -106,7 +106,7 @@ def _wait(state: BackendState, pool: DevicePool, count: int, runtime_s: float) -
 
 
 def _evaluate(
-    name: str, state: BackendState, pool: DevicePool, request: GpuRequest, size: StepSize, model: RuntimeModel,
+    name: str, state: BackendState, pool: DeviceGroup, request: GpuRequest, size: StepSize, model: RuntimeModel,
     snapshot: Snapshot,
 ) -> Alternative:
     why = _fit(request, pool)

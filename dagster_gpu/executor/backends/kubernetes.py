@@ -49,14 +49,14 @@ from kubernetes.client.rest import ApiException
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
-from dagster_gpu.executor.backends.kubernetes_billing import pod_interval_metadata, reconcile
+from dagster_gpu.executor.backends.kubernetes_billing import compare_with_measured, pod_interval_metadata
 from dagster_gpu.executor.backends.kubernetes_finalizer import PodFinalizer
 from dagster_gpu.executor.backends.kubernetes_pod_state import PodTimeouts, needs_scheduler_events, pod_state
 from dagster_gpu.executor.backends.kubernetes_settings import KubernetesSettings, config_field, settings_from_config  # noqa: F401
 from dagster_gpu.executor.backends.step_args import step_args_from_env
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
-from dagster_gpu.k8s.inventory import device_pools
+from dagster_gpu.k8s.inventory import device_groups
 from dagster_gpu.policy.snapshot import KubernetesState
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
@@ -150,7 +150,7 @@ class KubernetesBackend(Backend):
             device = (pod.get("metadata", {}).get("annotations") or {}).get(m.ANNOTATION_PLACEMENT_DEVICE)
             if device:
                 waiting[device] = waiting.get(device, 0) + 1
-        return KubernetesState(pools=device_pools(slices, claims, waiting), namespace=self.kube.namespace)
+        return KubernetesState(pools=device_groups(slices, claims, waiting), namespace=self.kube.namespace)
 
     # -- launch -------------------------------------------------------------------------------------
     def launch(self, launch: StepLaunch) -> Handle:
@@ -358,7 +358,7 @@ class KubernetesBackend(Backend):
             for ak in (run.asset_selection or []) if run else []:
                 targets.append((ak, handle.get("partition_key") or None, {}))
         for asset_key, partition, mat_md in targets:
-            obs = {**md, **reconcile(md, mat_md), "dagster_gpu/backend": "kubernetes"}
+            obs = {**md, **compare_with_measured(md, mat_md), "dagster_gpu/backend": "kubernetes"}
             instance.report_runless_asset_event(dg.AssetObservation(asset_key=asset_key, partition=partition, metadata=obs))
         log.info("pod %s: %d pod-interval observation(s) for run %s", handle["pod"], len(targets), args.run_id)
         return len(targets)

@@ -55,7 +55,7 @@ def pod_interval_metadata(handle: Handle, started_at: float | None, finished_at:
     }
 
 
-def reconcile(pod_interval: Mapping[str, Any], measured: Mapping[str, Any]) -> dict[str, float]:
+def compare_with_measured(pod_interval: Mapping[str, Any], measured: Mapping[str, Any]) -> dict[str, float]:
     """Compare the pod-interval bill with the worker's measured one (materialization metadata values).
 
     Returns ``billing/measured_gpu_seconds`` and ``billing/difference_gpu_seconds`` (pod-interval minus

@@ -21,7 +21,7 @@ import psutil
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
 from dagster_gpu.executor.settings import config_field as settings_config_field
 from dagster_gpu.executor.settings import setting
-from dagster_gpu.policy.snapshot import DevicePool, LocalState
+from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
 from dagster_gpu.telemetry.nvml import list_gpus
 from dagster_gpu.worker.supervise import read_status
 
@@ -140,7 +140,7 @@ class LocalBackend(Backend):
         for product in sorted({g.product for g in gpus}):
             same = [g for g in gpus if g.product == product]
             pools.append(
-                DevicePool(
+                DeviceGroup(
                     device=product, product=product, memory_gib=min(g.memory_gib for g in same),
                     free=max(0, len(same) - running), total=len(same),
                 )

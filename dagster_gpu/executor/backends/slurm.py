@@ -50,10 +50,10 @@ from typing import Any, Mapping
 import dagster as dg
 
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
-from dagster_gpu.executor.backends.slurm_accounting import reconcile_spool
+from dagster_gpu.executor.backends.slurm_accounting import report_sacct_bills
 from dagster_gpu.executor.settings import config_field as settings_config_field
 from dagster_gpu.executor.settings import from_section, setting
-from dagster_gpu.policy.snapshot import DevicePool, SlurmState
+from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python
 from dagster_gpu.slurm.parse import SlurmParseError
@@ -176,7 +176,7 @@ class SlurmBackend(Backend):
         """Pending tasks per array job id of the spool's active job arrays, from the shared poll (at
         most one squeue + sacct per poll interval across processes); None when Slurm did not answer."""
         try:
-            snap = self.poller.snapshot(set())
+            snap = self.poller.poll(set())
         except (SlurmError, TimeoutError):
             return None
         if not snap.ok:
@@ -271,7 +271,7 @@ class SlurmBackend(Backend):
             self._launched.add(aid)
             self._register_atexit()
         try:
-            snap = self.poller.snapshot({aid}, not_before=submitted)
+            snap = self.poller.poll({aid}, not_before=submitted)
         except (SlurmError, TimeoutError) as e:
             return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {e}")
         if not snap.ok:
@@ -290,7 +290,7 @@ class SlurmBackend(Backend):
             vanish_grace_s=self.settings.vanish_grace_seconds,
         )
         if st.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
-            self._reconcile(snap)
+            self._report_bills(snap)
         return st
 
     def terminate(self, handle: Handle) -> None:
@@ -306,7 +306,7 @@ class SlurmBackend(Backend):
         total = self.gpus_in_partition()
         busy, pending = self.client.gpu_queue(s.slurm_partition)
         free = max(0, total - busy)
-        pool = DevicePool(
+        pool = DeviceGroup(
             device=s.gpu_product, product=s.gpu_product, memory_gib=s.gpu_memory_gib,
             free=free, total=total, pending=pending,
             start_estimate_s=None if free > pending else self.start_estimate_s(),
@@ -344,24 +344,24 @@ class SlurmBackend(Backend):
         }
 
     # ------------------------------------------------------------------------------ billing
-    def _reconcile(self, snap) -> None:
+    def _report_bills(self, snap) -> None:
         try:
-            reconcile_spool(self.spool, snap.acct, self.settings.shards_per_gpu)
+            report_sacct_bills(self.spool, snap.acct, self.settings.shards_per_gpu)
         except Exception:  # noqa: BLE001 - billing never breaks a run
-            log.exception("sacct reconciliation failed")
+            log.exception("writing sacct bills failed")
 
-    def reconcile_now(self, wait_s: float | None = None) -> int:
+    def report_bills_now(self, wait_s: float | None = None) -> int:
         """Poll until every job array this process launched is done (at most ``wait_s``, default
         ``reconcile_wait_seconds``), then report sacct observations. Returns observations written."""
         deadline = time.monotonic() + (self.settings.reconcile_wait_seconds if wait_s is None else wait_s)
         written = 0
         while True:
             try:
-                snap = self.poller.snapshot(set(self._launched))
+                snap = self.poller.poll(set(self._launched))
             except (SlurmError, TimeoutError):
                 return written
             if snap.ok:
-                written += reconcile_spool(self.spool, snap.acct, self.settings.shards_per_gpu)
+                written += report_sacct_bills(self.spool, snap.acct, self.settings.shards_per_gpu)
             pending = [b for b, sub in self.spool.active_batches() if int(sub["array_job_id"]) in self._launched]
             if not pending or time.monotonic() > deadline:
                 return written
@@ -370,13 +370,13 @@ class SlurmBackend(Backend):
     def _register_atexit(self) -> None:
         if not self._atexit and self.settings.reconcile_wait_seconds > 0:
             self._atexit = True
-            atexit.register(self._exit_reconcile)
+            atexit.register(self._report_bills_at_exit)
 
-    def _exit_reconcile(self) -> None:
+    def _report_bills_at_exit(self) -> None:
         try:
-            self.reconcile_now()
+            self.report_bills_now()
         except Exception:  # noqa: BLE001
-            log.exception("sacct reconciliation at exit failed")
+            log.exception("writing sacct bills at exit failed")
 
 
 def config_field() -> dg.Field:

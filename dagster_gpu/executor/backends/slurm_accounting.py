@@ -1,7 +1,7 @@
 """Writes the ``sacct`` bill of each finished array task into Dagster: one AssetObservation per partition.
 
 The figures and the observation's metadata are computed by the pure functions of
-:mod:`dagster_gpu.slurm.reconcile` (``billing/source: sacct``); this module finds the finished tasks in the
+:mod:`dagster_gpu.slurm.sacct_bill` (``billing/source: sacct``); this module finds the finished tasks in the
 spool, the Dagster instance of each (from the serialized instance ref in the task's step args), the
 materializations its step recorded, and writes the observations.
 """
@@ -19,7 +19,7 @@ from dagster._serdes import serialize_value
 from dagster_gpu.billing.ratecard import gpu_hour_rate
 from dagster_gpu.executor.backends.step_args import step_args_from_env
 from dagster_gpu.slurm.parse import AcctRow
-from dagster_gpu.slurm.reconcile import observation_metadata, sacct_figures
+from dagster_gpu.slurm.sacct_bill import observation_metadata, sacct_figures
 from dagster_gpu.slurm.spool import Spool, create_exclusive, read_json
 from dagster_gpu.slurm.status import records_for
 from dagster_gpu.worker.billing import billed_device
@@ -67,7 +67,7 @@ def _report_task(task: Mapping[str, Any], rows: Sequence[AcctRow], shards_per_gp
     return len(targets)
 
 
-def reconcile_spool(spool: Spool, acct: Sequence[AcctRow], shards_per_gpu: int = 4) -> int:
+def report_sacct_bills(spool: Spool, acct: Sequence[AcctRow], shards_per_gpu: int = 4) -> int:
     """Report sacct observations for every finished task of the spool's done job arrays not yet
     reported (each exactly once across processes: an O_EXCL marker per task). Returns observations written."""
     written = 0
