@@ -10,10 +10,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
-if TYPE_CHECKING:
-    from dagster_gpu.contracts import StepLaunch
+from dagster_gpu.contracts import StepLaunch
 
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "dagster-gpu"
