@@ -1,4 +1,4 @@
-"""Throughput of our embedding step against a raw ``SentenceTransformer.encode`` (issue 2, "Benchmark").
+"""Throughput of our embedding step against a raw ``SentenceTransformer.encode``.
 
     ratio = texts/s of ``embed_partition`` (read a corpus file -> embed -> write parquet, atomic)
             ÷ texts/s of ``SentenceTransformer.encode`` on the same texts, already in memory

@@ -12,7 +12,7 @@ and prints, per step, the launch-to-running latency (STEP_WORKER_STARTING event 
 ``startedAt``, which includes claim creation, allocation by kube-scheduler and binding) and launch-to-
 STEP_START (worker process up and reporting; comparable with the multiprocess baseline's
 STEP_WORKER_STARTING/STEP_START gap) as p50/p95/max, and the makespan (backfill submitted -> every run
-ended) of both, with their ratio (issue 4's target: <= 1.3).
+ended) of both, with their ratio (target: <= 1.3).
 
 Writes a JSON summary to ``--out`` (default bench/k8s_backfill.json).
 """

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from dagster_gpu.billing.ratecard import RateCard  # noqa: E402
 from dagster_gpu.policy import (  # noqa: E402
-    DevicePool, GpuRequest, KubernetesState, LocalState, RuntimeModel, SlurmState, Snapshot, StepSize,
+    DeviceGroup, GpuRequest, KubernetesState, LocalState, RuntimeModel, SlurmState, Snapshot, StepSize,
     after_submit, decide,
 )
 
@@ -30,15 +30,15 @@ A100, H100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
 
 
 def snapshot() -> Snapshot:
-    slurm = SlurmState(pools=(DevicePool(A100, A100, 80, 10, 10), DevicePool(H100, H100, 80, 2, 8),
-                              DevicePool("NVIDIA H200", "NVIDIA H200", 141, 0, 4),
-                              DevicePool("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", 40, 4, 4)),
+    slurm = SlurmState(pools=(DeviceGroup(A100, A100, 80, 10, 10), DeviceGroup(H100, H100, 80, 2, 8),
+                              DeviceGroup("NVIDIA H200", "NVIDIA H200", 141, 0, 4),
+                              DeviceGroup("NVIDIA A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", 40, 4, 4)),
                        array_throttle=10)
-    k8s = KubernetesState(pools=(DevicePool(A100, A100, 80, 10, 10), DevicePool(H100, H100, 80, 8, 8),
-                                 DevicePool("mig-1g.10gb", A100, 10, 14, 14, mig_profile="1g.10gb"),
-                                 DevicePool("mig-2g.20gb", A100, 20, 6, 6, mig_profile="2g.20gb"),
-                                 DevicePool("mig-3g.40gb", A100, 40, 4, 4, mig_profile="3g.40gb")))
-    local = LocalState(pools=(DevicePool(A100, A100, 80, 1, 1),))
+    k8s = KubernetesState(pools=(DeviceGroup(A100, A100, 80, 10, 10), DeviceGroup(H100, H100, 80, 8, 8),
+                                 DeviceGroup("mig-1g.10gb", A100, 10, 14, 14, mig_profile="1g.10gb"),
+                                 DeviceGroup("mig-2g.20gb", A100, 20, 6, 6, mig_profile="2g.20gb"),
+                                 DeviceGroup("mig-3g.40gb", A100, 40, 4, 4, mig_profile="3g.40gb")))
+    local = LocalState(pools=(DeviceGroup(A100, A100, 80, 1, 1),))
     return Snapshot(rate_card=RateCard.load(), slurm=slurm, kubernetes=k8s, local=local)
 
 

@@ -1,4 +1,4 @@
-"""Peak RSS of the embedding worker on a corpus file of at least 200 MB (issue 2, "Benchmark").
+"""Peak RSS of the embedding worker on a corpus file of at least 200 MB.
 
 Each measurement runs in a fresh child process (``--child MODE``) that loads the real model, resets the
 kernel's peak-RSS mark (``/proc/self/clear_refs``, 5), does the work, and reports:

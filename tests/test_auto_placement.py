@@ -7,7 +7,7 @@ from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.executor.auto import gather_snapshot, step_size
 from dagster_gpu.executor.backends.local import LocalBackend
 from dagster_gpu.policy import choose_placement
-from dagster_gpu.policy.snapshot import DevicePool, SlurmState
+from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
 from dagster_gpu.request import TAG_CORPUS_URL, GpuRequest
 
 
@@ -30,7 +30,7 @@ class _Slurm:
         self.free = free
 
     def policy_state(self):
-        return SlurmState(pools=(DevicePool("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 80.0, free=self.free, total=4),))
+        return SlurmState(pools=(DeviceGroup("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 80.0, free=self.free, total=4),))
 
 
 def test_unreachable_backend_is_recorded_and_skipped(tmp_path):

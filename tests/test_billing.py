@@ -1,4 +1,4 @@
-"""Rate card (resources/ratecard.yaml), metering, and the worker's measured billing."""
+"""Rate card (dagster_gpu/data/ratecard.yaml), metering, and the worker's measured billing."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ def card() -> RateCard:
     return RateCard.load()
 
 
-def test_default_card_is_the_repo_file(card):
-    assert DEFAULT_RATE_CARD == REPO / "resources" / "ratecard.yaml"
+def test_default_card_is_package_data(card):
+    assert DEFAULT_RATE_CARD == REPO / "dagster_gpu" / "data" / "ratecard.yaml"
+    # the documented example in resources/ is the same file
+    assert (REPO / "resources" / "ratecard.yaml").resolve() == DEFAULT_RATE_CARD.resolve()
     assert card.source == str(DEFAULT_RATE_CARD)
     assert set(card.rates) == {"local", "slurm", "kubernetes"}
     assert dict(card.table("local")) == {"cpu": 0.05, "default": 1.00}
@@ -223,3 +225,43 @@ def test_measure_rejects_negative_wall(card):
 def test_measure_without_rate_names_device():
     with pytest.raises(RateCardError, match="'NVIDIA L4'"):
         measure({"NVIDIA H100": 2.0}, 1.0, "cuda", "NVIDIA L4", 1)
+
+
+def test_a_mig_slice_is_priced_the_same_by_the_policy_the_worker_and_the_pod_interval(card):
+    """The same 1g.10gb slice of an H100 (kubernetes: 3.90 USD/GPU-h by prefix, not the 2.40 default) for the
+    same seconds: the policy's estimate, the worker's measured bill and the pod-interval bill agree."""
+    import datetime as dt
+
+    from kubernetes.client import V1ObjectMeta
+
+    from dagster_gpu.contracts import StepLaunch
+    from dagster_gpu.executor.backends.kubernetes_billing import pod_interval_metadata
+    from dagster_gpu.k8s import manifests as m
+    from dagster_gpu.policy import DeviceGroup, GpuRequest, KubernetesState, RuntimeModel, Snapshot, StepSize, decide
+
+    parent = "NVIDIA H100 80GB HBM3"
+    pool = DeviceGroup("mig-1g.10gb", parent, 10.0, free=7, total=7, mig_profile="1g.10gb")
+    placement = decide(GpuRequest(mig_ok=True, memory_gib=10), StepSize(rows=100_000),
+                       Snapshot(rate_card=card, kubernetes=KubernetesState(pools=(pool,))),
+                       model=RuntimeModel(texts_per_second=1000.0, n_history=3))
+    est = placement.alternatives[0]
+    assert (placement.device, placement.product) == ("mig-1g.10gb", parent)
+    secs = est.runtime_s
+    expected = secs / 7 * 3.90 / 3600  # 1/7 of a GPU for secs seconds at the H100's GPU-hour rate
+    assert est.cost_usd == pytest.approx(expected, rel=1e-12)
+
+    rates = card.table("kubernetes")
+    worker = measure(rates, secs, "cuda:0", f"{parent} MIG 1g.10gb", 1)
+    assert (worker.device_type, worker.rate_usd_per_gpu_hour) == ("mig-1g.10gb", 3.90)
+    assert worker.cost_usd == pytest.approx(expected, rel=1e-12)
+
+    launch = StepLaunch(run_id="r", step_key="embed", partition_key="a.txt", attempt=0, argv=("python",), env={},
+                        request=GpuRequest(mig_ok=True, memory_gib=10), placement=placement)
+    pod, _, _ = m.step_objects(launch, m.K8sSettings(secret_env=()))
+    pod.metadata = V1ObjectMeta(**{**pod.metadata.to_dict(), "uid": "u1", "namespace": "ns",
+                                   "creation_timestamp": dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)})
+    handle = m.handle_from_pod(pod)  # what a process that did not launch the pod bills from
+    md = pod_interval_metadata(handle, 1000.0, 1000.0 + secs, "claim", [], rates)
+    assert (md["billing/device_type"], md["billing/rate_usd_per_gpu_hour"]) == ("mig-1g.10gb", 3.90)
+    assert md["billing/gpu_seconds"] == pytest.approx(worker.gpu_seconds, rel=1e-12)
+    assert md["billing/cost_usd"] == pytest.approx(expected, rel=1e-12)

@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.k8s, pytest.mark.e2e]
 def backend():
     require_cluster()
     kube = KubeClient(executor_api(), NAMESPACE)
-    assert kube.resource_version == "v1"
+    assert kube.resource_api_version == "v1"
     # No Secret named like the default PostgreSQL one exists here: no secret env for these shell steps.
     settings = m.K8sSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_s=10)
     return KubernetesBackend(kube, settings, pending_timeout_s=5, create_timeout_s=30)
@@ -107,7 +107,7 @@ def test_relaunch_reattaches_to_existing_pod(backend):
 def test_older_resource_api_shapes_work_on_a_real_server(version):
     """Clusters that serve only v1beta2/v1beta1 get those shapes (this one serves all three)."""
     require_cluster()
-    kube = KubeClient(executor_api(), NAMESPACE, resource_version=version)
+    kube = KubeClient(executor_api(), NAMESPACE, resource_api_version=version)
     groups = [v.group_version for g in __import__("kubernetes").client.ApisApi(kube.api).get_api_versions().groups
               for v in g.versions]
     if f"resource.k8s.io/{version}" not in groups:

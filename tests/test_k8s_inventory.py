@@ -7,7 +7,7 @@ from pathlib import Path
 
 import yaml
 
-from dagster_gpu.k8s.inventory import allocated_devices, device_pools
+from dagster_gpu.k8s.inventory import allocated_device_ids, device_groups
 
 SLICE = yaml.safe_load((Path(__file__).resolve().parents[1] / "resources/k8s/manifests/30-resourceslice-gpu-node-0.yaml").read_text())
 
@@ -19,7 +19,7 @@ def _claim(*devices: str, pool: str = "gpu-node-0", driver: str = "gpu.nvidia.co
 
 def test_pools_subtract_allocated_devices():
     claims = [_claim("gpu-1"), _claim("gpu-2-mig-1g10gb-19-0", "gpu-2-mig-1g10gb-19-4"), {"status": {}}, _claim("gpu-0", pool="other-node")]
-    full, mig = device_pools([SLICE], claims, {"mig-1g.10gb": 3})
+    full, mig = device_groups([SLICE], claims, {"mig-1g.10gb": 3})
     assert (full.device, full.product, full.memory_gib, full.total, full.free, full.pending, full.mig_profile) == (
         "NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 80.0, 2, 1, 0, None)
     assert (mig.device, mig.memory_gib, mig.total, mig.free, mig.pending, mig.mig_profile) == ("mig-1g.10gb", 9.5, 7, 5, 3, "1g.10gb")
@@ -31,6 +31,6 @@ def test_v1beta1_slices_and_other_drivers():
     beta["spec"]["devices"] = [{"name": d["name"], "basic": {k: v for k, v in d.items() if k != "name"}} for d in beta["spec"]["devices"]]
     other = copy.deepcopy(SLICE)
     other["spec"]["driver"] = "example.com/fpga"
-    pools = device_pools([beta, other], [])
+    pools = device_groups([beta, other], [])
     assert [(p.device, p.total, p.free) for p in pools] == [("NVIDIA A100-SXM4-80GB", 2, 2), ("mig-1g.10gb", 7, 7)]
-    assert allocated_devices([_claim("a", "b")]) == {("gpu.nvidia.com", "gpu-node-0", "a"), ("gpu.nvidia.com", "gpu-node-0", "b")}
+    assert allocated_device_ids([_claim("a", "b")]) == {("gpu.nvidia.com", "gpu-node-0", "a"), ("gpu.nvidia.com", "gpu-node-0", "b")}

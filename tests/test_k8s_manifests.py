@@ -12,6 +12,7 @@ import yaml
 
 from dagster_gpu.executor.backends.base import StepLaunch
 from dagster_gpu.k8s import manifests as m
+from dagster_gpu.k8s import names
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.request import GpuRequest
 
@@ -106,7 +107,7 @@ def test_labels_are_valid_and_distinct():
     assert vals[-1] == "ok-key"
     assert len(set(vals)) == len(vals)
     for v in vals:
-        assert len(v) <= 63 and m._LABEL_OK.match(v), v
+        assert len(v) <= 63 and names._LABEL_OK.match(v), v
     pod, template, _ = m.step_objects(_launch(GpuRequest(), pk="s3://bucket/doc 1.txt"), m.K8sSettings())
     assert pod.metadata.labels[m.LABEL_PARTITION] == m.sanitize_label_value("s3://bucket/doc 1.txt")
     assert pod.metadata.annotations[m.ANNOTATION_PARTITION_KEY] == "s3://bucket/doc 1.txt"
@@ -179,3 +180,61 @@ def test_handle_from_pod_recovers_what_the_launcher_knew():
     assert h["partition_key"] == "doc 1/ä.txt"
     cpu_pod, _, _ = m.step_objects(_launch(GpuRequest(count=0)), m.K8sSettings())
     assert m.handle_from_pod(cpu_pod)["device_type"] == "cpu" and m.handle_from_pod(cpu_pod)["template"] == ""
+
+
+def test_container_context_is_merged_as_dagster_k8s_does():
+    """User fields pass through (node selector, tolerations, a sidecar, security context); lists are
+    concatenated; the step's own fields win; a user env var shadowing the step's or a Secret's is dropped."""
+    settings = m.K8sSettings(secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "pg", "password"),), container_context={
+        "env_vars": ["FOO=bar", "DAGSTER_PG_PASSWORD=leaked", "DAGSTER_GPU_STEP_CONTEXT=other"],
+        "volumes": [{"name": "data", "emptyDir": {}}], "volume_mounts": [{"name": "data", "mountPath": "/data"}],
+        "resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "4Gi"}},
+        "run_k8s_config": {
+            "container_config": {"security_context": {"run_as_non_root": True}, "working_dir": "/work", "args": ["x"]},
+            "pod_spec_config": {"node_selector": {"gpu": "a100"}, "tolerations": [{"key": "gpu", "operator": "Exists"}],
+                                "restart_policy": "Always", "priority_class_name": "batch",
+                                "containers": [{"name": "sidecar", "image": "busybox"}]},
+            "pod_template_spec_metadata": {"labels": {"team": "search"}, "annotations": {"owner": "search"}}},
+    })
+    pod, template, _ = m.step_objects(_launch(GpuRequest(count=1)), settings)
+    d = validate(pod)
+    spec, (step, sidecar) = d["spec"], d["spec"]["containers"]
+    assert spec["nodeSelector"] == {"gpu": "a100"} and spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert spec["priorityClassName"] == "batch" and spec["restartPolicy"] == "Never"
+    assert sidecar == {"name": "sidecar", "image": "busybox"}
+    assert step["name"] == "step" and step["command"][:3] == ["/opt/venv/bin/python", "-m", "dagster"] and "args" not in step
+    assert step["securityContext"] == {"runAsNonRoot": True} and step["workingDir"] == "/work"
+    assert step["resources"] == {"requests": {"cpu": "100m", "memory": "2Gi"}, "limits": {"memory": "4Gi"},
+                                 "claims": [{"name": "gpu"}]}
+    env = {e["name"]: e for e in step["env"]}
+    assert env["FOO"]["value"] == "bar" and env["DAGSTER_GPU_STEP_CONTEXT"]["value"] == "{}"
+    assert env["DAGSTER_PG_PASSWORD"] == {"name": "DAGSTER_PG_PASSWORD",
+                                          "valueFrom": {"secretKeyRef": {"name": "pg", "key": "password"}}}
+    assert "leaked" not in json.dumps(d)
+    assert d["metadata"]["labels"]["team"] == "search" and d["metadata"]["annotations"]["owner"] == "search"
+
+
+def test_a_bad_container_context_names_the_setting():
+    with pytest.raises(m.ManifestError, match="container_context"):
+        m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(container_context={"no_such_field": 1}))
+    with pytest.raises(m.ManifestError, match="container_context: .*node_selectr"):
+        m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(container_context={
+            "run_k8s_config": {"pod_spec_config": {"node_selectr": {"a": "b"}}}}))
+
+
+def test_partition_labels_stay_valid_and_distinct():
+    base = "k" * 40
+    keys = [
+        (base + "-alpha",), (base + "-beta",),                    # differ only after character 40
+        (base + "x" * 30 + "1",), (base + "x" * 30 + "2",),       # over 63 characters, differ at the end
+        ("a-b", "c"), ("a", "b-c"), ("a", "b", "c"),              # join to the same string
+        (base + "1", "z"), (base + "2", "z"),                     # ranges whose first keys differ after 20
+        ("doc 1/ä.txt", "doc 2/ä.txt"),
+    ]
+    labels = [names.partition_label(k) for k in keys]
+    for v in labels:
+        assert len(v) <= 63 and names._LABEL_OK.match(v), v
+    assert len(set(labels)) == len(labels), labels
+    assert names.partition_label(("doc-001.txt",)) == "doc-001.txt"  # a single valid key stays readable
+    with pytest.raises(ValueError):
+        names.partition_label(())

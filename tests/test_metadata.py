@@ -197,7 +197,7 @@ def test_step_context_in_process_default():
 def test_slurm_array_task_metadata():
     env = {"SLURM_JOB_ID": "1243", "SLURM_ARRAY_JOB_ID": "1240", "SLURM_ARRAY_TASK_ID": "3", "SLURM_JOB_PARTITION": "gpu"}
     assert backend_metadata("slurm", env) == {
-        "slurm/job_id": "1243", "slurm/array_job_id": 1240, "slurm/array_task_id": 3, "slurm/partition": "gpu",
+        "slurm/job_id": "1243", "slurm/array_job_id": 1240, "slurm/array_task_id": 3, "slurm/slurm_partition": "gpu",
     }
 
 

@@ -1,4 +1,4 @@
-"""The cost policy's choices on hand-built snapshots: one test per rule of issue 5, real values."""
+"""The cost policy's choices on hand-built snapshots: one test per rule of dagster_gpu.policy.policy, real values."""
 
 import json
 import math
@@ -8,7 +8,7 @@ import pytest
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy import (
-    DevicePool, GpuRequest, KubernetesState, LocalState, NoFeasiblePlacement, Placement, RuntimeModel,
+    DeviceGroup, GpuRequest, KubernetesState, LocalState, NoFeasiblePlacement, Placement, RuntimeModel,
     SlurmState, Snapshot, StepSize, choose_placement, decide,
 )
 
@@ -18,7 +18,7 @@ SIZE = StepSize(rows=432_000)
 
 
 def pool(free=1, total=None, pending=0, est=None, device=A100, mem=80.0, profile=None):
-    return DevicePool(device, A100, mem, free, total if total is not None else max(free, 1), pending, est, profile)
+    return DeviceGroup(device, A100, mem, free, total if total is not None else max(free, 1), pending, est, profile)
 
 
 def snap(slurm=None, k8s=None, local=None, rc=None):

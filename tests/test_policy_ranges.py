@@ -4,7 +4,7 @@ import pytest
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy import (
-    DevicePool, GpuRequest, KubernetesState, NoFeasiblePlacement, RuntimeModel, SlurmState, Snapshot, StepSize,
+    DeviceGroup, GpuRequest, KubernetesState, NoFeasiblePlacement, RuntimeModel, SlurmState, Snapshot, StepSize,
     choose_placement, decide, plan_largest_first, plan_range,
 )
 from dagster_gpu.policy.ranges import assign_units
@@ -15,9 +15,9 @@ MODEL = RuntimeModel(texts_per_second=100.0, n_history=3, per_partition_s=1.0)
 
 
 def snap(slurm_free=2, k8s_free=2, slurm_est=None, throttle=None):
-    s = SlurmState(pools=(DevicePool(A100, A100, 80.0, slurm_free, 2, 0, slurm_est),), launch_latency_s=5.0,
+    s = SlurmState(pools=(DeviceGroup(A100, A100, 80.0, slurm_free, 2, 0, slurm_est),), launch_latency_s=5.0,
                    billed_overhead_s=20.0, array_throttle=throttle)
-    k = KubernetesState(pools=(DevicePool(A100, A100, 80.0, k8s_free, 2),), launch_latency_s=10.0,
+    k = KubernetesState(pools=(DeviceGroup(A100, A100, 80.0, k8s_free, 2),), launch_latency_s=10.0,
                         billed_overhead_s=30.0)
     return Snapshot(rate_card=RateCard.load(), slurm=s, kubernetes=k)
 

@@ -3,7 +3,7 @@
 import pytest
 
 from dagster_gpu.billing.ratecard import RateCard
-from dagster_gpu.policy import DevicePool, KubernetesState, SlurmState, Snapshot, after_submit
+from dagster_gpu.policy import DeviceGroup, KubernetesState, SlurmState, Snapshot, after_submit
 from dagster_gpu.policy.history import point_from_metadata, points_from_metadata
 from dagster_gpu.policy.runtime import (
     FALLBACK_BYTES_PER_ROW, FALLBACK_ROWS, FALLBACK_TEXTS_PER_SECOND, HistoryPoint, RuntimeModel, StepSize,
@@ -82,7 +82,7 @@ def test_fetch_history_from_a_real_instance():
 def test_snapshot_json_round_trip():
     sn = Snapshot(
         rate_card=RateCard.load(),
-        slurm=SlurmState(pools=(DevicePool(A100, A100, 80, 2, 10, 1, 30.0),), array_throttle=4, running_tasks=1),
+        slurm=SlurmState(pools=(DeviceGroup(A100, A100, 80, 2, 10, 1, 30.0),), array_throttle=4, running_tasks=1),
         kubernetes=KubernetesState(reachable=False, reason="timeout"),
     )
     back = Snapshot.loads(__import__("json").dumps(sn.to_json()))
@@ -91,7 +91,7 @@ def test_snapshot_json_round_trip():
 
 
 def test_after_submit_consumes_free_then_queues():
-    sn = Snapshot(rate_card=RateCard.load(), slurm=SlurmState(pools=(DevicePool(A100, A100, 80, 1, 2, 0, 0.0),),
+    sn = Snapshot(rate_card=RateCard.load(), slurm=SlurmState(pools=(DeviceGroup(A100, A100, 80, 1, 2, 0, 0.0),),
                                                               array_throttle=5))
     s1 = after_submit(sn, "slurm", A100, A100)
     assert s1.slurm.pools[0].free == 0 and s1.slurm.pools[0].pending == 0 and s1.slurm.running_tasks == 1

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from dagster_gpu.billing.ratecard import RateCard
-from dagster_gpu.policy import DevicePool, KubernetesState, RuntimeModel, SlurmState, Snapshot
+from dagster_gpu.policy import DeviceGroup, KubernetesState, RuntimeModel, SlurmState, Snapshot
 from dagster_gpu.policy.whatif import list_partitions, plan, whatif_main
 from dagster_gpu.request import GpuRequest
 
@@ -25,8 +25,8 @@ def corpus(tmp_path):
 def snapfile(tmp_path):
     sn = Snapshot(
         rate_card=RateCard.load(),
-        slurm=SlurmState(pools=(DevicePool(A100, A100, 80, 1, 1),), launch_latency_s=5, billed_overhead_s=20),
-        kubernetes=KubernetesState(pools=(DevicePool(A100, A100, 80, 2, 2),), launch_latency_s=10,
+        slurm=SlurmState(pools=(DeviceGroup(A100, A100, 80, 1, 1),), launch_latency_s=5, billed_overhead_s=20),
+        kubernetes=KubernetesState(pools=(DeviceGroup(A100, A100, 80, 2, 2),), launch_latency_s=10,
                                    billed_overhead_s=30),
     )
     p = tmp_path / "snap.json"

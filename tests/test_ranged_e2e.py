@@ -39,7 +39,7 @@ def make_corpus(d: Path, n: int = N, records: int = 30) -> list[str]:
 
 def _worker_pids(run_id: str) -> list[int]:
     """Step-worker processes of ``run_id`` on this host (Slurm tasks and the node agent's pods run here)."""
-    from dagster_gpu.executor.observations import STEP_ARGS_ENV, step_args
+    from dagster_gpu.executor.backends.step_args import step_args_from_env
 
     out = []
     for p in psutil.process_iter(["cmdline"]):
@@ -50,7 +50,8 @@ def _worker_pids(run_id: str) -> list[int]:
             env = p.environ()
         except (psutil.AccessDenied, psutil.NoSuchProcess):
             continue
-        if STEP_ARGS_ENV in env and step_args(env[STEP_ARGS_ENV]).run_id == run_id:
+        args = step_args_from_env(env)
+        if args is not None and args.run_id == run_id:
             out.append(p.pid)
     return out
 

@@ -1,4 +1,4 @@
-"""End-to-end tests of gpu_executor's slurm backend on the local Slurm cluster (issue 3).
+"""End-to-end tests of gpu_executor's slurm backend on the local Slurm cluster.
 
 Needs ``resources/slurm/cluster.sh start`` and ``resources/postgres/postgres.sh start``; each test skips
 with the reason when either is not running. Every run is a real Dagster run in its own run-worker

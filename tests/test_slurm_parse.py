@@ -14,7 +14,7 @@ from dagster_gpu.slurm import parse as P
 from dagster_gpu.slurm.client import gpu_count
 from dagster_gpu.slurm.ids import BadJobId, format_array_spec, parse_array_task_field, parse_job_id
 from dagster_gpu.billing.apportion import apportion_unit_bill
-from dagster_gpu.slurm.reconcile import sacct_figures
+from dagster_gpu.slurm.sacct_bill import sacct_figures
 from dagster_gpu.slurm.states import STATE_MAP, UnknownSlurmState, parse_state, worker_status
 from dagster_gpu.slurm.status import records_for, task_state
 

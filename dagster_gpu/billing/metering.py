@@ -1,12 +1,16 @@
 """GPU-seconds and cost (pure).
 
 GPU-seconds = allocated device count (or fraction, e.g. 1/7 for a MIG 1g.10gb slice) × wall seconds
-the devices were held (DESIGN.md, "Our own" vocabulary). Cost = GPU-seconds × rate (USD per GPU-hour) / 3600.
+the devices were held (docs/architecture.md, "Billing"). Cost = GPU-seconds × rate (USD per GPU-hour) / 3600.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Mapping
+
+from dagster_gpu.billing.ratecard import gpu_hour_rate
 
 
 def gpu_seconds(devices: float, wall_seconds: float) -> float:
@@ -24,3 +28,28 @@ def cost_usd(gpu_secs: float, rate_usd_per_gpu_hour: float) -> float:
         if not math.isfinite(v) or v < 0:
             raise ValueError(f"{name} must be finite and >= 0, got {v!r}")
     return gpu_secs * rate_usd_per_gpu_hour / 3600.0
+
+
+@dataclass(frozen=True)
+class Charge:
+    """One bill: ``gpu_seconds`` (devices × seconds), ``rate_usd_per_gpu_hour`` (:func:`gpu_hour_rate`) and
+    ``cost_usd`` (GPU-seconds × rate / 3600)."""
+
+    device_type: str
+    devices: float
+    seconds: float
+    gpu_seconds: float
+    rate_usd_per_gpu_hour: float
+    cost_usd: float
+
+
+def charge(rates: Mapping[str, float], device_type: str, devices: float, seconds: float,
+           parent_product: str | None = None) -> Charge:
+    """Price ``devices`` (whole-GPU equivalents: count × fraction, 1/7 per ``mig-1g.10gb`` slice) of
+    ``device_type`` held ``seconds`` at one backend's rate table. The policy's estimate, the worker's
+    measured bill and the Kubernetes pod-interval bill all come from here, so a MIG slice is priced one way:
+    its parent's GPU-hour rate on fractional GPU-seconds. Raises RateCardError (no rate) or ValueError
+    (negative or non-finite input)."""
+    secs = gpu_seconds(devices, seconds)
+    rate = gpu_hour_rate(rates, device_type, parent_product)
+    return Charge(device_type, float(devices), float(seconds), secs, rate, cost_usd(secs, rate))

@@ -1,4 +1,8 @@
-"""The rate card: USD per GPU-hour by backend and device type (see ``resources/ratecard.yaml``)."""
+"""The rate card: USD per GPU-hour by backend and device type.
+
+The default card is package data, ``dagster_gpu/data/ratecard.yaml`` (``resources/ratecard.yaml`` in the
+repository is a link to it), so :meth:`RateCard.load` works from an installed wheel.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Mapping
 
 import yaml
 
-DEFAULT_RATE_CARD = Path(__file__).resolve().parents[2] / "resources" / "ratecard.yaml"
+DEFAULT_RATE_CARD = Path(__file__).resolve().parents[1] / "data" / "ratecard.yaml"
 
 _MIG_PROFILE = re.compile(r"^mig-(\d+)g\.(\d+)gb$")
 #: Compute slices of a full GPU for MIG on A100/H100/H200 (NVIDIA MIG User Guide, "Supported MIG Profiles").
@@ -41,7 +45,7 @@ class RateCard:
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> "RateCard":
-        """Read a YAML rate card (default: the packaged ``resources/ratecard.yaml``).
+        """Read a YAML rate card (default: the packaged ``dagster_gpu/data/ratecard.yaml``).
 
         Raises RateCardError naming the file when it is unreadable, has no ``backends`` mapping, or a
         rate is not a finite number >= 0.
@@ -81,22 +85,19 @@ class RateCard:
         except KeyError:
             raise RateCardError(f"rate card {self.source}: no rates for backend {backend!r}") from None
 
-    def rate(self, backend: str, device_type: str, parent_product: str | None = None) -> float:
-        """USD per GPU-hour of one *whole* device of ``device_type`` on ``backend``.
+    def gpu_hour_rate(self, backend: str, device_type: str, parent_product: str | None = None) -> float:
+        """USD per GPU-hour that GPU-seconds of ``device_type`` on ``backend`` are charged at (see
+        :func:`gpu_hour_rate`). Raises RateCardError when nothing matches and the backend has no ``default``."""
+        return gpu_hour_rate(self.table(backend), device_type, parent_product, f"{self.source}: {backend}")
 
-        For a MIG device type (``mig-1g.10gb``) the rate is the parent product's rate times
-        :func:`mig_fraction` (``parent_product`` defaults to the backend's ``default``).
-        Raises RateCardError when nothing matches and the backend has no ``default``.
-        """
+    def rate(self, backend: str, device_type: str, parent_product: str | None = None) -> float:
+        """USD per hour of one device of ``device_type`` on ``backend``: :meth:`gpu_hour_rate` × the device's
+        fraction of a GPU (a ``mig-1g.10gb`` slice: its parent's rate × 1/7; a whole GPU: its rate).
+        Raises RateCardError when nothing matches and the backend has no ``default``."""
         return rate_from_table(self.table(backend), device_type, parent_product, f"{self.source}: {backend}")
 
 
-def rate_from_table(
-    table: Mapping[str, float], device_type: str, parent_product: str | None = None, where: str = "rate table"
-) -> float:
-    """Look up ``device_type`` in one backend's table (exact, longest prefix, ``default``); see RateCard.rate."""
-    if _MIG_PROFILE.match(device_type):
-        return rate_from_table(table, parent_product or "default", None, where) * mig_fraction(device_type)
+def _lookup(table: Mapping[str, float], device_type: str, where: str) -> float:
     if device_type in table:
         return table[device_type]
     prefixes = [k for k in table if k != "default" and device_type.startswith(k)]
@@ -105,3 +106,27 @@ def rate_from_table(
     if "default" in table:
         return table["default"]
     raise RateCardError(f"{where}: no rate for device {device_type!r} and no 'default'")
+
+
+def gpu_hour_rate(
+    table: Mapping[str, float], device_type: str, parent_product: str | None = None, where: str = "rate table"
+) -> float:
+    """The one pricing rule: USD per GPU-hour for GPU-seconds of ``device_type`` in one backend's table.
+
+    A MIG slice (``mig-1g.10gb``) is charged at its parent product's rate (``parent_product``, else the
+    table's ``default``): its GPU-seconds are already fractional (a 1/7 slice for 7 s is 1 GPU-second).
+    Any other device type: exact key, else the longest key that prefixes it, else ``default``.
+    Raises RateCardError when nothing matches and there is no ``default``.
+    """
+    if _MIG_PROFILE.match(device_type):
+        return _lookup(table, parent_product or "default", where)
+    return _lookup(table, device_type, where)
+
+
+def rate_from_table(
+    table: Mapping[str, float], device_type: str, parent_product: str | None = None, where: str = "rate table"
+) -> float:
+    """USD per hour of one device of ``device_type``: :func:`gpu_hour_rate` × :func:`mig_fraction` for a MIG
+    slice, the GPU-hour rate for anything else (see :meth:`RateCard.rate`)."""
+    rate = gpu_hour_rate(table, device_type, parent_product, where)
+    return rate * mig_fraction(device_type) if _MIG_PROFILE.match(device_type) else rate

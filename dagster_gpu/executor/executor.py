@@ -3,7 +3,7 @@
 Run config (``execution: config:``)::
 
     backend: auto | local | slurm | kubernetes      # default auto (the cost policy, or the only backend)
-    rate_card: /path/to/ratecard.yaml              # default: the packaged resources/ratecard.yaml
+    rate_card: /path/to/ratecard.yaml              # default: the packaged dagster_gpu/data/ratecard.yaml
     worker_python: /opt/venv/bin/python            # default: the code location's interpreter
     local: {log_dir: ..., cuda_visible_devices: "0", terminate_grace_seconds: 10, enabled: true}
     slurm: {...}                                   # see dagster_gpu.executor.backends.slurm
@@ -29,6 +29,7 @@ from dagster._core.execution.retries import RetryMode, get_retries_config
 from dagster._core.execution.tags import get_tag_concurrency_limits_config
 from dagster._core.executor.step_delegating import StepDelegatingExecutor
 
+from dagster_gpu.executor.backends.local import config_field as local_config_field
 from dagster_gpu.executor.registry import REMOTE_BACKEND_MODULES, remote_backend_module
 from dagster_gpu.executor.step_handler import GpuStepHandler
 
@@ -50,15 +51,7 @@ GPU_EXECUTOR_CONFIG = {
     ),
     "rate_card": dg.Field(dg.StringSource, is_required=False, description="Rate card YAML (USD per GPU-hour)."),
     "worker_python": dg.Field(dg.StringSource, is_required=False, description="Python interpreter for step workers."),
-    "local": dg.Field(
-        {
-            "enabled": dg.Field(bool, default_value=True),
-            "log_dir": dg.Field(dg.StringSource, is_required=False),
-            "cuda_visible_devices": dg.Field(dg.StringSource, is_required=False),
-            "terminate_grace_seconds": dg.Field(float, default_value=10.0),
-        },
-        is_required=False,
-    ),
+    "local": local_config_field(),
     **_remote_fields(),
     "retries": get_retries_config(),
     "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, is_required=False),

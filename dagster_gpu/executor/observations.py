@@ -10,32 +10,25 @@ arguments. The parts add up to the scheduler's figure.
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import threading
-import zlib
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import dagster as dg
 from dagster._grpc.types import ExecuteStepArgs
-from dagster._serdes import deserialize_value, serialize_value
+from dagster._serdes import serialize_value
 
 from dagster_gpu.billing.apportion import apportion_unit_bill
 from dagster_gpu.billing.metering import cost_usd
-from dagster_gpu.billing.ratecard import rate_from_table
+from dagster_gpu.billing.ratecard import gpu_hour_rate
+from dagster_gpu.executor.backends.step_args import step_args_from_env
 from dagster_gpu.ranges import run_partition_keys
+from dagster_gpu.worker.billing import billed_device
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
 log = logging.getLogger(__name__)
-
-STEP_ARGS_ENV = "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS"
-
-
-def step_args(compressed: str) -> ExecuteStepArgs:
-    """ExecuteStepArgs from ``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS`` (base64 of zlib of serdes JSON)."""
-    return deserialize_value(zlib.decompress(base64.b64decode(compressed.encode())).decode(), ExecuteStepArgs)
 
 
 def _value(md: Mapping[str, Any], key: str) -> Any:
@@ -50,8 +43,8 @@ class UnitBill:
     Attributes:
         gpu_seconds: the unit's GPU-seconds by the scheduler's accounting (sacct, pod interval).
         rate_usd_per_gpu_hour: USD per GPU-hour the unit is charged at; None: looked up in ``rates`` (the
-            backend's rate table) for the device type the unit's materializations report (``default``
-            when none).
+            backend's rate table) with the one pricing rule (:func:`dagster_gpu.billing.ratecard.gpu_hour_rate`)
+            for the device type and parent product the unit's materializations report (``default`` when none).
         metadata: the scheduler's own figures (``slurm/*``, ``k8s/*``, ``billing/source``…), put on every
             partition's observation as they are.
         match: (metadata key, value) that the unit's own materializations carry (``slurm/job_id`` of the
@@ -65,11 +58,11 @@ class UnitBill:
     match: tuple[str, str] | None = None
     rates: Mapping[str, float] | None = None
 
-    def rate_for(self, device_type: str | None) -> float:
+    def rate_for(self, device_type: str | None, parent_product: str | None = None) -> float:
         if self.rate_usd_per_gpu_hour is not None:
             return float(self.rate_usd_per_gpu_hour)
         try:
-            return rate_from_table(self.rates or {}, device_type or "default")
+            return gpu_hour_rate(self.rates or {}, device_type or "default", parent_product)
         except Exception:  # noqa: BLE001 - a rate table without default: bill at 0 rather than not at all
             return 0.0
 
@@ -90,9 +83,9 @@ class ObservationWriter:
 
     def write(self, env: Mapping[str, str], bill: UnitBill) -> int:
         """Write the observations of the unit launched with worker environment ``env``; returns how many."""
-        if STEP_ARGS_ENV not in env:
+        args = step_args_from_env(env)
+        if args is None:
             return 0
-        args = step_args(env[STEP_ARGS_ENV])
         pdef = (json.loads(env.get(STEP_CONTEXT_ENV) or "{}").get("extra") or {}).get("partitions_def")
         return write_unit_bill(self.instance_for(args), args.run_id, args.step_keys_to_execute[0], pdef, bill)
 
@@ -130,8 +123,9 @@ def write_unit_bill(
     measured = [(k, float(_value(md, "billing/gpu_seconds") or 0.0)) for k, (_, md) in materialized.items()]
     parts = apportion_unit_bill(bill.gpu_seconds, measured, failed)
     n = len(parts)
-    rate = bill.rate_for(next((str(_value(md, "billing/device_type")) for _, md in materialized.values()
-                               if md.get("billing/device_type") is not None), None))
+    first = next((md for _, md in materialized.values() if md.get("billing/device_type") is not None), {})
+    product = _value(first, "gpu/product_name")
+    rate = bill.rate_for(_value(first, "billing/device_type"), billed_device("cuda", str(product), 1, None)[1] if product else None)
     written = 0
     for key, share in parts:
         asset_key, mat_md = materialized.get(key, (assets[0] if assets else None, {}))

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from dagster_gpu.executor.backends.base import Backend, BackendNotConfigured
-from dagster_gpu.executor.backends.local import LocalBackend
+from dagster_gpu.executor.backends.local import LocalBackend, LocalSettings
+from dagster_gpu.executor.settings import from_section
 
 REMOTE_BACKEND_MODULES = {
     "slurm": "dagster_gpu.executor.backends.slurm",
@@ -33,7 +34,7 @@ def remote_backend_module(name: str):
 
 def configured_backends(config: Mapping[str, Any]) -> list[str]:
     """Names of backends usable under ``config``: ``local`` unless disabled, plus each remote section given."""
-    names = [] if config.get("local", {}).get("enabled", True) is False else ["local"]
+    names = ["local"] if from_section(LocalSettings, config.get("local") or {}).enabled else []
     names += [n for n in REMOTE_BACKEND_MODULES if config.get(n) is not None]
     return names
 
@@ -41,12 +42,9 @@ def configured_backends(config: Mapping[str, Any]) -> list[str]:
 def build_backend(name: str, config: Mapping[str, Any], default_log_dir: Path) -> Backend:
     """Instantiate backend ``name``. Raises BackendNotConfigured naming the missing config section."""
     if name == "local":
-        section = config.get("local") or {}
-        return LocalBackend(
-            log_dir=section.get("log_dir") or default_log_dir,
-            cuda_visible_devices=section.get("cuda_visible_devices"),
-            terminate_grace_s=float(section.get("terminate_grace_seconds", 10.0)),
-        )
+        s = from_section(LocalSettings, config.get("local") or {})
+        return LocalBackend(log_dir=s.log_dir or default_log_dir, cuda_visible_devices=s.cuda_visible_devices,
+                            terminate_grace_s=s.terminate_grace_seconds)
     if name not in REMOTE_BACKEND_MODULES:
         raise BackendNotConfigured(f"unknown backend {name!r}; expected local, slurm or kubernetes")
     section = config.get(name)

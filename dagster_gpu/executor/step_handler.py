@@ -23,6 +23,7 @@ from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHandler, StepHandlerContext
 
 from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerStatus
 from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env
@@ -100,8 +101,6 @@ class GpuStepHandler(StepHandler):
         forced = forced_placement(request, self._config.get("backend", "auto"), self._candidates)
         if forced is not None:
             return forced
-        from dagster_gpu.executor.auto import auto_placement
-
         return auto_placement(self, request, ctx, step_key, partition_keys)
 
     def step_context(self, placement: Placement, request: GpuRequest, partitions_def: str | None = None) -> StepContext:

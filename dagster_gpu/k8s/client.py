@@ -1,6 +1,7 @@
 """I/O with the Kubernetes API for the kubernetes backend (pods, ResourceClaimTemplates, ResourceClaims, events).
 
-Every call has a request timeout; errors surface as :class:`kubernetes.client.rest.ApiException` (HTTP
+Every call has a request timeout and is retried with backoff on transient errors (:func:`api_retry`);
+errors surface as :class:`kubernetes.client.rest.ApiException` (HTTP
 status in ``.status``) or urllib3 connection errors, except where a method documents otherwise
 (``read_*`` return None on 404, ``delete_*`` ignore 404). The ``resource.k8s.io`` version used is
 discovered once (v1 on Kubernetes 1.34; v1beta2/v1beta1 where only those are served).
@@ -9,14 +10,43 @@ discovered once (v1 on Kubernetes 1.34; v1beta2/v1beta1 where only those are ser
 from __future__ import annotations
 
 import threading
-from typing import Any
+import time
+from typing import Any, Callable
 
-from kubernetes import client, config
+import urllib3
+from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from dagster_gpu.k8s.manifests import claim_template_for_version, served_version
+from dagster_gpu.k8s.manifests import allocated_devices, claim_template_for_version, served_version, to_dict
 
 TIMEOUT = (5, 30)  # connect, read (seconds)
+
+#: HTTP statuses the API server (or a proxy in front of it) returns for a request it did not carry out.
+TRANSIENT_STATUSES = frozenset({429, 500, 502, 503, 504})
+
+
+def transient(e: BaseException, mutation: bool) -> bool:
+    """Whether a failed call may be retried: a :data:`TRANSIENT_STATUSES` answer, or no connection at all;
+    for a read (``mutation`` False) also a dropped connection or a read timeout. A create/patch/delete whose
+    request may have reached the server is not retried (it may have been applied: a retry would then see
+    409/404 and mislead the caller)."""
+    if isinstance(e, ApiException):
+        return e.status in TRANSIENT_STATUSES
+    if isinstance(e, urllib3.exceptions.MaxRetryError) and e.reason is not None:
+        return transient(e.reason, mutation)
+    if isinstance(e, (urllib3.exceptions.NewConnectionError, urllib3.exceptions.ConnectTimeoutError)):
+        return True
+    return not mutation and isinstance(e, (urllib3.exceptions.ProtocolError, urllib3.exceptions.ReadTimeoutError))
+
+
+def api_retry(fn: Callable[..., Any], *args: Any, mutation: bool, attempts: int = 4, **kwargs: Any) -> Any:
+    """Call ``fn(*args, _request_timeout=TIMEOUT, **kwargs)``; on a :func:`transient` error retry with
+    exponential backoff (0.2 s doubling, at most 2 s between tries) up to ``attempts`` tries, then raise
+    the last error as is (an ApiException keeps its ``status``)."""
+    retrying = Retrying(stop=stop_after_attempt(max(1, attempts)), wait=wait_exponential(multiplier=0.2, max=2.0),
+                        retry=retry_if_exception(lambda e: transient(e, mutation)), reraise=True)
+    return retrying(fn, *args, _request_timeout=TIMEOUT, **kwargs)
 
 _RESOURCE_APIS = {
     "v1": client.ResourceV1Api,
@@ -41,59 +71,69 @@ class KubeClient:
     Args:
         api: an authenticated ApiClient (see :func:`load_api_client`).
         namespace: where pods, templates and claims live.
-        resource_version: force a ``resource.k8s.io`` version (``v1``/``v1beta2``/``v1beta1``); default:
+        resource_api_version: force a ``resource.k8s.io`` version (``v1``/``v1beta2``/``v1beta1``); default:
             discover from the API server on first use.
+        attempts: tries of each call on transient errors (:func:`api_retry`).
     """
 
-    def __init__(self, api: client.ApiClient, namespace: str, resource_version: str | None = None):
+    def __init__(self, api: client.ApiClient, namespace: str, resource_api_version: str | None = None, attempts: int = 4):
+        self.attempts = attempts
         self.api = api
         self.namespace = namespace
         self.core = client.CoreV1Api(api)
-        self._version = resource_version
+        self._version = resource_api_version
         self._lock = threading.Lock()
 
     # -- discovery --------------------------------------------------------------------------------
     @property
-    def resource_version(self) -> str:
+    def resource_api_version(self) -> str:
         """The ``resource.k8s.io`` version in use (discovered once). Raises ManifestError if DRA is not served."""
         with self._lock:
             if self._version is None:
-                groups = client.ApisApi(self.api).get_api_versions(_request_timeout=TIMEOUT)
+                groups = self._read(client.ApisApi(self.api).get_api_versions)
                 self._version = served_version([v.group_version for g in groups.groups for v in g.versions])
             return self._version
 
     def _res(self):
-        return _RESOURCE_APIS[self.resource_version](self.api)
+        return _RESOURCE_APIS[self.resource_api_version](self.api)
+
+    # -- calls with retry ----------------------------------------------------------------------------
+    def _read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args, **kwargs)`` with the request timeout, retried on transient errors (:func:`transient`)."""
+        return api_retry(fn, *args, mutation=False, attempts=self.attempts, **kwargs)
+
+    def _write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Like :meth:`_read` for a create/patch/delete: retried only when the server cannot have applied it."""
+        return api_retry(fn, *args, mutation=True, attempts=self.attempts, **kwargs)
 
     # -- device inventory (cluster-scoped reads: see resources/k8s/manifests/42-executor-inventory.yaml)
     def inventory(self, label_selector: str) -> tuple[list[dict], list[dict], list[dict]]:
         """(ResourceSlices, ResourceClaims of all namespaces, our Pending pods) as plain API dicts."""
         res = self._res()
         ser = self.api.sanitize_for_serialization
-        slices = [ser(x) for x in res.list_resource_slice(_request_timeout=TIMEOUT).items]
-        claims = [ser(x) for x in res.list_resource_claim_for_all_namespaces(_request_timeout=TIMEOUT).items]
+        slices = [ser(x) for x in self._read(res.list_resource_slice).items]
+        claims = [ser(x) for x in self._read(res.list_resource_claim_for_all_namespaces).items]
         pending = [
-            ser(p) for p in self.core.list_namespaced_pod(
-                self.namespace, label_selector=label_selector, field_selector="status.phase=Pending", _request_timeout=TIMEOUT
-            ).items
+            ser(p) for p in self._read(self.core.list_namespaced_pod, self.namespace, label_selector=label_selector,
+                                       field_selector="status.phase=Pending").items
         ]
         return slices, claims, pending
 
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, pod: dict | client.V1Pod) -> client.V1Pod:
         """Create the pod; raises ApiException (409 if it already exists)."""
-        return self.core.create_namespaced_pod(self.namespace, pod, _request_timeout=TIMEOUT)
+        return self._write(self.core.create_namespaced_pod, self.namespace, pod)
 
     def read_pod(self, name: str) -> client.V1Pod | None:
         try:
-            return self.core.read_namespaced_pod(name, self.namespace, _request_timeout=TIMEOUT)
+            return self._read(self.core.read_namespaced_pod, name, self.namespace)
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
 
     def list_pods(self, label_selector: str) -> list[client.V1Pod]:
-        return self.core.list_namespaced_pod(self.namespace, label_selector=label_selector, _request_timeout=TIMEOUT).items
+        return self._read(self.core.list_namespaced_pod, self.namespace, label_selector=label_selector).items
 
     def delete_pod(self, name: str, uid: str | None = None) -> bool:
         """Graceful delete (the pod's own terminationGracePeriodSeconds; never a forced grace of 0).
@@ -103,7 +143,7 @@ class KubeClient:
         body = client.V1DeleteOptions(propagation_policy="Background",
                                       preconditions=client.V1Preconditions(uid=uid) if uid else None)
         try:
-            self.core.delete_namespaced_pod(name, self.namespace, body=body, _request_timeout=TIMEOUT)
+            self._write(self.core.delete_namespaced_pod, name, self.namespace, body=body)
             return True
         except ApiException as e:
             if e.status in (404, 409):  # gone, or replaced by another incarnation (uid precondition)
@@ -112,26 +152,25 @@ class KubeClient:
 
     def scheduling_events(self, pod_name: str) -> list[client.CoreV1Event]:
         """``FailedScheduling`` events of the pod, newest last."""
-        evs = self.core.list_namespaced_event(
-            self.namespace, field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod_name}",
-            _request_timeout=TIMEOUT).items
+        evs = self._read(self.core.list_namespaced_event, self.namespace,
+                         field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod_name}").items
         evs = [e for e in evs if e.reason == "FailedScheduling"]
         return sorted(evs, key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
 
     # -- DRA -----------------------------------------------------------------------------------------
     def create_claim_template(self, template_v1: dict) -> Any:
         """Create a ResourceClaimTemplate given in the v1 shape (converted to the served version)."""
-        body = claim_template_for_version(template_v1, self.resource_version)
-        return self._res().create_namespaced_resource_claim_template(self.namespace, body, _request_timeout=TIMEOUT)
+        body = claim_template_for_version(template_v1, self.resource_api_version)
+        return self._write(self._res().create_namespaced_resource_claim_template, self.namespace, body)
 
     def set_template_owner(self, name: str, owner_patch: dict) -> None:
         """Merge-patch the template's ownerReferences (see ``manifests.owner_reference``)."""
-        self._res().patch_namespaced_resource_claim_template(
-            name, self.namespace, owner_patch, _request_timeout=TIMEOUT, _content_type="application/merge-patch+json")
+        self._write(self._res().patch_namespaced_resource_claim_template, name, self.namespace, owner_patch,
+                    _content_type="application/merge-patch+json")
 
     def delete_claim_template(self, name: str) -> bool:
         try:
-            self._res().delete_namespaced_resource_claim_template(name, self.namespace, _request_timeout=TIMEOUT)
+            self._write(self._res().delete_namespaced_resource_claim_template, name, self.namespace)
             return True
         except ApiException as e:
             if e.status == 404:
@@ -140,24 +179,23 @@ class KubeClient:
 
     def read_claim(self, name: str) -> Any | None:
         try:
-            return self._res().read_namespaced_resource_claim(name, self.namespace, _request_timeout=TIMEOUT)
+            return self._read(self._res().read_namespaced_resource_claim, name, self.namespace)
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
 
     def list_claims(self, label_selector: str) -> list[Any]:
-        return self._res().list_namespaced_resource_claim(
-            self.namespace, label_selector=label_selector, _request_timeout=TIMEOUT).items
+        return self._read(self._res().list_namespaced_resource_claim, self.namespace, label_selector=label_selector).items
 
     def list_claim_templates(self, label_selector: str) -> list[Any]:
-        return self._res().list_namespaced_resource_claim_template(
-            self.namespace, label_selector=label_selector, _request_timeout=TIMEOUT).items
+        return self._read(self._res().list_namespaced_resource_claim_template, self.namespace,
+                          label_selector=label_selector).items
 
     def delete_claim(self, name: str) -> bool:
         """Delete a ResourceClaim; the API server keeps it until its pod releases it (delete protection)."""
         try:
-            self._res().delete_namespaced_resource_claim(name, self.namespace, _request_timeout=TIMEOUT)
+            self._write(self._res().delete_namespaced_resource_claim, name, self.namespace)
             return True
         except ApiException as e:
             if e.status == 404:
@@ -204,24 +242,18 @@ class ClaimWatcher:
 
     def record(self, claim: Any) -> None:
         """Record one claim (a model or dict) if it is allocated and owned by a pod."""
-        from dagster_gpu.k8s.manifests import allocated_devices, to_dict
-
         d = claim if isinstance(claim, dict) else to_dict(claim)
         devices = allocated_devices(d)
         owners = [o for o in (d.get("metadata") or {}).get("ownerReferences") or [] if o.get("kind") == "Pod"]
         if not devices or not owners:
             return
-        import time as _time
-
         with self._lock:
             for o in owners:
                 if o["uid"] not in self._by_pod:
                     self._by_pod[o["uid"]] = {"claim": d["metadata"]["name"], "devices": devices,
-                                              "allocated_at": _time.time()}
+                                              "allocated_at": time.time()}
 
     def _run(self) -> None:
-        from kubernetes import watch
-
         while not self._stop.is_set():
             try:
                 res = self.kube._res()

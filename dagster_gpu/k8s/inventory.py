@@ -13,7 +13,7 @@ from typing import Any, Iterable, Mapping
 
 from kubernetes.utils import parse_quantity
 
-from dagster_gpu.policy.snapshot import DevicePool
+from dagster_gpu.policy.snapshot import DeviceGroup
 
 DRIVER = "gpu.nvidia.com"
 
@@ -25,7 +25,7 @@ def _attr(device: Mapping[str, Any], name: str) -> str | None:
     return v.get("string") or v.get("version") or (str(v["int"]) if "int" in v else None)
 
 
-def allocated_devices(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
+def allocated_device_ids(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str, str]]:
     """(driver, pool, device) of every device allocated to any claim."""
     out = set()
     for c in claims:
@@ -34,16 +34,16 @@ def allocated_devices(claims: Iterable[Mapping[str, Any]]) -> set[tuple[str, str
     return out
 
 
-def device_pools(
+def device_groups(
     slices: Iterable[Mapping[str, Any]], claims: Iterable[Mapping[str, Any]], pending: Mapping[str, int] | None = None,
     driver: str = DRIVER,
-) -> tuple[DevicePool, ...]:
+) -> tuple[DeviceGroup, ...]:
     """Pools of ``driver``'s devices with ``free`` = not allocated to any claim.
 
     ``pending`` maps a pool's rate-card device type to our Pending pods waiting for it. v1beta1 slices (devices
     under ``basic``) are accepted as well as v1/v1beta2.
     """
-    taken = allocated_devices(claims)
+    taken = allocated_device_ids(claims)
     totals: Counter = Counter()
     free: Counter = Counter()
     for s in slices:
@@ -63,6 +63,6 @@ def device_pools(
             if (driver, pool_name, d["name"]) not in taken:
                 free[key] += 1
     return tuple(
-        DevicePool(device=k[0], product=k[1], memory_gib=k[2], free=free[k], total=n, pending=(pending or {}).get(k[0], 0), mig_profile=k[3])
+        DeviceGroup(device=k[0], product=k[1], memory_gib=k[2], free=free[k], total=n, pending=(pending or {}).get(k[0], 0), mig_profile=k[3])
         for k, n in sorted(totals.items())
     )

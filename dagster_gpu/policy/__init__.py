@@ -17,7 +17,7 @@ from dagster_gpu.policy.ranges import RangePlan, UnitPlan, plan_largest_first, p
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import (
     BackendState,
-    DevicePool,
+    DeviceGroup,
     KubernetesState,
     LocalState,
     SlurmState,
@@ -62,7 +62,7 @@ def choose_placement(
 
 
 __all__ = [
-    "Alternative", "BackendState", "DevicePool", "GpuRequest", "HistoryPoint", "KubernetesState", "LocalState",
+    "Alternative", "BackendState", "DeviceGroup", "GpuRequest", "HistoryPoint", "KubernetesState", "LocalState",
     "NoFeasiblePlacement", "Placement", "PolicyConfig", "RangePlan", "RuntimeModel", "SlurmState", "Snapshot",
     "StepSize", "UnitPlan", "after_submit", "alternatives", "choose_placement", "decide", "plan_largest_first",
     "plan_range",

@@ -1,6 +1,6 @@
 """The cost policy: where one partition step should run (pure, deterministic, no I/O).
 
-Rule (issue 5):
+Rule:
 
 1. Candidates are every device pool of every configured backend (plus ``cpu`` for a ``count == 0``
    step). An unreachable backend is skipped with the reason recorded; a pool no device of which can
@@ -15,8 +15,9 @@ Rule (issue 5):
                      expected preemptions λ·T, each losing on average half the work plus a restart)
        runtime     = billed_overhead_s + n · per_partition_s + work + rework   (device seconds billed; one
                      start-up per work unit, n = partitions the unit embeds, per_partition_s from the model)
-       cost        = count · rate(backend, device) · runtime / 3600       (rate in USD per GPU-hour; a MIG
-                                                                            slice's rate is already its fraction)
+       cost        = count · fraction · rate · runtime / 3600             (billing.metering.charge, as the meters
+                                                                            bill: rate in USD per GPU-hour, a MIG
+                                                                            slice at its parent product's rate)
        finish      = start_delay + runtime
 
    ``wait_s`` is 0 when the pool has more free devices than our pending requests (and the Slurm array
@@ -38,10 +39,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dagster_gpu.billing.metering import charge
 from dagster_gpu.billing.ratecard import RateCardError
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
-from dagster_gpu.policy.snapshot import BackendState, DevicePool, LocalState, SlurmState, Snapshot
+from dagster_gpu.policy.snapshot import BackendState, DeviceGroup, LocalState, SlurmState, Snapshot
 from dagster_gpu.request import BACKENDS, GpuRequest
 
 ORDER = BACKENDS  # ("local", "slurm", "kubernetes"): tie order, and the order of alternatives
@@ -73,7 +75,7 @@ DEFAULT_CONFIG = PolicyConfig()
 _DEFAULT_MODEL = RuntimeModel()
 
 
-def _fit(request: GpuRequest, pool: DevicePool) -> str:
+def _fit(request: GpuRequest, pool: DeviceGroup) -> str:
     """'' if ``pool`` can satisfy ``request``, else why not."""
     if pool.mig_profile:
         if not request.mig_ok:
@@ -89,7 +91,7 @@ def _fit(request: GpuRequest, pool: DevicePool) -> str:
     return ""
 
 
-def _wait(state: BackendState, pool: DevicePool, count: int, runtime_s: float) -> tuple[float, str]:
+def _wait(state: BackendState, pool: DeviceGroup, count: int, runtime_s: float) -> tuple[float, str]:
     """Seconds until allocation (excluding launch latency) and how it was estimated."""
     avail = pool.free - pool.pending  # negative: that many of ours queue ahead of a new request
     capacity = pool.total
@@ -118,7 +120,7 @@ def unit_runtime_s(state: BackendState, work_s: float, partition_overhead_s: flo
 
 
 def _evaluate(
-    name: str, state: BackendState, pool: DevicePool, request: GpuRequest, size: StepSize, model: RuntimeModel,
+    name: str, state: BackendState, pool: DeviceGroup, request: GpuRequest, size: StepSize, model: RuntimeModel,
     snapshot: Snapshot,
 ) -> Alternative:
     why = _fit(request, pool)
@@ -132,13 +134,13 @@ def _evaluate(
             feasible=False, runtime_s=runtime,
             note=f"runtime {runtime:.0f} s exceeds the time limit {state.time_limit_s:.0f} s", **base
         )
-    try:
-        rate = snapshot.rate_card.rate(name, pool.device, parent_product=pool.product)
+    try:  # priced as the meters bill it (dagster_gpu.billing.metering.charge)
+        bill = charge(snapshot.rate_card.table(name), pool.device, max(1, request.count) * pool.fraction, runtime, pool.product)
     except RateCardError as e:
         return Alternative(feasible=False, note=f"no rate: {e}", **base)
     wait, how = _wait(state, pool, max(1, request.count), runtime)
     delay = state.launch_latency_s + wait
-    cost = max(1, request.count) * rate * runtime / 3600.0
+    cost, rate = bill.cost_usd, bill.rate_usd_per_gpu_hour
     note = f"{how}; {rate:g} USD/GPU-h"
     if rework:
         note += f"; +{rework:.0f} s expected preemption rework"

@@ -6,27 +6,30 @@ GPU-hour (from the :class:`~dagster_gpu.billing.ratecard.RateCard` carried in :c
 
 Who fills what
 --------------
-*Slurm* (:class:`SlurmState`, one :class:`DevicePool` per GRES type in our slurm partition):
+Each backend's ``policy_state()``; ``dagster_gpu.executor.auto`` records a backend that raised as
+``reachable=False`` with the error as ``reason``.
 
-- ``reachable``/``reason``: ``sinfo`` answered / the error it printed.
-- ``DevicePool.free``: idle GPUs of that type in the slurm partition (``sinfo -p P -O GresUsed,Gres``).
-- ``DevicePool.total``: all GPUs of that type in the slurm partition that are not drained/down.
-- ``DevicePool.pending``: our array tasks already queued for that type (``squeue --me -t PD``,
-  filtered client-side: ``squeue --json`` ignores ``-t``).
-- ``DevicePool.start_estimate_s``: ``StartTime - now`` from ``sbatch --test-only --gres=gpu:<type>:1``
-  (the controller's estimate for a new task); None when not asked.
-- ``array_throttle``/``running_tasks``: the ``%N`` throttle of our array and how many of its tasks run.
-- ``preemptions_per_gpu_hour``: expected preemptions of one of our tasks per GPU-hour on our QOS
-  (from ``sacct`` history, 0 when the QOS cannot be preempted).
+*Slurm* (:class:`SlurmState`, ``SlurmBackend.policy_state``): one :class:`DeviceGroup` of the configured
+``gpu_product`` / ``gpu_memory_gib`` (untyped GRES do not name the product):
 
-*Kubernetes* (:class:`KubernetesState`): one :class:`DevicePool` per distinct (device type, product,
-memory, MIG profile) among the devices of ``ResourceSlices`` of the NVIDIA driver; ``free`` counts devices
-not listed in any ``ResourceClaim.status.allocation``; ``pending`` counts our Pending pods waiting on a claim
-for that kind of device; ``start_estimate_s`` is when the first such device is expected to be released
-(end of our own running pods' expected runtimes), None when unknown.
+- ``DeviceGroup.total``: ``gpu`` GRES over the slurm partition's nodes (``sinfo --Node -o %N|%G``, cached 5 min);
+- ``DeviceGroup.free``: total minus the GPUs that running jobs hold, ``DeviceGroup.pending``: jobs and array
+  tasks pending in the slurm partition (one ``squeue -t RUNNING,PENDING -o %T|%b``);
+- ``DeviceGroup.start_estimate_s``: when the free GPUs do not outnumber the pending tasks, ``StartTime - now``
+  of ``sbatch --test-only`` with our options and ``--gres=gpu:1`` (None when it cannot say);
+- ``array_throttle``: the configured ``throttle``; ``running_tasks``: GPUs held (at most the total);
+- ``preemptions_per_gpu_hour``, ``time_limit_s``: not filled by the backend (0 / None: set them in a
+  snapshot for the simulator or ``whatif``).
 
-*Local* (:class:`LocalState`): the host the run worker runs on; a GPU host has one pool per GPU type,
-a CPU-only host has none (it can only run ``count == 0`` steps, priced as ``cpu``).
+*Kubernetes* (:class:`KubernetesState`, ``KubernetesBackend.policy_state``): one :class:`DeviceGroup` per
+distinct (device type, product, memory, MIG profile) among the NVIDIA driver's ResourceSlice devices
+(``dagster_gpu.k8s.inventory.device_groups``); ``free`` counts devices not in any ResourceClaim's
+``status.allocation``; ``pending`` counts our Pending pods by their placement-device annotation;
+``start_estimate_s`` is not filled (None).
+
+*Local* (:class:`LocalState`, ``LocalBackend.policy_state``): one group per GPU product NVML sees, ``free``
+= total minus our running workers; a CPU-only host has none (it can only run ``count == 0`` steps, priced
+as ``cpu``).
 
 Launch latencies: ``launch_latency_s`` is the unbilled time from submission to a device being allocated
 when one is free (Slurm's scheduling pass, kube-scheduler + claim allocation); ``billed_overhead_s`` is
@@ -61,7 +64,7 @@ class DeviceKind:
 
 
 @dataclass(frozen=True)
-class DevicePool(DeviceKind):
+class DeviceGroup(DeviceKind):
     """Identical devices of one kind on one backend.
 
     Attributes:
@@ -95,7 +98,7 @@ class BackendState:
     Attributes:
         reachable: whether the backend answered when the snapshot was taken.
         reason: why it is unreachable (scheduler's or client's words), "" when reachable.
-        pools: device pools (see :class:`DevicePool`).
+        pools: device pools (see :class:`DeviceGroup`).
         launch_latency_s: unbilled seconds from submission to allocation when a device is free.
         billed_overhead_s: billed device seconds per step on top of the work (start + model load).
         cpu_available: whether a ``count == 0`` (CPU) step can run there.
@@ -107,7 +110,7 @@ class BackendState:
     reachable: bool = True
     reason: str = ""
     back_in_s: float | None = None
-    pools: tuple[DevicePool, ...] = ()
+    pools: tuple[DeviceGroup, ...] = ()
     launch_latency_s: float = 0.0
     billed_overhead_s: float = 0.0
     cpu_available: bool = True
@@ -211,7 +214,7 @@ class Snapshot:
                 states[name] = None
                 continue
             d = dict(d)
-            d["pools"] = tuple(DevicePool(**p) for p in d.get("pools", ()))
+            d["pools"] = tuple(DeviceGroup(**p) for p in d.get("pools", ()))
             states[name] = typ(**d)
         return cls(rate_card=rate_card, taken_at=float(doc.get("taken_at", 0.0)), **states)
 

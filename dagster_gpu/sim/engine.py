@@ -37,7 +37,7 @@ from typing import Callable, Protocol
 
 from dagster_gpu.policy.ranges import assign_units
 from dagster_gpu.policy.runtime import StepSize
-from dagster_gpu.policy.snapshot import DevicePool, KubernetesState, LocalState, SlurmState, Snapshot
+from dagster_gpu.policy.snapshot import DeviceGroup, KubernetesState, LocalState, SlurmState, Snapshot
 from dagster_gpu.sim.model import ClusterSpec, Scenario, Task, Units
 
 
@@ -378,7 +378,7 @@ class Simulation:
                 pending = sum(1 for _p, _s, j in c.queue if j.ours and j.key == u.key)
                 thr_full = s.array_throttle is not None and c.ours_running() + ours_queued >= s.array_throttle
                 est = self.forecast_wait(name, u.key) if (free - pending < 1 or thr_full) else 0.0
-                pools.append(DevicePool(u.device, u.product, u.memory_gib, free, len(idx), pending,
+                pools.append(DeviceGroup(u.device, u.product, u.memory_gib, free, len(idx), pending,
                                         est if math.isfinite(est) else None, u.mig_profile))
             kw = dict(pools=tuple(pools), launch_latency_s=s.launch_latency_s, billed_overhead_s=s.billed_overhead_s)
             if down_until is not None:

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from dagster_gpu.policy.policy import _fit, decide
 from dagster_gpu.policy.ranges import plan_range
 from dagster_gpu.policy.runtime import StepSize
-from dagster_gpu.policy.snapshot import DevicePool
+from dagster_gpu.policy.snapshot import DeviceGroup
 from dagster_gpu.sim.engine import Option, Simulation
 from dagster_gpu.sim.model import Scenario, Task, Units
 
 
-def _pool(u: Units) -> DevicePool:
-    return DevicePool(u.device, u.product, u.memory_gib, u.count, u.count, mig_profile=u.mig_profile)
+def _pool(u: Units) -> DeviceGroup:
+    return DeviceGroup(u.device, u.product, u.memory_gib, u.count, u.count, mig_profile=u.mig_profile)
 
 
 def options(scenario: Scenario, task: Task) -> list[tuple[str, str, str]]:

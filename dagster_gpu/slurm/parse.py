@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Mapping
 
 from dagster_gpu.slurm.ids import JobId, parse_array_task_field, parse_job_id
-from dagster_gpu.slurm.states import SlurmState, parse_state
+from dagster_gpu.slurm.states import JobState, parse_state
 
 SEP = "|"
 
@@ -153,7 +153,7 @@ class QueueRow:
     array_job_id: int
     array_task_ids: tuple[tuple[int, int], ...]
     throttle: int | None
-    state: SlurmState
+    state: JobState
     reason: str
     start: datetime | None
     qos: str
@@ -217,7 +217,7 @@ class AcctRow:
 
     id: JobId
     job_id: int
-    state: SlurmState
+    state: JobState
     exit_code: int | None
     signal: int | None
     derived_exit_code: int | None

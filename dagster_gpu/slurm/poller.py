@@ -14,7 +14,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from dagster_gpu.executor.backends.base import WorkerStatus
+from dagster_gpu.contracts import WorkerStatus
 from dagster_gpu.slurm import parse as P
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.spool import Spool, read_json, write_json
@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Snapshot:
+class Poll:
     """One poll: when it started (epoch s), the array job ids it covered, and parsed rows (or the error)."""
 
     started_at: float
@@ -50,11 +50,11 @@ class SharedPoller:
         self.spool = spool
         self.client = client
         self.interval_s = interval_s
-        self._cache: Snapshot | None = None
+        self._cache: Poll | None = None
         self._cache_mtime: float = -1.0
         self.polls = 0  # polls this process made (benchmarks/tests)
 
-    def _read(self) -> Snapshot | None:
+    def _read(self) -> Poll | None:
         path = self.spool.poll_file
         try:
             mtime = path.stat().st_mtime
@@ -66,7 +66,7 @@ class SharedPoller:
         if d is None:
             return None
         try:
-            snap = Snapshot(
+            snap = Poll(
                 started_at=float(d["started_at"]),
                 ids=frozenset(int(i) for i in d["ids"]),
                 queue=tuple(P.parse_squeue(d.get("squeue", ""))),
@@ -79,7 +79,7 @@ class SharedPoller:
         self._cache, self._cache_mtime = snap, mtime
         return snap
 
-    def _fresh(self, snap: Snapshot | None, need: set[int], not_before: float) -> bool:
+    def _fresh(self, snap: Poll | None, need: set[int], not_before: float) -> bool:
         return (
             snap is not None
             and time.time() - snap.started_at < self.interval_s
@@ -87,7 +87,7 @@ class SharedPoller:
             and snap.started_at >= not_before
         )
 
-    def snapshot(self, need: set[int], not_before: float = 0.0) -> Snapshot:
+    def poll(self, need: set[int], not_before: float = 0.0) -> Poll:
         """A snapshot covering array jobs ``need`` taken after ``not_before`` (epoch s), refreshing it
         (for every active job array in the spool) when the last one is too old."""
         snap = self._read()
@@ -101,7 +101,7 @@ class SharedPoller:
                 return snap  # polled a moment ago: do not hammer the controller for one late submission
             return self._poll(need)
 
-    def _poll(self, need: set[int]) -> Snapshot:
+    def _poll(self, need: set[int]) -> Poll:
         ids = set(need) | {int(sub["array_job_id"]) for _, sub in self.spool.active_batches()}
         started = time.time()
         doc: dict = {"started_at": started, "ids": sorted(ids)}
@@ -141,7 +141,7 @@ class SharedPoller:
             self._mark_done(snap)
         return snap
 
-    def _mark_done(self, snap: Snapshot) -> None:
+    def _mark_done(self, snap: Poll) -> None:
         """Mark job arrays whose every task is final in sacct and gone from the queue (no more polling)."""
         for batch, sub in self.spool.active_batches():
             aid, n = int(sub["array_job_id"]), int(sub["tasks"])

@@ -8,7 +8,7 @@ runs, with umask 077::
     <python> -I <.../dagster_gpu/slurm/script.py> <manifest.json> <batch id> <manifest sha256>
 
 (run by path in isolated mode so a task starts without importing the ``dagster_gpu`` package; only
-stdlib is needed unless the task was requeued)
+stdlib is needed; a requeued attempt runs :data:`REQUEUE_MODULE` before the step)
 which reads entry ``tasks[SLURM_ARRAY_TASK_ID]`` of the manifest and ``exec``s its ``argv`` with its
 ``env`` on top of the job's environment. So a partition key or file name only ever travels as JSON data
 and as an argv element, and no shell parses it.
@@ -67,6 +67,10 @@ JOB_SCRIPT_SHA256 = trust.sha256_hex(JOB_SCRIPT.encode())
 
 #: This file, passed to the job script as its second argument.
 RUNNER = str(Path(__file__).resolve())
+#: What a requeued attempt runs before the step (with the worker's interpreter): it skips a step that
+#: already recorded its outcome and reruns any other (the Slurm backend's side, which reads Dagster's
+#: event log; this file imports nothing beyond the standard library).
+REQUEUE_MODULE = "dagster_gpu.executor.backends.slurm_requeue"
 
 #: Exit status of an array task that refused to start (bad or untrusted manifest, env file).
 REFUSED_EXIT = 3
@@ -209,36 +213,6 @@ def task_entry(manifest: Mapping, task_id: int) -> Mapping:
     return tasks[task_id]
 
 
-def prepare_requeued_attempt(env: dict[str, str], step_key: str | None) -> bool:
-    """For an attempt Slurm requeued (``SLURM_RESTART_COUNT`` >= 1, e.g. after preemption): return False
-    when the step already recorded an outcome in an earlier attempt (nothing to do), else rewrite the
-    step args in ``env`` with ``should_verify_step=False`` and return True.
-
-    The earlier attempt is dead (Slurm requeues only after killing it), so the duplicate-run guard of
-    ``dagster api execute_step`` would only stop the legitimate rerun of a step that started but never
-    finished; the outcome check keeps a step that did finish from running twice."""
-    import base64
-    import zlib
-
-    from dagster import DagsterEventType, DagsterInstance
-    from dagster._grpc.types import ExecuteStepArgs
-    from dagster._serdes import deserialize_value, serialize_value
-
-    key = "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS"
-    args = deserialize_value(zlib.decompress(base64.b64decode(env[key].encode())).decode(), ExecuteStepArgs)
-    outcomes = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_UP_FOR_RETRY}
-    with DagsterInstance.from_ref(args.instance_ref) as instance:
-        recs = instance.get_records_for_run(args.run_id, of_type=outcomes).records
-    keys = set(args.step_keys_to_execute or ([step_key] if step_key else []))
-    if any(r.event_log_entry.dagster_event and r.event_log_entry.dagster_event.step_key in keys for r in recs):
-        return False
-    from dagster._record import copy
-
-    args = copy(args, should_verify_step=False)
-    env[key] = base64.b64encode(zlib.compress(serialize_value(args).encode())).decode()
-    return True
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of one array task: exec the manifest entry of ``$SLURM_ARRAY_TASK_ID``."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -270,13 +244,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         flush=True,
     )
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
-    if restarts > 0 and "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS" in env:
-        if not prepare_requeued_attempt(env, entry.get("step_key")):
-            print(f"dagster-gpu: requeued attempt {restarts}: the step already recorded its outcome; nothing to do",
-                  file=sys.stderr)  # fmt: skip
-            return 0
-        print(f"dagster-gpu: requeued attempt {restarts}: rerunning the step", file=sys.stderr, flush=True)
     cmd = list(entry["argv"])
+    if restarts > 0 and "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS" in env:
+        # a requeued attempt: the worker's interpreter first checks the run's event log (REQUEUE_MODULE)
+        cmd = [cmd[0], "-m", REQUEUE_MODULE, str(entry.get("step_key") or ""), "--", *cmd]
     os.execvpe(cmd[0], cmd, env)
     return 127  # pragma: no cover
 

@@ -1,4 +1,4 @@
-"""Slurm job states -> :class:`~dagster_gpu.executor.backends.base.WorkerStatus` (pure, no I/O).
+"""Slurm job states -> :class:`~dagster_gpu.contracts.WorkerStatus` (pure, no I/O).
 
 Slurm prints a job's state as a long name (``squeue %T``, ``sacct State``: ``RUNNING``,
 ``CANCELLED by 0``), a short code (``squeue %t``: ``R``, ``CA``), or a name truncated to the column
@@ -38,7 +38,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from dagster_gpu.executor.backends.base import WorkerStatus
+from dagster_gpu.contracts import WorkerStatus
 
 #: Long state name -> WorkerStatus.
 STATE_MAP: dict[str, WorkerStatus] = {
@@ -116,7 +116,7 @@ class UnknownSlurmState(ValueError):
 
 
 @dataclass(frozen=True)
-class SlurmState:
+class JobState:
     """One parsed job state.
 
     Attributes:
@@ -145,8 +145,8 @@ class SlurmState:
         return self.name if self.by_uid is None else f"{self.name} by {self.by_uid}"
 
 
-def parse_state(text: str) -> SlurmState:
-    """Parse ``RUNNING``, ``R``, ``CANCELLED by 0``, ``CANCELLED+`` or ``CANC+`` into a :class:`SlurmState`.
+def parse_state(text: str) -> JobState:
+    """Parse ``RUNNING``, ``R``, ``CANCELLED by 0``, ``CANCELLED+`` or ``CANC+`` into a :class:`JobState`.
 
     A truncated name (ending in ``+``) is completed when exactly one known state starts with it.
     Raises :class:`UnknownSlurmState` for anything else (empty text included).
@@ -154,7 +154,7 @@ def parse_state(text: str) -> SlurmState:
     raw = text
     t = text.strip().upper()
     if t in SHORT_CODES:
-        return SlurmState(SHORT_CODES[t], raw=raw)
+        return JobState(SHORT_CODES[t], raw=raw)
     m = _BY_UID.match(t)
     if not m:
         raise UnknownSlurmState(f"not a Slurm job state: {raw!r}")
@@ -168,7 +168,7 @@ def parse_state(text: str) -> SlurmState:
             raise UnknownSlurmState(f"truncated Slurm job state {raw!r} matches {sorted(candidates) or 'nothing'}")
         name = candidates[0]
     # "CANCELLED+" is how sacct shortens "CANCELLED by <uid>" to fit its 10-character column.
-    return SlurmState(name=name, by_uid=int(uid) if uid is not None else None, raw=raw, truncated=truncated)
+    return JobState(name=name, by_uid=int(uid) if uid is not None else None, raw=raw, truncated=truncated)
 
 
 def worker_status(text: str) -> WorkerStatus:

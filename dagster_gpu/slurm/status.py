@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterable, Sequence
 
-from dagster_gpu.executor.backends.base import WorkerState, WorkerStatus
+from dagster_gpu.contracts import WorkerState, WorkerStatus
 from dagster_gpu.slurm.parse import AcctRow, QueueRow
 
 

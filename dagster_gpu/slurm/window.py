@@ -17,7 +17,7 @@ use would otherwise idle. So pending launches are submitted when:
 
 A launch outside a backfill (a materialization from the UI, a sensor's run) therefore waits only for
 the quiet gap. With ``backlog_tasks = 0`` and ``target_tasks = 0`` this is the plain quiet-gap window.
-Figures: bench/RESULTS.md (issue 3).
+Figures: bench/RESULTS.md.
 """
 
 from __future__ import annotations

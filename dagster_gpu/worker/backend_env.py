@@ -29,7 +29,7 @@ def backend_metadata(backend: str, env: Mapping[str, str] | None = None) -> dict
         if (at := _int(e.get("SLURM_ARRAY_TASK_ID"))) is not None:
             md["slurm/array_task_id"] = at
         if e.get("SLURM_JOB_PARTITION"):
-            md["slurm/partition"] = e["SLURM_JOB_PARTITION"]
+            md["slurm/slurm_partition"] = e["SLURM_JOB_PARTITION"]
     if backend == "kubernetes":
         for key, var in (("k8s/namespace", "DAGSTER_GPU_K8S_NAMESPACE"), ("k8s/pod", "DAGSTER_GPU_K8S_POD")):
             if e.get(var):

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from typing import Mapping
 
-from dagster_gpu.billing.metering import cost_usd, gpu_seconds
-from dagster_gpu.billing.ratecard import mig_fraction, rate_from_table
+from dagster_gpu.billing.metering import charge
+from dagster_gpu.billing.ratecard import mig_fraction
 
 _MIG_NAME = re.compile(r"^(?P<parent>.+?)\s+MIG\s+(?P<profile>\d+g\.\d+gb)$")
 
@@ -58,8 +58,5 @@ def measure(
 ) -> Billing:
     """Billing for one step; raises RateCardError when the rate table has no entry and no default."""
     device_type, parent, devices = billed_device(model_device, product_name, device_count, device_fraction)
-    # GPU-seconds are in whole-GPU units (a 1/7 slice for 7 s is 1 GPU-second), so a MIG slice is
-    # charged at its parent GPU's rate: the same as the slice's seconds at the slice's fractional rate.
-    rate = rate_from_table(rates, parent or "default") if device_type.startswith("mig-") else rate_from_table(rates, device_type)
-    secs = gpu_seconds(devices, wall_seconds)
-    return Billing(device_type, devices, wall_seconds, secs, rate, cost_usd(secs, rate))
+    c = charge(rates, device_type, devices, wall_seconds, parent)  # a MIG slice: parent's rate, fractional seconds
+    return Billing(device_type, devices, wall_seconds, c.gpu_seconds, c.rate_usd_per_gpu_hour, c.cost_usd)

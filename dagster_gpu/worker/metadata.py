@@ -1,4 +1,4 @@
-"""Materialization metadata of one partition step (pure). Keys and units follow DESIGN.md.
+"""Materialization metadata of one partition step (pure). Keys and units: README.md, "Metadata on each materialization".
 
 Every numeric value is a plain finite float/int so the Dagster UI can plot it across partitions;
 a figure that is unknown is left out (with ``gpu/unavailable_reason`` saying why), never NaN or inf.

@@ -21,32 +21,20 @@ Terminate: graceful delete of the pod (its ``terminationGracePeriodSeconds``, ne
 and its claims. Workers survive the orchestrator: a SIGTERM to the run worker leaves pods running and a
 resumed run re-attaches by the handle (pod name + uid) recorded in the event log.
 
-Run config (``execution: config: kubernetes:``), all optional::
+Run config (``execution: config: kubernetes:``): every key, its default and its meaning are in
+:class:`~dagster_gpu.executor.backends.kubernetes_settings.KubernetesSettings` (the Dagster schema is
+generated from it). For example::
 
-    kubeconfig: /path/to/kubeconfig        # default $KUBECONFIG / ~/.kube/config; or in_cluster: true
-    context: name
-    in_cluster: false
+    kubeconfig: /path/to/kubeconfig        # or in_cluster: true
     namespace: dagster-gpu
     image: registry/dagster-gpu:tag        # the step worker's image
     postgres_password_secret: {name: dagster-postgresql-secret, key: postgresql-password}
-    env_secret_refs: [{env: AWS_SECRET_ACCESS_KEY, secret: s3, key: secret-key}]
-    container_context: {...}               # dagster-k8s K8sContainerContext fields (env_vars, volumes...)
+    container_context: {service_account_name: dagster-gpu-worker}
     mig_profile: 1g.10gb                   # for mig-ok requests; null = whole GPUs only
-    sharing_strategy: TimeSlicing | MPS    # opaque GpuConfig for shared-ok requests; default none
-    pending_timeout_seconds: 300
-    create_timeout_seconds: 120
-    termination_grace_period_seconds: 30
-    cpu_request: 100m
-    memory_request: null
-    delete_finished_pods: true
-    finalize_wait_seconds: 15              # at orchestrator exit, wait this long for launched pods to end
-    resource_api_version: null             # force v1 / v1beta2 / v1beta1 (default: discovered)
-    labels: {}
 """
 
 from __future__ import annotations
 
-import atexit
 import datetime as dt
 import json
 import logging
@@ -55,15 +43,19 @@ import threading
 import time
 from typing import Any, Mapping
 
-import dagster as dg
 from kubernetes.client.rest import ApiException
 
-from dagster_gpu.billing.metering import cost_usd, gpu_seconds
-from dagster_gpu.billing.ratecard import RateCard, rate_from_table
+from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.executor.backends.kubernetes_billing import pod_interval_metadata
+from dagster_gpu.executor.backends.kubernetes_finalizer import PodFinalizer
+from dagster_gpu.executor.backends.kubernetes_pod_state import PodTimeouts, needs_scheduler_events, pod_state
+from dagster_gpu.executor.backends.kubernetes_settings import KubernetesSettings, config_field, settings_from_config  # noqa: F401
 from dagster_gpu.executor.observations import ObservationWriter, UnitBill
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
+from dagster_gpu.k8s.inventory import device_groups
+from dagster_gpu.policy.snapshot import KubernetesState
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
 log = logging.getLogger(__name__)
@@ -73,81 +65,21 @@ if os.environ.get("DAGSTER_GPU_K8S_LOG"):  # optional log file for the backend's
     log.addHandler(_h)
     log.setLevel(logging.INFO)
 
-# Kubelet waiting reasons that mean the container will not start without intervention.
-_STUCK_REASONS = {"CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
-                  "InvalidImageName", "RunContainerError"}
-
-
-def config_field() -> dg.Field:
-    """The ``kubernetes:`` section of gpu_executor's config (see the module docstring)."""
-    return dg.Field(
-        {
-            "kubeconfig": dg.Field(dg.StringSource, is_required=False, description="kubeconfig path (default $KUBECONFIG)."),
-            "context": dg.Field(dg.StringSource, is_required=False),
-            "in_cluster": dg.Field(bool, default_value=False),
-            "namespace": dg.Field(dg.StringSource, default_value="dagster-gpu"),
-            "image": dg.Field(dg.StringSource, default_value="dagster-gpu:latest"),
-            "postgres_password_secret": dg.Field(
-                dg.Noneable({"name": dg.Field(str), "key": dg.Field(str, default_value="postgresql-password"),
-                             "env": dg.Field(str, default_value="DAGSTER_PG_PASSWORD")}),
-                default_value={"name": "dagster-postgresql-secret", "key": "postgresql-password", "env": "DAGSTER_PG_PASSWORD"},
-                description="Secret holding the Dagster PostgreSQL password (passed by secretKeyRef, never by value).",
-            ),
-            "env_secret_refs": dg.Field([{"env": str, "secret": str, "key": str}], default_value=[]),
-            "container_context": dg.Field(dg.Permissive(), default_value={},
-                                          description="dagster-k8s K8sContainerContext fields (env_vars, env_secrets, volumes, ...)."),
-            "mig_profile": dg.Field(dg.Noneable(str), default_value="1g.10gb"),
-            "sharing_strategy": dg.Field(dg.Noneable(dg.Enum("K8sSharing", [dg.EnumValue("TimeSlicing"), dg.EnumValue("MPS")])),
-                                         default_value=None),
-            "pending_timeout_seconds": dg.Field(float, default_value=300.0),
-            "create_timeout_seconds": dg.Field(float, default_value=120.0),
-            "termination_grace_period_seconds": dg.Field(int, default_value=30),
-            "cpu_request": dg.Field(dg.Noneable(str), default_value="100m"),
-            "memory_request": dg.Field(dg.Noneable(str), default_value=None),
-            "delete_finished_pods": dg.Field(bool, default_value=True),
-            "finalize_wait_seconds": dg.Field(float, default_value=15.0),
-            "resource_api_version": dg.Field(dg.Noneable(str), default_value=None),
-            "labels": dg.Field(dg.Permissive(), default_value={}),
-        },
-        is_required=False,
-        description="Kubernetes backend: one pod per step, GPU by DRA ResourceClaimTemplate (resource.k8s.io/v1).",
-    )
-
-
-def settings_from_config(section: Mapping[str, Any]) -> m.K8sSettings:
-    """K8sSettings from the ``kubernetes:`` section (already defaulted by Dagster's config system or not)."""
-    secret_env = []
-    pg = section.get("postgres_password_secret", {"name": "dagster-postgresql-secret"})
-    if pg:
-        secret_env.append(m.SecretEnv(pg.get("env", "DAGSTER_PG_PASSWORD"), pg["name"], pg.get("key", "postgresql-password")))
-    secret_env += [m.SecretEnv(r["env"], r["secret"], r["key"]) for r in section.get("env_secret_refs", [])]
-    return m.K8sSettings(
-        namespace=section.get("namespace", "dagster-gpu"),
-        image=section.get("image", "dagster-gpu:latest"),
-        secret_env=tuple(secret_env),
-        container_context=dict(section.get("container_context") or {}),
-        mig_profile=section.get("mig_profile", "1g.10gb"),
-        sharing_strategy=section.get("sharing_strategy"),
-        termination_grace_period_s=int(section.get("termination_grace_period_seconds", 30)),
-        cpu_request=section.get("cpu_request", "100m"),
-        memory_request=section.get("memory_request"),
-        extra_labels=dict(section.get("labels") or {}),
-    )
-
 
 def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any]) -> "KubernetesBackend":
     """The backend for gpu_executor (called by ``dagster_gpu.executor.registry``)."""
-    settings = settings_from_config(section)
-    api = load_api_client(section.get("kubeconfig"), section.get("context"), bool(section.get("in_cluster", False)))
-    kube = KubeClient(api, settings.namespace, section.get("resource_api_version"))
+    s = KubernetesSettings.from_section(section)
+    api = load_api_client(s.kubeconfig, s.context, s.in_cluster)
+    pod = s.pod_settings()
+    kube = KubeClient(api, pod.namespace, s.resource_api_version)
     rate_card = RateCard.load(executor_config.get("rate_card"))
     return KubernetesBackend(
-        kube, settings,
-        pending_timeout_s=float(section.get("pending_timeout_seconds", 300.0)),
-        create_timeout_s=float(section.get("create_timeout_seconds", 120.0)),
-        delete_finished_pods=bool(section.get("delete_finished_pods", True)),
+        kube, pod,
+        pending_timeout_s=s.pending_timeout_seconds,
+        create_timeout_s=s.create_timeout_seconds,
+        delete_finished_pods=s.delete_finished_pods,
         rates=rate_card.table("kubernetes"),
-        finalize_wait_s=float(section.get("finalize_wait_seconds", 15.0)),
+        finalize_wait_s=s.finalize_wait_seconds,
     )
 
 
@@ -181,14 +113,17 @@ class KubernetesBackend(Backend):
     name = "kubernetes"
     workers_survive_orchestrator = True
 
-    def __init__(self, kube: KubeClient, settings: m.K8sSettings, pending_timeout_s: float = 300.0,
-                 create_timeout_s: float = 120.0, delete_finished_pods: bool = True,
+    def __init__(self, kube: KubeClient, settings: m.K8sSettings,
+                 pending_timeout_s: float = KubernetesSettings.pending_timeout_seconds,
+                 create_timeout_s: float = KubernetesSettings.create_timeout_seconds,
+                 delete_finished_pods: bool = KubernetesSettings.delete_finished_pods,
                  rates: Mapping[str, float] | None = None, report_observations: bool = True,
-                 finalize_wait_s: float = 15.0, sweep_grace_s: float = 10.0):
+                 finalize_wait_s: float = KubernetesSettings.finalize_wait_seconds, sweep_grace_s: float = 10.0):
         self.kube = kube
         self.settings = settings
         self.pending_timeout_s = pending_timeout_s
         self.create_timeout_s = create_timeout_s
+        self.timeouts = PodTimeouts(pending_s=pending_timeout_s, create_s=create_timeout_s)
         self.delete_finished_pods = delete_finished_pods
         self.rates = dict(rates or RateCard.load().table("kubernetes"))
         self._final: dict[str, dict[str, Any]] = {}  # pod uid -> terminal facts (state, interval, claim, devices)
@@ -199,25 +134,21 @@ class KubernetesBackend(Backend):
         self.claims = ClaimWatcher(kube, f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}")
         self.finalize_wait_s = finalize_wait_s
         self.sweep_grace_s = sweep_grace_s
-        self._active: dict[str, Handle] = {}  # pod uid -> handle, launched here and not yet finalized
         self._finish_lock = threading.RLock()
-        self._finalizer_started = False
+        self.finalizer = PodFinalizer(self, finalize_wait_s, sweep_grace_s)
 
     # -- live state for the cost policy ---------------------------------------------------------------
     def policy_state(self):
         """``KubernetesState``: devices in ResourceSlices not allocated to any ResourceClaim, grouped into
         pools, and our Pending pods per pool (by the MIG/whole-GPU class their request asked for).
         Raises ApiException (e.g. 403 without the inventory ClusterRole) when the API cannot be read."""
-        from dagster_gpu.k8s.inventory import device_pools
-        from dagster_gpu.policy.snapshot import KubernetesState
-
         slices, claims, pending_pods = self.kube.inventory(f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}")
         waiting: dict[str, int] = {}
         for pod in pending_pods:
             device = (pod.get("metadata", {}).get("annotations") or {}).get(m.ANNOTATION_PLACEMENT_DEVICE)
             if device:
                 waiting[device] = waiting.get(device, 0) + 1
-        return KubernetesState(pools=device_pools(slices, claims, waiting), namespace=self.kube.namespace)
+        return KubernetesState(pools=device_groups(slices, claims, waiting), namespace=self.kube.namespace)
 
     # -- launch -------------------------------------------------------------------------------------
     def launch(self, launch: StepLaunch) -> Handle:
@@ -227,7 +158,7 @@ class KubernetesBackend(Backend):
         partition_key}`` (``template`` empty for a CPU-only step). An existing pod of the same
         run/step/attempt is re-attached. Raises ManifestError or ApiException (naming the partition).
         """
-        choice0 = m.device_choice(launch.request, launch.placement.device, self.settings)
+        choice0 = m.device_choice(launch.request, launch.placement.device, self.settings, launch.placement.product)
         if choice0 is not None and STEP_CONTEXT_ENV in launch.env:
             ctx = json.loads(launch.env[STEP_CONTEXT_ENV])
             ctx["device_fraction"] = choice0.device_fraction  # the worker bills MIG/shared devices by it
@@ -267,83 +198,34 @@ class KubernetesBackend(Backend):
             "device_class": choice.device_class if choice else "",
             "device_type": choice.device_type if choice else "cpu",
             "device_fraction": choice.device_fraction if choice else 0.0,
+            "product": (choice.product or "") if choice else "",
             "launched_at": time.time(),
             "partition_key": launch.partition_key or "",
         }
         self._track(handle)
         return handle
 
-    # -- finalizer ----------------------------------------------------------------------------------
+    # -- finalizer (see kubernetes_finalizer.PodFinalizer) -------------------------------------------------
+    @property
+    def _active(self) -> dict[str, Handle]:
+        """Handles launched (or re-attached) here and not yet finalized, by pod uid."""
+        return self.finalizer.active
+
     def _track(self, handle: Handle) -> None:
-        with self._lock:
-            self._active[str(handle["pod_uid"])] = handle
-            start = not self._finalizer_started
-            self._finalizer_started = True
-        if start:
-            threading.Thread(target=self._finalizer_loop, name="dagster-gpu-k8s-finalizer", daemon=True).start()
-            if self.finalize_wait_s > 0:
-                atexit.register(self.finalize_all, self.finalize_wait_s)
+        self.finalizer.track(handle)
 
-    def _finalize_pass(self) -> int:
-        """Check every active handle once (finalizing ended pods); returns how many are still active."""
+    def is_final(self, uid: str) -> bool:
+        """True once this process decided the pod's outcome (finished or gave up on it)."""
         with self._lock:
-            handles = list(self._active.values())
-        for h in handles:
-            st = self.state(h)
-            if st.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
-                with self._lock:
-                    self._active.pop(str(h["pod_uid"]), None)
-        with self._lock:
-            return len(self._active)
-
-    def _finalizer_loop(self) -> None:
-        last_sweep = 0.0
-        while True:
-            try:
-                self._finalize_pass()
-                if self.sweep_grace_s >= 0 and time.monotonic() - last_sweep >= 5.0:
-                    last_sweep = time.monotonic()
-                    self.sweep(self.sweep_grace_s)
-            except Exception:  # noqa: BLE001 - keep finalizing
-                log.exception("kubernetes finalizer pass failed")
-            time.sleep(1.0)
+            return uid in self._final
 
     def sweep(self, grace_s: float = 10.0) -> int:
-        """Finalize ended pods of *any* orchestrator (a run worker may exit, or be killed, between its step
-        recording success and its pod ending): every dagster-gpu pod in the namespace that ended more than
-        ``grace_s`` seconds ago gets its observation written and is deleted, exactly once across processes
-        (the delete's UID precondition decides who reports). Returns how many this call finalized."""
-        n = 0
-        now = time.time()
-        for pod in self.kube.list_pods(f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}"):
-            if pod.status.phase not in ("Succeeded", "Failed"):
-                continue
-            cs = (pod.status.container_statuses or [None])[0]
-            term = cs.state.terminated if cs is not None and cs.state is not None else None
-            ended = _ts(term.finished_at) if term is not None else None
-            if ended is not None and now - ended < grace_s:
-                continue
-            with self._lock:
-                if pod.metadata.uid in self._active or pod.metadata.uid in self._final:
-                    continue
-            self._finish(m.handle_from_pod(pod), pod, cs)
-            n += 1
-        return n
+        """See :meth:`PodFinalizer.sweep`."""
+        return self.finalizer.sweep(grace_s)
 
     def finalize_all(self, wait_s: float) -> int:
-        """Finalize ended pods, waiting at most ``wait_s`` for the others to end; returns how many remain."""
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                left = self._finalize_pass()
-            except Exception:  # noqa: BLE001
-                log.exception("kubernetes finalize at exit failed")
-                return -1
-            if left == 0 or time.monotonic() > deadline:
-                # wait for a finish (observation write) the finalizer thread may be in the middle of
-                with self._finish_lock:
-                    return left
-            time.sleep(0.5)
+        """See :meth:`PodFinalizer.finalize_all`."""
+        return self.finalizer.finalize_all(wait_s)
 
     def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
         return {
@@ -360,7 +242,7 @@ class KubernetesBackend(Backend):
         uid = str(handle["pod_uid"])
         with self._lock:
             final = self._final.get(uid)
-            known = uid in self._active
+        known = self.finalizer.is_tracked(uid)
         if final is not None:
             return final["state"]
         if not known:  # launched by an earlier process (a resumed run re-attached): finalize it from here
@@ -383,45 +265,28 @@ class KubernetesBackend(Backend):
                 return final["state"]
             return WorkerState(WorkerStatus.FAILED, message=(
                 f"pod {handle['namespace']}/{name} (uid {uid}) does not exist (never created, or deleted outside the executor)"))
-        phase = pod.status.phase
-        cs = (pod.status.container_statuses or [None])[0]
-        if phase in ("Succeeded", "Failed"):
-            return self._finish(handle, pod, cs)
-        if pod.metadata.deletion_timestamp is not None:
-            return WorkerState(WorkerStatus.RUNNING, message="pod is terminating")
-        if phase == "Running":
-            if self.claims.get(uid) is None and handle.get("template"):
-                claim = self._claim_of(pod)  # fallback when the watch is behind
-                if claim is not None:
-                    self.claims.record(claim)
-            return WorkerState(WorkerStatus.RUNNING)
-        # Pending
-        if not pod.spec.node_name:
-            cond = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"), None)
-            msg = cond.message if cond is not None and cond.reason == "Unschedulable" and cond.message else ""
-            if not msg:
-                evs = self.kube.scheduling_events(name)
-                msg = evs[-1].message if evs else ""
-            if age > self.pending_timeout_s:
-                why = msg or "the scheduler has not placed the pod"
-                return self._give_up(handle, (
-                    f"pod {handle['namespace']}/{name} unschedulable for {age:.0f}s (> pending_timeout_seconds="
-                    f"{self.pending_timeout_s:g}): FailedScheduling: {why}"))
-            return WorkerState(WorkerStatus.PENDING, message=msg)
-        waiting = cs.state.waiting if cs is not None and cs.state is not None else None
-        if age > self.create_timeout_s:
-            reason = f"{waiting.reason}: {waiting.message}" if waiting is not None else "container not started"
-            if waiting is None or waiting.reason in _STUCK_REASONS or waiting.reason == "ContainerCreating":
-                return self._give_up(handle, (
-                    f"pod {handle['namespace']}/{name} bound to {pod.spec.node_name} but not started after {age:.0f}s "
-                    f"(> create_timeout_seconds={self.create_timeout_s:g}): {reason}"))
-        return WorkerState(WorkerStatus.PENDING, message=f"{waiting.reason}" if waiting is not None else "")
+        body = m.to_dict(pod)
+        msg = ""
+        if needs_scheduler_events(body):
+            evs = self.kube.scheduling_events(name)
+            msg = evs[-1].message if evs else ""
+        verdict = pod_state(body, age, self.timeouts, msg)
+        if verdict.action == "finish":
+            return self._finish(handle, pod, verdict.state)
+        if verdict.action == "give_up":
+            return self._give_up(handle, verdict.state.message)
+        if verdict.state.status == WorkerStatus.RUNNING and not pod.metadata.deletion_timestamp \
+                and self.claims.get(uid) is None and handle.get("template"):
+            claim = self._claim_of(pod)  # fallback when the watch is behind
+            if claim is not None:
+                self.claims.record(claim)
+        return verdict.state
 
     def _claim_of(self, pod) -> Any | None:
         name = m.generated_claim_name(pod)
         return self.kube.read_claim(name) if name else None
 
-    def _finish(self, handle: Handle, pod, cs) -> WorkerState:
+    def _finish(self, handle: Handle, pod, state: WorkerState) -> WorkerState:
         # One finisher at a time: the finalizer thread, a health check and the exit hook may all see the
         # pod end; whoever comes second gets the remembered state. Holding the lock through the report
         # also makes the exit hook wait for a report the finalizer thread is writing.
@@ -430,18 +295,11 @@ class KubernetesBackend(Backend):
                 done = self._final.get(str(handle["pod_uid"]))
             if done is not None:
                 return done["state"]
-            return self._finish_locked(handle, pod, cs)
+            return self._finish_locked(handle, pod, state)
 
-    def _finish_locked(self, handle: Handle, pod, cs) -> WorkerState:
+    def _finish_locked(self, handle: Handle, pod, state: WorkerState) -> WorkerState:
+        cs = (pod.status.container_statuses or [None])[0]
         term = cs.state.terminated if cs is not None and cs.state is not None else None
-        code = term.exit_code if term is not None else None
-        if pod.status.phase == "Succeeded":
-            state = WorkerState(WorkerStatus.SUCCEEDED, exit_code=code if code is not None else 0,
-                                message=f"pod {pod.metadata.name} Succeeded")
-        else:
-            detail = f"{term.reason}" + (f": {term.message}" if term is not None and term.message else "") if term else (pod.status.reason or "")
-            state = WorkerState(WorkerStatus.FAILED, exit_code=code,
-                                message=f"pod {pod.metadata.name} Failed ({detail})")
         claim_name = m.generated_claim_name(pod) or ""
         seen = self.claims.get(pod.metadata.uid)
         if seen is None and claim_name:
@@ -524,39 +382,11 @@ class KubernetesBackend(Backend):
 
     # -- post-run figures ---------------------------------------------------------------------------------
     def post_run_metadata(self, handle: Handle) -> dict[str, Any] | None:
-        """Observation metadata once the pod ended (None before, or if it never ran).
-
-        ``billing/source: pod-interval``: ``billing/gpu_seconds`` = the container's running interval
-        (terminated.finishedAt - startedAt, s; 1 s resolution) × ``gpu/device_fraction``; cost at the
-        kubernetes rate of the device type (a MIG slice at its parent's rate, as in the worker's billing).
-        Also ``k8s/namespace``, ``k8s/pod``, ``k8s/resource_claim``, ``k8s/allocated_devices``
-        (``driver/pool/device``, comma-separated), ``k8s/running_seconds`` and the container's
-        ``k8s/started_at`` / ``k8s/finished_at`` (Unix epoch s).
-        """
+        """The pod-interval observation metadata of an ended pod (:func:`pod_interval_metadata`), or None
+        before it ended or if it never ran."""
         with self._lock:
             facts = self._final.get(str(handle["pod_uid"]))
-        if facts is None or facts["started_at"] is None or facts["finished_at"] is None:
+        if facts is None:
             return None
-        interval = max(0.0, facts["finished_at"] - facts["started_at"])
-        fraction = float(handle.get("device_fraction", 0.0))
-        device_type = str(handle.get("device_type", "default"))
-        if device_type == "cpu":
-            rate, secs = rate_from_table(self.rates, "cpu"), gpu_seconds(1.0, interval)
-        else:
-            rate = rate_from_table(self.rates, "default" if device_type.startswith("mig-") else device_type)
-            secs = gpu_seconds(fraction, interval)
-        return {
-            "k8s/namespace": str(handle["namespace"]),
-            "k8s/pod": str(handle["pod"]),
-            "k8s/resource_claim": facts["resource_claim"],
-            "k8s/allocated_devices": ",".join(facts["allocated_devices"]),
-            "k8s/running_seconds": float(interval),
-            "k8s/started_at": float(facts["started_at"]),
-            "k8s/finished_at": float(facts["finished_at"]),
-            "gpu/device_fraction": fraction,
-            "billing/device_type": device_type,
-            "billing/gpu_seconds": float(secs),
-            "billing/rate_usd_per_gpu_hour": float(rate),
-            "billing/cost_usd": float(cost_usd(secs, rate)),
-            "billing/source": "pod-interval",
-        }
+        return pod_interval_metadata(handle, facts["started_at"], facts["finished_at"], facts["resource_claim"],
+                                     facts["allocated_devices"], self.rates)

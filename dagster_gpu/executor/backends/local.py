@@ -12,12 +12,33 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import dagster as dg
 import psutil
 
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.executor.settings import config_field as settings_config_field
+from dagster_gpu.executor.settings import setting
+from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
+from dagster_gpu.telemetry.nvml import list_gpus
 from dagster_gpu.worker.supervise import read_status
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """The ``local:`` section of gpu_executor's config (the one place its defaults are written)."""
+
+    enabled: bool = setting(True, "False: never place a step on this host (backend: auto).")
+    log_dir: str | None = setting(None, "Worker logs and status files (default: <instance>/dagster_gpu/local-workers).")
+    cuda_visible_devices: str | None = setting(None, "CUDA_VISIBLE_DEVICES exported to every worker (default: inherited).")
+    terminate_grace_seconds: float = setting(10.0, "Seconds between SIGTERM and SIGKILL of a worker's process group.")
+
+
+def config_field() -> dg.Field:
+    """The ``local:`` section of gpu_executor's config, generated from :class:`LocalSettings`."""
+    return settings_config_field(LocalSettings, "Local backend: step workers as subprocesses on this host.")
 
 
 class LocalBackend(Backend):
@@ -32,7 +53,8 @@ class LocalBackend(Backend):
     name = "local"
     workers_survive_orchestrator = False
 
-    def __init__(self, log_dir: str | Path, cuda_visible_devices: str | None = None, terminate_grace_s: float = 10.0):
+    def __init__(self, log_dir: str | Path, cuda_visible_devices: str | None = None,
+                 terminate_grace_s: float = LocalSettings.terminate_grace_seconds):
         self.log_dir = Path(log_dir)
         self.cuda_visible_devices = cuda_visible_devices
         self.terminate_grace_s = terminate_grace_s
@@ -112,16 +134,13 @@ class LocalBackend(Backend):
     def policy_state(self):
         """This host as a ``LocalState``: one pool per GPU product NVML sees (free = total minus our running
         workers), none on a CPU-only host."""
-        from dagster_gpu.policy.snapshot import DevicePool, LocalState
-        from dagster_gpu.telemetry.nvml import list_gpus
-
         running = sum(1 for p in list(self._children.values()) if p.poll() is None)
         gpus = list_gpus()
         pools = []
         for product in sorted({g.product for g in gpus}):
             same = [g for g in gpus if g.product == product]
             pools.append(
-                DevicePool(
+                DeviceGroup(
                     device=product, product=product, memory_gib=min(g.memory_gib for g in same),
                     free=max(0, len(same) - running), total=len(same),
                 )

@@ -31,7 +31,7 @@ device fraction of N ÷ shards_per_gpu; a step with ``gpu-count: 0`` requests no
 
 The step worker's metadata (``slurm/job_id``, ``slurm/array_job_id``, ``slurm/array_task_id``) comes from
 Slurm's environment in the worker; after the task ends, sacct figures are reported per partition as an
-AssetObservation with ``billing/source: sacct`` (:mod:`dagster_gpu.slurm.reconcile`) by whichever process
+AssetObservation with ``billing/source: sacct`` (:mod:`dagster_gpu.executor.backends.slurm_accounting`) by whichever process
 polls next, and by each orchestrating process before it exits (``reconcile_wait_seconds``).
 
 Shared hosts (``docs/security.md``): the spool refuses a directory another user owns or can write
@@ -49,19 +49,27 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
 import dagster as dg
 
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.executor.backends.local import log_tail
+from dagster_gpu.executor.backends.slurm_accounting import report_sacct_bills
+from dagster_gpu.executor.settings import config_field as settings_config_field
+from dagster_gpu.executor.settings import from_section, setting
+from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
+from dagster_gpu.slurm.client import SlurmClient, SlurmError
+from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python
+from dagster_gpu.slurm.parse import SlurmParseError
+from dagster_gpu.slurm.poller import SharedPoller
+from dagster_gpu.slurm.script import write_job_script
+from dagster_gpu.slurm.spool import Spool
+from dagster_gpu.slurm.status import records_for, task_state
+from dagster_gpu.slurm.window import WindowRule
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
-
-if TYPE_CHECKING:
-    from dagster_gpu.slurm.client import SlurmClient
-
-# dagster_gpu.slurm.* is imported inside the backend: this module is imported while
-# dagster_gpu.executor initialises (for config_field), and dagster_gpu.slurm imports executor.backends.base.
 
 log = logging.getLogger(__name__)
 
@@ -98,41 +106,49 @@ def default_spool_dir() -> str:
 
 @dataclass(frozen=True)
 class SlurmSettings:
-    """The ``slurm:`` section, typed (see module doc for meanings; seconds for all durations)."""
+    """The ``slurm:`` section, typed: the one place its defaults are written (:func:`config_field` generates
+    the Dagster schema from it). Seconds for all durations."""
 
-    slurm_conf: str | None = None
-    spool_dir: str | None = None  # None: default_spool_dir(), resolved when the backend starts
-    spool_shared_group: str | None = None
-    account: str | None = None
-    slurm_partition: str | None = None
-    qos: str | None = None
-    time_limit: str | None = None
-    throttle: int | None = None
-    coalesce_window_seconds: float = 2.0
-    coalesce_max_window_seconds: float = 15.0
-    coalesce_backlog_tasks: int | None = None
-    coalesce_hold_max_seconds: float = 120.0
-    coalesce_target_tasks: int = 10
-    max_tasks_per_array: int | None = None
-    poll_interval_seconds: float = 2.0
-    shards_per_gpu: int = 4
-    shards_per_shared_task: int = 1
-    extra_sbatch_args: tuple[str, ...] = ()
-    env_files: tuple[str, ...] = ()
-    python: str | None = None
-    submit_timeout_seconds: float = 180.0
-    vanish_grace_seconds: float = 60.0
-    reconcile_wait_seconds: float = 20.0
-    gpu_product: str = "NVIDIA A100-SXM4-80GB"
-    gpu_memory_gib: float = 80.0
+    slurm_conf: str | None = setting(None, "slurm.conf path (default $SLURM_CONF).")
+    spool_dir: str | None = setting(None, "Spool shared by run workers (and compute nodes); owned by this user, not "
+                                          "writable by group/others (default: $DAGSTER_GPU_SLURM_SPOOL, else under "
+                                          "$DAGSTER_HOME or $XDG_RUNTIME_DIR, else a new private directory).")
+    spool_shared_group: str | None = setting(None, "Unix group that shares the spool on purpose (dirs 2770; manifests, "
+                                                   "logs and the job script are still verified). Default: a private spool.")
+    account: str | None = setting(None, "sbatch --account.")
+    slurm_partition: str | None = setting(None, "sbatch --partition (a slurm partition).")
+    qos: str | None = setting(None, "sbatch --qos.")
+    time_limit: str | None = setting(None, "sbatch --time, e.g. 01:00:00.")
+    throttle: int | None = setting(None, "%T of each job array (default: GPUs in the slurm partition).")
+    coalesce_window_seconds: float = setting(2.0, "Quiet gap (s) that ends a coalescing window.")
+    coalesce_max_window_seconds: float = setting(15.0, "Longest wait (s) of a launch for others.")
+    coalesce_backlog_tasks: int | None = setting(None, "Hold launches while our earlier arrays have this many pending "
+                                                       "tasks (default: the array throttle; 0: never).")
+    coalesce_hold_max_seconds: float = setting(120.0, "Longest hold (s) of a launch; below submit_timeout_seconds.")
+    coalesce_target_tasks: int = setting(10, "While a backfill is starting more runs, hold launches until this many "
+                                             "wait (0: never).")
+    max_tasks_per_array: int | None = setting(None, "Tasks per sbatch cap (MaxArraySize also applies).")
+    poll_interval_seconds: float = setting(2.0, "Seconds between squeue+sacct polls.")
+    shards_per_gpu: int = setting(4, "shard GRES per GPU (gres.conf).")
+    shards_per_shared_task: int = setting(1, "--gres=shard:N for shared-ok steps.")
+    extra_sbatch_args: tuple[str, ...] = setting((), "More sbatch argv items.")
+    env_files: tuple[str, ...] = setting((), "KEY=VALUE secret files (0600) loaded by each task (~ expanded).")
+    python: str | None = setting(None, "Interpreter on compute nodes (default: this one).")
+    submit_timeout_seconds: float = setting(180.0, "Longest wait (s) of a launch for its sbatch.")
+    vanish_grace_seconds: float = setting(60.0, "Seconds a task may be unknown to squeue and sacct after submission.")
+    reconcile_wait_seconds: float = setting(20.0, "Wait at exit for sacct billing.")
+    gpu_product: str = setting("NVIDIA A100-SXM4-80GB", "Product of the slurm partition's GPUs (rate card device "
+                                                        "type; untyped GRES do not say).")
+    gpu_memory_gib: float = setting(80.0, "Memory of one of those GPUs (GiB).")
+
+    def __post_init__(self):
+        object.__setattr__(self, "extra_sbatch_args", tuple(self.extra_sbatch_args))
+        object.__setattr__(self, "env_files", tuple(os.path.expanduser(x) for x in self.env_files))
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> "SlurmSettings":
-        kw = {k: v for k, v in section.items() if v is not None and k in cls.__dataclass_fields__}
-        for k in ("extra_sbatch_args", "env_files"):
-            if k in kw:
-                kw[k] = tuple(os.path.expanduser(x) if k == "env_files" else x for x in kw[k])
-        return cls(**kw)
+        """Settings from the ``slurm:`` section (absent keys take the defaults above)."""
+        return from_section(cls, section)
 
 
 class SlurmBackend(Backend):
@@ -143,12 +159,6 @@ class SlurmBackend(Backend):
     coalesces_launches = True
 
     def __init__(self, settings: SlurmSettings, client: SlurmClient | None = None):
-        from dagster_gpu.slurm.client import SlurmClient
-        from dagster_gpu.slurm.coalescer import ArrayCoalescer, default_python
-        from dagster_gpu.slurm.poller import SharedPoller
-        from dagster_gpu.slurm.spool import Spool
-        from dagster_gpu.slurm.window import WindowRule
-
         self.settings = settings
         self.client = client or SlurmClient(slurm_conf=settings.slurm_conf)
         self.spool = Spool(settings.spool_dir or default_spool_dir(), shared_group=settings.spool_shared_group)
@@ -195,10 +205,8 @@ class SlurmBackend(Backend):
     def pending_tasks(self) -> dict[int, int] | None:
         """Pending tasks per array job id of the spool's active job arrays, from the shared poll (at
         most one squeue + sacct per poll interval across processes); None when Slurm did not answer."""
-        from dagster_gpu.slurm.client import SlurmError
-
         try:
-            snap = self.poller.snapshot(set())
+            snap = self.poller.poll(set())
         except (SlurmError, TimeoutError):
             return None
         if not snap.ok:
@@ -255,8 +263,6 @@ class SlurmBackend(Backend):
 
     # ------------------------------------------------------------------------------ Backend
     def launch(self, launch: StepLaunch) -> Handle:
-        from dagster_gpu.slurm.coalescer import TaskRequest
-
         _, fraction = self.gres_option(launch)
         env = dict(launch.env)
         if fraction is not None and STEP_CONTEXT_ENV in env:
@@ -289,16 +295,13 @@ class SlurmBackend(Backend):
         }
 
     def state(self, handle: Handle) -> WorkerState:
-        from dagster_gpu.slurm.client import SlurmError
-        from dagster_gpu.slurm.status import records_for, task_state
-
         aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
         submitted = float(handle["submitted_at"])
         if aid not in self._launched:  # launched by an earlier process (a resumed run re-attached): bill it from here
             self._launched.add(aid)
             self._register_atexit()
         try:
-            snap = self.poller.snapshot({aid}, not_before=submitted)
+            snap = self.poller.poll({aid}, not_before=submitted)
         except (SlurmError, TimeoutError) as e:
             return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {e}")
         if not snap.ok:
@@ -317,11 +320,9 @@ class SlurmBackend(Backend):
             vanish_grace_s=self.settings.vanish_grace_seconds,
         )
         if st.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
-            self._reconcile(snap)
+            self._report_bills(snap)
         if st.status == WorkerStatus.FAILED and handle.get("log_file"):
             # the task's own words: e.g. why it refused its manifest (exit 3) before running anything
-            from dagster_gpu.executor.backends.local import log_tail
-
             st = WorkerState(st.status, st.exit_code, f"{st.message}; last lines of {handle['log_file']}:\n{log_tail(Path(str(handle['log_file'])))}")
         return st
 
@@ -334,13 +335,11 @@ class SlurmBackend(Backend):
         (one ``squeue``), our array throttle, and, when the free GPUs do not outnumber the pending tasks,
         the controller's start estimate for one more task (``sbatch --test-only``; nothing is submitted). Raises SlurmError when the
         controller does not answer."""
-        from dagster_gpu.policy.snapshot import DevicePool, SlurmState
-
         s = self.settings
         total = self.gpus_in_partition()
         busy, pending = self.client.gpu_queue(s.slurm_partition)
         free = max(0, total - busy)
-        pool = DevicePool(
+        pool = DeviceGroup(
             device=s.gpu_product, product=s.gpu_product, memory_gib=s.gpu_memory_gib,
             free=free, total=total, pending=pending,
             start_estimate_s=None if free > pending else self.start_estimate_s(),
@@ -356,11 +355,6 @@ class SlurmBackend(Backend):
         it cannot say: a rejected test, or a start more than a day ahead (Slurm 22.05 prints year 6109
         when the running jobs have no time limit). Assumes the controller's clock and time zone are
         this host's (its estimate is printed in local time)."""
-        from datetime import datetime
-
-        from dagster_gpu.slurm.client import SlurmError
-        from dagster_gpu.slurm.parse import SlurmParseError
-        from dagster_gpu.slurm.script import write_job_script
 
         try:
             est = self.client.test_only(self.sbatch_options_for(gpus), write_job_script(self.spool.job_script.parent, self.spool.job_script.name))
@@ -383,29 +377,24 @@ class SlurmBackend(Backend):
         }
 
     # ------------------------------------------------------------------------------ billing
-    def _reconcile(self, snap) -> None:
-        from dagster_gpu.slurm.reconcile import reconcile_spool
-
+    def _report_bills(self, snap) -> None:
         try:
-            reconcile_spool(self.spool, snap.acct, self.settings.shards_per_gpu)
+            report_sacct_bills(self.spool, snap.acct, self.settings.shards_per_gpu)
         except Exception:  # noqa: BLE001 - billing never breaks a run
-            log.exception("sacct reconciliation failed")
+            log.exception("writing sacct bills failed")
 
-    def reconcile_now(self, wait_s: float | None = None) -> int:
+    def report_bills_now(self, wait_s: float | None = None) -> int:
         """Poll until every job array this process launched is done (at most ``wait_s``, default
         ``reconcile_wait_seconds``), then report sacct observations. Returns observations written."""
-        from dagster_gpu.slurm.client import SlurmError
-        from dagster_gpu.slurm.reconcile import reconcile_spool
-
         deadline = time.monotonic() + (self.settings.reconcile_wait_seconds if wait_s is None else wait_s)
         written = 0
         while True:
             try:
-                snap = self.poller.snapshot(set(self._launched))
+                snap = self.poller.poll(set(self._launched))
             except (SlurmError, TimeoutError):
                 return written
             if snap.ok:
-                written += reconcile_spool(self.spool, snap.acct, self.settings.shards_per_gpu)
+                written += report_sacct_bills(self.spool, snap.acct, self.settings.shards_per_gpu)
             pending = [b for b, sub in self.spool.active_batches() if int(sub["array_job_id"]) in self._launched]
             if not pending or time.monotonic() > deadline:
                 return written
@@ -414,49 +403,18 @@ class SlurmBackend(Backend):
     def _register_atexit(self) -> None:
         if not self._atexit and self.settings.reconcile_wait_seconds > 0:
             self._atexit = True
-            atexit.register(self._exit_reconcile)
+            atexit.register(self._report_bills_at_exit)
 
-    def _exit_reconcile(self) -> None:
+    def _report_bills_at_exit(self) -> None:
         try:
-            self.reconcile_now()
+            self.report_bills_now()
         except Exception:  # noqa: BLE001
-            log.exception("sacct reconciliation at exit failed")
+            log.exception("writing sacct bills at exit failed")
 
 
 def config_field() -> dg.Field:
-    """The ``slurm:`` section of gpu_executor's config (see the module docstring)."""
-    S = dg.StringSource
-    return dg.Field(
-        {
-            "slurm_conf": dg.Field(S, is_required=False, description="slurm.conf path (default $SLURM_CONF)."),
-            "spool_dir": dg.Field(S, is_required=False, description="Spool shared by run workers (and compute nodes); owned by this user, not writable by group/others."),
-            "spool_shared_group": dg.Field(S, is_required=False, description="Unix group that shares the spool on purpose (dirs 2770; manifests, logs and the job script are still verified). Default: a private spool."),
-            "account": dg.Field(S, is_required=False, description="sbatch --account."),
-            "slurm_partition": dg.Field(S, is_required=False, description="sbatch --partition (a slurm partition)."),
-            "qos": dg.Field(S, is_required=False, description="sbatch --qos."),
-            "time_limit": dg.Field(S, is_required=False, description="sbatch --time, e.g. 01:00:00."),
-            "throttle": dg.Field(int, is_required=False, description="%T of each job array (default: GPUs in the slurm partition)."),
-            "coalesce_window_seconds": dg.Field(float, default_value=2.0, description="Quiet gap (s) that ends a coalescing window."),
-            "coalesce_max_window_seconds": dg.Field(float, default_value=15.0, description="Longest wait (s) of a launch for others."),
-            "coalesce_backlog_tasks": dg.Field(int, is_required=False, description="Hold launches while our earlier arrays have this many pending tasks (default: the array throttle; 0: never)."),
-            "coalesce_target_tasks": dg.Field(int, default_value=10, description="While a backfill is starting more runs, hold launches until this many wait (0: never)."),
-            "coalesce_hold_max_seconds": dg.Field(float, default_value=120.0, description="Longest hold (s) of a launch; below submit_timeout_seconds."),
-            "max_tasks_per_array": dg.Field(int, is_required=False, description="Tasks per sbatch cap (MaxArraySize also applies)."),
-            "poll_interval_seconds": dg.Field(float, default_value=2.0, description="Seconds between squeue+sacct polls."),
-            "shards_per_gpu": dg.Field(int, default_value=4, description="shard GRES per GPU (gres.conf)."),
-            "shards_per_shared_task": dg.Field(int, default_value=1, description="--gres=shard:N for shared-ok steps."),
-            "extra_sbatch_args": dg.Field([str], is_required=False, description="More sbatch argv items."),
-            "env_files": dg.Field([str], is_required=False, description="KEY=VALUE secret files (0600) loaded by each task."),
-            "python": dg.Field(S, is_required=False, description="Interpreter on compute nodes (default: this one)."),
-            "submit_timeout_seconds": dg.Field(float, default_value=180.0),
-            "vanish_grace_seconds": dg.Field(float, default_value=60.0),
-            "reconcile_wait_seconds": dg.Field(float, default_value=20.0, description="Wait at exit for sacct billing."),
-            "gpu_product": dg.Field(S, default_value="NVIDIA A100-SXM4-80GB", description="Product of the slurm partition's GPUs (rate card device type; untyped GRES do not say)."),
-            "gpu_memory_gib": dg.Field(float, default_value=80.0, description="Memory of one of those GPUs (GiB)."),
-        },
-        is_required=False,
-        description="Slurm backend settings (dagster_gpu.executor.backends.slurm).",
-    )
+    """The ``slurm:`` section of gpu_executor's config, generated from :class:`SlurmSettings`."""
+    return settings_config_field(SlurmSettings, "Slurm backend settings (dagster_gpu.executor.backends.slurm).")
 
 
 def build_backend(section: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> SlurmBackend:

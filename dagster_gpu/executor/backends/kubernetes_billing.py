@@ -1,0 +1,55 @@
+"""The Kubernetes pod-interval bill (pure): what a step pod held, from its container's running interval.
+
+``billing/source: pod-interval``: ``billing/gpu_seconds`` = the container's running interval
+(``terminated.finishedAt - startedAt``, s; 1 s resolution) × ``gpu/device_fraction`` (one CPU slot for a
+CPU-only pod); the cost comes from :func:`dagster_gpu.billing.metering.charge` at the kubernetes rate of
+the device type, so a MIG slice is priced at its parent product's GPU-hour rate, as in the worker's
+measured bill and the cost policy's estimate.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+from dagster_gpu.billing.metering import charge
+from dagster_gpu.contracts import Handle
+
+
+def pod_interval_metadata(handle: Handle, started_at: float | None, finished_at: float | None, resource_claim: str,
+                          allocated_devices: Sequence[str], rates: Mapping[str, float]) -> dict[str, Any] | None:
+    """Observation metadata of an ended pod, or None when its container never ran (no interval).
+
+    Args:
+        handle: the kubernetes backend's handle (``namespace``, ``pod``, ``device_type``, ``device_fraction``,
+            ``product``: the GPU product asked for, a MIG slice's parent).
+        started_at, finished_at: the container's ``terminated.startedAt`` / ``finishedAt`` (Unix epoch s).
+        resource_claim: the generated ResourceClaim's name (empty for a CPU-only pod).
+        allocated_devices: ``driver/pool/device`` of each device the claim was allocated.
+        rates: the kubernetes rate table (USD per GPU-hour).
+
+    Returns ``k8s/namespace``, ``k8s/pod``, ``k8s/resource_claim``, ``k8s/allocated_devices`` (comma-separated),
+    ``k8s/running_seconds``, ``k8s/started_at``, ``k8s/finished_at``, ``gpu/device_fraction`` and the
+    ``billing/*`` figures. Raises RateCardError when the table has no rate and no ``default``.
+    """
+    if started_at is None or finished_at is None:
+        return None
+    interval = max(0.0, finished_at - started_at)
+    fraction = float(handle.get("device_fraction", 0.0))
+    device_type = str(handle.get("device_type", "default"))
+    bill = charge(rates, device_type, 1.0 if device_type == "cpu" else fraction, interval,
+                  str(handle.get("product") or "") or None)
+    return {
+        "k8s/namespace": str(handle["namespace"]),
+        "k8s/pod": str(handle["pod"]),
+        "k8s/resource_claim": resource_claim,
+        "k8s/allocated_devices": ",".join(allocated_devices),
+        "k8s/running_seconds": float(interval),
+        "k8s/started_at": float(started_at),
+        "k8s/finished_at": float(finished_at),
+        "gpu/device_fraction": fraction,
+        "billing/device_type": device_type,
+        "billing/gpu_seconds": float(bill.gpu_seconds),
+        "billing/rate_usd_per_gpu_hour": float(bill.rate_usd_per_gpu_hour),
+        "billing/cost_usd": float(bill.cost_usd),
+        "billing/source": "pod-interval",
+    }

@@ -1,0 +1,73 @@
+"""Record step pods' JSON from the local control plane (resources/k8s/cluster.sh) for the pod_state tests.
+
+Run from the repository root with the cluster up: ``.venv/bin/python tests/data/k8s/record_k8s_pods.py``.
+Launches one step pod per case through the kubernetes backend (pods kept: no finalizer deletes them), waits
+for the case's phase, writes ``tests/data/k8s/pod_<case>.json`` (``managedFields`` dropped) and deletes what
+it made. Cases: succeeded (exit 0, MIG claim), failed (exit 7), running (sleeping), unschedulable (no device
+has 200 GiB), stuck (bound, its container waits on a missing Secret: CreateContainerConfigError).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO))
+
+from dagster_gpu.contracts import StepLaunch  # noqa: E402
+from dagster_gpu.executor.backends.kubernetes import KubernetesBackend  # noqa: E402
+from dagster_gpu.k8s import manifests as m  # noqa: E402
+from dagster_gpu.k8s.client import KubeClient  # noqa: E402
+from dagster_gpu.policy.placement import Placement  # noqa: E402
+from dagster_gpu.request import GpuRequest  # noqa: E402
+from tests.k8s_helpers import NAMESPACE, admin_api, executor_api, require_cluster, wait_for  # noqa: E402
+
+OUT = Path(__file__).resolve().parent
+
+
+def _launch(argv, request):
+    return StepLaunch(run_id=str(uuid.uuid4()), step_key="embeddings", partition_key="fortunes.txt", attempt=0,
+                      argv=tuple(argv), env={"GREETING": "hi"}, request=request,
+                      placement=Placement(backend="kubernetes", reason="recording"))
+
+
+def main() -> int:
+    require_cluster()
+    kube = KubeClient(executor_api(), NAMESPACE)
+    admin = KubeClient(admin_api(), NAMESPACE)
+    plain = m.K8sSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_s=5)
+    stuck = m.K8sSettings(namespace=NAMESPACE, secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "no-such-secret", "pw"),))
+    kw = dict(pending_timeout_s=3600, create_timeout_s=3600, delete_finished_pods=False, report_observations=False,
+              finalize_wait_s=0, sweep_grace_s=-1, rates={"default": 1.0})
+    b, b_stuck = KubernetesBackend(kube, plain, **kw), KubernetesBackend(kube, stuck, **kw)
+    cases = {
+        "succeeded": (b, ["sh", "-c", "sleep 1.2"], GpuRequest(mig_ok=True), lambda p: p.status.phase == "Succeeded"),
+        "failed": (b, ["sh", "-c", "exit 7"], GpuRequest(count=1), lambda p: p.status.phase == "Failed"),
+        "running": (b, ["sleep", "30"], GpuRequest(count=1), lambda p: p.status.phase == "Running"),
+        "unschedulable": (b, ["true"], GpuRequest(memory_gib=200), lambda p: any(
+            c.type == "PodScheduled" and c.reason == "Unschedulable" for c in p.status.conditions or [])),
+        "stuck": (b_stuck, ["true"], GpuRequest(count=1), lambda p: any(
+            cs.state and cs.state.waiting and cs.state.waiting.reason == "CreateContainerConfigError"
+            for cs in p.status.container_statuses or [])),
+    }
+    handles = []
+    for case, (backend, argv, request, done) in cases.items():
+        h = backend.launch(_launch(argv, request))
+        handles.append((backend, h))
+        pod = wait_for(lambda: (p := admin.read_pod(h["pod"])) is not None and done(p) and p, 60, what=f"{case} pod")
+        body = m.to_dict(pod)
+        body["metadata"].pop("managedFields", None)
+        (OUT / f"pod_{case}.json").write_text(json.dumps(body, indent=1, sort_keys=True) + "\n")
+        print(f"recorded {case}: {h['pod']} phase {pod.status.phase}")
+    for backend, h in handles:
+        backend.terminate(h)
+    time.sleep(1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
