@@ -9,6 +9,7 @@ from typing import Any, Mapping, Sequence
 import dagster as dg
 import psutil
 
+from dagster_gpu.checks import check_specs, output_check_results
 from dagster_gpu.corpus.listing import CorpusNotFound, CorpusSource
 from dagster_gpu.corpus.readers import CorpusReadError
 from dagster_gpu.embedding.model import ModelNotFound, load_model
@@ -82,6 +83,7 @@ def embedding_asset(
         retry_policy=retry_policy,
         description=f"Sentence embeddings ({model}) of each file of corpus {corpus.url}, one parquet file per partition under {output_url}.",
         metadata={"dagster_gpu/corpus_url": corpus.url, "dagster_gpu/output_url": output_url},
+        check_specs=check_specs(dg.AssetKey([*(key_prefix or []), name]), pdef),
     )
     def _embed(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
         started = time.time()
@@ -130,7 +132,8 @@ def embedding_asset(
                 backend=step.backend,
                 placement=step.placement,
                 backend_metadata={**backend_metadata(step.backend), **claim, "corpus/file": source.uri},
-            )
+            ),
+            check_results=output_check_results(out_uri, loaded.dim, result, corpus.storage_options),
         )
 
     return _embed
