@@ -201,6 +201,7 @@ class PartitionSummary:
     gpu_seconds: float | None = None
     cost_usd: float | None = None
     error: str | None = None
+    run_id: str | None = None  # the latest run of a failed partition
 
 
 def summarize_partitions(
@@ -208,19 +209,22 @@ def summarize_partitions(
 ) -> list[PartitionSummary]:
     """The latest materialization of each partition (or the failure message of its latest run)."""
     failures: dict[str, str] = {}
+    failed_runs: dict[str, str] = {}
     if backfill_id:
         for rec in instance.get_run_records(RunsFilter.for_backfill(backfill_id), order_by="id", ascending=True):
             run = rec.dagster_run
             pk = run.tags.get(PARTITION_TAG)
             if pk and run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
                 failures[pk] = _failure_message(instance, run.run_id) or run.status.value
+                failed_runs[pk] = run.run_id
             elif pk:
                 failures.pop(pk, None)
+                failed_runs.pop(pk, None)
     out = []
     for pk in partition_keys:
         recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[pk]), limit=1).records
         if pk in failures or not recs:
-            out.append(PartitionSummary(pk, ok=False, error=failures.get(pk, "not materialized")))
+            out.append(PartitionSummary(pk, ok=False, error=failures.get(pk, "not materialized"), run_id=failed_runs.get(pk)))
             continue
         md = {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
         out.append(

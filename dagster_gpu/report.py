@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dagster_gpu.backfill import BackfillProgress, PartitionSummary
+from dagster_gpu.failures import FailureDetail
 
 
 def progress_bar(console: Console) -> Progress:
@@ -45,8 +46,30 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
                 f"{r.gpu_seconds or 0:.2f}", f"{r.cost_usd or 0:.6f}",
             )
         else:
-            t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", "", "", "", "", f"[red]{(r.error or '')[:60]}[/red]")
+            t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", "", "", "", "", "")
     return t
+
+
+def failures_table(details: Sequence[FailureDetail]) -> Table:
+    """Below the summary: each failed partition's key, run id, first line of the error, where the full log is."""
+    t = Table(title=f"{len(details)} failed partition(s)", title_style="bold red", show_lines=True)
+    t.add_column("partition", style="red", no_wrap=True)
+    t.add_column("run id", no_wrap=True)
+    t.add_column("error (first line)", overflow="fold")
+    t.add_column("full log", overflow="fold")
+    for d in details:
+        t.add_row(d.partition_key, d.run_id or "–", d.error, d.log)
+    return t
+
+
+def print_summary(console: Console, instance, rows: Sequence[PartitionSummary], title: str) -> None:
+    """The summary table, then the failed partitions (if any) with their run, error and log."""
+    from dagster_gpu.failures import failure_detail
+
+    console.print(summary_table(rows, title=title))
+    failed = [failure_detail(instance, r.partition_key, r.run_id, r.error) for r in rows if not r.ok]
+    if failed:
+        console.print(failures_table(failed))
 
 
 def run_backfill_with_progress(
@@ -77,5 +100,5 @@ def run_backfill_with_progress(
             on_progress=lambda p: bar.update(task, completed=p.done, detail=progress_detail(p)),
         )
     rows = summarize_partitions(instance, asset_key, partition_keys, backfill_id)
-    console.print(summary_table(rows, title=f"Backfill {backfill_id}: {final.status.lower()}"))
+    print_summary(console, instance, rows, title=f"Backfill {backfill_id}: {final.status.lower()}")
     return rows
