@@ -13,6 +13,7 @@ from dagster_gpu.checks import check_specs, output_check_results
 from dagster_gpu.corpus.listing import CorpusNotFound, CorpusSource
 from dagster_gpu.corpus.readers import CorpusReadError
 from dagster_gpu.embedding.model import ModelNotFound, load_model
+from dagster_gpu.executor.run_tags import add_cost
 from dagster_gpu.embedding.pipeline import embed_partition
 from dagster_gpu.request import TAG_ASSET_KEY, TAG_CORPUS_URL, GpuRequest
 from dagster_gpu.telemetry.nvml import NvmlSampler
@@ -122,6 +123,7 @@ def embedding_asset(
         t0 = psutil.Process().create_time() if step.launched_by_executor else started
         billing = measure(step.rates, max(0.0, time.time() - t0), loaded.device, product, count, step.device_fraction)
         claim = claim_metadata() if step.backend == "kubernetes" else {}
+        add_cost(context.instance, context.run_id, billing.cost_usd)  # Runs page: what it cost
         return dg.MaterializeResult(
             metadata=build_metadata(
                 result=result,

@@ -28,6 +28,7 @@ from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env
 from dagster_gpu.executor.placing import forced_placement
 from dagster_gpu.executor.registry import build_backend, configured_backends
+from dagster_gpu.executor.run_tags import tag_launch
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.request import GpuRequest
 from dagster_gpu.worker.context import StepContext
@@ -141,6 +142,7 @@ class GpuStepHandler(StepHandler):
             ) from e
         with self._lock:
             self._launched[(run.run_id, step_key, attempt)] = (backend.name, handle, None)
+        tag_launch(ctx.instance, run.run_id, backend.name, placement.device)  # Runs page: where it ran
         where = f" (partition {partition_key})" if partition_key else ""
         yield DagsterEvent.step_worker_starting(
             ctx.get_step_context(step_key),
