@@ -123,7 +123,7 @@ def embedding_asset(
         t0 = psutil.Process().create_time() if step.launched_by_executor else started
         billing = measure(step.rates, max(0.0, time.time() - t0), loaded.device, product, count, step.device_fraction)
         claim = claim_metadata() if step.backend == "kubernetes" else {}
-        add_cost(context.instance, context.run_id, billing.cost_usd)  # Runs page: what it cost
+        add_cost(context.instance, context.run.run_id, billing.cost_usd)  # Runs page: what it cost
         return dg.MaterializeResult(
             metadata=build_metadata(
                 result=result,
