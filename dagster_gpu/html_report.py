@@ -167,6 +167,7 @@ def _bars(rows: Sequence[ReportRow], attr: str, title: str, ylabel: str, missing
     ax.set_xticks(xs, [r.partition for r in rows], rotation=60, ha="right", fontsize=7)
     ax.set_title(title)
     ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0, top=100 if ylabel == "percent" else None)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for b, c in _COLORS.items() if any(r.backend == b for r in rows)]
     ax.legend(handles, [b for b in _COLORS if any(r.backend == b for r in rows)], fontsize=7)
     return _svg(fig)
@@ -223,6 +224,10 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str]], ti
             parts.append(_scatter([r.estimated_cost_usd for r in ev], [r.cost_usd for r in ev], [r.backend for r in ev],
                                   "Policy estimate against measured cost", "estimated USD", "measured USD", diagonal=True))
         parts.append("</div>")
+        if not ev:
+            parts.append("<p>No policy estimates: every placement was forced (a fixed backend or a "
+                         "<code>dagster-gpu/backend</code> tag); with <code>backend: auto</code> each launch records "
+                         "the estimated cost of every alternative.</p>")
     parts.append("<h2>Partitions</h2><table><tr><th>partition</th><th>run</th><th>backend</th><th>device</th><th>rows</th>"
                  "<th>texts/s</th><th>utilization %</th><th>GPU-s</th><th>useful</th><th>cost USD</th><th>estimate USD</th>"
                  "<th>placement reason</th></tr>")

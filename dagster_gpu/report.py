@@ -83,15 +83,17 @@ def run_backfill_with_progress(
     timeout_s: float,
     daemon_log=None,
     console: Console | None = None,
+    run_config=None,
 ) -> list[PartitionSummary]:
     """Submit an asset backfill, run the daemon with a progress bar until it ends, print the summary.
 
+    ``run_config`` applies to every run (e.g. ``{"execution": {"config": {"backend": "slurm", ...}}}``).
     Returns the per-partition summary (see :func:`dagster_gpu.backfill.summarize_partitions`).
     """
     from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
 
     console = console or Console()
-    backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title)
+    backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title, run_config=run_config)
     console.print(f"Backfill [bold]{backfill_id}[/bold]: {len(partition_keys)} partitions of {asset_key.to_user_string()}")
     with DaemonProcess(workspace, log_file=daemon_log) as daemon, progress_bar(console) as bar:
         task = bar.add_task("backfill", total=len(partition_keys), detail="")
