@@ -5,6 +5,7 @@ from typing import Any, Mapping, Sequence
 
 import dagster as dg
 
+from dagster_gpu.checks import check_specs
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.request import TAG_ASSET_KEY, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.unit import UnitSpec, run_unit
@@ -84,6 +85,7 @@ def embedding_asset(
         output_required=False,
         description=f"Sentence embeddings ({model}) of each file of corpus {corpus.url}, one parquet file per partition under {output_url}.",
         metadata={"dagster_gpu/corpus_url": corpus.url, "dagster_gpu/output_url": output_url},
+        check_specs=check_specs(dg.AssetKey([*(key_prefix or []), name]), pdef),
     )
     def _embed(context: dg.AssetExecutionContext):
         yield from run_unit(context, spec)

@@ -1,10 +1,17 @@
 """``dagster-gpu``: command-line tools.
 
-    dagster-gpu backfill -m pipelines.definitions -a fortune_embeddings [--partitions a,b] [-w workspace.yaml]
-        submit an asset backfill (all registered partitions by default) to $DAGSTER_HOME's instance,
-        run the Dagster daemon until it ends, show progress and the per-partition summary.
-    dagster-gpu whatif CORPUS --snapshot snap.json [...]
-        print the cost policy's plan for a backfill without launching anything.
+    dagster-gpu backfill -m pipelines.definitions -a fortune_embeddings [--missing] [--failed]
+            [--partitions a,b] [--no-register] [-w workspace.yaml]
+        register the asset's corpus files as partitions (those not yet registered), submit an asset
+        backfill of the selected partitions (all registered by default; --missing: never materialized;
+        --failed: latest run failed or canceled) to $DAGSTER_HOME's instance, run the Dagster daemon
+        until it ends, show progress, the per-partition summary and the failed partitions.
+    dagster-gpu whatif CORPUS [-m MODULE -a ASSET] [--snapshot snap.json | --save-snapshot snap.json] [...]
+        print the cost policy's plan for a backfill without launching anything (live backend state
+        and the asset's history by default; --snapshot for an offline plan).
+    dagster-gpu report -a ASSET (--backfill ID | --last N) [-o report.html]
+        write a self-contained HTML report (cost, GPU-seconds, useful fraction, utilization,
+        throughput, placements, estimate vs measured cost) of a backfill or the last N runs.
 """
 
 from __future__ import annotations
@@ -20,25 +27,52 @@ def _backfill(argv: list[str]) -> int:
     ap.add_argument("--attribute", default="defs")
     ap.add_argument("-a", "--asset", required=True, help="asset key, '/'-separated")
     ap.add_argument("--partitions", default=None, help="comma-separated partition keys (default: all registered)")
+    ap.add_argument("--missing", action="store_true", help="only partitions never materialized")
+    ap.add_argument("--failed", action="store_true", help="only partitions whose latest run failed or was canceled")
+    ap.add_argument("--no-register", action="store_true", help="do not add the corpus files as partitions first")
     ap.add_argument("-w", "--workspace", default="workspace.yaml", help="workspace the daemon loads")
     ap.add_argument("--timeout", type=float, default=24 * 3600.0)
     args = ap.parse_args(argv)
+    if args.partitions and (args.missing or args.failed):
+        ap.error("--partitions cannot be combined with --missing/--failed")
 
     import dagster as dg
+    from rich.console import Console
 
+    from dagster_gpu.corpus.listing import CorpusNotFound
+    from dagster_gpu.partitions import NoCorpus, corpus_of, register_corpus_files, select_partitions
     from dagster_gpu.report import run_backfill_with_progress
 
-    defs = getattr(importlib.import_module(args.module), args.attribute)
+    console = Console()
+    module = importlib.import_module(args.module)
+    defs = getattr(module, args.attribute)
     key = dg.AssetKey.from_user_string(args.asset)
     asset = defs.get_assets_def(key)
     instance = dg.DagsterInstance.get()
-    keys = args.partitions.split(",") if args.partitions else list(instance.get_dynamic_partitions(asset.partitions_def.name))
+    if not args.no_register:
+        try:
+            corpus = corpus_of(asset, module)
+            added = register_corpus_files(instance, asset, corpus)
+        except (NoCorpus, CorpusNotFound, TypeError) as e:
+            print(f"dagster-gpu backfill: {e}", file=sys.stderr)
+            return 2
+        console.print(f"Corpus {corpus.url}: {len(added)} new partition(s) registered", soft_wrap=True)
+    if args.partitions:
+        keys = [k.strip() for k in args.partitions.split(",") if k.strip()]
+        unknown = sorted(set(keys) - set(instance.get_dynamic_partitions(asset.partitions_def.name)))
+        if unknown:
+            print(f"dagster-gpu backfill: partitions not registered for {args.asset}: {', '.join(unknown)}", file=sys.stderr)
+            return 2
+    else:
+        keys = select_partitions(instance, asset, missing=args.missing, failed=args.failed)
     if not keys:
-        print(f"no partitions of {args.asset} to backfill", file=sys.stderr)
-        return 2
+        what = " and ".join(w for w, on in (("missing", args.missing), ("failed", args.failed)) if on) or "registered"
+        print(f"no {what} partitions of {args.asset} to backfill", file=sys.stderr)
+        return 0 if (args.missing or args.failed) else 2
     rows = run_backfill_with_progress(
         instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout,
         partitions_def_name=asset.partitions_def.name,
+        console=console,
     )
     return 1 if any(not r.ok for r in rows) else 0
 
@@ -55,6 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         from dagster_gpu.policy.whatif import whatif_main
 
         return whatif_main(rest)
+    if cmd == "report":
+        from dagster_gpu.html_report import report_main
+
+        return report_main(rest)
     print(f"dagster-gpu: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
     return 2
 

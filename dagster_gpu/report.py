@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dagster_gpu.backfill import BackfillProgress, PartitionSummary
+from dagster_gpu.failures import FailureDetail
 
 
 def progress_bar(console: Console) -> Progress:
@@ -56,8 +57,30 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
                 "" if r.useful_fraction is None else f"{r.useful_fraction:.2f}",
             )
         else:
-            t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", "", "", "", "", f"[red]{(r.error or '')[:60]}[/red]")
+            t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", "", "", "", "", "")
     return t
+
+
+def failures_table(details: Sequence[FailureDetail]) -> Table:
+    """Below the summary: each failed partition's key, run id, first line of the error, where the full log is."""
+    t = Table(title=f"{len(details)} failed partition(s)", title_style="bold red", show_lines=True)
+    t.add_column("partition", style="red", no_wrap=True)
+    t.add_column("run id", no_wrap=True)
+    t.add_column("error (first line)", overflow="fold")
+    t.add_column("full log", overflow="fold")
+    for d in details:
+        t.add_row(d.partition_key, d.run_id or "–", d.error, d.log)
+    return t
+
+
+def print_summary(console: Console, instance, rows: Sequence[PartitionSummary], title: str) -> None:
+    """The summary table, then the failed partitions (if any) with their run, error and log."""
+    from dagster_gpu.failures import failure_detail
+
+    console.print(summary_table(rows, title=title))
+    failed = [failure_detail(instance, r.partition_key, r.run_id, r.error) for r in rows if not r.ok]
+    if failed:
+        console.print(failures_table(failed))
 
 
 def run_backfill_with_progress(
@@ -72,15 +95,17 @@ def run_backfill_with_progress(
     daemon_log=None,
     console: Console | None = None,
     partitions_def_name: str | None = None,
+    run_config=None,
 ) -> list[PartitionSummary]:
     """Submit an asset backfill, run the daemon with a progress bar until it ends, print the summary.
 
+    ``run_config`` applies to every run (e.g. ``{"execution": {"config": {"backend": "slurm", ...}}}``).
     Returns the per-partition summary (see :func:`dagster_gpu.backfill.summarize_partitions`).
     """
     from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
 
     console = console or Console()
-    backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title)
+    backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title, run_config=run_config)
     console.print(f"Backfill [bold]{backfill_id}[/bold]: {len(partition_keys)} partitions of {asset_key.to_user_string()}")
     with DaemonProcess(workspace, log_file=daemon_log) as daemon, progress_bar(console) as bar:
         task = bar.add_task("backfill", total=len(partition_keys), detail="")
@@ -90,7 +115,7 @@ def run_backfill_with_progress(
             partitions_def_name=partitions_def_name,
         )
     rows = summarize_partitions(instance, asset_key, partition_keys, backfill_id, partitions_def_name)
-    console.print(summary_table(rows, title=f"Backfill {backfill_id}: {final.status.lower()} in {final.runs} run(s)"))
+    print_summary(console, instance, rows, title=f"Backfill {backfill_id}: {final.status.lower()} in {final.runs} run(s)")
     uf = useful_fraction(rows)
     if uf is not None:
         console.print(f"Useful fraction (embedding seconds ÷ billed seconds, all partitions): {uf:.3f}")

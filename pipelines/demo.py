@@ -7,7 +7,11 @@
   3. registers the dynamic partitions, submits an asset backfill of every partition, runs the Dagster
      daemon until the backfill ends, with a progress display;
   4. prints the per-partition summary (rows, seconds, texts/s, backend, GPU-seconds, cost).
-Exit code 1 if any partition failed.
+With ``--backend slurm|kubernetes|auto`` it first starts what that backend needs (PostgreSQL, the
+local Slurm cluster, the Kubernetes control plane: ``pipelines/demo_backends.py``), keeps the instance
+on PostgreSQL (home ``.dagster_home_<backend>``), runs the same backfill there and prints where each
+partition ran (Slurm job id, pod, or local process) and what it cost.
+Exit code 1 if any partition failed, 3 if a service could not be started (the message names the log).
 """
 
 from __future__ import annotations
@@ -20,23 +24,11 @@ import sys
 import time
 from pathlib import Path
 
+from pipelines.demo_backends import BACKENDS, ServiceError, executor_config, instance_yaml, start_services
+
 REPO = Path(__file__).resolve().parents[1]
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
 
-INSTANCE_YAML = """\
-# project-local Dagster instance for the demo (SQLite storage under this directory)
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: QueuedRunCoordinator
-  config:
-    max_concurrent_runs: {max_runs}
-    dequeue_interval_seconds: 1
-run_monitoring:
-  enabled: true
-  poll_interval_seconds: 5
-telemetry:
-  enabled: false
-"""
 
 
 def prepare_corpus(dest: Path, source: Path = FORTUNES_DIR, limit: int | None = None) -> list[Path]:
@@ -57,14 +49,30 @@ def prepare_corpus(dest: Path, source: Path = FORTUNES_DIR, limit: int | None = 
     return [dest / p.name for p in files]
 
 
-def write_instance_yaml(home: Path, max_runs: int) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "dagster.yaml").write_text(INSTANCE_YAML.format(max_runs=max_runs))
+def where_table(instance, asset_key, keys):
+    """Where each partition ran (backend, scheduler id or process, device type) and what it cost (USD)."""
+    import dagster as dg
+    from rich.table import Table
+
+    t = Table(title="Where each partition ran")
+    for col in ("partition", "backend", "where", "device type", "GPU-seconds", "cost (USD)", "billing source"):
+        t.add_column(col, justify="right" if col in ("GPU-seconds", "cost (USD)") else "left")
+    for k in keys:
+        recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[k]), limit=1).records
+        if not recs:
+            continue
+        md = {n: v.value for n, v in recs[0].asset_materialization.metadata.items()}
+        where = (f"Slurm job {md['slurm/job_id']}" if "slurm/job_id" in md else
+                 f"pod {md.get('k8s/namespace', '')}/{md['k8s/pod']}" if "k8s/pod" in md else "local process")
+        t.add_row(k, str(md.get("dagster_gpu/backend", "")), where, str(md.get("billing/device_type", "")),
+                  f"{md.get('billing/gpu_seconds', 0):.2f}", f"{md.get('billing/cost_usd', 0):.6f}", str(md.get("billing/source", "")))
+    return t
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.demo", description=__doc__.splitlines()[0])
-    ap.add_argument("--home", type=Path, default=REPO / ".dagster_home", help="DAGSTER_HOME (default: .dagster_home)")
+    ap.add_argument("--backend", choices=BACKENDS, default="local", help="where the steps run (default: local)")
+    ap.add_argument("--home", type=Path, default=None, help="DAGSTER_HOME (default: .dagster_home, .dagster_home_<backend>)")
     ap.add_argument("--corpus", type=Path, default=REPO / ".demo" / "corpus")
     ap.add_argument("--output", type=Path, default=REPO / ".demo" / "embeddings")
     ap.add_argument("--limit", type=int, default=None, help="only the first N fortune files")
@@ -77,11 +85,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.per_run is not None:
         os.environ["DAGSTER_GPU_DEMO_PER_RUN"] = str(args.per_run)
 
+    args.home = args.home or REPO / (".dagster_home" if args.backend == "local" else f".dagster_home_{args.backend}")
     prepare_corpus(args.corpus, limit=args.limit)
-    write_instance_yaml(args.home, args.max_concurrent_runs)
+    args.home.mkdir(parents=True, exist_ok=True)
+    try:
+        os.environ.update(start_services(args.backend, args.home / "services.log"))
+    except (ServiceError, OSError) as e:
+        print(f"demo: starting the services for --backend {args.backend} failed: {e}", file=sys.stderr)
+        return 3
+    (args.home / "dagster.yaml").write_text(instance_yaml(args.backend, args.max_concurrent_runs))
     os.environ["DAGSTER_HOME"] = str(args.home.resolve())
     os.environ["DAGSTER_GPU_CORPUS_URL"] = str(args.corpus.resolve())
     os.environ["DAGSTER_GPU_OUTPUT_URL"] = str(args.output.resolve())
+    run_config = None if args.backend == "local" else {"execution": {"config": executor_config(args.backend, args.home.resolve())}}
 
     import dagster as dg
     from rich.console import Console
@@ -89,18 +105,18 @@ def main(argv: list[str] | None = None) -> int:
     from dagster_gpu.report import run_backfill_with_progress
     from pipelines.definitions import defs, fortune_corpus, fortune_embeddings
 
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=140)  # a log file: tables unwrapped
     instance = dg.DagsterInstance.get()
     keys = [f.key for f in fortune_corpus.list_files()]
     pdef_name = fortune_embeddings.partitions_def.name
     known = set(instance.get_dynamic_partitions(pdef_name))
     instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])
-    console.print(f"Embedding {len(keys)} fortune files through gpu_executor (DAGSTER_HOME={args.home})")
+    console.print(f"Embedding {len(keys)} fortune files through gpu_executor on {args.backend} (DAGSTER_HOME={args.home})")
     t0 = time.time()
     rows = run_backfill_with_progress(
         instance, defs, fortune_embeddings.key, keys, REPO / "workspace.yaml",
         title=f"fortunes demo: {len(keys)} partitions", timeout_s=args.timeout,
-        daemon_log=args.home / "daemon.log", console=console, partitions_def_name=pdef_name,
+        daemon_log=args.home / "daemon.log", console=console, partitions_def_name=pdef_name, run_config=run_config,
     )
     span = time.time() - t0
     if args.summary_json:
@@ -112,9 +128,11 @@ def main(argv: list[str] | None = None) -> int:
             "billed_s": round(sum(r.billed_seconds or 0 for r in rows if r.ok), 1),
             "useful_fraction": useful_fraction(rows), "per_run": fortune_embeddings.backfill_policy.max_partitions_per_run,
         }) + "\n")
+    console.print(where_table(instance, fortune_embeddings.key, [r.partition_key for r in rows if r.ok]))
     failed = [r for r in rows if not r.ok]
     if failed:
-        console.print(f"[red]{len(failed)} partition(s) failed[/red]: see the runs in the UI (dagster dev -w workspace.yaml)")
+        console.print(f"[red]{len(failed)} partition(s) failed[/red]: see the list above, or the runs in the UI "
+                      f"(DAGSTER_HOME={args.home} .venv/bin/dagster dev -w workspace.yaml)")
         return 1
     console.print(f"Outputs under {args.output}; browse them with: DAGSTER_HOME={args.home} .venv/bin/dagster dev -w workspace.yaml")
     return 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: set up, then embed every file of the Debian fortunes corpus as a Dagster backfill
-# through gpu_executor (local backend), with progress and a per-partition summary.
+# through gpu_executor, with progress and a per-partition summary. Local backend by default;
+# --backend slurm|kubernetes|auto first starts what that backend needs (pipelines/demo_backends.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pipelines.demo "$@"
+exec .venv/bin/python -m pipelines.demo "$@"   # --backend local|slurm|kubernetes|auto, --limit N, ...

@@ -11,6 +11,7 @@ mkdir -p "$CACHE/pip"
 apt_pkgs=()
 [ -d /usr/share/games/fortunes ] || apt_pkgs+=(fortunes)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || apt_pkgs+=(postgresql)
+command -v chromium >/dev/null 2>&1 || apt_pkgs+=(chromium)   # the browser test (tests/test_ui_browser.py)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   echo "setup: apt-get install ${apt_pkgs[*]}"
   SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo

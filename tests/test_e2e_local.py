@@ -147,3 +147,20 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
         assert sum(m["billing/wall_seconds"] for m in mds) > 1.0
     starting = instance.get_records_for_run(runs[0].dagster_run.run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING).records
     assert starting and "local/pid" in starting[0].event_log_entry.dagster_event.engine_event_data.metadata
+    # the Runs page shows where each partition ran and, once its step measured it, what it cost
+    for r in runs:
+        run = r.dagster_run
+        assert run.tags["dagster_gpu/ran_on"].split(" on ")[0] == "local", run.tags
+        pk = run.tags["dagster/partition"]
+        if summary[pk].ok:
+            assert float(run.tags["dagster_gpu/cost_usd"]) == pytest.approx(summary[pk].cost_usd, abs=1e-6)
+        else:
+            assert "dagster_gpu/cost_usd" not in run.tags
+    # each good partition's materialization ran its five blocking output checks, all passed
+    from dagster_gpu.checks import CHECKS
+
+    for name in CHECKS:
+        recs = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(loc.embeddings.key, name), limit=50)
+        passed = sorted(x.partition for x in recs if x.status.value == "SUCCEEDED")
+        assert passed == sorted(k for k in keys if summary[k].ok), name  # the undecodable file: none

@@ -57,7 +57,7 @@ def test_cpu_metadata_keys_and_types():
     md = cpu_metadata()
     assert md["dagster_gpu/backend"] == "local"
     assert isinstance(md["dagster_gpu/placement"], dg.MarkdownMetadataValue)
-    assert isinstance(md["dagster_gpu/placement_json"], dg.JsonMetadataValue)
+    assert "dagster_gpu/placement_json" not in md  # one rendering; the JSON is on the launch event
     for key, value in [
         ("embedding/rows", 10), ("embedding/records_read", 12), ("embedding/skipped_empty_rows", 2),
         ("embedding/dim", 384), ("embedding/truncated_rows", 1), ("gpu/samples", 0),
@@ -143,14 +143,49 @@ def test_non_finite_raises_naming_the_key(kw, key):
     assert repr(key) in str(e.value)
 
 
+def test_metadata_opens_with_the_figures_people_look_at_first():
+    telemetry = summarize([80, 90, 100], [1000], ("GPU-a",), "NVIDIA H100 80GB HBM3")
+    billing = measure({"NVIDIA H100": 2.1}, 60.0, "cuda", "NVIDIA H100 80GB HBM3", 1)
+    md = cpu_metadata(model_device="cuda", telemetry=telemetry, billing=billing,
+                      backend_metadata={"slurm/job_id": "42", "embedding/useful_fraction": 0.5})
+    assert list(md)[:8] == [
+        "embedding/rows", "embedding/texts_per_second", "gpu/utilization_mean_percent", "billing/gpu_seconds",
+        "billing/cost_usd", "embedding/useful_fraction", "dagster_gpu/backend", "dagster_gpu/placement",
+    ]
+    # on CPU the utilization is unknown: the next figures move up, nothing is invented
+    assert list(cpu_metadata())[:5] == [
+        "embedding/rows", "embedding/texts_per_second", "billing/gpu_seconds", "billing/cost_usd", "dagster_gpu/backend",
+    ]
+
+
 def test_placement_markdown_lists_alternatives():
     text = placement_markdown(PLACEMENT)
     lines = text.splitlines()
     assert lines[0] == "**slurm** on NVIDIA H100: cheapest feasible: slurm starts in 12 s"
+    assert lines[2] == "| backend | device | feasible | start delay (s) | runtime (s) | cost (USD) | note |"
     assert "| local | cpu | yes | 0.0 | 900.0 | 0.012500 | CPU |" in lines
     assert "| slurm **(chosen)** | NVIDIA H100 | yes | 12.0 | 60.0 | 0.035000 |  |" in lines
     assert "| kubernetes | – | no | – | – | – | no ResourceSlice matches |" in lines
     assert sum(1 for ln in lines if ln.startswith("| ")) == 4  # header + 3 alternatives
+
+
+def test_placement_markdown_leaves_out_what_says_nothing():
+    p = Placement(backend="slurm", device="A100", reason="forced", alternatives=(
+        Alternative("slurm", device="A100", cost_usd=0.01),
+        Alternative("kubernetes", device="A100"),  # feasible, no estimate, no note: says nothing
+        Alternative("local", device="cpu", feasible=False),
+    ))
+    lines = placement_markdown(p).splitlines()
+    assert lines[2] == "| backend | device | feasible | cost (USD) |"  # delay/runtime/note unknown everywhere
+    assert lines[4:] == ["| slurm **(chosen)** | A100 | yes | 0.010000 |", "| local | cpu | no | – |"]
+
+
+def test_placement_markdown_local_only_is_one_line():
+    p = Placement(backend="local", device="cpu", reason="forced by gpu_executor config backend: local",
+                  alternatives=(Alternative("local", device="cpu", runtime_s=30.0),))
+    assert placement_markdown(p) == "**local** on cpu: forced by gpu_executor config backend: local (runtime (s) 30.0)"
+    bare = Placement(backend="local", reason="only backend", alternatives=(Alternative("local"),))
+    assert placement_markdown(bare) == "**local**: only backend"
 
 
 def test_placement_markdown_without_alternatives():
@@ -158,10 +193,11 @@ def test_placement_markdown_without_alternatives():
     assert placement_markdown(p) == "**local**: in-process\n\n_no alternatives considered_"
 
 
-def test_placement_round_trips_through_metadata():
-    md = cpu_metadata()
-    assert placement_from_metadata(md) == PLACEMENT
-    assert placement_from_metadata({"dagster_gpu/placement_json": json.dumps(PLACEMENT.to_json())}) == PLACEMENT
+def test_placement_reads_back_from_the_launch_event_metadata():
+    assert placement_from_metadata({"dagster_gpu/placement": dg.MetadataValue.json(PLACEMENT.to_json())}) == PLACEMENT
+    assert placement_from_metadata({"dagster_gpu/placement": json.dumps(PLACEMENT.to_json())}) == PLACEMENT
+    # a materialization carries only the Markdown rendering, which is not read back
+    assert placement_from_metadata(cpu_metadata()) is None
     assert placement_from_metadata({}) is None
 
 

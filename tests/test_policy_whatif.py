@@ -66,3 +66,69 @@ def test_whatif_cli_prints_totals(corpus, snapfile, capsys):
 def test_whatif_cli_bad_input(tmp_path, capsys):
     assert whatif_main([str(tmp_path), "--snapshot", str(tmp_path / "missing.json")]) == 2
     assert "whatif:" in capsys.readouterr().err
+
+
+# -- live state, the instance's history, saved snapshots -------------------------------------------
+def test_whatif_live_local_only_saves_a_snapshot_that_plans_offline(corpus, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    saved = tmp_path / "live.json"
+    assert whatif_main([str(corpus), "--save-snapshot", str(saved), "--json"]) == 0
+    live = json.loads(capsys.readouterr().out)
+    snap = json.loads(saved.read_text())
+    assert snap["local"]["reachable"] is True and "slurm" not in snap and "kubernetes" not in snap
+    assert live["runtime_model"].startswith("fallback (no history)")
+    assert whatif_main([str(corpus), "--snapshot", str(saved), "--json"]) == 0
+    offline = json.loads(capsys.readouterr().out)
+    assert offline["plans"] == live["plans"]
+    assert whatif_main([str(corpus), "--snapshot", str(saved), "--save-snapshot", str(saved)]) == 2
+    assert "cannot be combined" in capsys.readouterr().err
+
+
+def test_whatif_missing_snapshot_says_what_to_do(corpus, tmp_path, capsys):
+    assert whatif_main([str(corpus), "--snapshot", str(tmp_path / "snapshot.json")]) == 2
+    err = capsys.readouterr().err
+    assert "leave --snapshot out to plan on live state" in err and "resources/whatif-snapshot.json" in err
+
+
+def test_shipped_example_snapshot_plans(corpus, capsys):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[1] / "resources" / "whatif-snapshot.json"
+    assert whatif_main([str(corpus), "--snapshot", str(example), "--tag", "dagster-gpu/mig-ok=true", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    # a MIG slice on Kubernetes is cheaper than a whole A100 on Slurm for these small partitions
+    assert {r["placement"]["device"] for r in doc["plans"]["auto"]} == {"mig-1g.10gb"}
+    assert doc["totals_usd"]["auto"] < doc["totals_usd"]["slurm"]
+
+
+def test_whatif_reads_the_assets_history_from_the_instance(corpus, capsys, monkeypatch):
+    import dagster as dg
+
+    with dg.instance_for_test() as instance:  # sets DAGSTER_HOME
+        for tps in (100.0, 300.0, 200.0):
+            instance.report_runless_asset_event(dg.AssetMaterialization(
+                "emb", partition="p", metadata={"embedding/rows": 1000, "embedding/texts_per_second": tps,
+                                                "gpu/product_name": A100}))
+        assert whatif_main([str(corpus), "--asset", "emb", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["runtime_model"] == "history of 3 materialization(s): median 200 texts/s"
+
+
+def test_whatif_asks_the_live_slurm_cluster(corpus, tmp_path, capsys, monkeypatch):
+    import yaml
+
+    from tests.slurm_helpers import cluster_unavailable_reason, slurm_conf
+
+    reason = cluster_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("SLURM_CONF", slurm_conf())
+    cfg = tmp_path / "executor.yaml"
+    cfg.write_text(yaml.safe_dump({"execution": {"config": {"backend": "auto", "slurm": {"account": "research"}}}}))
+    saved = tmp_path / "live.json"
+    assert whatif_main([str(corpus), "--executor-config", str(cfg), "--save-snapshot", str(saved), "--json"]) == 0
+    snap = json.loads(saved.read_text())
+    assert snap["slurm"]["reachable"] is True, snap["slurm"]["reason"]
+    pools = snap["slurm"]["pools"]
+    assert [(p["device"], p["total"]) for p in pools] == [(A100, 4)]  # resources/slurm: 4 GPU GRES
+    doc = json.loads(capsys.readouterr().out)
+    assert {r["placement"]["backend"] for r in doc["plans"]["auto"]} == {"slurm"}

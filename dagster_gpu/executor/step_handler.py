@@ -30,6 +30,7 @@ from dagster_gpu.executor.command import worker_argv, worker_env
 from dagster_gpu.executor.placing import forced_placement
 from dagster_gpu.ranges import describe, run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
+from dagster_gpu.executor.run_tags import tag_launch
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.context import StepContext
@@ -149,6 +150,7 @@ class GpuStepHandler(StepHandler):
             raise RuntimeError(f"{backend.name} backend could not launch step {step_key!r} ({describe(keys)}): {e}") from e
         with self._lock:
             self._launched[(run.run_id, step_key, attempt)] = (backend.name, handle, None)
+        tag_launch(ctx.instance, run.run_id, backend.name, placement.device)  # Runs page: where it ran
         yield DagsterEvent.step_worker_starting(
             ctx.get_step_context(step_key),
             message=f"Launching step {step_key} ({describe(keys)}) on {backend.name}: {placement.reason}",

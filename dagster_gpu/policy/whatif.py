@@ -1,7 +1,16 @@
 """What-if: print the plan for a backfill without launching anything.
 
-    python -m dagster_gpu.policy.whatif CORPUS --snapshot snap.json [--rate-card ratecard.yaml]
+    dagster-gpu whatif CORPUS [--executor-config executor.yaml] [--asset KEY] [--save-snapshot snap.json]
+    dagster-gpu whatif CORPUS --snapshot snap.json [--rate-card ratecard.yaml]
         [--tag dagster-gpu/deadline-seconds=600 ...] [--history history.json] [--json] [--max-rows N]
+
+Live by default: the backends configured in ``--executor-config`` (gpu_executor's config, the
+``execution: config:`` mapping; none given = ``local`` only) are asked for their state exactly as
+``backend: auto`` asks them before a launch (:func:`dagster_gpu.executor.auto.gather_snapshot`; an
+unreachable backend is planned around, with the reason), and the throughput comes from ``--asset``'s
+earlier materializations in ``$DAGSTER_HOME``'s instance (:func:`dagster_gpu.policy.history.runtime_model`).
+``--save-snapshot FILE`` writes the live snapshot as JSON for later offline plans; ``--snapshot FILE``
+plans offline from such a file (example: ``resources/whatif-snapshot.json``).
 
 CORPUS is a directory or an fsspec URL (``s3://bucket/prefix``); each file under it is one partition
 (key = path relative to CORPUS without its suffix), its size in bytes the partition size. Each mode
@@ -91,13 +100,57 @@ def _total(rows: list[PlanRow]) -> tuple[float, int, float]:
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dagster-gpu whatif", description=__doc__.split("\n\n")[0])
     ap.add_argument("corpus", help="corpus directory or fsspec URL; one file per partition")
-    ap.add_argument("--snapshot", required=True, help="snapshot JSON (Snapshot.to_json)")
+    ap.add_argument("--snapshot", help="plan offline from this snapshot JSON (Snapshot.to_json) instead of live state")
+    ap.add_argument("--executor-config", help="gpu_executor config YAML for live state (default: local only)")
+    ap.add_argument("--save-snapshot", help="write the live snapshot JSON here (for --snapshot later)")
+    ap.add_argument("--asset", help="asset key ('/'-separated) whose materializations in $DAGSTER_HOME give the throughput")
     ap.add_argument("--rate-card", help="rate card YAML (default: the snapshot's, else the packaged one)")
     ap.add_argument("--tag", action="append", default=[], help="step tag KEY=VALUE (dagster-gpu/...)")
     ap.add_argument("--history", help="JSON list of HistoryPoint fields (rows, texts_per_second, bytes, ...)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
     ap.add_argument("--max-rows", type=int, default=50, help="partitions shown in the table (default 50)")
     return ap
+
+
+def _executor_config(path: str | None, rate_card: str | None) -> dict:
+    """gpu_executor's config from a YAML file (the mapping itself, or a run config holding
+    ``execution: config:``); ``{}`` (local only) when no file is given."""
+    import yaml
+
+    cfg: dict = {}
+    if path:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: expected a mapping (gpu_executor's config)")
+        cfg = dict(doc.get("execution", {}).get("config", doc) if "execution" in doc else doc)
+    if rate_card:
+        cfg["rate_card"] = rate_card
+    return cfg
+
+
+def live_snapshot(executor_config: dict) -> Snapshot:
+    """Ask each backend configured in ``executor_config`` for its state, as ``backend: auto`` does."""
+    import tempfile
+
+    from dagster_gpu.executor.auto import gather_snapshot
+    from dagster_gpu.executor.step_handler import GpuStepHandler
+
+    handler = GpuStepHandler(executor_config, Path(tempfile.gettempdir()) / "dagster-gpu-whatif")
+    return gather_snapshot(handler, handler.candidates)
+
+
+def instance_runtime_model(asset_key: str | None) -> RuntimeModel:
+    """The asset's runtime model from ``$DAGSTER_HOME``'s instance; the no-history fallback when there
+    is no asset or no ``DAGSTER_HOME``."""
+    import os
+
+    if not asset_key or not os.environ.get("DAGSTER_HOME"):
+        return RuntimeModel.from_history([])
+    import dagster as dg
+
+    from dagster_gpu.policy.history import runtime_model
+
+    return runtime_model(dg.DagsterInstance.get(), asset_key)
 
 
 def whatif_main(argv: Sequence[str] | None = None) -> int:
@@ -107,13 +160,29 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
         tags = dict(t.split("=", 1) for t in args.tag)
         request = GpuRequest.from_tags(tags)
         rc = RateCard.load(args.rate_card) if args.rate_card else None
-        snapshot = Snapshot.loads(Path(args.snapshot).read_text(), rate_card=rc)
-        hist = [HistoryPoint(**h) for h in json.loads(Path(args.history).read_text())] if args.history else []
+        if args.snapshot and args.save_snapshot:
+            raise ValueError("--save-snapshot saves live state; it cannot be combined with --snapshot")
+        if args.snapshot:
+            try:
+                snapshot = Snapshot.loads(Path(args.snapshot).read_text(), rate_card=rc)
+            except FileNotFoundError as e:
+                raise FileNotFoundError(
+                    f"snapshot {args.snapshot!r} not found: leave --snapshot out to plan on live state, save one with "
+                    f"--save-snapshot FILE, or start from resources/whatif-snapshot.json"
+                ) from e
+        else:
+            snapshot = live_snapshot(_executor_config(args.executor_config, args.rate_card))
+            if args.save_snapshot:
+                Path(args.save_snapshot).write_text(json.dumps(snapshot.to_json(), indent=1) + "\n")
+                print(f"whatif: live snapshot saved to {args.save_snapshot}", file=sys.stderr)
+        if args.history:
+            model = RuntimeModel.from_history([HistoryPoint(**h) for h in json.loads(Path(args.history).read_text())])
+        else:
+            model = instance_runtime_model(args.asset)
         partitions = list_partitions(args.corpus)
     except (ValueError, OSError, KeyError, TypeError) as e:
         print(f"whatif: {e}", file=sys.stderr)
         return 2
-    model = RuntimeModel.from_history(hist)
     plans = {m: plan(partitions, request, snapshot, model, m) for m in MODES}
     if args.json:
         print(json.dumps({

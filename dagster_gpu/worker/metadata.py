@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import dagster as dg
 
 from dagster_gpu.embedding.pipeline import EmbeddingResult
-from dagster_gpu.policy.placement import Placement
+from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.telemetry.stats import TelemetrySummary
 from dagster_gpu.worker.billing import Billing
 
@@ -28,18 +28,62 @@ def _num(key: str, v: float) -> float:
     return float(v)
 
 
+#: The figures people look at first, in this order; every other key follows in insertion order.
+FIRST_KEYS = (
+    "embedding/rows",
+    "embedding/texts_per_second",
+    "gpu/utilization_mean_percent",
+    "billing/gpu_seconds",
+    "billing/cost_usd",
+    "embedding/useful_fraction",
+    "dagster_gpu/backend",
+    "dagster_gpu/placement",
+)
+
+_COLUMNS = (  # (header, attribute, decimals); a column whose every value is unknown is left out
+    ("start delay (s)", "start_delay_s", 1),
+    ("runtime (s)", "runtime_s", 1),
+    ("cost (USD)", "cost_usd", 6),
+)
+
+
+def _says_something(a: Alternative) -> bool:
+    return bool(a.note) or not a.feasible or any(getattr(a, attr) is not None for _, attr, _ in _COLUMNS)
+
+
 def placement_markdown(p: Placement) -> str:
-    """A table of the chosen placement and its alternatives (delays/runtimes in s, cost in USD)."""
-    rows = ["| backend | device | feasible | start delay (s) | runtime (s) | cost (USD) | note |", "|---|---|---|---|---|---|---|"]
-    fmt = lambda x, d: "–" if x is None else f"{x:.{d}f}"  # noqa: E731
-    for a in p.alternatives:
+    """The chosen placement and a compact table of the alternatives that say something.
+
+    Units: delays and runtimes in seconds, cost in USD. Left out: alternatives with no estimate, no
+    note and feasible (they say nothing), columns unknown for every alternative left, and the table
+    itself when the only alternative left is the chosen one (a forced ``local`` step, say).
+    """
+    head = f"**{p.backend}**{' on ' + p.device if p.device else ''}: {p.reason}"
+    alts = [a for a in p.alternatives if _says_something(a)]
+    if not alts:
+        return f"{head}\n\n_no alternatives considered_" if not p.alternatives else head
+    if len(alts) == 1 and alts[0].backend == p.backend and alts[0].device == p.device and alts[0].feasible:
+        only = alts[0]
+        extra = [f"{h} {getattr(only, attr):.{d}f}" for h, attr, d in _COLUMNS if getattr(only, attr) is not None]
+        return head + (f" ({', '.join(extra)})" if extra else "") + (f"; {only.note}" if only.note else "")
+    cols = [(h, attr, d) for h, attr, d in _COLUMNS if any(getattr(a, attr) is not None for a in alts)]
+    show_note = any(a.note for a in alts)
+    header = ["backend", "device", "feasible", *(h for h, _, _ in cols), *(["note"] if show_note else [])]
+    rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for a in alts:
         chosen = " **(chosen)**" if a.backend == p.backend and a.device == p.device else ""
-        rows.append(
-            f"| {a.backend}{chosen} | {a.device or '–'} | {'yes' if a.feasible else 'no'} | {fmt(a.start_delay_s, 1)} "
-            f"| {fmt(a.runtime_s, 1)} | {fmt(a.cost_usd, 6)} | {a.note} |"
-        )
-    body = "\n".join(rows) if p.alternatives else "_no alternatives considered_"
-    return f"**{p.backend}**{' on ' + p.device if p.device else ''}: {p.reason}\n\n{body}"
+        cells = [f"{a.backend}{chosen}", a.device or "–", "yes" if a.feasible else "no"]
+        cells += ["–" if getattr(a, attr) is None else f"{getattr(a, attr):.{d}f}" for _, attr, d in cols]
+        if show_note:
+            cells.append(a.note)
+        rows.append("| " + " | ".join(cells) + " |")
+    return f"{head}\n\n" + "\n".join(rows)
+
+
+def ordered(md: Mapping[str, Any]) -> dict[str, Any]:
+    """``md`` with :data:`FIRST_KEYS` first (those present, in that order), then the rest as they came."""
+    first = {k: md[k] for k in FIRST_KEYS if k in md}
+    return {**first, **{k: v for k, v in md.items() if k not in first}}
 
 
 def build_metadata(
@@ -55,12 +99,16 @@ def build_metadata(
 ) -> dict[str, Any]:
     """The metadata dict for ``context.add_output_metadata`` / ``MaterializeResult``.
 
+    Key order is what the UI shows: :data:`FIRST_KEYS` first (rows, texts/s, utilization,
+    GPU-seconds, cost, useful fraction, backend, placement), then what was produced, allocated and billed.
+    The placement appears once, as a Markdown table; its JSON is on the step's launch event
+    (``STEP_WORKER_STARTING`` metadata ``dagster_gpu/placement``, see :func:`placement_from_metadata`).
+
     Raises NonFiniteMetadata if any numeric input is NaN/inf (a bug upstream, never silently dropped).
     """
     md: dict[str, Any] = {
         "dagster_gpu/backend": backend,
         "dagster_gpu/placement": dg.MetadataValue.md(placement_markdown(placement)),
-        "dagster_gpu/placement_json": dg.MetadataValue.json(placement.to_json()),
         "embedding/rows": int(result.rows),
         "embedding/records_read": int(result.records),
         "embedding/skipped_empty_rows": int(result.skipped_empty_rows),
@@ -100,13 +148,22 @@ def build_metadata(
         md["gpu/unavailable_reason"] = reason
     for k, v in (backend_metadata or {}).items():
         md[k] = v
-    return md
+    return ordered(md)
 
 
 def placement_from_metadata(md: Mapping[str, Any]) -> Placement | None:
-    """Read back a Placement from a materialization's metadata (``dagster_gpu/placement_json``)."""
-    v = md.get("dagster_gpu/placement_json")
+    """Read back a Placement from a launch event's metadata (``dagster_gpu/placement``, JSON).
+
+    Accepts a ``JsonMetadataValue``, a dict or a JSON string; None when the key is absent or holds the
+    Markdown rendering (a materialization's), which cannot be read back.
+    """
+    v = md.get("dagster_gpu/placement")
     if v is None:
         return None
     data = getattr(v, "data", v)
-    return Placement.from_json(data if isinstance(data, dict) else json.loads(data))
+    if isinstance(data, str):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            return None
+    return Placement.from_json(data) if isinstance(data, dict) else None

@@ -3,7 +3,8 @@
 The unit loads the model once and embeds its partitions back to back. Each partition that succeeds is
 materialized on its own, as soon as it ends (``AssetMaterialization(partition=key)`` with its own rows,
 seconds, throughput, utilization, GPU-seconds, cost and placement), so a unit killed mid-range leaves its
-finished partitions materialized. A partition whose file is missing or unreadable fails alone: the unit
+finished partitions materialized. Each materialization is followed by the asset's five blocking output checks
+for that partition (:mod:`dagster_gpu.checks`). A partition whose file is missing or unreadable fails alone: the unit
 goes on with the next one and raises ``dagster.Failure`` at the end naming every failed partition and why
 (Dagster then shows those partitions failed: a failed ranged run's partitions minus those it materialized).
 
@@ -24,10 +25,12 @@ import dagster as dg
 import psutil
 
 from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
+from dagster_gpu.checks import check_evaluations, check_outputs, verify_output
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource
 from dagster_gpu.corpus.readers import CorpusReadError
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
 from dagster_gpu.embedding.pipeline import EmbeddingResult, embed_partition
+from dagster_gpu.executor.run_tags import add_cost
 from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
 from dagster_gpu.worker.billing import measure
@@ -81,8 +84,9 @@ def _torch_gpu(model_device: str) -> tuple[str | None, int]:
     return torch.cuda.get_device_name(0), torch.cuda.device_count()
 
 
-def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.AssetMaterialization]:
-    """Embed every partition of the step's range; yield one materialization per good partition.
+def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output]:
+    """Embed every partition of the step's range; yield one materialization (and its check evaluations) per
+    good partition, then the checks' op outputs.
 
     Raises ``dagster.Failure`` after the last partition when any failed (no retry when every failure is
     bad input — a missing or unreadable file, a missing model — that a retry cannot fix).
@@ -118,6 +122,8 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
             },
             allow_retries=outcome.retryable,
         )
+    # the asset's checks are required outputs of its op: one per check, after every partition's evaluations
+    yield from check_outputs(context.asset_key)
 
 
 def _short(keys: Sequence[str], n: int = 5) -> str:
@@ -190,6 +196,10 @@ def _embed_all(
                        partition_wall_seconds(startup_s, shares[key], interval), position=(i, n))
         outcome.materialized.append(key)
         yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md)
+        add_cost(context.instance, context.run_id, md["billing/cost_usd"])  # the Runs page shows what the run cost
+        yield from check_evaluations(context.asset_key, key, verify_output(
+            out_uri, expected_dim=loaded.dim, records_read=result.records, skipped_empty_rows=result.skipped_empty_rows,
+            storage_options=spec.corpus.storage_options))
 
 
 def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wall_s: float, position) -> dict:

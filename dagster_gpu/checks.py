@@ -1,0 +1,292 @@
+"""Asset checks on an embedding partition's parquet output, evaluated with each materialization.
+
+Five checks, all ``blocking`` at ERROR severity (a downstream asset must not read a partition that
+fails any of them):
+
+================================  ==================================================================
+``output_readable``               the output file exists and its parquet footer and schema read
+``rows_match_records``            rows in the file = records read − records skipped as empty
+``vector_dim``                    the ``vector`` column's fixed size = the model's dimension
+``vectors_finite``                no NaN or ±inf component in any vector
+``hash_per_record_id``            each ``record_id`` appears once, with a 64-hex-digit ``text_sha256``
+================================  ==================================================================
+
+Dagster 1.13.27 facts this module relies on (read in ``dagster/_core``, checked with a real instance):
+
+- ``AssetCheckResult`` has **no** ``partition`` argument. In a step with one partition key the
+  evaluation's partition is that key, but only when the ``AssetCheckSpec`` has ``partitions_def``
+  (``AssetCheckResult.to_asset_check_evaluation``); without it the evaluation is unpartitioned.
+  ``AssetCheckSpec(partitions_def=...)`` is a *preview* feature (it warns; silenced here).
+- In a ranged run (no single partition key) an ``AssetCheckResult`` is stored with partition None, so
+  per-partition results must be ``AssetCheckEvaluation(partition=k, ...)`` yielded by the body; the
+  planned rows (one per partition of the run) are then updated per partition. Each check of an
+  ``@asset`` is also a *required* op output, so a ranged body yields one ``Output(None)`` per check
+  once (:func:`check_outputs`).
+- A failed blocking ERROR evaluation fails the step (``DagsterAssetCheckFailedError``) after the body
+  ends; the materialization is already recorded by then.
+
+:func:`verify_output` does the reading (pyarrow over fsspec, one record batch at a time); the rest is pure.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+import dagster as dg
+import numpy as np
+
+from dagster_gpu.embedding.writer import HASH_COLUMN, ID_COLUMN, VECTOR_COLUMN
+
+OUTPUT_READABLE = "output_readable"
+ROWS_MATCH_RECORDS = "rows_match_records"
+VECTOR_DIM = "vector_dim"
+VECTORS_FINITE = "vectors_finite"
+HASH_PER_RECORD_ID = "hash_per_record_id"
+
+#: Check name -> description shown in the UI's Checks tab.
+CHECKS: dict[str, str] = {
+    OUTPUT_READABLE: "The partition's parquet output exists and its footer and schema read.",
+    ROWS_MATCH_RECORDS: "Rows in the output = records read − empty records skipped.",
+    VECTOR_DIM: "The vector column's dimension equals the model's embedding dimension.",
+    VECTORS_FINITE: "No vector has a NaN or infinite component.",
+    HASH_PER_RECORD_ID: "Each record_id appears once, with a 64-hex-digit text_sha256.",
+}
+
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    """One check's verdict on one partition: ``name`` (a key of :data:`CHECKS`), ``passed``, a sentence, figures."""
+
+    name: str
+    passed: bool
+    description: str
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class OutputFacts:
+    """What reading the output found (None = could not be read; ``error`` says why).
+
+    Attributes:
+        rows: rows in the file. dim: the vector column's fixed size (None if not a fixed-size list).
+        nonfinite_vectors: vectors with at least one NaN/inf component.
+        duplicate_ids: record ids seen more than once (count of extra rows). bad_hashes: hashes not 64 hex digits.
+        first_duplicate_id, first_nonfinite_id: an example record id for the description, None if none.
+    """
+
+    rows: int | None = None
+    dim: int | None = None
+    nonfinite_vectors: int = 0
+    first_nonfinite_id: int | None = None
+    duplicate_ids: int = 0
+    first_duplicate_id: int | None = None
+    bad_hashes: int = 0
+    error: str | None = None
+
+
+def check_specs(asset_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition | None) -> list[dg.AssetCheckSpec]:
+    """The five blocking ``AssetCheckSpec`` of ``asset_key`` (for ``@asset(check_specs=...)``), partitioned like it."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.PreviewWarning)  # partitions_def on AssetCheckSpec is preview in 1.13
+        return [
+            dg.AssetCheckSpec(name, asset=asset_key, description=desc, blocking=True, partitions_def=partitions_def)
+            for name, desc in CHECKS.items()
+        ]
+
+
+def read_facts(output_uri: str, storage_options: Mapping[str, Any] | None = None, batch_rows: int = 65536) -> OutputFacts:
+    """Read ``output_uri`` (local path or fsspec URL) batch by batch; never raises for a bad file.
+
+    Memory: one record batch of ``batch_rows`` rows plus 8 bytes per record id.
+    """
+    import fsspec
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        fs, path = fsspec.core.url_to_fs(output_uri, **dict(storage_options or {}))
+        with fs.open(path, "rb") as f:
+            pf = pq.ParquetFile(f)
+            schema = pf.schema_arrow
+            missing = [c for c in (ID_COLUMN, HASH_COLUMN, VECTOR_COLUMN) if c not in schema.names]
+            if missing:
+                return OutputFacts(rows=pf.metadata.num_rows, error=f"{output_uri}: columns {missing} missing")
+            vtype = schema.field(VECTOR_COLUMN).type
+            dim = vtype.list_size if isinstance(vtype, pa.FixedSizeListType) else None
+            ids: list[np.ndarray] = []
+            nonfinite = bad_hashes = 0
+            first_nonfinite = None
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=[ID_COLUMN, HASH_COLUMN, VECTOR_COLUMN]):
+                bid = batch.column(ID_COLUMN).to_numpy(zero_copy_only=False)
+                ids.append(bid)
+                hashes = batch.column(HASH_COLUMN)
+                ok = pc.match_substring_regex(hashes, _HEX64.pattern)
+                bad_hashes += len(hashes) - pc.sum(pc.fill_null(ok, False)).as_py() if len(hashes) else 0
+                vec = batch.column(VECTOR_COLUMN)
+                if dim and len(vec):
+                    flat = vec.flatten().to_numpy(zero_copy_only=False).reshape(len(vec), dim)
+                    bad = ~np.isfinite(flat).all(axis=1)
+                    n = int(bad.sum())
+                    if n and first_nonfinite is None:
+                        first_nonfinite = int(bid[np.argmax(bad)])
+                    nonfinite += n
+            all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+            uniq, counts = np.unique(all_ids, return_counts=True)
+            dup = counts > 1
+            return OutputFacts(
+                rows=pf.metadata.num_rows,
+                dim=dim,
+                nonfinite_vectors=nonfinite,
+                first_nonfinite_id=first_nonfinite,
+                duplicate_ids=int((counts[dup] - 1).sum()),
+                first_duplicate_id=int(uniq[dup][0]) if dup.any() else None,
+                bad_hashes=int(bad_hashes),
+            )
+    except FileNotFoundError as e:
+        return OutputFacts(error=f"{output_uri}: not found ({e})")
+    except (OSError, ValueError, pa.ArrowException) as e:
+        return OutputFacts(error=f"{output_uri}: unreadable ({type(e).__name__}: {e})")
+
+
+def evaluate(facts: OutputFacts, *, expected_dim: int, records_read: int, skipped_empty_rows: int) -> list[CheckOutcome]:
+    """The five outcomes, in :data:`CHECKS` order, from what was read and the step's own figures. Pure.
+
+    When the file could not be read every other check fails too, saying so.
+    """
+    if facts.error is not None:
+        unread = f"not checked: the output could not be read ({facts.error})"
+        return [CheckOutcome(OUTPUT_READABLE, False, facts.error)] + [
+            CheckOutcome(n, False, unread) for n in CHECKS if n != OUTPUT_READABLE
+        ]
+    expected_rows = records_read - skipped_empty_rows
+    rows = int(facts.rows or 0)
+    return [
+        CheckOutcome(OUTPUT_READABLE, True, f"{rows} rows readable", {"rows": rows}),
+        CheckOutcome(
+            ROWS_MATCH_RECORDS, rows == expected_rows,
+            f"{rows} rows; {records_read} records read − {skipped_empty_rows} skipped = {expected_rows}",
+            {"rows": rows, "records_read": records_read, "skipped_empty_rows": skipped_empty_rows,
+             "expected_rows": expected_rows},
+        ),
+        CheckOutcome(
+            VECTOR_DIM, facts.dim == expected_dim,
+            f"vector dimension {facts.dim if facts.dim is not None else 'not a fixed-size list'}; the model's is {expected_dim}",
+            {"expected_dim": expected_dim, **({"dim": facts.dim} if facts.dim is not None else {})},
+        ),
+        CheckOutcome(
+            VECTORS_FINITE, facts.nonfinite_vectors == 0,
+            "every vector is finite" if facts.nonfinite_vectors == 0 else
+            f"{facts.nonfinite_vectors} vector(s) with NaN/inf, first at record_id {facts.first_nonfinite_id}",
+            {"nonfinite_vectors": facts.nonfinite_vectors},
+        ),
+        CheckOutcome(
+            HASH_PER_RECORD_ID, facts.duplicate_ids == 0 and facts.bad_hashes == 0,
+            "one hash per record_id" if facts.duplicate_ids == 0 and facts.bad_hashes == 0 else
+            f"{facts.duplicate_ids} duplicate record_id row(s)"
+            + (f" (first: {facts.first_duplicate_id})" if facts.first_duplicate_id is not None else "")
+            + f", {facts.bad_hashes} malformed text_sha256",
+            {"duplicate_ids": facts.duplicate_ids, "bad_hashes": facts.bad_hashes},
+        ),
+    ]
+
+
+def verify_output(
+    output_uri: str,
+    *,
+    expected_dim: int,
+    records_read: int,
+    skipped_empty_rows: int,
+    storage_options: Mapping[str, Any] | None = None,
+) -> list[CheckOutcome]:
+    """Read ``output_uri`` and evaluate the five checks (see :func:`evaluate`)."""
+    return evaluate(
+        read_facts(output_uri, storage_options),
+        expected_dim=expected_dim, records_read=records_read, skipped_empty_rows=skipped_empty_rows,
+    )
+
+
+def check_evaluations(
+    asset_key: dg.AssetKey, partition_key: str, outcomes: Sequence[CheckOutcome]
+) -> list[dg.AssetCheckEvaluation]:
+    """Per-partition evaluations for a ranged step (one body, many partition keys): yield them after the
+    partition's ``AssetMaterialization``, and :func:`check_outputs` once at the end of the body."""
+    return [
+        dg.AssetCheckEvaluation(
+            asset_key=asset_key, check_name=o.name, passed=o.passed, description=o.description,
+            metadata=dict(o.metadata), partition=partition_key, blocking=True,
+            severity=dg.AssetCheckSeverity.ERROR,
+        )
+        for o in outcomes
+    ]
+
+
+def check_outputs(asset_key: dg.AssetKey) -> list[dg.Output]:
+    """One ``Output(None)`` per check: an ``@asset``'s checks are required op outputs (named by
+    ``AssetCheckSpec.get_python_identifier``); a ranged body that yields evaluations must yield these once."""
+    return [dg.Output(None, output_name=s.get_python_identifier()) for s in check_specs(asset_key, None)]
+
+
+RECHECK = "output_recheck"
+
+
+def recheck_outcomes(md: Mapping[str, Any], storage_options: Mapping[str, Any] | None = None) -> list[CheckOutcome]:
+    """Verify again the output a materialization's metadata names (``embedding/output_uri``), against its
+    own ``embedding/dim``, ``embedding/records_read`` and ``embedding/skipped_empty_rows``.
+
+    Raises KeyError naming the missing key when the metadata is not an embedding materialization's.
+    """
+    def val(key: str) -> Any:
+        if key not in md:
+            raise KeyError(f"materialization metadata has no {key!r}")
+        v = md[key]
+        return getattr(v, "value", v)
+
+    return verify_output(
+        str(val("embedding/output_uri")), expected_dim=int(val("embedding/dim")),
+        records_read=int(val("embedding/records_read")), skipped_empty_rows=int(val("embedding/skipped_empty_rows")),
+        storage_options=storage_options,
+    )
+
+
+def recheck_asset_check(
+    asset: dg.AssetsDefinition, storage_options: Mapping[str, Any] | None = None
+) -> dg.AssetChecksDefinition:
+    """An on-demand check ``output_recheck`` of ``asset`` (non-blocking, partitioned like it): verifies the
+    latest materialization's output file of the partition again, without embedding anything — for
+    outputs changed or damaged after they were written; its result names every check that failed.
+
+    Register it on purpose, apart from the embedding job: a job selecting the asset (``asset_job``,
+    ``define_asset_job(selection=[asset])``) also selects every check of the asset, so the recheck would
+    run as a second step (a second worker) after each partition."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.PreviewWarning)
+
+        @dg.asset_check(
+            asset=asset, name=RECHECK, partitions_def=asset.partitions_def, blocking=False,
+            description="Verify the latest output file of the partition again: " + " ".join(CHECKS.values()),
+        )
+        def _recheck(context) -> dg.AssetCheckResult:
+            pk = context.partition_key
+            recs = context.instance.fetch_materializations(
+                dg.AssetRecordsFilter(asset_key=asset.key, asset_partitions=[pk]), limit=1
+            ).records
+            if not recs:
+                return dg.AssetCheckResult(passed=False, description=f"partition {pk!r} has no materialization to check")
+            try:
+                outcomes = recheck_outcomes(recs[0].asset_materialization.metadata, storage_options)
+            except KeyError as e:
+                return dg.AssetCheckResult(passed=False, description=f"partition {pk!r}: {e.args[0]}")
+            failed = [o for o in outcomes if not o.passed]
+            return dg.AssetCheckResult(
+                passed=not failed,
+                description="; ".join(f"{o.name}: {o.description}" for o in failed) or "all five checks pass",
+                metadata={o.name: ("pass" if o.passed else "FAIL: ") + ("" if o.passed else o.description) for o in outcomes},
+            )
+
+    return _recheck

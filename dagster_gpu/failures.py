@@ -1,0 +1,65 @@
+"""What a person needs to follow up a failed partition: its run, the first line of the error, where the full log is.
+
+I/O adapter over the instance's event log (``STEP_FAILURE`` and ``STEP_WORKER_STARTING`` records); the
+formatting is pure (:func:`first_line`, :func:`log_location`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import dagster as dg
+
+
+@dataclass(frozen=True)
+class FailureDetail:
+    """One failed partition.
+
+    Attributes:
+        partition_key: the Dagster partition key. run_id: its latest run (None: never run).
+        error: the first line of the step's error (or the run's status when no step failed).
+        log: where the full log is: the worker's log file (local backend, Slurm array task), the pod's
+            ``kubectl logs`` command, or the run's page in the Dagster UI.
+    """
+
+    partition_key: str
+    run_id: str | None
+    error: str
+    log: str
+
+
+def first_line(text: str | None, limit: int = 160) -> str:
+    """The first non-blank line of ``text`` (at most ``limit`` characters, ``…`` when cut); '' for None."""
+    for line in (text or "").splitlines():
+        if line.strip():
+            line = line.strip()
+            return line if len(line) <= limit else line[: limit - 1] + "…"
+    return ""
+
+
+def log_location(launch_md: Mapping[str, Any], run_id: str | None) -> str:
+    """Where the full log of a step is, from its launch event's metadata (values or MetadataValues)."""
+    v = {k: getattr(x, "value", x) for k, x in launch_md.items()}
+    if v.get("local/log_file"):
+        return str(v["local/log_file"])
+    if v.get("slurm/log_file"):
+        return str(v["slurm/log_file"])
+    if v.get("k8s/pod"):
+        return f"kubectl logs -n {v.get('k8s/namespace', 'default')} {v['k8s/pod']}"
+    return f"run {run_id} in the Dagster UI (Runs → {run_id})" if run_id else "no run recorded"
+
+
+def _launch_metadata(instance: dg.DagsterInstance, run_id: str) -> Mapping[str, Any]:
+    recs = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING, ascending=False, limit=1).records
+    for r in recs:
+        ev = r.event_log_entry.dagster_event
+        if ev is not None and ev.engine_event_data:
+            return ev.engine_event_data.metadata
+    return {}
+
+
+def failure_detail(instance: dg.DagsterInstance, partition_key: str, run_id: str | None, error: str | None) -> FailureDetail:
+    """The detail of one failed partition; ``error`` is the message already known (its first line is kept)."""
+    log = log_location(_launch_metadata(instance, run_id) if run_id else {}, run_id)
+    return FailureDetail(partition_key, run_id, first_line(error) or "failed", log)

@@ -1,0 +1,270 @@
+"""``dagster-gpu report``: a self-contained HTML page (inline SVG charts, no server, no network) of a
+backfill or of an asset's last N materializations.
+
+Per partition: cost (USD) by backend, GPU-seconds, useful fraction, GPU utilization, texts/s against
+rows, the placement chosen and the policy's estimated cost against the measured one; totals per
+backend. Sources: each materialization's metadata (keys in README "Metadata on each materialization")
+and each run's launch event (``STEP_WORKER_STARTING`` metadata ``dagster_gpu/placement``, whose
+chosen alternative carries the estimate ``cost_usd``).
+
+Useful fraction = embedding seconds ÷ billed seconds (DESIGN.md): ``embedding/useful_fraction`` when the
+materialization has it, else ``embedding/seconds`` ÷ ``billing/wall_seconds`` (the billed wall time),
+else ÷ (``billing/gpu_seconds`` ÷ ``billing/devices``); None when neither is known.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import io
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import dagster as dg
+
+from dagster_gpu.worker.metadata import placement_from_metadata
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """One materialization (one partition of one run). Units: USD, seconds, percent, texts per second."""
+
+    partition: str
+    run_id: str
+    backend: str
+    rows: int | None
+    texts_per_second: float | None
+    cost_usd: float | None
+    gpu_seconds: float | None
+    useful_fraction: float | None
+    utilization_percent: float | None
+    gpu_unavailable_reason: str | None
+    device: str | None
+    estimated_cost_usd: float | None
+    placement_reason: str
+
+
+def _v(md: Mapping[str, Any], key: str) -> Any:
+    x = md.get(key)
+    return getattr(x, "value", x)
+
+
+def useful_fraction(md: Mapping[str, Any]) -> float | None:
+    """See the module docstring; clipped to [0, 1]."""
+    given = _v(md, "embedding/useful_fraction")
+    if isinstance(given, (int, float)):
+        return max(0.0, min(1.0, float(given)))
+    emb = _v(md, "embedding/seconds")
+    billed = _v(md, "billing/wall_seconds")
+    if not isinstance(billed, (int, float)):
+        gs, dev = _v(md, "billing/gpu_seconds"), _v(md, "billing/devices")
+        billed = gs / dev if isinstance(gs, (int, float)) and isinstance(dev, (int, float)) and dev > 0 else gs
+    if not isinstance(emb, (int, float)) or not isinstance(billed, (int, float)) or billed <= 0:
+        return None
+    return max(0.0, min(1.0, float(emb) / float(billed)))
+
+
+def row_from(partition: str, run_id: str, md: Mapping[str, Any], launch_md: Mapping[str, Any] | None,
+             partitions_in_run: int = 1) -> ReportRow:
+    """One row from a materialization's metadata and its run's launch metadata (pure). A ranged run's
+    estimate (one step for ``partitions_in_run`` partitions) is shared equally among them."""
+    placement = placement_from_metadata(launch_md or {})
+    chosen = placement.chosen if placement else None
+    est = chosen.cost_usd / max(1, partitions_in_run) if chosen and chosen.cost_usd is not None else None
+
+    def num(key: str) -> float | None:
+        x = _v(md, key)
+        return float(x) if isinstance(x, (int, float)) else None
+
+    rows = _v(md, "embedding/rows")
+    return ReportRow(
+        partition=partition, run_id=run_id, backend=str(_v(md, "dagster_gpu/backend") or "?"),
+        rows=int(rows) if isinstance(rows, (int, float)) else None,
+        texts_per_second=num("embedding/texts_per_second"), cost_usd=num("billing/cost_usd"),
+        gpu_seconds=num("billing/gpu_seconds"), useful_fraction=useful_fraction(md),
+        utilization_percent=num("gpu/utilization_mean_percent"),
+        gpu_unavailable_reason=_v(md, "gpu/unavailable_reason"),
+        device=str(_v(md, "billing/device_type") or (placement.device if placement else "") or ""),
+        estimated_cost_usd=est, placement_reason=placement.reason if placement else "",
+    )
+
+
+# -- reading the instance ---------------------------------------------------------------------------
+def _launch_md(instance: dg.DagsterInstance, run_id: str) -> Mapping[str, Any]:
+    recs = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING, limit=1).records
+    ev = recs[0].event_log_entry.dagster_event if recs else None
+    return ev.engine_event_data.metadata if ev and ev.engine_event_data else {}
+
+
+def _rows_for_run(instance: dg.DagsterInstance, run_id: str, asset_key: dg.AssetKey) -> list[ReportRow]:
+    mats = []
+    for rec in instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records:
+        m = rec.event_log_entry.asset_materialization
+        if m is not None and m.asset_key == asset_key:
+            mats.append(m)
+    launch = _launch_md(instance, run_id)
+    return [row_from(m.partition or "-", run_id, m.metadata, launch, len(mats)) for m in mats]
+
+
+def collect(instance: dg.DagsterInstance, asset_key: dg.AssetKey, *, backfill_id: str | None = None,
+            last: int | None = None) -> tuple[list[ReportRow], list[tuple[str, str]]]:
+    """(rows, failed (partition or range, run id)) of a backfill's runs, or of the runs of the asset's
+    last ``last`` materializations. Raises ValueError when neither is given or the backfill is unknown."""
+    from dagster._core.storage.dagster_run import RunsFilter
+
+    if backfill_id:
+        if instance.get_backfill(backfill_id) is None:
+            raise ValueError(f"no backfill {backfill_id!r} in this instance")
+        runs = [r.dagster_run for r in instance.get_run_records(RunsFilter.for_backfill(backfill_id), order_by="id", ascending=True)]
+    elif last:
+        recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset_key), limit=last, ascending=False).records
+        ids = list(dict.fromkeys(r.run_id for r in reversed(recs)))
+        runs = [r for r in (instance.get_run_by_id(i) for i in ids) if r is not None]
+    else:
+        raise ValueError("give a backfill id or a number of runs")
+    rows: list[ReportRow] = []
+    failed: list[tuple[str, str]] = []
+    for run in runs:
+        got = _rows_for_run(instance, run.run_id, asset_key)
+        rows += got
+        if run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
+            t = run.tags
+            where = t.get("dagster/partition") or f"{t.get('dagster/asset_partition_range_start')}…{t.get('dagster/asset_partition_range_end')}"
+            failed.append((where, run.run_id))
+    if last:
+        rows = rows[-last:]
+    return rows, failed
+
+
+# -- rendering ----------------------------------------------------------------------------------------
+_COLORS = {"local": "#7f7f7f", "slurm": "#1f77b4", "kubernetes": "#2ca02c"}
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    text = buf.getvalue()
+    text = text[text.index("<svg"):]
+    a, b = text.find("<metadata>"), text.find("</metadata>")
+    return text[:a] + text[b + len("</metadata>"):] if a >= 0 and b > a else text
+
+
+def _bars(rows: Sequence[ReportRow], attr: str, title: str, ylabel: str, missing: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(rows) + 2), 3))
+    xs = list(range(len(rows)))
+    vals = [getattr(r, attr) for r in rows]
+    ax.bar(xs, [v or 0 for v in vals], color=[_COLORS.get(r.backend, "#9467bd") for r in rows])
+    for x, v in zip(xs, vals):
+        if v is None:
+            ax.annotate(missing, (x, 0), rotation=90, ha="center", va="bottom", fontsize=7, color="#b00")
+    ax.set_xticks(xs, [r.partition for r in rows], rotation=60, ha="right", fontsize=7)
+    ax.set_title(title)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0, top=100 if ylabel == "percent" else None)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for b, c in _COLORS.items() if any(r.backend == b for r in rows)]
+    ax.legend(handles, [b for b in _COLORS if any(r.backend == b for r in rows)], fontsize=7)
+    return _svg(fig)
+
+
+def _scatter(xs, ys, labels, title, xlabel, ylabel, diagonal=False) -> str:
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.scatter(xs, ys, c=[_COLORS.get(b, "#9467bd") for b in labels])
+    if diagonal and xs:
+        hi = max(max(xs), max(ys)) * 1.05
+        ax.plot([0, hi], [0, hi], "--", color="#999", linewidth=1, label="estimate = measured")
+        ax.legend(fontsize=7)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return _svg(fig)
+
+
+def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str]], title: str) -> str:
+    """The whole page: totals, per-backend table, charts (inline SVG), placements, failed runs."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    e = html.escape
+    per_backend: dict[str, list[ReportRow]] = {}
+    for r in rows:
+        per_backend.setdefault(r.backend, []).append(r)
+    total = sum(r.cost_usd or 0 for r in rows)
+    parts = [f"<h1>{e(title)}</h1>",
+             f"<p>{len(rows)} partition(s) materialized, {len(failed)} failed run(s); measured cost "
+             f"<b>{total:.6f} USD</b>, {sum(r.gpu_seconds or 0 for r in rows):.1f} GPU-seconds.</p>"]
+    parts.append("<h2>Per backend</h2><table><tr><th>backend</th><th>partitions</th><th>rows</th><th>GPU-seconds</th>"
+                 "<th>cost (USD)</th><th>estimated (USD)</th><th>mean useful fraction</th></tr>")
+    for b, rs in sorted(per_backend.items()):
+        uf = [r.useful_fraction for r in rs if r.useful_fraction is not None]
+        est = [r.estimated_cost_usd for r in rs if r.estimated_cost_usd is not None]
+        parts.append(f"<tr><td>{e(b)}</td><td>{len(rs)}</td><td>{sum(r.rows or 0 for r in rs)}</td>"
+                     f"<td>{sum(r.gpu_seconds or 0 for r in rs):.1f}</td><td>{sum(r.cost_usd or 0 for r in rs):.6f}</td>"
+                     f"<td>{f'{sum(est):.6f}' if est else '–'}</td><td>{f'{sum(uf) / len(uf):.2f}' if uf else '–'}</td></tr>")
+    parts.append("</table>")
+    if rows:
+        parts.append('<h2>Charts</h2><div class="charts">')
+        parts.append(_bars(rows, "cost_usd", "Cost per partition", "USD", "n/a"))
+        parts.append(_bars(rows, "gpu_seconds", "GPU-seconds per partition", "GPU-seconds", "n/a"))
+        parts.append(_bars(rows, "useful_fraction", "Useful fraction (embedding ÷ billed seconds)", "fraction", "n/a"))
+        parts.append(_bars(rows, "utilization_percent", "Mean GPU utilization", "percent", "unavailable"))
+        tp = [r for r in rows if r.rows is not None and r.texts_per_second is not None]
+        parts.append(_scatter([r.rows for r in tp], [r.texts_per_second for r in tp], [r.backend for r in tp],
+                              "Throughput against partition size", "rows", "texts/s"))
+        ev = [r for r in rows if r.estimated_cost_usd is not None and r.cost_usd is not None]
+        if ev:
+            parts.append(_scatter([r.estimated_cost_usd for r in ev], [r.cost_usd for r in ev], [r.backend for r in ev],
+                                  "Policy estimate against measured cost", "estimated USD", "measured USD", diagonal=True))
+        parts.append("</div>")
+        if not ev:
+            parts.append("<p>No policy estimates: every placement was forced (a fixed backend or a "
+                         "<code>dagster-gpu/backend</code> tag); with <code>backend: auto</code> each launch records "
+                         "the estimated cost of every alternative.</p>")
+    parts.append("<h2>Partitions</h2><table><tr><th>partition</th><th>run</th><th>backend</th><th>device</th><th>rows</th>"
+                 "<th>texts/s</th><th>utilization %</th><th>GPU-s</th><th>useful</th><th>cost USD</th><th>estimate USD</th>"
+                 "<th>placement reason</th></tr>")
+    f = lambda x, d: "–" if x is None else f"{x:.{d}f}"  # noqa: E731
+    for r in rows:
+        util = f(r.utilization_percent, 1) if r.utilization_percent is not None else f'<span title="{e(r.gpu_unavailable_reason or "")}">n/a</span>'
+        parts.append(f"<tr><td>{e(r.partition)}</td><td><code>{e(r.run_id[:8])}</code></td><td>{e(r.backend)}</td>"
+                     f"<td>{e(r.device or '')}</td><td>{r.rows if r.rows is not None else '–'}</td><td>{f(r.texts_per_second, 1)}</td>"
+                     f"<td>{util}</td><td>{f(r.gpu_seconds, 2)}</td><td>{f(r.useful_fraction, 2)}</td><td>{f(r.cost_usd, 6)}</td>"
+                     f"<td>{f(r.estimated_cost_usd, 6)}</td><td>{e(r.placement_reason)}</td></tr>")
+    parts.append("</table>")
+    if failed:
+        parts.append("<h2>Failed runs</h2><ul>" + "".join(
+            f"<li>{e(k)}: run <code>{e(rid)}</code></li>" for k, rid in failed) + "</ul>")
+    style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px;text-align:right}"
+             "td:first-child,th:first-child{text-align:left}.charts svg{max-width:48%;height:auto;margin:4px}")
+    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{style}</style></head>"
+            f"<body>{''.join(parts)}</body></html>\n")
+
+
+def report_main(argv: Sequence[str] | None = None) -> int:
+    """``dagster-gpu report -a ASSET (--backfill ID | --last N) [-o FILE]``; exit 0, or 2 on bad input."""
+    ap = argparse.ArgumentParser(prog="dagster-gpu report", description=__doc__.split("\n\n")[0])
+    ap.add_argument("-a", "--asset", required=True, help="asset key, '/'-separated")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--backfill", help="backfill id")
+    g.add_argument("--last", type=int, help="the asset's last N materializations")
+    ap.add_argument("-o", "--output", default="dagster-gpu-report.html")
+    args = ap.parse_args(argv)
+    key = dg.AssetKey.from_user_string(args.asset)
+    try:
+        rows, failed = collect(dg.DagsterInstance.get(), key, backfill_id=args.backfill, last=args.last)
+    except ValueError as e:
+        print(f"dagster-gpu report: {e}", file=sys.stderr)
+        return 2
+    what = f"backfill {args.backfill}" if args.backfill else f"last {args.last} materializations"
+    Path(args.output).write_text(render_html(rows, failed, f"{args.asset}: {what}"))
+    print(f"{args.output}: {len(rows)} partition(s), {len(failed)} failed run(s)")
+    return 0

@@ -1,0 +1,148 @@
+"""What ``python -m pipelines.demo --backend slurm|kubernetes|auto`` starts and how it configures the runs.
+
+The same services and settings the end-to-end tests use: PostgreSQL (``resources/postgres/postgres.sh``),
+the local Slurm cluster (``resources/slurm/cluster.sh``), the Kubernetes 1.34 control plane
+(``resources/k8s/cluster.sh``). Each script is called with ``status``/``start`` only; nothing is stopped.
+
+- :func:`start_services` runs the scripts the backend needs and returns the environment they export
+  (``SLURM_CONF``, ``DAGSTER_PG_*``; the PostgreSQL password is read from its 0600 file into the
+  process environment, never written into a file of ours).
+- :func:`instance_yaml` is the demo instance on PostgreSQL (Slurm tasks and pods write their events to it).
+- :func:`executor_config` is gpu_executor's ``execution: config:`` for the backend, passed as the
+  backfill's run config.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BACKENDS = ("local", "slurm", "kubernetes", "auto")
+K8S_DIR = Path(os.environ.get("DAGSTER_GPU_K8S_DIR", "/tmp/dagster-gpu-k8s"))
+K8S_NAMESPACE = "dagster-gpu"
+PG_SECRET = "dagster-postgresql-secret"
+DEMO_DB = "dagster_gpu_demo"
+
+
+class ServiceError(RuntimeError):
+    """A service script failed; the message names the script, the step and the log to read."""
+
+
+def _script(args: list[str], log: Path) -> str:
+    """Run a resources/ script, appending its output to ``log``; returns stdout. Raises ServiceError."""
+    cp = subprocess.run(["bash", *args], cwd=REPO, capture_output=True, text=True)
+    with open(log, "a") as f:
+        f.write(f"$ bash {' '.join(args)}\n{cp.stdout}{cp.stderr}\n")
+    if cp.returncode != 0:
+        raise ServiceError(f"`bash {' '.join(args)}` failed (exit {cp.returncode}); see {log}")
+    return cp.stdout
+
+
+def _exports(text: str) -> dict[str, str]:
+    out = {}
+    for word in text.replace("export ", " ").split():
+        if "=" in word:
+            k, v = word.split("=", 1)
+            out[k] = v
+    return out
+
+
+def start_services(backend: str, log: Path) -> dict[str, str]:
+    """Start (idempotently) what ``backend`` needs; returns environment variables to set."""
+    if backend == "local":
+        return {}
+    env: dict[str, str] = {}
+    _script(["resources/postgres/postgres.sh", "start"], log)
+    pg = _exports(_script(["resources/postgres/postgres.sh", "env"], log))
+    env.update({k: v for k, v in pg.items() if k.startswith("DAGSTER_PG_")})
+    env["DAGSTER_PG_PASSWORD"] = Path(pg["DAGSTER_PG_PASSWORD_FILE"]).read_text().strip()
+    _create_database(env)
+    if backend in ("slurm", "auto"):
+        try:
+            _script(["resources/slurm/cluster.sh", "status"], log)
+        except ServiceError:
+            _script(["resources/slurm/cluster.sh", "start"], log)
+        env.update(_exports(_script(["resources/slurm/cluster.sh", "env"], log)))
+    if backend in ("kubernetes", "auto"):
+        _script(["resources/k8s/cluster.sh", "start"], log)
+        _k8s_secret(env["DAGSTER_PG_PASSWORD"])
+    return env
+
+
+def _create_database(env: dict[str, str]) -> None:
+    import psycopg2
+
+    conn = psycopg2.connect(host=env["DAGSTER_PG_HOST"], port=env["DAGSTER_PG_PORT"], user=env["DAGSTER_PG_USER"],
+                            password=env["DAGSTER_PG_PASSWORD"], dbname=env.get("DAGSTER_PG_DB", "dagster"))
+    try:
+        conn.autocommit = True
+        cur = conn.cursor()
+        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DB,))
+        if cur.fetchone() is None:
+            cur.execute(f"CREATE DATABASE {DEMO_DB}")  # a constant name, never user input
+    finally:
+        conn.close()
+
+
+def _k8s_secret(password: str) -> None:
+    """The PostgreSQL password as a Secret in the namespace (step pods read it by reference)."""
+    from kubernetes import client, config
+    from kubernetes.client.rest import ApiException
+
+    api = client.CoreV1Api(config.new_client_from_config(config_file=str(K8S_DIR / "admin.kubeconfig")))
+    secret = client.V1Secret(metadata=client.V1ObjectMeta(name=PG_SECRET), string_data={"postgresql-password": password})
+    try:
+        api.create_namespaced_secret(K8S_NAMESPACE, secret)
+    except ApiException as e:
+        if e.status != 409:
+            raise
+        api.replace_namespaced_secret(PG_SECRET, K8S_NAMESPACE, secret)
+
+
+def instance_yaml(backend: str, max_runs: int) -> str:
+    """dagster.yaml: SQLite for ``local``; PostgreSQL (password by env reference) for the others."""
+    storage = "" if backend == "local" else f"""storage:
+  postgres:
+    postgres_db:
+      username: {{env: DAGSTER_PG_USER}}
+      password: {{env: DAGSTER_PG_PASSWORD}}
+      hostname: {{env: DAGSTER_PG_HOST}}
+      port: {{env: DAGSTER_PG_PORT}}
+      db_name: {DEMO_DB}
+      scheme: postgresql+psycopg2
+"""
+    return f"""# project-local Dagster instance for the demo ({'SQLite under this directory' if backend == 'local' else 'PostgreSQL'})
+{storage}run_coordinator:
+  module: dagster._core.run_coordinator
+  class: QueuedRunCoordinator
+  config:
+    max_concurrent_runs: {max_runs}
+    dequeue_interval_seconds: 1
+run_monitoring:
+  enabled: true
+  poll_interval_seconds: 5
+telemetry:
+  enabled: false
+"""
+
+
+def executor_config(backend: str, home: Path) -> dict:
+    """gpu_executor's config for ``backend`` (the local Slurm cluster's account, the test namespace)."""
+    cfg: dict = {"backend": backend, "retries": {"disabled": {}}}
+    if backend in ("slurm", "auto"):
+        cfg["slurm"] = {"account": "research", "spool_dir": str(home / "slurm-spool")}
+    if backend in ("kubernetes", "auto"):
+        passed = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_GPU_CORPUS_URL", "DAGSTER_GPU_OUTPUT_URL")
+        env_vars = [f"{k}={os.environ[k]}" for k in passed if k in os.environ]
+        cfg["kubernetes"] = {
+            "kubeconfig": str(K8S_DIR / "executor.kubeconfig"),
+            "namespace": K8S_NAMESPACE,
+            "image": "dagster-gpu:dev",
+            "postgres_password_secret": {"name": PG_SECRET, "key": "postgresql-password", "env": "DAGSTER_PG_PASSWORD"},
+            "container_context": {"env_vars": env_vars, "service_account_name": "dagster-gpu-worker"},
+        }
+    if backend in ("slurm", "kubernetes"):
+        cfg["local"] = {"enabled": False}
+    return cfg

@@ -1,0 +1,192 @@
+"""Asset checks on embedding outputs: the pure verdicts on real parquet files, and end to end on a real
+instance (the real asset and model in process: a materialization records five passing checks per
+partition; a corrupted output fails the recheck, naming the check; a ranged body records per-partition
+evaluations and a failed blocking check fails its step)."""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+
+import dagster as dg
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from dagster._core.instance_for_test import instance_for_test
+
+from dagster_gpu import CorpusSource, TextFormat, embedding_asset
+from dagster_gpu.checks import (
+    CHECKS, HASH_PER_RECORD_ID, OUTPUT_READABLE, RECHECK, ROWS_MATCH_RECORDS, VECTOR_DIM, VECTORS_FINITE,
+    OutputFacts, check_evaluations, check_outputs, check_specs, evaluate, read_facts, recheck_asset_check,
+    verify_output,
+)
+from dagster_gpu.embedding.writer import AtomicParquetWriter, output_schema
+
+DIM = 4
+
+
+def write_output(path, ids, vectors, hashes=None, dim=DIM):
+    hashes = hashes or [hashlib.sha256(str(i).encode()).hexdigest() for i in ids]
+    flat = pa.array(np.asarray(vectors, dtype=np.float32).reshape(-1), pa.float32())
+    table = pa.table([pa.array(ids, pa.int64()), pa.array(hashes, pa.string()),
+                      pa.FixedSizeListArray.from_arrays(flat, dim)], schema=output_schema(dim))
+    with AtomicParquetWriter(str(path), output_schema(dim)) as w:
+        w.write(table)
+    return str(path)
+
+
+def verdicts(outcomes):
+    return {o.name: o.passed for o in outcomes}
+
+
+def test_good_output_passes_all_five(tmp_path):
+    uri = write_output(tmp_path / "p.parquet", [0, 2, 3], np.ones((3, DIM)))
+    out = verify_output(uri, expected_dim=DIM, records_read=5, skipped_empty_rows=2)
+    assert [o.name for o in out] == list(CHECKS)
+    assert all(o.passed for o in out), out
+    assert out[1].description == "3 rows; 5 records read − 2 skipped = 3"
+
+
+def test_each_defect_fails_its_own_check(tmp_path):
+    nan = np.ones((3, DIM))
+    nan[1, 2] = np.nan
+    uri = write_output(tmp_path / "nan.parquet", [0, 1, 2], nan)
+    out = {o.name: o for o in verify_output(uri, expected_dim=DIM, records_read=3, skipped_empty_rows=0)}
+    assert {k: o.passed for k, o in out.items()} == {**dict.fromkeys(CHECKS, True), VECTORS_FINITE: False}
+    assert out[VECTORS_FINITE].description == "1 vector(s) with NaN/inf, first at record_id 1"
+
+    inf = np.ones((2, DIM))
+    inf[0, 0] = -np.inf
+    uri = write_output(tmp_path / "inf.parquet", [7, 7], inf)  # also a duplicate record id
+    out = {o.name: o for o in verify_output(uri, expected_dim=8, records_read=3, skipped_empty_rows=0)}
+    assert verdicts(out.values()) == {OUTPUT_READABLE: True, ROWS_MATCH_RECORDS: False, VECTOR_DIM: False,
+                                      VECTORS_FINITE: False, HASH_PER_RECORD_ID: False}
+    assert out[VECTOR_DIM].description == "vector dimension 4; the model's is 8"
+    assert out[HASH_PER_RECORD_ID].description == "1 duplicate record_id row(s) (first: 7), 0 malformed text_sha256"
+
+    uri = write_output(tmp_path / "hash.parquet", [0, 1], np.ones((2, DIM)), hashes=["abc", "Z" * 64])
+    out = {o.name: o for o in verify_output(uri, expected_dim=DIM, records_read=2, skipped_empty_rows=0)}
+    assert not out[HASH_PER_RECORD_ID].passed and "2 malformed text_sha256" in out[HASH_PER_RECORD_ID].description
+
+
+def test_missing_and_unreadable_outputs(tmp_path):
+    out = verify_output(str(tmp_path / "none.parquet"), expected_dim=DIM, records_read=1, skipped_empty_rows=0)
+    assert verdicts(out) == dict.fromkeys(CHECKS, False)
+    assert "none.parquet: not found" in out[0].description
+    assert out[1].description.startswith("not checked: the output could not be read")
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"PAR1 not really")
+    facts = read_facts(str(bad))
+    assert facts.rows is None and "bad.parquet: unreadable" in facts.error
+    good = write_output(tmp_path / "t.parquet", [0, 1], np.ones((2, DIM)))
+    data = open(good, "rb").read()
+    (tmp_path / "trunc.parquet").write_bytes(data[: len(data) // 2])  # cut in half: no footer
+    assert "unreadable" in read_facts(str(tmp_path / "trunc.parquet")).error
+
+
+def test_wrong_schema_and_empty_output(tmp_path):
+    pq.write_table(pa.table({"record_id": pa.array([1], pa.int64())}), tmp_path / "cols.parquet")
+    facts = read_facts(str(tmp_path / "cols.parquet"))
+    assert facts.error.endswith("columns ['text_sha256', 'vector'] missing")
+    with AtomicParquetWriter(str(tmp_path / "empty.parquet"), output_schema(DIM)):
+        pass
+    out = verify_output(str(tmp_path / "empty.parquet"), expected_dim=DIM, records_read=2, skipped_empty_rows=2)
+    assert all(o.passed for o in out), out
+
+
+def test_evaluate_is_pure_on_facts():
+    out = evaluate(OutputFacts(rows=10, dim=384), expected_dim=384, records_read=12, skipped_empty_rows=1)
+    assert verdicts(out)[ROWS_MATCH_RECORDS] is False
+    assert out[1].metadata == {"rows": 10, "records_read": 12, "skipped_empty_rows": 1, "expected_rows": 11}
+
+
+def test_specs_are_blocking_and_partitioned():
+    pdef = dg.DynamicPartitionsDefinition(name="f")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the preview warning is silenced inside
+        specs = check_specs(dg.AssetKey(["x", "emb"]), pdef)
+    assert [s.name for s in specs] == list(CHECKS)
+    assert all(s.blocking and s.partitions_def == pdef and s.asset_key == dg.AssetKey(["x", "emb"]) for s in specs)
+
+
+# -- end to end on a real instance ----------------------------------------------------------------
+def _fortune(path, records):
+    path.write_text("".join(f"{r}\n%\n" for r in records), encoding="utf-8")
+
+
+def _check_history(instance, key, name):
+    recs = instance.event_log_storage.get_asset_check_execution_history(dg.AssetCheckKey(key, name), limit=50)
+    return {(r.partition, r.run_id): r.status.value for r in recs}
+
+
+def test_materialization_records_checks_and_a_corrupt_output_fails_its_recheck(tmp_path):
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    _fortune(corpus_dir / "a", ["One fortune.", "", "Two fortunes."])
+    _fortune(corpus_dir / "b", ["Three.", "Four.", "Five."])
+    corpus = CorpusSource(url=str(corpus_dir), text_format=TextFormat(format="text", record_separator_line="%"))
+    asset = embedding_asset(name="emb", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+    recheck = recheck_asset_check(asset)
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("emb_files", ["a", "b"])
+        runs = {}
+        for pk in ("a", "b"):
+            r = dg.materialize([asset], instance=instance, partition_key=pk)
+            assert r.success
+            runs[pk] = r.run_id
+            evs = [e.event_specific_data for e in r.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+            assert sorted((e.check_name, e.partition, e.passed) for e in evs) == sorted((n, pk, True) for n in CHECKS)
+        rows_md = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=asset.key, asset_partitions=["a"]), limit=1
+        ).records[0].asset_materialization.metadata
+        assert rows_md["embedding/rows"].value == 2 and rows_md["embedding/skipped_empty_rows"].value == 1
+        for name in CHECKS:
+            assert _check_history(instance, asset.key, name) == {("a", runs["a"]): "SUCCEEDED", ("b", runs["b"]): "SUCCEEDED"}
+
+        # corrupt b's output on disk: one vector becomes NaN
+        path = tmp_path / "out" / "emb" / "b.parquet"
+        t = pq.read_table(path)
+        vec = t.column("vector").combine_chunks().flatten().to_numpy().copy().reshape(3, -1)
+        vec[2, 0] = np.nan
+        t = t.set_column(2, "vector", pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1), pa.float32()), vec.shape[1]))
+        pq.write_table(t, path)
+
+        verdict = {}
+        for pk in ("a", "b"):
+            r = dg.materialize([asset, recheck], instance=instance, tags={"dagster/partition": pk},
+                               selection=dg.AssetSelection.checks(recheck))
+            assert r.success  # the recheck is not blocking
+            (ev,) = [e.event_specific_data for e in r.all_events if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+            assert ev.check_name == RECHECK and ev.partition == pk
+            verdict[pk] = (ev.passed, ev.description)
+        assert verdict["a"] == (True, "all five checks pass")
+        assert verdict["b"] == (False, "vectors_finite: 1 vector(s) with NaN/inf, first at record_id 2")
+
+
+def test_ranged_body_records_per_partition_evaluations_and_blocks(tmp_path):
+    """The pattern the ranged embedding body uses: per-partition evaluations + one Output per check."""
+    pdef = dg.DynamicPartitionsDefinition(name="files")
+    key = dg.AssetKey("emb")
+    facts = {"a": OutputFacts(rows=2, dim=DIM), "b": OutputFacts(rows=2, dim=DIM, nonfinite_vectors=1, first_nonfinite_id=0),
+             "c": OutputFacts(rows=2, dim=DIM)}
+
+    @dg.asset(name="emb", partitions_def=pdef, check_specs=check_specs(key, pdef), output_required=False)
+    def emb(context):
+        for k in context.partition_keys:
+            yield dg.AssetMaterialization(asset_key=key, partition=k)
+            yield from check_evaluations(key, k, evaluate(facts[k], expected_dim=DIM, records_read=2, skipped_empty_rows=0))
+        yield from check_outputs(key)
+
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("files", ["a", "b", "c"])
+        r = dg.materialize([emb], instance=instance, raise_on_error=False,
+                           tags={"dagster/asset_partition_range_start": "a", "dagster/asset_partition_range_end": "c"})
+        assert not r.success
+        (failure,) = [e for e in r.all_events if e.event_type_value == "STEP_FAILURE"]
+        assert "1 blocking asset check failed" in failure.event_specific_data.error.message
+        assert _check_history(instance, key, VECTORS_FINITE) == {
+            ("a", r.run_id): "SUCCEEDED", ("b", r.run_id): "FAILED", ("c", r.run_id): "SUCCEEDED"}
+        assert _check_history(instance, key, VECTOR_DIM) == {
+            ("a", r.run_id): "SUCCEEDED", ("b", r.run_id): "SUCCEEDED", ("c", r.run_id): "SUCCEEDED"}
+        assert instance.get_materialized_partitions(key) == {"a", "b", "c"}

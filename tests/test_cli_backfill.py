@@ -1,0 +1,135 @@
+"""``dagster-gpu backfill``'s selection (registering corpus files, --missing, --failed) and its failure
+listing, on a real (SQLite) instance with runs in the states the daemon leaves them."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import dagster as dg
+import pytest
+from dagster._core.events import EngineEventData
+from rich.console import Console
+
+from dagster_gpu import CorpusSource, TextFormat, asset_job, embedding_asset
+from dagster_gpu.backfill import PartitionSummary
+from dagster_gpu.cli import main
+from dagster_gpu.failures import failure_detail, first_line, log_location
+from dagster_gpu.partitions import NoCorpus, corpus_of, register_corpus_files, select_partitions
+from dagster_gpu.report import failures_table, print_summary
+
+_EVENT = {dg.DagsterRunStatus.FAILURE: "PIPELINE_FAILURE", dg.DagsterRunStatus.STARTED: "PIPELINE_START",
+          dg.DagsterRunStatus.SUCCESS: "PIPELINE_SUCCESS", dg.DagsterRunStatus.CANCELED: "PIPELINE_CANCELED"}
+
+
+@pytest.fixture
+def setup(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for name in ("done.txt", "failed.txt", "never.txt", "running.txt", "canceled.txt"):
+        (d / name).write_text("a record\n")
+    (d / "skip.md").write_text("not matched by the pattern\n")
+    corpus = CorpusSource(url=str(d), pattern="*.txt", text_format=TextFormat(format="text"))
+    asset = embedding_asset(name="c_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+    job = asset_job(asset)
+    defs = dg.Definitions(assets=[asset], jobs=[job])
+    module = types.ModuleType("cli_test_defs")
+    module.defs, module.fortune_corpus, module.asset = defs, corpus, asset
+    return corpus, asset, defs, module
+
+
+def _run(instance, defs, asset, pk, status):
+    run = instance.create_run_for_job(defs.resolve_job_def("c_embeddings_job"), tags={"dagster/partition": pk},
+                                      asset_selection=frozenset({asset.key}))
+    instance.run_storage.handle_run_event(run.run_id, dg.DagsterEvent(event_type_value=_EVENT[status], job_name=run.job_name))
+    return run
+
+
+def test_corpus_of_finds_the_module_source(setup):
+    corpus, asset, _defs, module = setup
+    assert corpus_of(asset, module) is corpus  # its pattern and reader apply
+    plain = corpus_of(asset, None)
+    assert plain.url == corpus.url and plain.pattern == "*"
+    with pytest.raises(NoCorpus, match="asset plain has no op tag 'dagster-gpu/corpus-url'"):
+        corpus_of(_plain_asset())
+
+
+def _plain_asset():
+    @dg.asset(name="plain")
+    def plain():
+        return None
+
+    return plain
+
+
+def test_register_then_select_missing_and_failed(setup):
+    corpus, asset, defs, _module = setup
+    with dg.instance_for_test() as instance:
+        added = register_corpus_files(instance, asset, corpus)
+        assert added == ["canceled.txt", "done.txt", "failed.txt", "never.txt", "running.txt"]  # not skip.md
+        assert register_corpus_files(instance, asset, corpus) == []  # idempotent
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="done.txt"))
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="failed.txt"))  # earlier success
+        _run(instance, defs, asset, "done.txt", dg.DagsterRunStatus.SUCCESS)
+        _run(instance, defs, asset, "failed.txt", dg.DagsterRunStatus.FAILURE)
+        _run(instance, defs, asset, "running.txt", dg.DagsterRunStatus.STARTED)
+        _run(instance, defs, asset, "canceled.txt", dg.DagsterRunStatus.CANCELED)
+        assert select_partitions(instance, asset) == added
+        assert select_partitions(instance, asset, missing=True) == ["canceled.txt", "never.txt"]  # running: in flight
+        assert select_partitions(instance, asset, failed=True) == ["canceled.txt", "failed.txt"]
+        assert select_partitions(instance, asset, missing=True, failed=True) == ["canceled.txt", "failed.txt", "never.txt"]
+
+
+def test_cli_registers_and_reports_nothing_to_do(setup, monkeypatch, capsys):
+    corpus, asset, defs, module = setup
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    with dg.instance_for_test() as instance:
+        # every file materialized: --missing finds nothing after registering them all
+        instance.add_dynamic_partitions("c_embeddings_files", ["done.txt"])
+        for f in corpus.list_files():
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition=f.key))
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--missing"]) == 0
+        out = capsys.readouterr()
+        assert "4 new partition(s) registered" in out.out
+        assert "no missing partitions of c_embeddings to backfill" in out.err
+        assert sorted(instance.get_dynamic_partitions("c_embeddings_files")) == sorted(f.key for f in corpus.list_files())
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--partitions", "nope.txt"]) == 2
+        assert "partitions not registered for c_embeddings: nope.txt" in capsys.readouterr().err
+
+
+def test_log_location_and_first_line():
+    assert log_location({"local/log_file": dg.MetadataValue.text("/var/log/w.log")}, "r1") == "/var/log/w.log"
+    assert log_location({"slurm/log_file": dg.MetadataValue.path("/spool/12_3.log")}, "r1") == "/spool/12_3.log"
+    assert log_location({"k8s/namespace": "embed", "k8s/pod": "step-abc"}, "r1") == "kubectl logs -n embed step-abc"
+    assert log_location({}, "r1") == "run r1 in the Dagster UI (Runs → r1)"
+    assert first_line("\n  dagster._core.errors.Boom: bad\nTraceback ...") == "dagster._core.errors.Boom: bad"
+    assert first_line("x" * 200, limit=10) == "x" * 9 + "…"
+    assert first_line(None) == ""
+
+
+def test_failed_partitions_are_listed_below_the_summary(setup, tmp_path):
+    _corpus, asset, defs, _module = setup
+    with dg.instance_for_test() as instance:
+        run = _run(instance, defs, asset, "failed.txt", dg.DagsterRunStatus.FAILURE)
+        log = tmp_path / "worker.log"
+        instance.report_dagster_event(
+            dg.DagsterEvent(event_type_value="STEP_WORKER_STARTING", job_name=run.job_name, step_key="c_embeddings",
+                            event_specific_data=EngineEventData(metadata={"local/log_file": dg.MetadataValue.text(str(log))})),
+            run.run_id,
+        )
+        d = failure_detail(instance, "failed.txt", run.run_id, "partition 'failed.txt': undecodable\nmore lines")
+        assert (d.partition_key, d.run_id, d.error, d.log) == ("failed.txt", run.run_id, "partition 'failed.txt': undecodable", str(log))
+        rows = [PartitionSummary("done.txt", ok=True, rows=3, seconds=1.0, texts_per_second=3.0, backend="local",
+                                 gpu_seconds=2.0, cost_usd=0.0001),
+                PartitionSummary("failed.txt", ok=False, error="partition 'failed.txt': undecodable\nTraceback", run_id=run.run_id),
+                PartitionSummary("never.txt", ok=False, error="not materialized")]
+        con = Console(record=True, width=200)
+        print_summary(con, instance, rows, title="Backfill x")
+        text = con.export_text()
+        summary, failures = text.split("2 failed partition(s)")
+        assert "undecodable" not in summary  # the error is no longer squeezed into the cost column
+        assert "1/3 ok" in summary and "0.000100" in summary
+        lines = [ln for ln in failures.splitlines() if "failed.txt" in ln or "never.txt" in ln]
+        assert run.run_id in lines[0] and "partition 'failed.txt': undecodable" in lines[0] and str(log) in lines[0]
+        assert "not materialized" in lines[1] and "no run recorded" in lines[1]
+        assert failures_table([d]).row_count == 1

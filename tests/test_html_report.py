@@ -1,0 +1,75 @@
+"""``dagster-gpu report`` on a real instance: real materializations of the real asset (in process, CPU),
+launch events carrying placements as the executor records them, then the HTML page."""
+
+from __future__ import annotations
+
+import re
+
+import dagster as dg
+import pytest
+from dagster._core.events import EngineEventData
+from dagster._core.instance_for_test import instance_for_test
+
+from dagster_gpu import CorpusSource, TextFormat, embedding_asset
+from dagster_gpu.html_report import collect, render_html, report_main, row_from, useful_fraction
+from dagster_gpu.policy.placement import Alternative, Placement
+
+
+def test_useful_fraction_sources():
+    assert useful_fraction({"embedding/useful_fraction": 0.4, "embedding/seconds": 1.0}) == 0.4
+    assert useful_fraction({"embedding/seconds": 3.0, "billing/wall_seconds": 12.0, "billing/gpu_seconds": 1.0}) == 0.25
+    # a MIG slice: 1/7 device over 14 s of wall time bills 2 GPU-seconds; 7 s of embedding = half the wall
+    assert useful_fraction({"embedding/seconds": 7.0, "billing/gpu_seconds": 2.0, "billing/devices": 1 / 7}) == pytest.approx(0.5)
+    assert useful_fraction({"embedding/seconds": 3.0}) is None
+    assert useful_fraction({"embedding/seconds": 30.0, "billing/wall_seconds": 12.0}) == 1.0  # clipped
+
+
+def test_ranged_run_shares_its_estimate():
+    p = Placement("slurm", "cheapest", device="A100", product="A100",
+                  alternatives=(Alternative("slurm", device="A100", product="A100", cost_usd=0.09),))
+    r = row_from("k", "run1", {"billing/cost_usd": 0.02, "dagster_gpu/backend": "slurm"},
+                 {"dagster_gpu/placement": dg.MetadataValue.json(p.to_json())}, partitions_in_run=3)
+    assert r.estimated_cost_usd == pytest.approx(0.03) and r.placement_reason == "cheapest"
+
+
+def test_report_of_real_materializations(tmp_path, monkeypatch):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    sizes = {"small": 2, "medium": 12, "large": 40}
+    for name, n in sizes.items():
+        (d / name).write_text("".join(f"fortune number {i} of {name}\n%\n" for i in range(n)))
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text", record_separator_line="%"))
+    asset = embedding_asset(name="rep", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("rep_files", list(sizes))
+        run_ids = {}
+        for pk in sizes:
+            r = dg.materialize([asset], instance=instance, partition_key=pk)
+            run_ids[pk] = r.run_id
+        # the executor's launch event with the placement (here: two of the three runs)
+        for pk, est in (("small", 0.0001), ("large", 0.0004)):
+            p = Placement("local", "forced", device="cpu", alternatives=(Alternative("local", device="cpu", cost_usd=est),))
+            instance.report_dagster_event(
+                dg.DagsterEvent(event_type_value="STEP_WORKER_STARTING", job_name="__ephemeral_asset_job__", step_key="rep",
+                                event_specific_data=EngineEventData(metadata={"dagster_gpu/placement": dg.MetadataValue.json(p.to_json())})),
+                run_ids[pk])
+        rows, failed = collect(instance, asset.key, last=10)
+        assert [r.partition for r in rows] == ["small", "medium", "large"] and failed == []
+        by = {r.partition: r for r in rows}
+        assert {k: r.rows for k, r in by.items()} == sizes
+        assert by["small"].estimated_cost_usd == 0.0001 and by["medium"].estimated_cost_usd is None
+        assert all(r.backend == "local" and r.cost_usd > 0 and 0 < r.useful_fraction <= 1 for r in rows)
+        assert all(r.utilization_percent is None and r.gpu_unavailable_reason.startswith("CPU-only") for r in rows)
+        out = tmp_path / "report.html"
+        monkeypatch.setenv("DAGSTER_HOME", instance.root_directory)
+        assert report_main(["-a", "rep", "--last", "2", "-o", str(out)]) == 0
+        assert len(re.findall(r"<tr><td>(?:medium|large)</td>", out.read_text())) == 2
+        assert report_main(["-a", "rep", "--backfill", "nope", "-o", str(out)]) == 2
+        page = render_html(rows, [("bad", "abcd1234")], "rep: last 10")
+    (tmp_path / "full.html").write_text(page)
+    assert page.count("<svg ") == 6, page.count("<svg")  # cost, GPU-s, useful fraction, utilization, texts/s vs rows, estimate vs measured
+    assert "unavailable" in page  # CPU-only partitions: utilization marked, not drawn as 0 silently
+    # self-contained: nothing fetched (namespaces are names, not requests)
+    assert not re.search(r'(src|href)="(https?:)?//', page) and "<script" not in page and "<link" not in page
+    assert "<li>bad: run <code>abcd1234</code></li>" in page
+    print(tmp_path / "full.html")
