@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job: set up, then embed every file of the Debian fortunes corpus as a Dagster backfill
 # through gpu_executor (local backend), with progress and a per-partition summary.
-set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../resources/lib/errtrap.sh"
 cd "$(dirname "$0")/.."
+dg_step "set-up (scripts/setup.sh)"
 bash scripts/setup.sh
+dg_step "demo (python -m pipelines.demo)"
 exec .venv/bin/python -m pipelines.demo "$@"
