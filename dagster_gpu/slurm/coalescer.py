@@ -97,6 +97,7 @@ class TaskAssignment:
     submitted_at: float
     tasks_in_array: int
     log_file: str
+    cluster: str | None = None  # the cluster sbatch named (``123;gpu2``); later Slurm commands pass ``-M`` it
 
 
 class ArrayCoalescer:
@@ -268,7 +269,8 @@ class ArrayCoalescer:
         ]
         partitions = [d["partition_key"] for _, d in members]
         try:
-            job_id = self.client.submit(script, [*options], script_args=[self.python, RUNNER, str(manifest)])
+            job = self.client.submit_job(script, [*options], script_args=[self.python, RUNNER, str(manifest)])
+            job_id, cluster = job.job_id, job.cluster
         except SlurmError as e:
             kind = "rejected" if isinstance(e, SlurmRejected) else "could not be submitted"
             msg = (
@@ -285,15 +287,15 @@ class ArrayCoalescer:
         now = time.time()
         write_json(
             bdir / "submitted.json",
-            {"array_job_id": job_id, "tasks": n, "submitted_at": now, "launch_ids": [d["launch_id"] for _, d in members],
-             "group": group_key(first["options"], first["throttle"])},
+            {"array_job_id": job_id, "cluster": cluster, "tasks": n, "submitted_at": now,
+             "launch_ids": [d["launch_id"] for _, d in members], "group": group_key(first["options"], first["throttle"])},
         )
         log.info("submitted job array %s (%d tasks, batch %s) for partitions %s", job_id, n, batch, partitions)
         for i, (p, d) in enumerate(members):
             write_json(
                 self.spool.results / f"{d['launch_id']}.json",
-                {"ok": True, "array_job_id": job_id, "array_task_id": i, "batch": batch, "submitted_at": now,
-                 "tasks_in_array": n, "log_file": str(bdir / f"{i}.out")},
+                {"ok": True, "array_job_id": job_id, "cluster": cluster, "array_task_id": i, "batch": batch,
+                 "submitted_at": now, "tasks_in_array": n, "log_file": str(bdir / f"{i}.out")},
             )  # fmt: skip
             p.unlink(missing_ok=True)
 
@@ -308,6 +310,7 @@ class ArrayCoalescer:
             submitted_at=float(res["submitted_at"]),
             tasks_in_array=int(res["tasks_in_array"]),
             log_file=res["log_file"],
+            cluster=res.get("cluster"),
         )
 
 
