@@ -443,3 +443,16 @@ def test_running_is_not_a_wait_and_limits_are_validated():
         WaitLimits.from_mapping({"hold": 60})
     with pytest.raises(ValueError, match=">= 0"):
         WaitLimits.from_mapping({"held": -1})
+
+
+def test_wait_limits_from_the_executor_config():
+    from dagster._config import process_config
+
+    from dagster_gpu.executor.backends.slurm import SlurmSettings, config_field
+
+    ok = process_config(config_field().config_type, {"wait_limits_seconds": {"held": 60, "pending": 0}})
+    assert ok.success
+    assert SlurmSettings.from_section(ok.value).wait_limits == WaitLimits(held=60.0, pending=0.0)
+    assert SlurmSettings().wait_limits == WaitLimits()
+    bad = process_config(config_field().config_type, {"wait_limits_seconds": {"hold": 60}})
+    assert not bad.success and 'unexpected config entry "hold"' in bad.errors[0].message
