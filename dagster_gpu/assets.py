@@ -12,8 +12,12 @@ from dagster_gpu.worker.unit import UnitSpec, run_unit
 
 
 def output_uri_for(output_url: str, asset_name: str, partition_key: str) -> str:
-    """``<output_url>/<asset_name>/<partition_key>.parquet`` (the key is already path-safe)."""
-    return posixpath.join(output_url.rstrip("/"), asset_name, f"{partition_key}.parquet")
+    """``<output_url>/<asset_name>/<output name>``: :func:`dagster_gpu.keys.output_name_for` (``<key>.parquet``
+    for a lower-case key; unique under case folding, no doubled extension). Outputs written under the
+    earlier ``<key>.parquet`` name are found by :func:`dagster_gpu.outputs.locate_output`."""
+    from dagster_gpu.keys import output_name_for
+
+    return posixpath.join(output_url.rstrip("/"), asset_name, output_name_for(partition_key))
 
 
 def embedding_asset(

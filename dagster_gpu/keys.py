@@ -63,3 +63,66 @@ def validate_partition_key(key: str) -> str:
             f"partition key {key!r} is not safe: expected 1-63 characters of [A-Za-z0-9._-], alphanumeric at both ends"
         )
     return key
+
+
+# ------------------------------------------------------------------------------------- output names
+#: The extension of every output file.
+OUTPUT_SUFFIX = ".parquet"
+_MARK = "~"  # never in a key ([A-Za-z0-9._-]), so a marked name never equals another key's plain name
+_OUTPUT_NAME = re.compile(r"^(?P<base>[A-Za-z0-9._-]+)(?P<p>~p)?(?:~c(?P<mask>[0-9a-f]+))?\.parquet$")
+
+
+def output_name_for(partition_key: str) -> str:
+    """The file name of a partition's output: unique under case folding, with no doubled extension.
+
+    Rule (a partition key is ``[A-Za-z0-9._-]``, see module doc; ``~`` never occurs in one):
+
+    1. a key ending in ``.parquet`` (any case) loses that suffix and gets the mark ``~p`` instead, so its
+       output is not ``x.parquet.parquet``;
+    2. a key with upper-case letters gets ``~c<hex>``, the bit mask of their positions in the key (bit i =
+       character i), so ``A.txt`` and ``a.txt`` differ on a case-insensitive file system or object store;
+    3. ``.parquet`` is appended.
+
+    Keys with neither (all lower case, not ending in ``.parquet``: the usual ones) keep the name they always
+    had, ``<key>.parquet``. The map is one-to-one even after case folding: the marks are unambiguous and the
+    mask restores the exact case (:func:`partition_key_of_output` inverts it).
+
+    >>> output_name_for("computers")
+    'computers.parquet'
+    >>> output_name_for("A.txt"), output_name_for("a.txt")
+    ('A.txt~c1.parquet', 'a.txt.parquet')
+    >>> output_name_for("long.parquet")
+    'long~p.parquet'
+
+    Raises PartitionKeyError for a key that is not safe (:func:`validate_partition_key`).
+    """
+    key = validate_partition_key(partition_key)
+    base, parquet = key, ""
+    if key.lower().endswith(OUTPUT_SUFFIX) and len(key) > len(OUTPUT_SUFFIX):
+        base, parquet = key[: -len(OUTPUT_SUFFIX)], f"{_MARK}p"
+    mask = sum(1 << i for i, c in enumerate(key) if c.isupper())
+    case = f"{_MARK}c{mask:x}" if mask else ""
+    return f"{base}{parquet}{case}{OUTPUT_SUFFIX}"
+
+
+def partition_key_of_output(name: str) -> str:
+    """The partition key whose output file is called ``name`` (the inverse of :func:`output_name_for`).
+    Raises PartitionKeyError when ``name`` is not such a name."""
+    m = _OUTPUT_NAME.match(name)
+    if not m:
+        raise PartitionKeyError(f"{name!r} is not a dagster-gpu output file name")
+    key = m["base"] + (OUTPUT_SUFFIX if m["p"] else "")
+    if m["mask"] is not None:
+        mask = int(m["mask"], 16)
+        key = "".join(c.upper() if mask >> i & 1 else c.lower() for i, c in enumerate(key))
+        if mask >> len(key) or output_name_for(key) != name:
+            raise PartitionKeyError(f"{name!r}: its case mask does not match its key")
+    elif m["p"] is None and any(c.isupper() for c in key):
+        raise PartitionKeyError(f"{name!r}: upper-case letters without a case mask")
+    return validate_partition_key(key)
+
+
+def legacy_output_name_for(partition_key: str) -> str:
+    """The name outputs had before :func:`output_name_for` (``<key>.parquet``), still read when the new name
+    is absent. It equals the new name for keys that are all lower case and do not end in ``.parquet``."""
+    return f"{validate_partition_key(partition_key)}{OUTPUT_SUFFIX}"

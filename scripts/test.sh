@@ -4,10 +4,23 @@
 #   a Kubernetes 1.34 control plane (kube-apiserver/scheduler/controller-manager built from Go
 #   modules, etcd) with a fake DRA GPU node, and moto's S3 server (started by the tests themselves).
 # Extra arguments go to pytest. Services are left running; stop them with their scripts' `stop`.
-set -euo pipefail
+#
+# Every service must start: one that cannot stops this script at that step with its log's tail (no
+# service is optional here), and DAGSTER_GPU_REQUIRE_SERVICES=1 makes tests/conftest.py turn any skip
+# of an end-to-end test (markers e2e, slurm, k8s, postgres) into a failure that quotes the skip reason.
+source "$(dirname "${BASH_SOURCE[0]}")/../resources/lib/errtrap.sh"
 cd "$(dirname "$0")/.."
+export DAGSTER_GPU_REQUIRE_SERVICES=1
+
+dg_step "set-up (scripts/setup.sh)"
 bash scripts/setup.sh
+dg_step "PostgreSQL (resources/postgres/postgres.sh start)" "${DAGSTER_GPU_PG_DIR:-/tmp/dagster-gpu-pg}/server.log" notail
 bash resources/postgres/postgres.sh start
-if [ -x resources/slurm/cluster.sh ]; then bash resources/slurm/cluster.sh start; fi
-if [ -x resources/k8s/cluster.sh ]; then bash resources/k8s/build.sh && bash resources/k8s/cluster.sh start; fi
+dg_step "Slurm cluster (resources/slurm/cluster.sh start)" "${DAGSTER_GPU_SLURM_DIR:-/tmp/dagster-gpu-slurm}/log" notail
+bash resources/slurm/cluster.sh start
+dg_step "Kubernetes binaries (resources/k8s/build.sh)" "" notail
+bash resources/k8s/build.sh
+dg_step "Kubernetes control plane (resources/k8s/cluster.sh start)" "${DAGSTER_GPU_K8S_DIR:-/tmp/dagster-gpu-k8s}/logs" notail
+bash resources/k8s/cluster.sh start
+dg_step "pytest"
 exec .venv/bin/python -m pytest -q -ra "$@"

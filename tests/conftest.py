@@ -10,6 +10,9 @@ from typing import Iterator
 
 import pytest
 
+# Under CI=true (and in scripts/test.sh) a skipped end-to-end test fails the session (tests/strict_e2e.py).
+pytest_plugins = ["strict_e2e"]
+
 REPO = Path(__file__).resolve().parents[1]
 PG_SCRIPT = REPO / "resources" / "postgres" / "postgres.sh"
 FORTUNES = Path("/usr/share/games/fortunes")

@@ -49,8 +49,9 @@ def postgres_unavailable_reason() -> str | None:
     return None
 
 
-def make_dagster_home(max_concurrent_runs: int = 50) -> tuple[Path, dict[str, str]]:
-    """A temp DAGSTER_HOME on a fresh PostgreSQL database; returns (home, env to run processes with)."""
+def make_dagster_home(max_concurrent_runs: int = 50, extra_yaml: str = "") -> tuple[Path, dict[str, str]]:
+    """A temp DAGSTER_HOME on a fresh PostgreSQL database (``extra_yaml`` appended to its dagster.yaml,
+    e.g. a ``run_monitoring:`` section); returns (home, env to run processes with)."""
     db = f"dagster_slurm_{uuid.uuid4().hex[:10]}"
     subprocess.run(
         ["psql", "-h", str(PG_DIR), "-p", str(PG_PORT), "-U", "postgres", "-qtAc", f"CREATE DATABASE {db} OWNER dagster"],
@@ -77,6 +78,7 @@ compute_logs:
   class: NoOpComputeLogManager
 telemetry: {{enabled: false}}
 """
+        + extra_yaml
     )
     (home / "workspace.yaml").write_text(f"load_from:\n  - python_file:\n      relative_path: {PIPELINE}\n      location_name: slurm_tests\n")
     env = {

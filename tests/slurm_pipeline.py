@@ -4,8 +4,11 @@ Settings come from the environment so every process (test, daemon, run workers, 
 ``SLURM_TEST_THROTTLE`` (array %T), ``SLURM_TEST_WINDOW`` / ``SLURM_TEST_MAX_WINDOW`` (coalescing, s),
 ``SLURM_TEST_BACKLOG`` / ``SLURM_TEST_TARGET`` (coalesce_backlog_tasks / coalesce_target_tasks; 0 turns
 that hold off),
-``DAGSTER_GPU_SLURM_SPOOL`` (spool dir). The asset sleeps ``test/sleep`` seconds (a run tag) and
-returns its partition key.
+``DAGSTER_GPU_SLURM_SPOOL`` (spool dir), ``SLURM_TEST_RETRIES=1`` (the executor's retries on: the asset's
+RetryPolicy(max_retries=1) applies). The asset sleeps ``test/sleep`` seconds (a run tag) and returns its
+partition key; the first attempt of a partition listed in ``DGPU_TEST_SLOW_FIRST`` (comma-separated)
+writes its pid to ``$DGPU_TEST_PID_DIR/<partition>.pid`` and sleeps 300 s instead (time to kill it). (Not
+``SLURM_*`` names: the client scrubs those from sbatch's environment, so array tasks would not see them.)
 
     python tests/slurm_pipeline.py run PARTITION_KEY [SLEEP_S]   # one run in this process (a run worker)
 """
@@ -49,20 +52,27 @@ def executor_config() -> dict:
         "backend": "slurm",
         "local": {"enabled": False},
         "slurm": slurm,
-        "retries": {"disabled": {}},
+        "retries": {"enabled": {}} if os.environ.get("SLURM_TEST_RETRIES") == "1" else {"disabled": {}},
         "sleep_seconds": 0.5,
         "check_step_health_interval_seconds": 2,
     }
 
 
-@dg.asset(partitions_def=partitions, op_tags={"dagster-gpu/gpu-count": "1"})
+@dg.asset(partitions_def=partitions, op_tags={"dagster-gpu/gpu-count": "1"}, retry_policy=dg.RetryPolicy(max_retries=1))
 def trivial(context):
     sleep_s = float(context.run.tags.get("test/sleep", "0"))
+    if context.retry_number == 0 and context.partition_key in os.environ.get("DGPU_TEST_SLOW_FIRST", "").split(","):
+        pid_file = os.path.join(os.environ["DGPU_TEST_PID_DIR"], f"{context.partition_key}.pid")
+        with open(pid_file + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(pid_file + ".tmp", pid_file)
+        sleep_s = 300.0
     time.sleep(sleep_s)
     from dagster_gpu.worker.backend_env import backend_metadata
 
     md = backend_metadata("slurm")
     md["test/partition_key"] = context.partition_key
+    md["test/retry_number"] = context.retry_number
     md["test/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     return dg.MaterializeResult(metadata=md)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+import types
+
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.executor.auto import gather_snapshot, step_size
@@ -33,10 +36,25 @@ class _Slurm:
         return SlurmState(pools=(DeviceGroup("NVIDIA A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 80.0, free=self.free, total=4),))
 
 
-def test_unreachable_backend_is_recorded_and_skipped(tmp_path):
+class _NoDriverNvml(types.ModuleType):
+    """A ``pynvml`` whose nvmlInit fails as on a host without an NVIDIA driver."""
+
+    def __init__(self):
+        super().__init__("pynvml")
+        self.inits = 0
+
+    def nvmlInit(self):
+        self.inits += 1
+        raise RuntimeError("NVML Shared Library Not Found")
+
+
+def test_unreachable_backend_is_recorded_and_skipped(tmp_path, monkeypatch):
+    # the fact "this host has no GPU" is injected (the local backend asks NVML through `import pynvml`)
+    nvml = _NoDriverNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
     handler = _Handler({"local": LocalBackend(tmp_path), "slurm": _Slurm(free=2), "kubernetes": ConnectionError("connection refused")})
     snap = gather_snapshot(handler, ["local", "slurm", "kubernetes"])
-    assert snap.local.pools == ()  # this CI host has no GPU
+    assert nvml.inits == 1 and snap.local.pools == ()  # NVML was asked, and saw no GPU
     assert snap.kubernetes.reachable is False and "ConnectionError: connection refused" in snap.kubernetes.reason
     p = choose_placement(GpuRequest(count=1), 100_000, snap)
     assert (p.backend, p.device) == ("slurm", "NVIDIA A100-SXM4-80GB")

@@ -117,8 +117,63 @@ def test_bad_utf8_names_the_file(tmp_path):
     p.write_bytes("caf\u00e9\n%\n".encode("latin-1"))
     with pytest.raises(CorpusReadError) as e:
         read_all(p, FORTUNE)
-    assert str(p) in str(e.value)
-    assert "utf-8" in str(e.value)
+    assert str(e.value).startswith(f"{p}: line 1 (record_id 0) is not valid utf-8 text: byte 0xe9 at column 4;")
+
+
+def test_bad_utf8_names_the_line_and_record_far_into_the_file(tmp_path):
+    # the decoder reads 8 KiB chunks: the error must still name the record's own line, not "near line 1"
+    p = tmp_path / "big.txt"
+    body = "".join(f"fortune number {i}\n%\n" for i in range(2000))  # 4000 lines, ~48 KB
+    p.write_bytes(body.encode() + "caf\u00e9 cr\u00e8me\n%\nlast\n".encode("latin-1"))
+    with pytest.raises(CorpusReadError) as e:
+        read_all(p, FORTUNE)
+    assert str(e.value).startswith(f"{p}: line 4001 (record_id 2000) is not valid utf-8 text: byte 0xe9 at column 4;")
+
+
+@pytest.mark.parametrize(
+    "policy, texts, ids, replaced, skipped",
+    [
+        ("replace", ["first", "caf\ufffd\nand cr\ufffdme", "last"], [0, 1, 2], 1, 0),
+        ("skip", ["first", "last"], [0, 2], 0, 1),
+    ],
+)
+def test_text_decode_errors_policy(tmp_path, policy, texts, ids, replaced, skipped):
+    p = tmp_path / "fortunes"
+    p.write_bytes(b"first\n%\ncaf\xe9\nand cr\xe8me\n%\nlast\n%\n")
+    fmt = TextFormat(format="text", record_separator_line="%", decode_errors=policy)
+    _, got_ids, got_texts, stats = read_all(p, fmt)
+    assert (got_texts, got_ids) == (texts, ids)
+    assert (stats.records, stats.replaced_rows, stats.skipped_undecodable_rows, stats.kept) == (3, replaced, skipped, 3 - skipped)
+
+
+def test_text_strict_names_the_first_bad_line_of_a_multi_line_record(tmp_path):
+    p = tmp_path / "fortunes"
+    p.write_bytes(b"ok\n%\nfine line\nbad \xff\xfe\nworse \xc3\n%\n")
+    with pytest.raises(CorpusReadError, match=r": line 4 \(record_id 1\) is not valid utf-8 text: bytes 0xff 0xfe at column 5;"):
+        read_all(p, FORTUNE)
+
+
+def test_undecodable_bytes_in_another_encoding(tmp_path):
+    # UTF-16-LE with a lone high surrogate on line 2: the same handler finds it, whatever the codec
+    p = tmp_path / "u16.txt"
+    p.write_bytes("one\n".encode("utf-16-le") + b"t\x00\x00\xd8o\x00\n\x00")
+    fmt = TextFormat(format="text", encoding="utf-16-le")
+    with pytest.raises(CorpusReadError, match=r": line 2 \(record_id 1\) is not valid utf-16-le text: bytes 0x00 0xd8 at column 2;"):
+        read_all(p, fmt)
+    _, _, texts, stats = read_all(p, TextFormat(format="text", encoding="utf-16-le", decode_errors="replace"))
+    assert texts == ["one", "t\ufffdo"] and stats.replaced_rows == 1
+
+
+def test_unknown_encoding_names_the_file(tmp_path):
+    p = tmp_path / "x.txt"
+    p.write_text("x\n")
+    with pytest.raises(CorpusReadError, match=r"x.txt: unknown text encoding 'klingon'"):
+        read_all(p, TextFormat(format="text", encoding="klingon"))
+
+
+def test_decode_errors_must_be_known():
+    with pytest.raises(ValueError, match=r"decode_errors must be one of strict, replace, skip, got 'ignore'"):
+        TextFormat(decode_errors="ignore")
 
 
 def test_unknown_format_names_the_file(tmp_path):
@@ -265,3 +320,46 @@ def test_recursive_listing_keeps_nested_and_flat_lookalikes(tmp_path):
     by_rel = {f.relative_name: f.key for f in files}
     assert by_rel["sub/x"] == "sub__x"
     assert by_rel["sub__x"].startswith("sub__x-") and len(by_rel["sub__x"]) == len("sub__x-") + 8
+
+
+# -- parquet with invalid UTF-8 (pyarrow does not validate strings on read) ---------------------------
+def bad_utf8_parquet(path, values, large=False, row_group_size=None):
+    """A parquet file whose string column ``text`` holds ``values`` (bytes) as they are, valid UTF-8 or not."""
+    arr = pa.array(values, type=pa.large_binary() if large else pa.binary())
+    arr = arr.view(pa.large_string() if large else pa.string())
+    pq.write_table(pa.table({"text": arr}), path, row_group_size=row_group_size)
+    return path
+
+
+PARQUET = TextFormat(format="parquet")
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_parquet_invalid_utf8_names_file_and_row(tmp_path, large):
+    p = bad_utf8_parquet(tmp_path / "docs.parquet", [b"hello", b"he\xffllo world", b"bye"], large=large)
+    with pytest.raises(CorpusReadError) as e:
+        read_all(p, PARQUET)
+    assert str(e.value).startswith(f"{p}: row 1 (record_id 1) is not valid UTF-8 text: byte 0xff at character 3;")
+
+
+@pytest.mark.parametrize(
+    "policy, texts, ids, replaced, skipped",
+    [("replace", ["hello", "he\ufffdllo world", "bye"], [0, 1, 2], 1, 0), ("skip", ["hello", "bye"], [0, 2], 0, 1)],
+)
+def test_parquet_decode_errors_policy(tmp_path, policy, texts, ids, replaced, skipped):
+    p = bad_utf8_parquet(tmp_path / "docs.parquet", [b"hello", b"he\xffllo world", b"bye"])
+    _, got_ids, got_texts, stats = read_all(p, TextFormat(format="parquet", decode_errors=policy))
+    assert (got_texts, got_ids) == (texts, ids)
+    assert (stats.records, stats.replaced_rows, stats.skipped_undecodable_rows, stats.kept) == (3, replaced, skipped, 3 - skipped)
+
+
+def test_parquet_invalid_utf8_row_counts_across_row_groups_and_batches(tmp_path):
+    values = [f"row {i}".encode() for i in range(10)]
+    values[7] = b"row \xc3\x28 seven"  # an invalid 2-byte sequence: only 0xc3 is bad, "(" decodes
+    values[3] = None
+    p = bad_utf8_parquet(tmp_path / "docs.parquet", values, row_group_size=4)
+    with pytest.raises(CorpusReadError, match=r"docs.parquet: row 7 \(record_id 7\) is not valid UTF-8 text: byte 0xc3 at character 5;"):
+        read_all(p, PARQUET, batch_rows=3)
+    _, ids, texts, stats = read_all(p, TextFormat(format="parquet", decode_errors="replace"), batch_rows=3)
+    assert ids == [0, 1, 2, 4, 5, 6, 7, 8, 9] and texts[6] == "row \ufffd( seven"
+    assert (stats.records, stats.skipped_empty, stats.replaced_rows) == (10, 1, 1)

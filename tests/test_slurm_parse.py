@@ -16,7 +16,7 @@ from dagster_gpu.slurm.ids import BadJobId, format_array_spec, parse_array_task_
 from dagster_gpu.billing.apportion import apportion_unit_bill
 from dagster_gpu.slurm.sacct_bill import sacct_figures
 from dagster_gpu.slurm.states import STATE_MAP, UnknownSlurmState, parse_state, worker_status
-from dagster_gpu.slurm.status import records_for, task_state
+from dagster_gpu.slurm.status import WaitLimits, queue_wait_class, records_for, task_state
 
 DATA = Path(__file__).parent / "data" / "slurm"
 JOBS = json.loads((DATA / "jobs.json").read_text())
@@ -71,15 +71,22 @@ def test_state_map(text, name, uid, status):
     assert worker_status(text) == status
 
 
-@pytest.mark.parametrize("bad", ["", "BOGUS", "C+", "RE+", "by 0", "CANCELLED by x"])
+@pytest.mark.parametrize("bad", ["BOGUS", "C+", "RE+", "by 0", "CANCELLED by x"])
 def test_unknown_states_raise(bad):
     with pytest.raises(UnknownSlurmState):
         parse_state(bad)
 
 
+@pytest.mark.parametrize("text", ["", "Unknown", "None", "INVALID", "?", " n/a ", "(null)"])
+def test_states_slurm_cannot_name_are_unknown(text):
+    st = parse_state(text)
+    assert (st.name, st.status, st.final, st.raw) == ("UNKNOWN", WorkerStatus.UNKNOWN, False, text)
+
+
 def test_every_state_is_mapped_to_a_worker_status():
     assert set(STATE_MAP.values()) == {
-        WorkerStatus.PENDING, WorkerStatus.RUNNING, WorkerStatus.SUCCEEDED, WorkerStatus.FAILED, WorkerStatus.REQUEUED
+        WorkerStatus.PENDING, WorkerStatus.RUNNING, WorkerStatus.SUCCEEDED, WorkerStatus.FAILED, WorkerStatus.REQUEUED,
+        WorkerStatus.UNKNOWN,
     }  # fmt: skip
     assert str(parse_state("CANCELLED by 0")) == "CANCELLED by 0"
     assert parse_state("CANCELLED+").truncated
@@ -281,3 +288,173 @@ def test_sinfo_gres_recorded():
     line = data("sinfo_gres.txt").strip()
     assert gpu_count(line.split("|", 1)[1]) == 4
     assert gpu_count("gpu:a100:2(S:0-1),shard:8") == 2 and gpu_count("(null)") == 0
+
+
+# ------------------------------------------------- fields Slurm fills with a word instead of a value
+UNKNOWN_WORDS = ["Unknown", "None", "INVALID", "Partition_Limit", "UNLIMITED", "N/A", "NOT_SET", "(null)", "", " unknown "]
+
+
+@pytest.mark.parametrize("word", UNKNOWN_WORDS)
+def test_unknown_words_parse_to_none_in_every_typed_field(word):
+    assert P.parse_duration(word) is None
+    assert P.parse_time(word) is None
+    assert P.parse_count(word) is None
+    assert P.parse_exit_code(word) == (None, None)
+    assert P.parse_tres(f"cpu=1,billing={word},gres/gpu=1") == {"cpu": 1.0, "gres/gpu": 1.0}
+
+
+@pytest.mark.parametrize(
+    "text, seconds",
+    [
+        ("1-02:03:04", 93784),  # sacct Elapsed of a long task
+        ("45:30.500", 2730.5),  # minutes:seconds with milliseconds (sacct TotalCPU style)
+        ("00:00:00.123", 0.123),
+        ("02:03:04", 7384),
+        ("0:04", 4),
+        ("1-02:03", 93780),  # sbatch --time days-hours:minutes (not minutes:seconds)
+        ("1-02", 93600),
+        ("90", 5400),  # plain minutes
+        ("2-00:00:00", 172800),
+    ],
+)
+def test_durations_are_exact(text, seconds):
+    assert P.parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("bad", ["soon", "1:2:3:4", "-5", "1-", "12.5", "01:xx"])
+def test_malformed_durations_still_raise(bad):
+    with pytest.raises(P.SlurmParseError, match="not a Slurm duration"):
+        P.parse_duration(bad)
+
+
+def test_sacct_rows_with_unknown_words_parse_and_bill_exactly():
+    text = (
+        # cancelled while pending (recorded form: Start None)
+        "35_0|36|CANCELLED by 0|0:0|0:0|00:00:00|0||normal|gpu|2026-11-30T15:32:16|None|2026-11-30T15:32:20|None assigned|n\n"
+        # slurmdbd could not time it: ElapsedRaw INVALID, Elapsed known -> Elapsed counts
+        "40|40|COMPLETED|0:0|0:0|1-02:03:04|INVALID|billing=11,gres/gpu=1|normal|gpu|2026-11-30T00:00:00|"
+        "2026-11-30T00:00:01|2026-12-01T02:03:05|vm|n\n"
+        # nothing known about time or exit code
+        "41|41|PENDING|Unknown|Unknown|INVALID|Unknown|billing=INVALID|normal|gpu|Unknown|Unknown|Unknown|None assigned|n\n"
+        "42|42|COMPLETED|0:0|0:0|45:30.500|Unknown|gres/gpu=2|normal|gpu|2026-11-30T00:00:00|2026-11-30T00:00:00|2026-11-30T00:45:30|vm|n\n"
+    )
+    a, b, c, d = P.parse_sacct(text)
+    assert (a.start, a.elapsed_s, a.alloc_tres, a.gpus) == (None, 0, {}, 0.0)
+    assert b.elapsed_s == 93784 and b.billing == 11.0
+    assert (c.exit_code, c.signal, c.derived_exit_code, c.elapsed_s, c.submit, c.alloc_tres) == (None, None, None, 0, None, {})
+    assert c.state.status == WorkerStatus.PENDING
+    assert d.elapsed_s == 2730.5 and d.gpus * d.elapsed_s == 5461.0
+
+
+def test_squeue_rows_with_unknown_words():
+    text = "CLUSTER: gpu2\n77|77|77|N/A|PENDING|None|Unknown|normal|gpu|N/A|n\n78_1|79|78|1|Unknown|None|N/A|normal|gpu|gres:gpu:1|n\n"
+    a, b = P.parse_squeue(text)  # the `squeue -M` banner is not a row
+    assert (a.array_task_ids, a.start, a.state.name, a.reason) == ((), None, "PENDING", "None")
+    assert (b.array_task_id, b.state.status) == (1, WorkerStatus.UNKNOWN)
+    assert parse_array_task_field("None") == ((), None) and parse_array_task_field("(null)") == ((), None)
+
+
+@pytest.mark.parametrize(
+    "out, expected",
+    [
+        ("38;dagstergpu\n", (38, "dagstergpu")),  # recorded: sbatch --parsable -M dagstergpu on the local cluster
+        ("123;gpu2", (123, "gpu2")),
+        ("123;gpu2;extra", (123, "gpu2")),  # never the cluster "gpu2;extra"
+        ("sbatch: warning: x\n123;gpu2\n", (123, "gpu2")),
+        ("123;\n", (123, None)),
+    ],
+)
+def test_sbatch_parsable_cluster(out, expected):
+    assert P.parse_sbatch_parsable(out) == expected
+
+
+@pytest.mark.parametrize("bad", ["123;-x", "123;gpu 2", "123;gpu/2", ";gpu2", "x;gpu2"])
+def test_sbatch_parsable_rejects_a_malformed_cluster_or_id(bad):
+    with pytest.raises(P.SlurmParseError):
+        P.parse_sbatch_parsable(bad)
+
+
+# --------------------------------------------------------- held tasks: recorded on the local cluster
+HELD = json.loads((DATA / "held_jobs.json").read_text())["held_array"]
+
+
+def test_recorded_held_tasks_are_held_waits():
+    q = P.parse_squeue(data("squeue_held.txt"))
+    a = P.parse_sacct(data("sacct_held.txt"))
+    by_task = {r.array_task_id: r for r in q}
+    assert (by_task[0].state.name, by_task[0].reason) == ("PENDING", "job requeued in held state")  # requeuehold
+    assert (by_task[1].state.name, by_task[1].state.status) == ("SPECIAL_EXIT", WorkerStatus.REQUEUED)
+    assert (by_task[2].state.name, by_task[2].reason) == ("PENDING", "JobHeldAdmin")  # scontrol hold
+    for tid in (0, 1, 2):
+        recs = records_for(HELD, tid, q, a)
+        assert queue_wait_class(recs) == "held"
+        st = task_state(recs, job_label=f"{HELD}_{tid}", submitted_age_s=100, waited_s=1799)
+        assert st.status in (WorkerStatus.REQUEUED, WorkerStatus.PENDING), st
+        late = task_state(recs, job_label=f"{HELD}_{tid}", submitted_age_s=2000, waited_s=1800)
+        assert late.status == WorkerStatus.FAILED
+        assert late.message.startswith(f"Slurm array task {HELD}_{tid} is {by_task[tid].state} (reason {by_task[tid].reason}): ")
+        assert f"held until an administrator releases it (scontrol release {HELD}_{tid}); waited 1800 s, over the Slurm " \
+               "backend's wait_limits_seconds.held = 1800 s, so the task is cancelled" in late.message
+    # no limit: waits as long as it takes
+    off = task_state(records_for(HELD, 1, q, a), job_label="x", submitted_age_s=10**6, waited_s=10**6, wait_limits=WaitLimits(held=0))
+    assert off.status == WorkerStatus.REQUEUED
+
+
+def test_recorded_held_tasks_cancelled():
+    q = P.parse_squeue(data("squeue_held_cancelled.txt"))
+    a = P.parse_sacct(data("sacct_held_cancelled.txt"))
+    for tid in (0, 1, 2):
+        recs = records_for(HELD, tid, q, a)
+        assert [r.state.name for r in recs.acct] == ["REQUEUED", "CANCELLED"] and recs.acct[-1].start is None
+        st = task_state(recs, job_label="x", submitted_age_s=100, waited_s=10**6)
+        assert (st.status, st.message) == (WorkerStatus.FAILED, "Slurm array task x ended CANCELLED, ExitCode 0:0")
+        assert sacct_figures(recs.acct, shards_per_gpu=4)["billing/gpu_seconds"] == 1  # the one attempt that ran 1 s
+
+
+@pytest.mark.parametrize(
+    "state, reason, wait, limit_field",
+    [
+        ("PREEMPTED", "None", "preempted", "preempted"),
+        ("SUSPENDED", "None", "suspended", "suspended"),
+        ("STOPPED", "None", "suspended", "suspended"),
+        ("PENDING", "Resources", "pending", "pending"),
+        ("PENDING", "JobHeldUser", "held", "held"),
+        ("REQUEUE_HOLD", "None", "held", "held"),
+        ("COMPLETING", "None", "completing", "completing"),
+        ("CONFIGURING", "None", "pending", "pending"),
+    ],
+)
+def test_every_non_terminal_wait_is_bounded(state, reason, wait, limit_field):
+    row = P.parse_squeue(f"90_0|90|90|0|{state}|{reason}|N/A|normal|gpu|gres:gpu:1|n\n")
+    recs = records_for(90, 0, row, [])
+    assert queue_wait_class(recs) == wait
+    limits = WaitLimits(**{limit_field: 7.0})
+    assert task_state(recs, job_label="90_0", submitted_age_s=100, waited_s=6.9, wait_limits=limits).status != WorkerStatus.FAILED
+    st = task_state(recs, job_label="90_0", submitted_age_s=100, waited_s=7.0, wait_limits=limits)
+    assert st.status == WorkerStatus.FAILED
+    assert f"is {state} (reason {reason})" in st.message and f"wait_limits_seconds.{wait} = 7 s" in st.message
+
+
+def test_running_is_not_a_wait_and_limits_are_validated():
+    recs = records_for(90, 0, P.parse_squeue("90_0|90|90|0|RUNNING|None|N/A|normal|gpu|gres:gpu:1|n\n"), [])
+    assert queue_wait_class(recs) is None
+    assert task_state(recs, job_label="x", submitted_age_s=1e9, waited_s=1e9).status == WorkerStatus.RUNNING
+    assert WaitLimits.from_mapping({"held": 60}) == WaitLimits(held=60.0)
+    assert WaitLimits.from_mapping(None) == WaitLimits()
+    with pytest.raises(ValueError, match="unknown wait limit"):
+        WaitLimits.from_mapping({"hold": 60})
+    with pytest.raises(ValueError, match=">= 0"):
+        WaitLimits.from_mapping({"held": -1})
+
+
+def test_wait_limits_from_the_executor_config():
+    from dagster._config import process_config
+
+    from dagster_gpu.executor.backends.slurm import SlurmSettings, config_field
+
+    ok = process_config(config_field().config_type, {"wait_limits_seconds": {"held": 60, "pending": 0}})
+    assert ok.success
+    assert SlurmSettings.from_section(ok.value).wait_limits == WaitLimits(held=60.0, pending=0.0)
+    assert SlurmSettings().wait_limits == WaitLimits()
+    bad = process_config(config_field().config_type, {"wait_limits_seconds": {"hold": 60}})
+    assert not bad.success and 'unexpected config entry "hold"' in bad.errors[0].message

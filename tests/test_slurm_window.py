@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from dagster_gpu.slurm.client import SubmittedJob
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, group_key
 from dagster_gpu.slurm.spool import Spool, write_json
 from dagster_gpu.slurm.window import WindowRule, decide_flush
@@ -65,6 +66,9 @@ class RecordingClient:
     def submit(self, script, options, *, script_args=(), attempts=None) -> int:
         self.calls.append(list(options))
         return 500 + len(self.calls) - 1
+
+    def submit_job(self, script, options, *, script_args=(), attempts=None) -> SubmittedJob:
+        return SubmittedJob(self.submit(script, options, script_args=script_args, attempts=attempts))
 
     def max_array_size(self) -> int:
         return 1001

@@ -82,14 +82,22 @@ def gpu(uuid, util, mem_mib, name="NVIDIA H100 80GB HBM3"):
 
 
 # -- the real pynvml on this CPU-only machine ------------------------------------------------------
+class NVMLError_DriverNotLoaded(FakeNvmlError):  # noqa: N801 - the name pynvml gives this error
+    pass
+
+
 def test_no_driver_records_reason():
-    with NvmlSampler(0.05, env={}) as s:
+    # the fact "no driver" is injected, so the test means the same on a host with a GPU
+    fake = FakeNvml([gpu("GPU-a", [50], [100])], init_error=NVMLError_DriverNotLoaded("Driver Not Loaded"))
+    with NvmlSampler(0.05, nvml=fake, env={}) as s:
         pass
     sm = s.summary()
     assert sm.samples == 0
     assert sm.utilization_mean_percent is None and sm.memory_peak_mib is None
     assert "NVML" in sm.unavailable_reason
     assert "no NVIDIA driver" in sm.unavailable_reason
+    assert sm.unavailable_reason.endswith("(NVMLError_DriverNotLoaded: Driver Not Loaded)")
+    assert fake.calls == [("init",)]  # no device was asked for
 
 
 @pytest.mark.parametrize("value", ["", "-1", "NoDevFiles", " , "])

@@ -7,16 +7,48 @@ with ``pyarrow.parquet.ParquetFile.iter_batches``.
 Record ids are the record's ordinal in the file (0-based, counting empty records too), so an output
 row points back to its source record. Empty or whitespace-only records (and nulls in parquet) are
 skipped and counted, never embedded.
+
+Undecodable text (bytes that are not valid in the text encoding, or invalid UTF-8 in a parquet string
+column, which pyarrow does not check on read) follows ``TextFormat.decode_errors``:
+
+- ``strict`` (default): CorpusReadError naming the file, the line (text) or row (parquet), the
+  record id, and the first bad byte;
+- ``replace``: each run of undecodable bytes becomes one U+FFFD; the record is embedded and counted in
+  ``ReadStats.replaced_rows``;
+- ``skip``: the record is not embedded (its record id stays unused) and is counted in
+  ``ReadStats.skipped_undecodable_rows``.
+
+Both readers decode through one error handler that maps each bad byte ``b`` to the lone surrogate
+``U+DC00 + b`` (which no strict decoder of UTF-8/16/32 or a single-byte codec produces from valid
+input) and then look for those in each line or value, so the position is exact whatever the codec's
+chunking.
 """
 
 from __future__ import annotations
 
+import codecs
+import io
+import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
 import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+#: ``TextFormat.decode_errors`` values.
+DECODE_ERRORS = ("strict", "replace", "skip")
+_MARK = "dagster_gpu.mark_undecodable"
+_MARKED = re.compile("[\udc00-\udcff]+")
+
+
+def _mark_undecodable(e: UnicodeError) -> tuple[str, int]:
+    if not isinstance(e, UnicodeDecodeError):
+        raise e
+    return "".join(chr(0xDC00 + b) for b in e.object[e.start : e.end]), e.end
+
+
+codecs.register_error(_MARK, _mark_undecodable)
 
 
 class CorpusReadError(ValueError):
@@ -31,14 +63,25 @@ class TextFormat:
         format: ``auto`` (``.parquet`` suffix -> parquet, else text), ``text`` or ``parquet``.
         record_separator_line: text only: a line equal to this string ends a record (``%``); None =
             one record per line.
-        encoding: text only; undecodable bytes raise CorpusReadError naming the file.
+        encoding: text only (parquet strings are UTF-8).
         text_column: parquet only: the column holding the text.
+        decode_errors: what an undecodable record does (see the module doc): ``strict`` (CorpusReadError
+            naming file, line/row and record id), ``replace`` (U+FFFD, counted in
+            ``ReadStats.replaced_rows``) or ``skip`` (counted in ``ReadStats.skipped_undecodable_rows``).
+
+    Raises:
+        ValueError: ``decode_errors`` is not one of those three.
     """
 
     format: str = "auto"
     record_separator_line: str | None = None
     encoding: str = "utf-8"
     text_column: str = "text"
+    decode_errors: str = "strict"
+
+    def __post_init__(self) -> None:
+        if self.decode_errors not in DECODE_ERRORS:
+            raise ValueError(f"TextFormat.decode_errors must be one of {', '.join(DECODE_ERRORS)}, got {self.decode_errors!r}")
 
     def resolved(self, uri: str) -> str:
         if self.format not in ("auto", "text", "parquet"):
@@ -61,14 +104,24 @@ class RecordBatch:
 
 @dataclass
 class ReadStats:
-    """Counts over one file: ``records`` read (including empty ones) and ``skipped_empty``."""
+    """Counts over one file (records, i.e. lines/blocks of text or parquet rows).
+
+    Attributes:
+        records: records read, every kind below included.
+        skipped_empty: empty, whitespace-only or null records (not embedded).
+        replaced_rows: records with undecodable bytes replaced by U+FFFD (``decode_errors: replace``; embedded).
+        skipped_undecodable_rows: records with undecodable bytes left out (``decode_errors: skip``).
+    """
 
     records: int = 0
     skipped_empty: int = 0
+    replaced_rows: int = 0
+    skipped_undecodable_rows: int = 0
 
     @property
     def kept(self) -> int:
-        return self.records - self.skipped_empty
+        """Records embedded: ``records - skipped_empty - skipped_undecodable_rows``."""
+        return self.records - self.skipped_empty - self.skipped_undecodable_rows
 
 
 def read_batches(
@@ -77,7 +130,9 @@ def read_batches(
     """Yield RecordBatches of at most ``batch_rows`` kept records; fills ``stats`` as it goes.
 
     A 0-byte file yields nothing (0 records) whatever its format. Raises CorpusReadError naming
-    ``uri`` on undecodable text, an unreadable parquet file or a missing text column.
+    ``uri`` on an unreadable parquet file, a missing or non-string text column, or (with
+    ``decode_errors: strict``) undecodable text: the message names the line (text, 1-based) or row
+    (parquet, 0-based), the record id and the first bad byte.
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
@@ -87,9 +142,21 @@ def read_batches(
             return
         source = _parquet_records(f, uri, fmt, batch_rows) if kind == "parquet" else _text_records(f, uri, fmt)
         batch = RecordBatch()
-        for text in source:
+        for text, bad in source:
             ordinal = stats.records
             stats.records += 1
+            if bad is not None:
+                where, detail = bad
+                if fmt.decode_errors == "strict":
+                    enc = "UTF-8" if kind == "parquet" else fmt.encoding
+                    raise CorpusReadError(
+                        f"{uri}: {where} (record_id {ordinal}) is not valid {enc} text: {detail}; "
+                        "TextFormat(decode_errors='replace' or 'skip') embeds or skips such records"
+                    )
+                if fmt.decode_errors == "skip":
+                    stats.skipped_undecodable_rows += 1
+                    continue
+                stats.replaced_rows += 1
             if text is None or not text.strip():
                 stats.skipped_empty += 1
                 continue
@@ -109,31 +176,64 @@ def _is_empty(f) -> bool:
     return empty
 
 
-def _text_records(f, uri: str, fmt: TextFormat) -> Iterator[str]:
-    import io
+#: (where, what): the first undecodable bytes of a record, e.g. ("line 3", "byte 0xff at column 3").
+Bad = tuple[str, str]
 
-    reader = io.TextIOWrapper(f, encoding=fmt.encoding, errors="strict", newline=None)
+
+def _first_bad(text: str, unit: str) -> tuple[str, str]:
+    """(text with each run of marked bytes as one U+FFFD, description of the first run)."""
+    m = _MARKED.search(text)
+    assert m is not None
+    raw = bytes(ord(c) - 0xDC00 for c in m.group())
+    shown = " ".join(f"0x{b:02x}" for b in raw[:8]) + (" …" if len(raw) > 8 else "")
+    what = f"byte{'s' if len(raw) > 1 else ''} {shown} at {unit} {m.start() + 1}"
+    return _MARKED.sub("\ufffd", text), what
+
+
+def _text_records(f, uri: str, fmt: TextFormat) -> Iterator[tuple[str, Bad | None]]:
+    try:
+        reader = io.TextIOWrapper(f, encoding=fmt.encoding, errors=_MARK, newline=None)
+    except LookupError as e:
+        raise CorpusReadError(f"{uri}: unknown text encoding {fmt.encoding!r}") from e
     sep = fmt.record_separator_line
     lines: list[str] = []
+    bad: Bad | None = None  # the record's first undecodable line
     lineno = 0
-    try:
-        for line in reader:
-            lineno += 1
-            line = line.rstrip("\n")
-            if sep is None:
-                yield line
-            elif line == sep:
-                yield "\n".join(lines)
-                lines = []
-            else:
-                lines.append(line)
-    except UnicodeDecodeError as e:
-        raise CorpusReadError(f"{uri}: not valid {fmt.encoding} text near line {lineno + 1}: {e.reason}") from e
-    if sep is not None and lines:
-        yield "\n".join(lines)
+    for line in reader:
+        lineno += 1
+        line = line.rstrip("\n")
+        if _MARKED.search(line):
+            line, what = _first_bad(line, "column")
+            if bad is None:
+                bad = (f"line {lineno}", what)
+        if sep is None:
+            yield line, bad
+            bad = None
+        elif line == sep:
+            yield "\n".join(lines), bad
+            lines, bad = [], None
+        else:
+            lines.append(line)
+    if sep is not None and (lines or bad is not None):
+        yield "\n".join(lines), bad
 
 
-def _parquet_records(f, uri: str, fmt: TextFormat, batch_rows: int) -> Iterator[str | None]:
+def _decode_utf8_values(col: pa.Array, first_row: int) -> Iterator[tuple[str | None, Bad | None]]:
+    """The values of a string column holding invalid UTF-8, one by one from its bytes."""
+    raw = col.view(pa.large_binary() if pa.types.is_large_string(col.type) else pa.binary())
+    for i, b in enumerate(raw.to_pylist()):
+        if b is None:
+            yield None, None
+            continue
+        text = b.decode("utf-8", errors=_MARK)
+        if _MARKED.search(text):
+            text, what = _first_bad(text, "character")
+            yield text, (f"row {first_row + i}", what)
+        else:
+            yield text, None
+
+
+def _parquet_records(f, uri: str, fmt: TextFormat, batch_rows: int) -> Iterator[tuple[str | None, Bad | None]]:
     try:
         pf = pq.ParquetFile(f)
     except (pa.ArrowInvalid, OSError) as e:
@@ -141,11 +241,19 @@ def _parquet_records(f, uri: str, fmt: TextFormat, batch_rows: int) -> Iterator[
     names = pf.schema_arrow.names
     if fmt.text_column not in names:
         raise CorpusReadError(f"{uri}: no column {fmt.text_column!r} (columns: {', '.join(names)})")
+    row = 0
     try:
         for rb in pf.iter_batches(batch_size=batch_rows, columns=[fmt.text_column]):
             col = rb.column(0)
             if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
                 raise CorpusReadError(f"{uri}: column {fmt.text_column!r} has type {col.type}, expected string")
-            yield from col.to_pylist()
+            try:
+                values = col.to_pylist()  # pyarrow does not validate UTF-8 on read; this raises on the first bad value
+            except UnicodeDecodeError:
+                yield from _decode_utf8_values(col, row)
+            else:
+                for v in values:
+                    yield v, None
+            row += len(col)
     except pa.ArrowException as e:
         raise CorpusReadError(f"{uri}: parquet read failed: {e}") from e

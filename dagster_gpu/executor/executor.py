@@ -72,7 +72,9 @@ def gpu_executor(init_context: dg.InitExecutorContext) -> StepDelegatingExecutor
     instance = init_context.instance
     default_log_dir = Path(instance.root_directory if instance.is_persistent else os.getcwd()) / "dagster_gpu" / "local-workers"
     handler = GpuStepHandler(cfg, default_log_dir)
-    return StepDelegatingExecutor(
+    from dagster_gpu.executor.user_terminate import GpuStepDelegatingExecutor
+
+    return GpuStepDelegatingExecutor(
         handler,
         retries=RetryMode.from_config(cfg["retries"]),
         sleep_seconds=cfg.get("sleep_seconds"),

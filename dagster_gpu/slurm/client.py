@@ -9,6 +9,10 @@ Every command:
   (``SQUEUE_FORMAT``, ``SACCT_FORMAT``, ``SBATCH_*``, ``SLURM_*`` other than ``SLURM_CONF``…);
 - retries with exponential backoff (tenacity) while the controller or slurmdbd is unreachable, then
   raises :class:`SlurmTransientError`; a refusal raises :class:`SlurmRejected` at once.
+
+Multi-cluster: ``sbatch --parsable`` prints ``<job id>;<cluster>`` when the job went to a named cluster
+(``-M``/``--clusters`` in the options, or a federation); :meth:`SlurmClient.submit_job` returns both, and
+every later ``squeue``/``sacct``/``scancel`` of that job passes ``cluster=`` so it carries ``-M <cluster>``.
 """
 
 from __future__ import annotations
@@ -75,6 +79,25 @@ class SlurmRejected(SlurmError):
 
 class SlurmNotInstalled(SlurmError):
     """The Slurm command is not on PATH."""
+
+
+@dataclass(frozen=True)
+class SubmittedJob:
+    """What ``sbatch --parsable`` said: the job id (array job id for ``--array``) and the cluster it went
+    to (None on a single-cluster setup, where sbatch prints no cluster)."""
+
+    job_id: int
+    cluster: str | None = None
+
+
+def cluster_args(cluster: str | None) -> list[str]:
+    """``["-M", cluster]`` for a job on a named cluster, ``[]`` for None. Raises ValueError for a name that
+    is not a Slurm cluster name (it could otherwise be read as an option)."""
+    if cluster is None:
+        return []
+    if not P.CLUSTER_NAME.match(cluster):
+        raise ValueError(f"not a Slurm cluster name: {cluster!r}")
+    return ["-M", cluster]
 
 
 @dataclass
@@ -160,6 +183,27 @@ class SlurmClient:
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------------------------ commands
+    def submit_job(
+        self,
+        script: str | Path,
+        options: Sequence[str],
+        *,
+        script_args: Sequence[str] = (),
+        attempts: int | None = None,
+    ) -> SubmittedJob:
+        """``sbatch --parsable <options> <script> <script_args>``; returns the job id (the array job id
+        for ``--array``) and the cluster sbatch names (``123;gpu2``), if any.
+
+        ``options`` are complete argv items (``--array=0-7%4``, ``--gres=gpu:1``, ``--clusters=gpu2``);
+        ``script_args`` reach the script as ``$1…`` without any shell parsing. Raises SlurmRejected with
+        Slurm's reason (``Batch job submission failed: Invalid job array specification``)."""
+        cp = self.run(["sbatch", "--parsable", *options, str(script), *script_args], attempts=attempts, only_unsent=True)
+        try:
+            job_id, cluster = P.parse_sbatch_parsable(cp.stdout)
+        except P.SlurmParseError as e:
+            raise SlurmRejected(["sbatch"], cp.returncode, str(e), cp.stderr) from e
+        return SubmittedJob(job_id, cluster)
+
     def submit(
         self,
         script: str | Path,
@@ -168,31 +212,36 @@ class SlurmClient:
         script_args: Sequence[str] = (),
         attempts: int | None = None,
     ) -> int:
-        """``sbatch --parsable <options> <script> <script_args>``; returns the job id (the array job id
-        for ``--array``).
-
-        ``options`` are complete argv items (``--array=0-7%4``, ``--gres=gpu:1``); ``script_args`` reach
-        the script as ``$1…`` without any shell parsing. Raises SlurmRejected with Slurm's reason
-        (``Batch job submission failed: Invalid job array specification``)."""
-        cp = self.run(["sbatch", "--parsable", *options, str(script), *script_args], attempts=attempts, only_unsent=True)
-        try:
-            return P.parse_sbatch_parsable(cp.stdout)[0]
-        except P.SlurmParseError as e:
-            raise SlurmRejected(["sbatch"], cp.returncode, str(e), cp.stderr) from e
+        """:meth:`submit_job`'s job id alone (for callers that never submit to a named cluster)."""
+        return self.submit_job(script, options, script_args=script_args, attempts=attempts).job_id
 
     def test_only(self, options: Sequence[str], script: str | Path) -> P.TestOnly:
         """``sbatch --test-only``: the controller's start estimate for a job like this (nothing is submitted)."""
         cp = self.run(["sbatch", "--test-only", *options, str(script)])
         return P.parse_test_only(cp.stderr)
 
-    def squeue(self, job_ids: Iterable[int | str], *, attempts: int | None = None) -> list[P.QueueRow]:
-        """One ``squeue --array --states=all`` for all ``job_ids`` (array job ids select all their tasks).
+    def squeue_argv(self, job_ids: Iterable[int | str], cluster: str | None = None) -> list[str]:
+        """The ``squeue`` argv for :meth:`squeue` (also run by the shared poller)."""
+        ids = ",".join(sorted({str(j) for j in job_ids}))
+        return ["squeue", *cluster_args(cluster), "--noheader", "--array", "--states=all", f"--jobs={ids}", "-o", P.SQUEUE_FORMAT]
+
+    def sacct_argv(self, job_ids: Iterable[int | str], cluster: str | None = None) -> list[str]:
+        """The ``sacct`` argv for :meth:`sacct` (also run by the shared poller)."""
+        ids = ",".join(sorted({str(j) for j in job_ids}))
+        return [
+            "sacct", *cluster_args(cluster), "--parsable2", "--noheader", "--allocations", "--duplicates", "--allusers",
+            f"--jobs={ids}", "--format", P.SACCT_FORMAT,
+        ]  # fmt: skip
+
+    def squeue(self, job_ids: Iterable[int | str], *, attempts: int | None = None, cluster: str | None = None) -> list[P.QueueRow]:
+        """One ``squeue --array --states=all`` for all ``job_ids`` (array job ids select all their tasks),
+        on ``cluster`` (``-M``) when given.
 
         Jobs Slurm no longer knows (older than MinJobAge) are simply absent. Empty input -> []."""
         ids = sorted({str(j) for j in job_ids})
         if not ids:
             return []
-        argv = ["squeue", "--noheader", "--array", "--states=all", f"--jobs={','.join(ids)}", "-o", P.SQUEUE_FORMAT]
+        argv = self.squeue_argv(ids, cluster)
         try:
             cp = self.run(argv, attempts=attempts)
         except SlurmRejected as e:
@@ -201,29 +250,26 @@ class SlurmClient:
             raise
         return P.parse_squeue(cp.stdout)
 
-    def sacct(self, job_ids: Iterable[int | str], *, attempts: int | None = None) -> list[P.AcctRow]:
-        """One ``sacct --allocations --duplicates`` for ``job_ids``: one record per attempt (a requeued
-        task has its PREEMPTED/REQUEUED records too). Empty input -> []. Raises SlurmRejected when
-        accounting storage is disabled (sacct then prints a warning and exits 0)."""
+    def sacct(self, job_ids: Iterable[int | str], *, attempts: int | None = None, cluster: str | None = None) -> list[P.AcctRow]:
+        """One ``sacct --allocations --duplicates`` for ``job_ids`` (on ``cluster``, ``-M``, when given): one
+        record per attempt (a requeued task has its PREEMPTED/REQUEUED records too). Empty input -> [].
+        Raises SlurmRejected when accounting storage is disabled (sacct then prints a warning and exits 0)."""
         ids = sorted({str(j) for j in job_ids})
         if not ids:
             return []
-        argv = [
-            "sacct", "--parsable2", "--noheader", "--allocations", "--duplicates", "--allusers",
-            f"--jobs={','.join(ids)}", "--format", P.SACCT_FORMAT,
-        ]  # fmt: skip
+        argv = self.sacct_argv(ids, cluster)
         cp = self.run(argv, attempts=attempts)
         if "accounting storage is disabled" in cp.stderr.lower():
             raise SlurmRejected(argv, cp.returncode, "Slurm accounting storage is disabled (no slurmdbd)", cp.stderr)
         return P.parse_sacct(cp.stdout)
 
-    def scancel(self, ids: Iterable[str], *, signal: str | None = None) -> None:
-        """``scancel`` exactly these ids (``123_7`` cancels one array task, ``123`` a whole job/array).
-        Unknown or finished ids are ignored."""
+    def scancel(self, ids: Iterable[str], *, signal: str | None = None, cluster: str | None = None) -> None:
+        """``scancel`` exactly these ids (``123_7`` cancels one array task, ``123`` a whole job/array), on
+        ``cluster`` (``-M``) when given. Unknown or finished ids are ignored."""
         ids = [str(i) for i in ids]
         if not ids:
             return
-        argv = ["scancel", *([f"--signal={signal}"] if signal else []), *ids]
+        argv = ["scancel", *cluster_args(cluster), *([f"--signal={signal}"] if signal else []), *ids]
         try:
             self.run(argv)
         except SlurmRejected as e:
@@ -278,12 +324,12 @@ class SlurmClient:
         """``sdiag --reset`` (root or SlurmUser only)."""
         self.run(["sdiag", "--reset"])
 
-    def wait_gone(self, job_ids: Iterable[int], timeout_s: float = 60.0, poll_s: float = 0.5) -> bool:
-        """Wait until none of ``job_ids`` is pending or running; True if so within ``timeout_s``."""
+    def wait_gone(self, job_ids: Iterable[int], timeout_s: float = 60.0, poll_s: float = 0.5, cluster: str | None = None) -> bool:
+        """Wait until none of ``job_ids`` (on ``cluster`` when given) is pending or running; True if so within ``timeout_s``."""
         deadline = time.monotonic() + timeout_s
         ids = list(job_ids)
         while time.monotonic() < deadline:
-            rows = self.squeue(ids)
+            rows = self.squeue(ids, cluster=cluster)
             if not any(r.state.status.value in ("pending", "running", "requeued") for r in rows):
                 return True
             time.sleep(poll_s)

@@ -105,6 +105,7 @@ class TaskAssignment:
     submitted_at: float
     tasks_in_array: int
     log_file: str
+    cluster: str | None = None  # the cluster sbatch named (``123;gpu2``); later Slurm commands pass ``-M`` it
 
 
 class ArrayCoalescer:
@@ -277,9 +278,10 @@ class ArrayCoalescer:
         partitions = [d["partition_key"] for _, d in members]
         try:
             script_hash = verify_job_script(script)  # right before sbatch reads (and copies) it
-            job_id = self._submitting_client().submit(
+            job = self._submitting_client().submit_job(
                 script, [*options], script_args=[self.python, RUNNER, str(manifest), batch, manifest_hash]
             )
+            job_id, cluster = job.job_id, job.cluster
         except (SlurmError, UntrustedPathError) as e:
             if isinstance(e, SlurmError):
                 kind = "rejected" if isinstance(e, SlurmRejected) else "could not be submitted"
@@ -300,8 +302,8 @@ class ArrayCoalescer:
         now = time.time()
         write_json(
             bdir / "submitted.json",
-            {"array_job_id": job_id, "tasks": n, "submitted_at": now, "launch_ids": [d["launch_id"] for _, d in members],
-             "group": group_key(first["options"], first["throttle"]),
+            {"array_job_id": job_id, "cluster": cluster, "tasks": n, "submitted_at": now,
+             "launch_ids": [d["launch_id"] for _, d in members], "group": group_key(first["options"], first["throttle"]),
              "job_script_sha256": script_hash, "manifest_sha256": manifest_hash},
             mode=self.spool.public_mode,
         )
@@ -309,8 +311,8 @@ class ArrayCoalescer:
         for i, (p, d) in enumerate(members):
             write_json(
                 self.spool.results / f"{d['launch_id']}.json",
-                {"ok": True, "array_job_id": job_id, "array_task_id": i, "batch": batch, "submitted_at": now,
-                 "tasks_in_array": n, "log_file": str(bdir / f"{i}.out")},
+                {"ok": True, "array_job_id": job_id, "cluster": cluster, "array_task_id": i, "batch": batch,
+                 "submitted_at": now, "tasks_in_array": n, "log_file": str(bdir / f"{i}.out")},
             )  # fmt: skip
             p.unlink(missing_ok=True)
 
@@ -335,6 +337,7 @@ class ArrayCoalescer:
             submitted_at=float(res["submitted_at"]),
             tasks_in_array=int(res["tasks_in_array"]),
             log_file=res["log_file"],
+            cluster=res.get("cluster"),
         )
 
 

@@ -116,10 +116,11 @@ def parse_ranges(text: str) -> tuple[tuple[int, int], ...]:
 def parse_array_task_field(text: str) -> tuple[tuple[tuple[int, int], ...], int | None]:
     """squeue ``%K`` (array task id): ``7`` / ``4-9%2`` / ``2,5,7-9`` / ``N/A`` -> (ranges, throttle).
 
-    ``N/A`` (not an array) gives ``((), None)``. Raises :class:`BadJobId`.
+    ``N/A`` (not an array), and the other words Slurm prints for "no value" (``None``, ``Unknown``,
+    ``(null)``, empty), give ``((), None)``. Raises :class:`BadJobId`.
     """
     t = text.strip()
-    if t in ("", "N/A"):
+    if t.lower() in ("", "n/a", "none", "unknown", "(null)"):
         return (), None
     body, _, thr = t.partition("%")
     return parse_ranges(body), (int(thr) if thr else None)

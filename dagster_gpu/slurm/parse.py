@@ -10,7 +10,11 @@ read them) cannot drift apart:
 - ``sbatch --parsable`` -> :func:`parse_sbatch_parsable`; ``sbatch --test-only`` -> :func:`parse_test_only`
 
 Durations are seconds (float/int), times are timezone-naive ``datetime`` in the controller's local
-time (as Slurm prints them) or None for ``Unknown``/``N/A``/``None``.
+time (as Slurm prints them). A field Slurm fills with a word instead of a value (``Unknown``, ``None``,
+``N/A``, ``INVALID``, ``Partition_Limit``, ``UNLIMITED``, ``NOT_SET``, ``(null)``, empty; see
+:data:`UNKNOWN_WORDS`) parses to None ("unknown"), never to an exception: sacct prints them for jobs
+that never started or were cancelled while pending, squeue for limits taken from the slurm partition.
+Text that is neither a value nor one of those words raises :class:`SlurmParseError`.
 """
 
 from __future__ import annotations
@@ -50,17 +54,25 @@ SACCT_FIELDS = (
 )
 SACCT_FORMAT = ",".join(SACCT_FIELDS)
 
-_NONE_TIMES = {"", "unknown", "n/a", "none", "(null)"}
+#: Words (lower case) Slurm prints in a time, duration, count or exit-code field whose value is unknown,
+#: unset or unlimited: they parse to None.
+UNKNOWN_WORDS = frozenset({"", "unknown", "none", "n/a", "(null)", "invalid", "partition_limit", "unlimited", "not_set", "infinite"})
 
 
 class SlurmParseError(ValueError):
     """A line of Slurm output does not have the expected shape (the message quotes it)."""
 
 
+def is_unknown(text: str) -> bool:
+    """True when ``text`` is one of :data:`UNKNOWN_WORDS` (case and surrounding blanks ignored)."""
+    return text.strip().lower() in UNKNOWN_WORDS
+
+
 def parse_time(text: str) -> datetime | None:
-    """``2026-11-30T00:25:21`` -> datetime; ``Unknown``/``N/A``/``None``/empty -> None."""
+    """``2026-11-30T00:25:21`` -> datetime; an unknown word (``Unknown``, ``None``, ``N/A``…) -> None.
+    Raises SlurmParseError for anything else."""
     t = text.strip()
-    if t.lower() in _NONE_TIMES:
+    if is_unknown(t):
         return None
     try:
         return datetime.strptime(t, "%Y-%m-%dT%H:%M:%S")
@@ -68,29 +80,53 @@ def parse_time(text: str) -> datetime | None:
         raise SlurmParseError(f"not a Slurm timestamp: {text!r}") from None
 
 
-_DURATION = re.compile(r"^(?:(?P<d>\d+)-)?(?:(?P<h>\d+):)?(?P<m>\d+):(?P<s>\d+(?:\.\d+)?)$")
+_NUM = r"\d+"
+_SEC = r"\d+(?:\.\d+)?"
+# Slurm's time formats (sbatch(1) --time; squeue/sacct print the last three): with days D-H, D-H:M,
+# D-H:M:S; without M, M:S, H:M:S. Fractional seconds only on a seconds field (sacct: 45:30.500).
+_WITH_DAYS = re.compile(rf"^(?P<d>{_NUM})-(?P<h>{_NUM})(?::(?P<m>{_NUM})(?::(?P<s>{_SEC}))?)?$")
+_NO_DAYS = re.compile(rf"^(?:(?:(?P<h>{_NUM}):)?(?P<m>{_NUM}):(?P<s>{_SEC})|(?P<mins>{_NUM}))$")
 
 
 def parse_duration(text: str) -> float | None:
-    """Slurm durations -> seconds: ``1-02:03:04``, ``02:03:04``, ``0:04``, ``00:00:00.123``.
+    """Slurm durations -> seconds, exactly as Slurm reads them (``time_str2secs``):
 
-    ``INVALID``, ``UNLIMITED``, ``N/A`` and empty give None. Raises SlurmParseError otherwise.
+    ``1-02:03:04`` -> 93784, ``1-02:03`` (days-hours:minutes) -> 93780, ``1-02`` -> 93600,
+    ``02:03:04`` -> 7384, ``45:30.500`` (minutes:seconds) -> 2730.5, ``90`` (minutes) -> 5400.
+
+    An unknown word (``Unknown``, ``None``, ``INVALID``, ``Partition_Limit``, ``UNLIMITED``, ``N/A``,
+    empty…) gives None. Raises SlurmParseError for any other text.
     """
     t = text.strip()
-    if t.upper() in ("", "INVALID", "UNLIMITED", "N/A", "NOT_SET"):
+    if is_unknown(t):
         return None
-    m = _DURATION.match(t)
+    m = _WITH_DAYS.match(t)
+    if m:
+        return int(m["d"]) * 86400 + int(m["h"]) * 3600 + int(m["m"] or 0) * 60 + (float(m["s"]) if m["s"] else 0)
+    m = _NO_DAYS.match(t)
     if not m:
         raise SlurmParseError(f"not a Slurm duration: {text!r}")
-    d = int(m.group("d") or 0)
-    h = int(m.group("h") or 0)
-    return d * 86400 + h * 3600 + int(m.group("m")) * 60 + float(m.group("s"))
+    if m["mins"] is not None:
+        return int(m["mins"]) * 60
+    return int(m["h"] or 0) * 3600 + int(m["m"]) * 60 + (float(m["s"]) if "." in m["s"] else int(m["s"]))
+
+
+def parse_count(text: str) -> int | None:
+    """A count/seconds field (``ElapsedRaw``, ``%K``-style numbers): ``42`` -> 42; an unknown word -> None.
+    Raises SlurmParseError for other text."""
+    t = text.strip()
+    if is_unknown(t):
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        raise SlurmParseError(f"not a Slurm count: {text!r}") from None
 
 
 def parse_exit_code(text: str) -> tuple[int | None, int | None]:
-    """sacct ``ExitCode`` ``3:0`` -> (exit status 3, signal 0); empty -> (None, None)."""
+    """sacct ``ExitCode`` ``3:0`` -> (exit status 3, signal 0); empty or an unknown word -> (None, None)."""
     t = text.strip()
-    if not t:
+    if is_unknown(t):
         return None, None
     code, _, sig = t.partition(":")
     try:
@@ -105,7 +141,8 @@ _UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 def parse_tres(text: str) -> dict[str, float]:
     """``billing=11,cpu=1,gres/gpu=1,mem=4844K,node=1`` -> {"billing": 11.0, "cpu": 1.0, "gres/gpu": 1.0,
     "mem": 4960256.0 (bytes), "node": 1.0}. Memory-like values with K/M/G/T/P suffixes become bytes;
-    ``gres/gpu:a100=1`` keeps its typed key. Empty text gives {}. Raises SlurmParseError."""
+    ``gres/gpu:a100=1`` keeps its typed key. Empty text gives {}; an item whose value is an unknown word
+    (``billing=INVALID``) is left out. Raises SlurmParseError."""
     out: dict[str, float] = {}
     t = text.strip()
     if not t:
@@ -114,6 +151,8 @@ def parse_tres(text: str) -> dict[str, float]:
         k, sep, v = item.partition("=")
         if not sep or not k:
             raise SlurmParseError(f"bad TRES item {item!r} in {text!r}")
+        if is_unknown(v):
+            continue
         mult = 1
         if v and v[-1].upper() in _UNITS:
             mult, v = _UNITS[v[-1].upper()], v[:-1]
@@ -170,10 +209,11 @@ class QueueRow:
 
 
 def parse_squeue(text: str) -> list[QueueRow]:
-    """Parse ``squeue --noheader -o SQUEUE_FORMAT`` output (blank lines skipped). Raises SlurmParseError."""
+    """Parse ``squeue --noheader -o SQUEUE_FORMAT`` output (blank lines and the ``CLUSTER: <name>`` banners
+    of ``squeue -M`` skipped). Raises SlurmParseError."""
     rows: list[QueueRow] = []
     for line in text.splitlines():
-        if not line.strip():
+        if not line.strip() or line.startswith("CLUSTER: "):
             continue
         f = _split(line, len(SQUEUE_FIELDS), "squeue")
         try:
@@ -210,7 +250,8 @@ class AcctRow:
         state: parsed ``State`` (``CANCELLED by 0`` keeps the uid).
         exit_code, signal: from ``ExitCode`` ``3:0``.
         derived_exit_code: exit status part of ``DerivedExitCode``.
-        elapsed_s: ``ElapsedRaw`` seconds of this attempt.
+        elapsed_s: ``ElapsedRaw`` seconds of this attempt (when it is an unknown word: ``Elapsed`` parsed,
+            else 0: an attempt Slurm cannot time never held its allocation for any time it bills).
         alloc_tres: ``AllocTRES`` as numbers (``billing``, ``cpu``, ``gres/gpu``, ``gres/shard``, ``node``).
         qos, slurm_partition, submit, start, end, node_list, name.
     """
@@ -221,7 +262,7 @@ class AcctRow:
     exit_code: int | None
     signal: int | None
     derived_exit_code: int | None
-    elapsed_s: int
+    elapsed_s: float
     alloc_tres: Mapping[str, float]
     qos: str
     slurm_partition: str
@@ -279,7 +320,7 @@ def parse_sacct(text: str) -> list[AcctRow]:
                     exit_code=code,
                     signal=sig,
                     derived_exit_code=dcode,
-                    elapsed_s=int(f[6] or 0),
+                    elapsed_s=_elapsed(f[6], f[5]),
                     alloc_tres=parse_tres(f[7]),
                     qos=f[8],
                     slurm_partition=f[9],
@@ -293,6 +334,14 @@ def parse_sacct(text: str) -> list[AcctRow]:
         except (ValueError, SlurmParseError) as e:
             raise SlurmParseError(f"sacct line {line!r}: {e}") from e
     return rows
+
+
+def _elapsed(raw: str, elapsed: str) -> float:
+    n = parse_count(raw)
+    if n is not None:
+        return n
+    d = parse_duration(elapsed)
+    return d if d is not None else 0
 
 
 # ----------------------------------------------------------------------------- scontrol show config
@@ -390,15 +439,25 @@ def parse_sdiag(text: str) -> Sdiag:
 
 
 # --------------------------------------------------------------------------------------------- sbatch
+#: A Slurm cluster name as ``sbatch --parsable`` prints it and ``-M`` takes it.
+CLUSTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
 def parse_sbatch_parsable(stdout: str) -> tuple[int, str | None]:
-    """``sbatch --parsable`` stdout ``123`` or ``123;cluster`` -> (job id, cluster or None).
-    Raises SlurmParseError when the last non-empty line is not that shape."""
+    """``sbatch --parsable`` stdout -> (job id, cluster or None): ``123`` -> (123, None); on a multi-cluster
+    or federated setup ``123;gpu2`` -> (123, "gpu2"), the cluster every later squeue/sacct/scancel of the
+    job must name with ``-M``. Fields after the cluster (``123;gpu2;extra``) are not part of it and are
+    ignored. Raises SlurmParseError when the last non-empty line has no job id or a malformed cluster."""
     lines = [ln.strip() for ln in stdout.splitlines() if ln.strip()]
     if not lines:
         raise SlurmParseError("sbatch --parsable printed nothing")
-    jid, _, cluster = lines[-1].partition(";")
+    fields = [f.strip() for f in lines[-1].split(";")]
+    jid = fields[0]
     if not jid.isdigit():
         raise SlurmParseError(f"sbatch --parsable printed {lines[-1]!r}, not a job id")
+    cluster = fields[1] if len(fields) > 1 else ""
+    if cluster and not CLUSTER_NAME.match(cluster):
+        raise SlurmParseError(f"sbatch --parsable printed {lines[-1]!r}: {cluster!r} is not a cluster name")
     return int(jid), (cluster or None)
 
 

@@ -4,8 +4,12 @@ Every process that asks for a task's state reads the last snapshot (``<spool>/po
 older than ``interval_s`` (or predates a submission the caller cares about) the first process to take
 ``poll.lock`` refreshes it for *all* active job arrays in the spool, so the controller sees the same two
 queries per interval however many runs (processes) are in flight. A failed query (controller or
-slurmdbd unreachable after the client's retries) is recorded as an error snapshot: callers then report
-WorkerStatus.UNKNOWN, which never changes a step's state.
+slurmdbd unreachable after the client's retries), or output that does not parse, is recorded as an
+error snapshot: callers then report WorkerStatus.UNKNOWN, which never changes a step's state.
+
+Job arrays submitted to a named cluster (``submitted.json`` ``cluster``, from ``sbatch --parsable``'s
+``123;gpu2``) are polled with ``-M <cluster>``: one squeue and one sacct per cluster. Array job ids are
+assumed unique across those clusters (true in a federation).
 """
 
 from __future__ import annotations
@@ -87,9 +91,10 @@ class SharedPoller:
             and snap.started_at >= not_before
         )
 
-    def poll(self, need: set[int], not_before: float = 0.0) -> Poll:
+    def poll(self, need: set[int], not_before: float = 0.0, clusters: dict[int, str | None] | None = None) -> Poll:
         """A snapshot covering array jobs ``need`` taken after ``not_before`` (epoch s), refreshing it
-        (for every active job array in the spool) when the last one is too old."""
+        (for every active job array in the spool) when the last one is too old. ``clusters`` names the
+        cluster of needed array jobs the spool may no longer list (from their handles)."""
         snap = self._read()
         if self._fresh(snap, need, not_before):
             return snap  # type: ignore[return-value]
@@ -99,38 +104,40 @@ class SharedPoller:
                 return snap  # type: ignore[return-value]
             if snap is not None and time.time() - snap.started_at < min(0.5, self.interval_s) and need <= snap.ids:
                 return snap  # polled a moment ago: do not hammer the controller for one late submission
-            return self._poll(need)
+            return self._poll(need, clusters)
 
-    def _poll(self, need: set[int]) -> Poll:
-        ids = set(need) | {int(sub["array_job_id"]) for _, sub in self.spool.active_batches()}
+    def _query(self, ids: list[int], cluster: str | None) -> tuple[str, str]:
+        """(squeue text, sacct text) for array jobs ``ids`` on one cluster. Raises SlurmError."""
+        try:
+            q = self.client.run(self.client.squeue_argv(ids, cluster), attempts=2).stdout
+        except SlurmError as e:
+            if "invalid job id specified" not in (e.stderr or "").lower():
+                raise
+            q = ""  # every id purged from squeue: sacct still knows them
+        a = self.client.run(self.client.sacct_argv(ids, cluster), attempts=2).stdout
+        return q, a
+
+    def _poll(self, need: set[int], clusters: dict[int, str | None] | None = None) -> Poll:
+        cluster_of = {int(sub["array_job_id"]): sub.get("cluster") for _, sub in self.spool.active_batches()}
+        for aid, c in (clusters or {}).items():
+            cluster_of.setdefault(int(aid), c)
+        ids = set(need) | set(cluster_of)
+        groups: dict[str | None, list[int]] = {}
+        for aid in sorted(ids):
+            groups.setdefault(cluster_of.get(aid), []).append(aid)
         started = time.time()
         doc: dict = {"started_at": started, "ids": sorted(ids)}
         try:
-            if ids:
-                # raw text is stored so every reader parses exactly what Slurm printed
-                q = self.client.run(
-                    ["squeue", "--noheader", "--array", "--states=all", f"--jobs={','.join(map(str, sorted(ids)))}", "-o", P.SQUEUE_FORMAT],
-                    attempts=2,
-                )
-                doc["squeue"] = q.stdout
-                a = self.client.run(
-                    ["sacct", "--parsable2", "--noheader", "--allocations", "--duplicates", "--allusers",
-                     f"--jobs={','.join(map(str, sorted(ids)))}", "--format", P.SACCT_FORMAT],
-                    attempts=2,
-                )  # fmt: skip
-                doc["sacct"] = a.stdout
+            # raw text is stored so every reader parses exactly what Slurm printed
+            parts = [self._query(gids, cluster) for cluster, gids in sorted(groups.items(), key=lambda kv: kv[0] or "")]
+            doc["squeue"] = "".join(q if q.endswith("\n") or not q else q + "\n" for q, _ in parts)
+            doc["sacct"] = "".join(a if a.endswith("\n") or not a else a + "\n" for _, a in parts)
+            P.parse_squeue(doc["squeue"])
+            P.parse_sacct(doc["sacct"])
         except SlurmError as e:
-            if "invalid job id specified" in (e.stderr or "").lower() and "squeue" not in doc:
-                doc["squeue"] = ""  # every id purged from squeue: sacct still knows them
-                try:
-                    doc["sacct"] = self.client.run(
-                        ["sacct", "--parsable2", "--noheader", "--allocations", "--duplicates", "--allusers",
-                         f"--jobs={','.join(map(str, sorted(ids)))}", "--format", P.SACCT_FORMAT], attempts=2,
-                    ).stdout  # fmt: skip
-                except SlurmError as e2:
-                    doc["error"] = str(e2)
-            else:
-                doc["error"] = str(e)
+            doc = {"started_at": started, "ids": sorted(ids), "error": str(e)}
+        except P.SlurmParseError as e:
+            doc = {"started_at": started, "ids": sorted(ids), "error": f"unparseable Slurm output: {e}"}
         if doc.get("error"):
             log.warning("slurm poll failed (states stay unknown until the next poll): %s", doc["error"])
         self.polls += 1

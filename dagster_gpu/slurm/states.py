@@ -28,9 +28,14 @@ Notes on the less obvious rows:
   the job back to PENDING (``sacct -D`` keeps the PREEMPTED record of that attempt); the caller must
   decide when a PREEMPTED job that never comes back is final (see ``SlurmBackend``).
 - REQUEUE_HOLD / SPECIAL_EXIT: requeued and held until someone releases it; the job will run again
-  only then, so it is REQUEUED (never SUCCEEDED/FAILED).
+  only then, so it is REQUEUED (never SUCCEEDED/FAILED). Such a job, and a PENDING one whose reason is a
+  hold (``JobHeldAdmin``, ``JobHeldUser``, ``job requeued in held state``: what ``scontrol requeuehold``
+  shows), never ends by itself: :func:`wait_class` calls it ``held``, and the Slurm backend bounds each
+  non-terminal wait class with a limit (:class:`dagster_gpu.slurm.status.WaitLimits`).
 - REVOKED: a federated sibling started the job elsewhere; on this cluster it is over (FAILED).
 - LAUNCH_FAILED: slurmctld could not launch the batch script and requeues the job.
+- ``Unknown``, ``None``, ``INVALID``, ``?`` (what Slurm prints for a state it cannot name) and empty
+  text parse to the pseudo-state UNKNOWN -> WorkerStatus.UNKNOWN, which never changes a step's state.
 """
 
 from __future__ import annotations
@@ -74,7 +79,12 @@ STATE_MAP: dict[str, WorkerStatus] = {
     "REQUEUE_HOLD": WorkerStatus.REQUEUED,
     "SPECIAL_EXIT": WorkerStatus.REQUEUED,
     "LAUNCH_FAILED": WorkerStatus.REQUEUED,
+    # Slurm printed no state it could name (see the module doc)
+    "UNKNOWN": WorkerStatus.UNKNOWN,
 }
+
+#: Texts (lower case) that parse to the UNKNOWN pseudo-state.
+UNKNOWN_STATE_WORDS = frozenset({"", "unknown", "none", "invalid", "n/a", "(null)", "?"})
 
 #: Short codes (``squeue %t``) -> long names.
 SHORT_CODES: dict[str, str] = {
@@ -107,6 +117,41 @@ SHORT_CODES: dict[str, str] = {
 
 #: The states after which a job holds no resources and will not run again by itself.
 FINAL_STATES = frozenset(k for k, v in STATE_MAP.items() if v in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED))
+
+#: Non-terminal states, by the kind of wait they are (see :func:`wait_class`). RUNNING is absent: the
+#: job's own time limit bounds it.
+WAIT_CLASSES: dict[str, str] = {
+    "REQUEUE_HOLD": "held",
+    "SPECIAL_EXIT": "held",
+    "RESV_DEL_HOLD": "held",
+    "PREEMPTED": "preempted",
+    "SUSPENDED": "suspended",
+    "STOPPED": "suspended",
+    "PENDING": "pending",
+    "CONFIGURING": "pending",
+    "POWER_UP_NODE": "pending",
+    "REQUEUED": "pending",
+    "REQUEUE_FED": "pending",
+    "LAUNCH_FAILED": "pending",
+    "COMPLETING": "completing",
+    "SIGNALING": "completing",
+    "STAGE_OUT": "completing",
+    "RESIZING": "completing",
+    "UPDATE_DB": "completing",
+}
+
+#: squeue ``%r`` reasons of a PENDING job that waits for someone to release it (``scontrol release``).
+HELD_REASONS = frozenset({"JobHeldAdmin", "JobHeldUser", "job requeued in held state"})
+
+
+def wait_class(state_name: str, reason: str = "") -> str | None:
+    """The kind of wait a non-terminal job is in: ``held``, ``preempted``, ``suspended``, ``pending`` or
+    ``completing``; None for RUNNING and the final states. A PENDING job whose reason is in
+    :data:`HELD_REASONS` is ``held``."""
+    cls = WAIT_CLASSES.get(state_name)
+    if cls == "pending" and reason.strip() in HELD_REASONS:
+        return "held"
+    return cls
 
 _BY_UID = re.compile(r"^(?P<name>[A-Z_]+)\+?(?:\s+BY\s+(?P<uid>\d+))?$")
 
@@ -149,9 +194,12 @@ def parse_state(text: str) -> JobState:
     """Parse ``RUNNING``, ``R``, ``CANCELLED by 0``, ``CANCELLED+`` or ``CANC+`` into a :class:`JobState`.
 
     A truncated name (ending in ``+``) is completed when exactly one known state starts with it.
-    Raises :class:`UnknownSlurmState` for anything else (empty text included).
+    ``Unknown``/``None``/``INVALID``/``?``/empty give the UNKNOWN pseudo-state. Raises
+    :class:`UnknownSlurmState` for any other text.
     """
     raw = text
+    if text.strip().lower() in UNKNOWN_STATE_WORDS:
+        return JobState("UNKNOWN", raw=raw)
     t = text.strip().upper()
     if t in SHORT_CODES:
         return JobState(SHORT_CODES[t], raw=raw)

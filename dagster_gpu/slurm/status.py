@@ -3,8 +3,10 @@
 Rules (``A_i`` = array task i of array job A):
 
 1. squeue lists ``A_i`` (it keeps finished jobs for MinJobAge, 300 s by default):
+   a non-terminal state that has lasted longer than its class's limit (:class:`WaitLimits`; e.g.
+   SPECIAL_EXIT or a hold for ``held`` seconds, PREEMPTED not requeued for ``preempted`` seconds)
+   -> FAILED, naming the state, its reason and the limit (the caller cancels the task);
    PENDING after an earlier attempt (sacct has a PREEMPTED/REQUEUED record of it) -> REQUEUED,
-   a PREEMPTED that squeue still shows after ``preempt_grace_s`` -> FAILED (preempted, not requeued),
    otherwise the state map of :mod:`dagster_gpu.slurm.states`.
 2. squeue does not list it: the latest sacct record decides; a latest record of PREEMPTED means the
    job was not requeued -> FAILED.
@@ -16,12 +18,52 @@ The message always names the Slurm state and, when known, the exit code (``ExitC
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import datetime
-from typing import Iterable, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from dagster_gpu.contracts import WorkerState, WorkerStatus
 from dagster_gpu.slurm.parse import AcctRow, QueueRow
+from dagster_gpu.slurm.states import wait_class
+
+
+@dataclass(frozen=True)
+class WaitLimits:
+    """The longest a task may stay in each kind of non-terminal wait (seconds; 0 = no limit), measured
+    by the caller from when it first saw the task in that kind of wait (:func:`dagster_gpu.slurm.states.wait_class`).
+
+    Attributes:
+        held: REQUEUE_HOLD, SPECIAL_EXIT, RESV_DEL_HOLD, or PENDING held (``JobHeldAdmin``, ``JobHeldUser``,
+            ``job requeued in held state``): nothing happens until someone runs ``scontrol release``.
+        preempted: PREEMPTED still shown by squeue (not requeued).
+        suspended: SUSPENDED or STOPPED.
+        pending: PENDING / CONFIGURING / REQUEUED for any other reason (Resources, Priority, ...).
+        completing: COMPLETING, SIGNALING, STAGE_OUT... after the batch script ended.
+    """
+
+    held: float = 1800.0
+    preempted: float = 300.0
+    suspended: float = 3600.0
+    pending: float = 86400.0
+    completing: float = 1800.0
+
+    @classmethod
+    def from_mapping(cls, m: Mapping[str, float] | None) -> "WaitLimits":
+        """From a config mapping (missing keys keep their defaults). Raises ValueError on an unknown key
+        or a negative limit."""
+        m = dict(m or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(m) - known)
+        if unknown:
+            raise ValueError(f"unknown wait limit(s) {unknown}; known: {sorted(known)}")
+        bad = {k: v for k, v in m.items() if v is None or float(v) < 0}
+        if bad:
+            raise ValueError(f"wait limits must be >= 0 seconds (0 = no limit), got {bad}")
+        return cls(**{k: float(v) for k, v in m.items()})
+
+    def limit(self, wait: str) -> float:
+        """The limit of a wait class (seconds; 0 = none)."""
+        return float(getattr(self, wait))
 
 
 @dataclass(frozen=True)
@@ -65,14 +107,21 @@ def _exit_text(rows: Sequence[AcctRow]) -> tuple[int | None, str]:
     return last.exit_code, f", ExitCode {last.exit_code}:{last.signal or 0}"
 
 
+def queue_wait_class(recs: TaskRecords) -> str | None:
+    """The wait class of the task's squeue row (None when squeue does not list it, or it is RUNNING or final)."""
+    if recs.queue is None:
+        return None
+    return wait_class(recs.queue.state.name, recs.queue.reason)
+
+
 def task_state(
     recs: TaskRecords,
     *,
     job_label: str,
     submitted_age_s: float,
-    preempted_for_s: float = 0.0,
+    waited_s: float = 0.0,
+    wait_limits: WaitLimits = WaitLimits(),
     vanish_grace_s: float = 60.0,
-    preempt_grace_s: float = 300.0,
 ) -> WorkerState:
     """The WorkerState of one task (see the module rules).
 
@@ -80,7 +129,8 @@ def task_state(
         recs: the task's records from one snapshot.
         job_label: ``A_i`` for messages.
         submitted_age_s: seconds since the array was submitted.
-        preempted_for_s: seconds the caller has seen squeue report PREEMPTED for this task.
+        waited_s: seconds the caller has seen the task in its current wait class (:func:`queue_wait_class`).
+        wait_limits: the limit of each wait class; past it the task is FAILED (the caller cancels it).
     """
     exit_code, exit_txt = _exit_text(recs.acct)
     earlier = [r for r in recs.acct[:-1] if r.state.status == WorkerStatus.REQUEUED] if recs.acct else []
@@ -88,10 +138,23 @@ def task_state(
         st = recs.queue.state
         status = st.status
         msg = f"Slurm array task {job_label} is {st} (reason {recs.queue.reason})"
+        wait = queue_wait_class(recs)
+        limit = wait_limits.limit(wait) if wait else 0.0
+        if wait and limit > 0 and waited_s >= limit:
+            what = {
+                "held": f"held until an administrator releases it (scontrol release {job_label})",
+                "preempted": "preempted and not requeued",
+                "suspended": "suspended",
+                "pending": "not started",
+                "completing": "still completing after its batch script ended",
+            }[wait]
+            return WorkerState(
+                WorkerStatus.FAILED, exit_code,
+                f"{msg}: {what}; waited {waited_s:.0f} s, over the Slurm backend's wait_limits_seconds.{wait} "
+                f"= {limit:g} s, so the task is cancelled{exit_txt}",
+            )  # fmt: skip
         if status == WorkerStatus.PENDING and (earlier or any(r.state.name == "PREEMPTED" for r in recs.acct)):
             return WorkerState(WorkerStatus.REQUEUED, message=f"{msg} after {len(earlier) or 1} preemption/requeue")
-        if st.name == "PREEMPTED" and preempted_for_s >= preempt_grace_s:
-            return WorkerState(WorkerStatus.FAILED, exit_code, f"{msg}: preempted and not requeued{exit_txt}")
         if status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
             # the sacct record of the final attempt carries the exit code
             code = exit_code if recs.acct and recs.acct[-1].state.final else None

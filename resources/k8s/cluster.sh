@@ -21,7 +21,8 @@
 # mig.nvidia.com, Node gpu-node-0, its ResourceSlice (2x A100-SXM4-80GB + 7x MIG 1g.10gb), the executor's
 # ServiceAccount/Role/RoleBinding and the step pods' (dagster-gpu-worker: get pods and resourceclaims). Kubeconfigs written: $DIR/admin.kubeconfig (system:masters) and
 # $DIR/executor.kubeconfig (ServiceAccount dagster-gpu/dagster-gpu-executor, least privilege).
-set -euo pipefail
+# A failed start prints its step and the tail of that component's log ($DIR/logs/<component>.log).
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/errtrap.sh"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -130,11 +131,14 @@ apiserver_ready() {
 
 cmd_start() {
   local t0=$SECONDS bin
-  bin="$("$HERE/build.sh" | tail -1)"
+  dg_step "build.sh (control-plane binaries)" "" notail
+  bin="$("$HERE/build.sh")"
+  bin="${bin##*$'\n'}"  # its last line is the bin dir
   [[ -x "$bin/kube-apiserver" && -x "$bin/etcd" ]] || { echo "build.sh did not produce binaries in $bin" >&2; exit 1; }
   if pid_alive kube-apiserver && apiserver_ready && pid_alive node-agent; then
     log "already running; state in $DIR"; cmd_env; return
   fi
+  dg_step "PKI and kubeconfigs in $DIR"
   mkdir -p "$DIR"
   # A fresh start (nothing of ours running) gets a fresh etcd: no pods or claims from an earlier session.
   if ! pid_alive etcd; then rm -rf "$DIR/etcd"; fi
@@ -144,6 +148,7 @@ cmd_start() {
   kubeconfig scheduler system:kube-scheduler "$DIR/scheduler.kubeconfig"
   kubeconfig node "system:node:$NODE" "$DIR/node.kubeconfig"
 
+  dg_step "starting etcd on 127.0.0.1:$ETCD_PORT" "$DIR/logs/etcd.log"
   start_proc etcd "$bin/etcd" --name dagster-gpu-etcd --data-dir "$DIR/etcd" \
     --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
@@ -153,6 +158,7 @@ cmd_start() {
   for i in $(seq 1 100); do curl -sf --max-time 1 "http://127.0.0.1:$ETCD_PORT/health" >/dev/null 2>&1 && break; sleep 0.2; done
   curl -sf --max-time 2 "http://127.0.0.1:$ETCD_PORT/health" >/dev/null || { log "etcd did not become healthy; see $DIR/logs/etcd.log"; exit 1; }
 
+  dg_step "starting kube-apiserver on https://127.0.0.1:$PORT" "$DIR/logs/kube-apiserver.log"
   start_proc kube-apiserver "$bin/kube-apiserver" \
     --etcd-servers "http://127.0.0.1:$ETCD_PORT" \
     --bind-address 127.0.0.1 --advertise-address 127.0.0.1 --secure-port "$PORT" \
@@ -169,6 +175,7 @@ cmd_start() {
   "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 120 wait-ready \
     || { log "apiserver not ready; see $DIR/logs/kube-apiserver.log"; exit 1; }
 
+  dg_step "starting kube-controller-manager" "$DIR/logs/kube-controller-manager.log"
   start_proc kube-controller-manager "$bin/kube-controller-manager" \
     --kubeconfig "$DIR/controller-manager.kubeconfig" \
     --authentication-kubeconfig "$DIR/controller-manager.kubeconfig" \
@@ -178,16 +185,20 @@ cmd_start() {
     --service-account-private-key-file "$DIR/pki/sa.key" --root-ca-file "$DIR/pki/ca.crt" \
     --controllers serviceaccount-token-controller,serviceaccount-controller,resourceclaim-controller,garbage-collector-controller,namespace-controller,node-lifecycle-controller,pod-garbage-collector-controller,root-ca-certificate-publisher-controller \
     --node-monitor-grace-period 60s --concurrent-gc-syncs 5 --v 1
+  dg_step "starting kube-scheduler" "$DIR/logs/kube-scheduler.log"
   start_proc kube-scheduler "$bin/kube-scheduler" \
     --kubeconfig "$DIR/scheduler.kubeconfig" \
     --authentication-kubeconfig "$DIR/scheduler.kubeconfig" --authorization-kubeconfig "$DIR/scheduler.kubeconfig" \
     --bind-address 127.0.0.1 --secure-port 0 --leader-elect=false --v 1
 
+  dg_step "applying resources/k8s/manifests/*.yaml" "$DIR/logs/kube-apiserver.log"
   "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 apply "$HERE"/manifests/*.yaml
+  dg_step "starting the node agent (node $NODE)" "$DIR/logs/node-agent.log"
   start_proc node-agent "$PY" "$HERE/node_agent.py" --kubeconfig "$DIR/node.kubeconfig" --node "$NODE" \
     --state-dir "$DIR/node-agent" --kubelet-version "$("$bin/kube-apiserver" --version | awk '{print $2}')"
   "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 wait-node "$NODE" \
     || { log "node $NODE not ready; see $DIR/logs/node-agent.log"; exit 1; }
+  dg_step "writing the executor's kubeconfig ($DIR/executor.kubeconfig)" "$DIR/logs/kube-controller-manager.log"
   "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 \
     sa-kubeconfig dagster-gpu dagster-gpu-executor-token "$DIR/executor.kubeconfig"
   log "cluster ready in $((SECONDS - t0)) s; state in $DIR"
@@ -217,7 +228,7 @@ cmd_env() {
 case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
-  status) cmd_status ;;
+  status) dg_quiet; cmd_status ;;
   env) cmd_env ;;
   *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
 esac

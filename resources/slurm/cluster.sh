@@ -19,7 +19,10 @@
 # The cluster: ClusterName=dagstergpu, slurm partition `gpu` (default), 4 GPUs as GRES on character devices
 # (mknod c 195 N) plus 8 `shard` GRES, accounting in slurmdbd (sacct works), QOS `normal` and `high` (high
 # preempts normal by requeue), TRESBillingWeights so AllocTRES has `billing=`, account `research` with root.
-set -euo pipefail
+#
+# A failure prints the step that failed and the tail of that daemon's log under $DAGSTER_GPU_SLURM_DIR/log
+# (resources/lib/errtrap.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/errtrap.sh"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 D="${DAGSTER_GPU_SLURM_DIR:-/tmp/dagster-gpu-slurm}"
@@ -37,15 +40,12 @@ export SLURM_CONF="$D/etc/slurm.conf"
 unset SQUEUE_FORMAT SQUEUE_FORMAT2 SINFO_FORMAT SACCT_FORMAT SLURM_JOB_ID SLURM_ARRAY_JOB_ID || true
 
 log() { printf '[slurm-cluster] %s\n' "$*" >&2; }
+# die <message>: stop; the EXIT trap then names the step and prints its log's tail (all of $D/log by default).
 die() {
   log "ERROR: $*"
-  for f in "$D"/log/*.log; do
-    [ -f "$f" ] || continue
-    printf -- '----- tail %s -----\n' "$f" >&2
-    tail -n 15 "$f" >&2 || true
-  done
   exit 1
 }
+dg_step "${1:-} (state in $D)" "$D/log"
 
 # wait_for <what> <timeout-s> <command...>: poll every 0.2 s until the command succeeds.
 wait_for() {
@@ -104,6 +104,7 @@ install_if_missing() {
   done
   [ -x /usr/sbin/munged ] || need=1
   if ((need)); then
+    dg_step "apt-get install slurm-wlm slurmdbd munge mariadb-server"
     log "installing slurm-wlm slurmdbd munge mariadb-server (apt)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
@@ -130,6 +131,7 @@ render() {  # render <template> <dest> <mode>
 
 # render_all: sets CONF_CHANGED=1 when slurm.conf or gres.conf changed.
 render_all() {
+  dg_step "rendering the Slurm configuration into $D/etc" "$D/log"
   [[ "$MAX_ARRAY_SIZE" =~ ^[0-9]+$ ]] && ((MAX_ARRAY_SIZE >= 1)) \
     || die "DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE must be a positive integer, got '$MAX_ARRAY_SIZE'"
   mkdir -p "$D"/{etc,state,spool,log,run,dev,db,munge}
@@ -158,6 +160,7 @@ render_all() {
 # ---------------------------------------------------------------- daemons
 start_munge() {
   alive munged munged && return 0
+  dg_step "starting munged" "$D/munge/munged.log"
   chown munge:munge "$D/munge"
   chmod 755 "$D/munge"
   rm -f "$D/munge/munge.socket.2" "$D/munge/munge.socket.2.lock"
@@ -172,6 +175,7 @@ db_client() { mariadb --no-defaults -S "$D/mysqld.sock" -uroot "$@"; }
 
 start_mariadb() {
   alive mariadbd mariadbd && return 0
+  dg_step "starting MariaDB (slurmdbd's database)" "$D/log/mariadb.log"
   if [ ! -d "$D/db/mysql" ]; then
     log "initialising MariaDB data dir"
     mariadb-install-db --no-defaults --user=root --datadir="$D/db" >"$D/log/mariadb-install.log" 2>&1 \
@@ -192,30 +196,41 @@ start_mariadb() {
 
 start_slurmdbd() {
   alive slurmdbd slurmdbd && return 0
+  dg_step "starting slurmdbd" "$D/log/slurmdbd.log"
   launch slurmdbd /usr/sbin/slurmdbd -D
   wait_for "slurmdbd on 127.0.0.1:$DBD_PORT" "$TIMEOUT" sacctmgr -n -P show cluster format=cluster
   log "slurmdbd up (pid $(cat "$(pidfile slurmdbd)"))"
 }
 
-ctld_up() { scontrol ping | grep -q 'is UP'; }
+# Early readers (`| grep -q`, `| head`) would fail the pipeline with SIGPIPE under pipefail: every check
+# reads the command's whole output first.
+ctld_up() { grep -q 'is UP' <<<"$(scontrol ping 2>&1)"; }
 
 start_slurmctld() {
   alive slurmctld slurmctld && return 0
+  dg_step "starting slurmctld" "$D/log/slurmctld.log"
   launch slurmctld /usr/sbin/slurmctld -D -f "$SLURM_CONF"
   wait_for "slurmctld (scontrol ping)" "$TIMEOUT" ctld_up
   log "slurmctld up (pid $(cat "$(pidfile slurmctld)"))"
 }
 
-node_state() { sinfo --noheader -N -n "$HOST" -o '%T' 2>/dev/null | head -n1; }
+# node_state: the node's state (first line of sinfo), empty when sinfo cannot answer.
+node_state() {
+  local out
+  out="$(sinfo --noheader -N -n "$HOST" -o '%T' 2>/dev/null)" || return 0
+  echo "${out%%$'\n'*}"
+}
 node_ready() { [[ "$(node_state)" =~ ^(idle|mixed|allocated|completing)$ ]]; }
 
 start_slurmd() {
   alive slurmd slurmd && return 0
+  dg_step "starting slurmd" "$D/log/slurmd.log"
   launch slurmd /usr/sbin/slurmd -D -N "$HOST" -f "$SLURM_CONF"
   log "slurmd started (pid $(cat "$(pidfile slurmd)"))"
 }
 
 wait_node() {
+  dg_step "waiting for node $HOST to be idle" "$D/log"
   local deadline=$((SECONDS + TIMEOUT)) st
   while :; do
     st="$(node_state)"
@@ -234,9 +249,14 @@ wait_node() {
   log "node $HOST is $st"
 }
 
+cluster_registered() { grep -qx "$CLUSTER" <<<"$(sacctmgr -n -P show cluster format=cluster)"; }
+account_known_to_ctld() {
+  grep -q "Account=$ACCOUNT" <<<"$(scontrol show assoc_mgr users=root accounts="$ACCOUNT" flags=assoc)"
+}
+
 ensure_associations() {
-  wait_for "cluster $CLUSTER registered in slurmdbd" "$TIMEOUT" \
-    bash -c "sacctmgr -n -P show cluster format=cluster | grep -qx '$CLUSTER'"
+  dg_step "registering cluster $CLUSTER, QOS and account $ACCOUNT in slurmdbd" "$D/log/slurmdbd.log"
+  wait_for "cluster $CLUSTER registered in slurmdbd" "$TIMEOUT" cluster_registered
   local q
   q="$(sacctmgr -n -P show qos format=name)"
   if ! grep -qx high <<<"$q"; then
@@ -244,16 +264,16 @@ ensure_associations() {
   fi
   sacctmgr -i modify qos where name=high set Priority=1000 Preempt=normal PreemptMode=requeue >/dev/null || true
   sacctmgr -i modify qos where name=normal set Priority=0 >/dev/null || true
-  if ! sacctmgr -n -P show account format=account | grep -qx "$ACCOUNT"; then
+  if ! grep -qx "$ACCOUNT" <<<"$(sacctmgr -n -P show account format=account)"; then
     sacctmgr -i add account "$ACCOUNT" Cluster="$CLUSTER" Description=dagster-gpu Organization=dagster-gpu >/dev/null
   fi
-  if ! sacctmgr -n -P show assoc where user=root account="$ACCOUNT" format=user | grep -qx root; then
+  if ! grep -qx root <<<"$(sacctmgr -n -P show assoc where user=root account="$ACCOUNT" format=user)"; then
     sacctmgr -i add user root Account="$ACCOUNT" Cluster="$CLUSTER" QOS=normal,high DefaultQOS=normal >/dev/null
     sacctmgr -i modify user root set DefaultAccount="$ACCOUNT" >/dev/null || true
   fi
   # slurmctld learns associations from slurmdbd asynchronously: wait until it enforces them.
-  wait_for "slurmctld to know account $ACCOUNT" "$TIMEOUT" \
-    bash -c "scontrol show assoc_mgr users=root accounts=$ACCOUNT flags=assoc | grep -q 'Account=$ACCOUNT'"
+  dg_step "waiting for slurmctld to know account $ACCOUNT" "$D/log/slurmctld.log"
+  wait_for "slurmctld to know account $ACCOUNT" "$TIMEOUT" account_known_to_ctld
 }
 
 restart_ctld_and_slurmd() {
@@ -303,6 +323,7 @@ cmd_stop() {
 }
 
 cmd_status() {
+  dg_quiet
   local ok=0 n c
   for n in munged:munged mariadbd:mariadbd slurmdbd:slurmdbd slurmctld:slurmctld slurmd:slurmd; do
     c="${n#*:}"; n="${n%%:*}"

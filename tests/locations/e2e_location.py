@@ -29,9 +29,19 @@ def sleepy(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
     return dg.MaterializeResult(metadata={"pid": os.getpid()})
 
 
+@dg.asset(partitions_def=sleepy_parts, op_tags={"dagster-gpu/gpu-count": "0"}, retry_policy=dg.RetryPolicy(max_retries=1))
+def flaky(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
+    """First attempt of the partitions in $DAGSTER_GPU_TEST_SLOW_FIRST (comma-separated) sleeps
+    $DAGSTER_GPU_TEST_SLEEP seconds (time to SIGKILL its worker); every other attempt returns at once."""
+    slow = os.environ.get("DAGSTER_GPU_TEST_SLOW_FIRST", "").split(",")
+    if context.retry_number == 0 and context.partition_key in slow:
+        time.sleep(float(os.environ.get("DAGSTER_GPU_TEST_SLEEP", "60")))
+    return dg.MaterializeResult(metadata={"pid": os.getpid(), "retry_number": context.retry_number})
+
+
 defs = dg.Definitions(
-    assets=[embeddings, sleepy],
-    jobs=[asset_job(embeddings), dg.define_asset_job("sleepy_job", selection=[sleepy])],
+    assets=[embeddings, sleepy, flaky],
+    jobs=[asset_job(embeddings), dg.define_asset_job("sleepy_job", selection=[sleepy]), dg.define_asset_job("flaky_job", selection=[flaky])],
     executor=gpu_executor,
 )
 
@@ -39,3 +49,8 @@ defs = dg.Definitions(
 def sleepy_job():
     """Reconstructable target for tests (importable as tests.locations.e2e_location from the repo root)."""
     return defs.resolve_job_def("sleepy_job")
+
+
+def flaky_job():
+    """Reconstructable target: the flaky asset (RetryPolicy(max_retries=1))."""
+    return defs.resolve_job_def("flaky_job")

@@ -25,6 +25,21 @@ Config (``execution: config: slurm:``)::
       extra_sbatch_args: ["--constraint=a100"] # appended as argv items, never through a shell
       env_files: ["~/.dagster-gpu.env"]        # KEY=VALUE secrets (mode 0600) loaded by each task
       python: /shared/venv/bin/python          # interpreter on the compute nodes (default: this one)
+      wait_limits_seconds:                     # longest wait in each non-terminal state (0 = no limit);
+        held: 1800                             #   REQUEUE_HOLD, SPECIAL_EXIT, PENDING JobHeldAdmin/JobHeldUser
+        preempted: 300                         #   PREEMPTED and not requeued
+        suspended: 3600                        #   SUSPENDED, STOPPED
+        pending: 86400                         #   PENDING/CONFIGURING/REQUEUED for any other reason
+        completing: 1800                       #   COMPLETING, SIGNALING, STAGE_OUT
+
+Waits: a task that stays longer than its limit in a non-terminal state (measured from when this process
+first saw it there) fails its step with a message naming the state, its reason and the limit, and is
+cancelled (``scancel``) so it never runs later: a held task (``scontrol requeuehold``, SPECIAL_EXIT)
+otherwise waits for an administrator forever (:mod:`dagster_gpu.slurm.status`).
+
+Multi-cluster: when ``sbatch --parsable`` names a cluster (``123;gpu2``: ``--clusters=gpu2`` in
+``extra_sbatch_args``, or a federation), the handle keeps it (``cluster``) and every later squeue, sacct
+and scancel of the task carries ``-M gpu2``.
 
 GRES: ``--gres=gpu:<count>``; a step tagged ``dagster-gpu/shared-ok: true`` gets ``--gres=shard:N`` and a
 device fraction of N ÷ shards_per_gpu; a step with ``gpu-count: 0`` requests no GRES.
@@ -67,7 +82,7 @@ from dagster_gpu.slurm.parse import SlurmParseError
 from dagster_gpu.slurm.poller import SharedPoller
 from dagster_gpu.slurm.script import write_job_script
 from dagster_gpu.slurm.spool import Spool
-from dagster_gpu.slurm.status import records_for, task_state
+from dagster_gpu.slurm.status import WaitLimits, queue_wait_class, records_for, task_state
 from dagster_gpu.slurm.window import WindowRule
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
@@ -140,6 +155,22 @@ class SlurmSettings:
     gpu_product: str = setting("NVIDIA A100-SXM4-80GB", "Product of the slurm partition's GPUs (rate card device "
                                                         "type; untyped GRES do not say).")
     gpu_memory_gib: float = setting(80.0, "Memory of one of those GPUs (GiB).")
+    #: seconds per wait class; missing keys keep the defaults of :class:`dagster_gpu.slurm.status.WaitLimits`
+    wait_limits_seconds: Mapping[str, float] = setting(
+        default_factory=dict, show_default=False,
+        description="Longest wait (s) of a task in each non-terminal state before its step fails and the task is "
+                    "cancelled (0 = no limit).",
+        schema={
+            k: dg.Field(float, is_required=False, description=d)
+            for k, d in (
+                ("held", "REQUEUE_HOLD, SPECIAL_EXIT, or PENDING held (JobHeldAdmin/JobHeldUser): default 1800."),
+                ("preempted", "PREEMPTED and not requeued: default 300."),
+                ("suspended", "SUSPENDED or STOPPED: default 3600."),
+                ("pending", "PENDING/CONFIGURING/REQUEUED for any other reason: default 86400."),
+                ("completing", "COMPLETING/SIGNALING/STAGE_OUT after the batch script ended: default 1800."),
+            )
+        },
+    )
 
     def __post_init__(self):
         object.__setattr__(self, "extra_sbatch_args", tuple(self.extra_sbatch_args))
@@ -149,6 +180,11 @@ class SlurmSettings:
     def from_section(cls, section: Mapping[str, Any]) -> "SlurmSettings":
         """Settings from the ``slurm:`` section (absent keys take the defaults above)."""
         return from_section(cls, section)
+
+    @property
+    def wait_limits(self):
+        """:class:`~dagster_gpu.slurm.status.WaitLimits` from ``wait_limits_seconds``. Raises ValueError."""
+        return WaitLimits.from_mapping(self.wait_limits_seconds)
 
 
 class SlurmBackend(Backend):
@@ -183,8 +219,9 @@ class SlurmBackend(Backend):
             pending_tasks=self.pending_tasks,
         )
         self.poller = SharedPoller(self.spool, self.client, settings.poll_interval_seconds)
+        self.wait_limits = settings.wait_limits  # validated now: a bad key fails at executor start
         self._launched: set[int] = set()
-        self._preempted_since: dict[tuple[int, int], float] = {}
+        self._waiting_since: dict[tuple[int, int], tuple[str, float]] = {}  # task -> (wait class, first seen)
         self._atexit = False
 
     # ------------------------------------------------------------------------------ cluster facts
@@ -285,6 +322,7 @@ class SlurmBackend(Backend):
         self._register_atexit()
         return {
             "job_id": f"{a.array_job_id}_{a.array_task_id}",
+            "cluster": a.cluster,
             "array_job_id": a.array_job_id,
             "array_task_id": a.array_task_id,
             "batch": a.batch,
@@ -301,24 +339,34 @@ class SlurmBackend(Backend):
             self._launched.add(aid)
             self._register_atexit()
         try:
-            snap = self.poller.poll({aid}, not_before=submitted)
+            snap = self.poller.poll({aid}, not_before=submitted, clusters={aid: handle.get("cluster")})
         except (SlurmError, TimeoutError) as e:
             return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {e}")
         if not snap.ok:
             return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {snap.error}")
         recs = records_for(aid, tid, snap.queue, snap.acct)
         key = (aid, tid)
-        if recs.queue is not None and recs.queue.state.name == "PREEMPTED":
-            self._preempted_since.setdefault(key, time.time())
-        else:
-            self._preempted_since.pop(key, None)
+        wait = queue_wait_class(recs)
+        if wait is None:
+            self._waiting_since.pop(key, None)
+        elif self._waiting_since.get(key, ("", 0.0))[0] != wait:
+            self._waiting_since[key] = (wait, time.time())
+        waited = time.time() - self._waiting_since[key][1] if wait else 0.0
         st = task_state(
             recs,
             job_label=f"{aid}_{tid}",
             submitted_age_s=max(0.0, snap.started_at - submitted),
-            preempted_for_s=time.time() - self._preempted_since.get(key, time.time()),
+            waited_s=waited,
+            wait_limits=self.wait_limits,
             vanish_grace_s=self.settings.vanish_grace_seconds,
         )
+        if wait and st.status == WorkerStatus.FAILED and 0 < self.wait_limits.limit(wait) <= waited:
+            # over its wait limit: cancel it, so a held task released later does not run a failed step again
+            try:
+                self.terminate(handle)
+            except SlurmError as e:
+                log.warning("could not cancel Slurm array task %s_%s after its wait limit: %s", aid, tid, e)
+            self._waiting_since.pop(key, None)
         if st.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
             self._report_bills(snap)
         if st.status == WorkerStatus.FAILED and handle.get("log_file"):
@@ -327,8 +375,8 @@ class SlurmBackend(Backend):
         return st
 
     def terminate(self, handle: Handle) -> None:
-        """``scancel <array_job_id>_<array_task_id>``: exactly this task, pending or running."""
-        self.client.scancel([f"{int(handle['array_job_id'])}_{int(handle['array_task_id'])}"])
+        """``scancel [-M <cluster>] <array_job_id>_<array_task_id>``: exactly this task, pending or running."""
+        self.client.scancel([f"{int(handle['array_job_id'])}_{int(handle['array_task_id'])}"], cluster=handle.get("cluster"))
 
     def policy_state(self):
         """The slurm partition as a ``SlurmState``: its GPUs (``sinfo``), those held and the tasks pending
@@ -374,6 +422,7 @@ class SlurmBackend(Backend):
             "slurm/state": "PENDING",
             "slurm/tasks_in_array": int(handle["tasks_in_array"]),
             "slurm/log_file": dg.MetadataValue.path(str(handle["log_file"])),
+            **({"slurm/cluster": str(handle["cluster"])} if handle.get("cluster") else {}),
         }
 
     # ------------------------------------------------------------------------------ billing
