@@ -6,8 +6,9 @@
 - :func:`register_corpus_files`: adds a dynamic partition for each corpus file not yet one (what
   ``corpus_sensor`` does each tick), so a new corpus needs no sensor first.
 - :func:`select_partitions`: all registered, or the ``missing`` (never materialized) and/or ``failed``
-  (latest run failed or was canceled) ones, as ``backfill_missing_schedule`` computes them
-  (:func:`dagster_gpu.sensors.partitions_to_rerun`; partitions with a run in flight are left out).
+  (latest run failed; a canceled run leaves them missing) ones, as ``backfill_missing_schedule`` computes them
+  (:func:`dagster_gpu.sensors.partition_status`, as the UI's partitions view shows them; partitions in
+  progress are left out).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.request import TAG_CORPUS_URL
-from dagster_gpu.sensors import partitions_to_rerun
+from dagster_gpu.sensors import partition_status
 
 
 class NoCorpus(ValueError):
@@ -63,20 +64,15 @@ def select_partitions(
     instance: dg.DagsterInstance, asset: dg.AssetsDefinition, *, missing: bool = False, failed: bool = False
 ) -> list[str]:
     """Registered partition keys of ``asset`` (in registration order): all of them when neither flag is
-    set; else those never materialized (``missing``) and/or whose latest run failed or was canceled
-    (``failed``), none with a run in flight."""
+    set; else those never materialized (``missing``) and/or failed as the UI's partitions view shows them
+    (``failed``: their latest run failed without materializing them; a canceled run leaves them missing),
+    none in progress."""
     keys = list(instance.get_dynamic_partitions(asset.partitions_def.name))
     if not (missing or failed):
         return keys
-    todo = partitions_to_rerun(instance, asset)
-    materialized = instance.get_materialized_partitions(asset.key)
-    chosen = {
-        k for k, run_id in todo.items()
-        if (missing and k not in materialized) or (failed and run_id is not None and _failed(instance, run_id))
-    }
-    return [k for k in keys if k in chosen]
+    materialized, failed_keys, in_progress = partition_status(instance, asset)
+    return [
+        k for k in keys
+        if k not in in_progress and ((missing and k not in materialized) or (failed and k in failed_keys))
+    ]
 
-
-def _failed(instance: dg.DagsterInstance, run_id: str) -> bool:
-    run = instance.get_run_by_id(run_id)
-    return run is not None and run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)

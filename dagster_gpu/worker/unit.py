@@ -95,7 +95,7 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
     started = psutil.Process().create_time() if step.launched_by_executor else time.time()
     keys = list(context.partition_keys) if context.has_partition_key_range or context.has_partition_key else []
     outcome = UnitOutcome()
-    done = already_materialized(context.instance, context.run_id, context.asset_key)
+    done = already_materialized(context.instance, context.run.run_id, context.asset_key)
     todo = [k for k in keys if k not in done]
     outcome.skipped = [k for k in keys if k in done]
     if outcome.skipped:
@@ -196,7 +196,7 @@ def _embed_all(
                        partition_wall_seconds(startup_s, shares[key], interval), position=(i, n))
         outcome.materialized.append(key)
         yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md)
-        add_cost(context.instance, context.run_id, md["billing/cost_usd"])  # the Runs page shows what the run cost
+        add_cost(context.instance, context.run.run_id, md["billing/cost_usd"])  # the Runs page shows what the run cost
         yield from check_evaluations(context.asset_key, key, verify_output(
             out_uri, expected_dim=loaded.dim, records_read=result.records, skipped_empty_rows=result.skipped_empty_rows,
             storage_options=spec.corpus.storage_options))
