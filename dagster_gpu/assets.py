@@ -45,6 +45,7 @@ def embedding_asset(
     batch_size: int = 64,
     max_seq_length: int | None = None,
     device: str = "auto",
+    dtype: str | None = None,
     read_batch_rows: int = 4096,
     gpu: GpuRequest = GpuRequest(),
     telemetry_interval_s: float = 0.5,
@@ -63,6 +64,8 @@ def embedding_asset(
         model: a local sentence-transformers directory or ``all-MiniLM-L6-v2`` (packaged, offline).
         batch_size: texts per forward pass. max_seq_length: tokens (None = the model's own).
         device: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda``, ``cuda:1``…
+        dtype: ``float16`` or ``bfloat16`` to run the model in reduced precision on CUDA (opt-in; CPU always
+            runs float32); recorded as ``embedding/dtype``.
         read_batch_rows: records per I/O batch (bounds worker memory).
         gpu: the GPU request, written to the op tags gpu_executor reads.
         telemetry_interval_s: NVML sampling period in seconds.
@@ -89,7 +92,7 @@ def embedding_asset(
         key = context.partition_key
         try:
             source = corpus.file_for_key(key)
-            loaded = load_model(model, device=device, max_seq_length=max_seq_length)
+            loaded = load_model(model, device=device, max_seq_length=max_seq_length, dtype=dtype)
         except (CorpusNotFound, ModelNotFound) as e:
             raise dg.Failure(description=f"partition {key!r}: {e}", allow_retries=False) from e
         out_uri = output_uri_for(output_url, name, key)
