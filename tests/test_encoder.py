@@ -153,16 +153,17 @@ def test_other_errors_are_not_retried(model, one_thread):
         hook.remove()
 
 
-def test_bfloat16_weights_stay_close_to_encode(reference, one_thread):
-    # CUDA is where dtype applies (load_model keeps CPU in float32); the numerics of bf16 weights are
-    # checked here on CPU with the same Encoder code path.
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_weights_stay_close_to_encode(reference, one_thread, dtype):
+    # dtype applies on CUDA (load_model keeps CPU in float32); the numerics of half-precision weights go
+    # through the same Encoder code path here on CPU (measured: min cosine 0.999999 fp16, 0.99991 bf16).
     lm = load_model("all-MiniLM-L6-v2", device="cpu")
-    lm.model.to(torch.bfloat16)
+    lm.model.to(dtype)
     with Encoder(lm.model, 8, tokenizer_threads=2, cpu_share=one_thread) as enc:
-        assert enc.dtype == "bfloat16"
+        assert enc.dtype == str(dtype).removeprefix("torch.")
         r = enc.encode(TEXTS)
     assert r.vectors.dtype == np.float32
-    assert float(cosines(r.vectors, reference).min()) >= 0.99
+    assert float(cosines(r.vectors, reference).min()) >= 0.999
 
 
 def test_resolve_dtype():
