@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--nvml", action="store_true", help="sample GPU utilization (NVML) during each embedding phase")
     ap.add_argument("--nvml-interval", type=float, default=0.1, help="seconds between NVML samples (default 0.1)")
     ap.add_argument("--dtype", default=None, help="float16 | bfloat16: model weights for both sides (CUDA only)")
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch intra-op threads for BOTH sides (the encoder's CPU share is then off); default: "
+                         "the pipeline sets its own share (dagster_gpu.embedding.cpus), raw encode keeps torch's")
     ap.add_argument("--tokenizer-threads", type=int, default=None, help="the encoder's tokenizer threads (default: its own)")
     ap.add_argument("--target", type=float, default=None, help="ratio target (default 1.3 on CPU, 2.0 on CUDA)")
     ap.add_argument("--e2e-texts", type=int, default=0, help="instead of the A/B: one embed_partition call on this many short texts")
@@ -190,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         print("warning: dagster got imported", file=sys.stderr)
 
     t_load = time.perf_counter()
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     t_load = time.perf_counter() - t_load
     st = lm.model
@@ -218,7 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     def pipeline(path: Path):
         out_i[0] += 1
         out = work / f"out-{out_i[0]}.parquet"
-        enc = Encoder(st, args.batch_size, tokenizer_threads=args.tokenizer_threads)
+        enc = Encoder(st, args.batch_size, tokenizer_threads=args.tokenizer_threads,
+                      cpu_share=False if args.torch_threads else None)
         try:
             res = embed_partition(str(path), str(out), lm, fmt, batch_size=args.batch_size,
                                   read_batch_rows=args.read_batch_rows, encoder=enc)

@@ -157,6 +157,7 @@ class Encoder:
         self.max_seq_length = int(st.max_seq_length)
         self._stream = torch.cuda.Stream(device=self.device) if self.cuda else None
         self._extras = self.fast.extras if self.fast else {}
+        self._preprocess = getattr(st, "preprocess", None) or st.tokenize  # older sentence-transformers
         self._oom = _oom_types()
 
     # -- life cycle -----------------------------------------------------------------------------------
@@ -219,7 +220,6 @@ class Encoder:
         while ahead:
             item, planned = ahead.popleft()
             plan = planned.result()
-            self._apply_threads()
             pending = self._run(plan)
             take()
             yield item, pending
@@ -255,7 +255,7 @@ class Encoder:
         order = np.argsort([-len(t) for t in texts], kind="stable")
         chunks, lengths = [], []
         for a in range(0, len(texts), batch_size):
-            feats = self.st.preprocess([texts[i] for i in order[a : a + batch_size]])
+            feats = self._preprocess([texts[i] for i in order[a : a + batch_size]])
             feats = {k: (self._host(v) if isinstance(v, torch.Tensor) else v) for k, v in feats.items()}
             lengths.append(feats["attention_mask"].sum(dim=1).numpy())
             chunks.append(feats)
@@ -279,6 +279,7 @@ class Encoder:
         ctx = torch.cuda.stream(self._stream) if self.cuda else nullcontext()
         with torch.inference_mode(), ctx:
             for feats in plan.chunks:
+                self._apply_threads()  # re-counts the host's workers every CpuShare.recount_s at most
                 outs.extend(self._forward(feats))
             sorted_vecs = torch.cat(outs) if len(outs) > 1 else outs[0]
             inverse = np.empty(plan.n, dtype=np.int64)

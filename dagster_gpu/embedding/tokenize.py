@@ -92,7 +92,7 @@ class FastTokenizer:
             template.enable_truncation(max_length, strategy=trunc.get("strategy", "longest_first"),
                                        direction=trunc.get("direction", "right"))
             pad_id = hf.pad_token_id if hf.pad_token_id is not None else 0
-            probe = st.preprocess(list(PROBE_TEXTS))
+            probe = (getattr(st, "preprocess", None) or st.tokenize)(list(PROBE_TEXTS))
         except Exception:
             return None
         tensor_keys = {k for k, v in probe.items() if hasattr(v, "shape")}
