@@ -1,4 +1,4 @@
-"""Throughput of our embedding step against a raw ``SentenceTransformer.encode``.
+"""Throughput of our embedding step against a raw ``SentenceTransformer.encode`` (issues 2 and 9).
 
     ratio = texts/s of ``embed_partition`` (read a corpus file -> embed -> write parquet, atomic)
             ÷ texts/s of ``SentenceTransformer.encode`` on the same texts, already in memory
@@ -7,7 +7,14 @@ Both run in this one process, on the same loaded model and device, side by side:
 ``--reps`` repetitions of each alternate (A B, B A, A B, ...) so drift (other processes, clocks) hits both
 alike. Each rate is texts ÷ wall seconds around the whole call (the pipeline's include opening the file,
 reading, hashing, writing and renaming the parquet file). Reported: every repetition, the medians and the
-ratio of the medians (target ≥ 0.95). The pipeline's vectors are checked against the raw ones (cosine).
+ratio of the medians (issue 9's target: ≥ 1.3 on CPU, ≥ 2 on CUDA; ``--target``). The pipeline's vectors are
+checked against the raw ones (cosine, every row). Besides wall-clock rates, each phase's process CPU time
+is recorded (texts per CPU-second): on a host shared with other work that ratio is the steadier one.
+``--dtype float16|bfloat16`` loads the model in that precision for both sides (CUDA only).
+
+``--e2e-texts N`` runs instead one ``embed_partition`` call over N short texts (fortune records of at most
+``--short-max-chars`` characters, cycled), with NVML sampling: the issue's "1 M short texts through one
+step" figure.
 
 The corpus: fortune records (``/usr/share/games/fortunes``, records separated by ``%`` lines), cycled up
 to ``--texts``; generated sentences when that directory is absent. With ``--nvml`` the GPU's utilization
@@ -155,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
                          "rate says they would take longer")
     ap.add_argument("--nvml", action="store_true", help="sample GPU utilization (NVML) during each embedding phase")
     ap.add_argument("--nvml-interval", type=float, default=0.1, help="seconds between NVML samples (default 0.1)")
+    ap.add_argument("--dtype", default=None, help="float16 | bfloat16: model weights for both sides (CUDA only)")
+    ap.add_argument("--torch-threads", type=int, default=None,
+                    help="torch intra-op threads for BOTH sides (the encoder's CPU share is then off); default: "
+                         "the pipeline sets its own share (dagster_gpu.embedding.cpus), raw encode keeps torch's")
+    ap.add_argument("--tokenizer-threads", type=int, default=None, help="the encoder's tokenizer threads (default: its own)")
+    ap.add_argument("--target", type=float, default=None, help="ratio target (default 1.3 on CPU, 2.0 on CUDA)")
+    ap.add_argument("--e2e-texts", type=int, default=0, help="instead of the A/B: one embed_partition call on this many short texts")
+    ap.add_argument("--short-max-chars", type=int, default=80, help="--e2e-texts: longest record kept (characters)")
     ap.add_argument("--json", dest="json_out", default=None, help="write the results as JSON to this file")
     ap.add_argument("--workdir", default=None, help="where the corpus and outputs go (default a temp dir)")
     args = ap.parse_args(argv)
@@ -166,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dagster_gpu.corpus.readers import ReadStats, TextFormat, read_batches
     from dagster_gpu.embedding.model import load_model
+    from dagster_gpu.embedding.encoder import Encoder
     from dagster_gpu.embedding.pipeline import embed_partition
 
     sampler_cls = None
@@ -177,7 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         print("warning: dagster got imported", file=sys.stderr)
 
     t_load = time.perf_counter()
-    lm = load_model(args.model, device=args.device)
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    lm = load_model(args.model, device=args.device, dtype=args.dtype)
     t_load = time.perf_counter() - t_load
     st = lm.model
     fmt = TextFormat(format="text", record_separator_line="%")
@@ -205,9 +223,17 @@ def main(argv: list[str] | None = None) -> int:
     def pipeline(path: Path):
         out_i[0] += 1
         out = work / f"out-{out_i[0]}.parquet"
-        res = embed_partition(str(path), str(out), lm, fmt, batch_size=args.batch_size,
-                              read_batch_rows=args.read_batch_rows)
+        enc = Encoder(st, args.batch_size, tokenizer_threads=args.tokenizer_threads,
+                      cpu_share=False if args.torch_threads else None)
+        try:
+            res = embed_partition(str(path), str(out), lm, fmt, batch_size=args.batch_size,
+                                  read_batch_rows=args.read_batch_rows, encoder=enc)
+        finally:
+            enc.close()
         return res, out
+
+    if args.e2e_texts:
+        return e2e(args, lm, records, work, fmt, pipeline, sampler_cls, tmp, t_load)
 
     # -- warm-up: both sides, on a prefix (allocator, kernels, tokenizer caches, file system) --------
     wn = args.warmup_texts or min(len(texts), max(512, 8 * args.batch_size))
@@ -234,6 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         order = ("pipeline", "raw") if rep % 2 == 0 else ("raw", "pipeline")
         for side in order:
             _cuda_sync(lm.device)
+            cpu0 = time.process_time()
             with _Phase(sampler_cls, args.nvml_interval) as ph:
                 if side == "raw":
                     vecs = raw_encode(texts)
@@ -242,11 +269,14 @@ def main(argv: list[str] | None = None) -> int:
                     res, out = pipeline(corpus_path)
                     count = res.rows
                 _cuda_sync(lm.device)
+            cpu_s = time.process_time() - cpu0
             row = {"rep": rep + 1, "side": side, "texts": count, "seconds": ph.seconds,
-                   "texts_per_s": count / ph.seconds}
+                   "texts_per_s": count / ph.seconds, "cpu_seconds": cpu_s, "texts_per_cpu_s": count / cpu_s}
             if side == "pipeline":
                 row["pipeline_reported_seconds"] = res.seconds
                 row["truncated_rows"] = res.truncated_rows
+                row.update(tokenizer_threads=res.tokenizer_threads, torch_threads=res.torch_threads,
+                           batch_size_final=res.batch_size_final, tokenization=res.tokenization)
                 if rep == args.reps - 1 or check is None:
                     check = out
                 else:
@@ -273,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
 
     med = {s: statistics.median(r["texts_per_s"] for r in rows if r["side"] == s) for s in ("pipeline", "raw")}
     ratio = med["pipeline"] / med["raw"]
+    med_cpu = {s: statistics.median(r["texts_per_cpu_s"] for r in rows if r["side"] == s) for s in ("pipeline", "raw")}
+    cpu_ratio = med_cpu["pipeline"] / med_cpu["raw"]
+    target = args.target or (2.0 if lm.device.startswith("cuda") else 1.3)
     pair_ratios = []
     for rep in range(1, args.reps + 1):
         p = next(r for r in rows if r["rep"] == rep and r["side"] == "pipeline")
@@ -286,16 +319,20 @@ def main(argv: list[str] | None = None) -> int:
     print(f"python {platform.python_version()}, torch {torch.__version__}, torch threads {torch.get_num_threads()}, "
           f"cpus {os.cpu_count()}")
     print(f"corpus: {corpus_desc}: {len(texts)} texts, {corpus_bytes / 1e6:.2f} MB, {avg_chars:.0f} chars/text on average")
-    print(f"batch size {args.batch_size}, pipeline read batch {args.read_batch_rows} rows; {warm_note}")
+    print(f"batch size {args.batch_size}, pipeline read batch {args.read_batch_rows} rows, dtype {lm.dtype}; {warm_note}")
+    p0 = next(r for r in rows if r["side"] == "pipeline")
+    print(f"pipeline: tokenization {p0['tokenization']}, tokenizer threads {p0['tokenizer_threads']}, "
+          f"torch threads {p0['torch_threads']}, final batch size {p0['batch_size_final']}")
     print()
     has_gpu = any("gpu_util_mean" in r for r in rows)
-    head = f"{'rep':>3}  {'side':<8}  {'texts':>7}  {'seconds':>8}  {'texts/s':>9}"
+    head = f"{'rep':>3}  {'side':<8}  {'texts':>7}  {'seconds':>8}  {'texts/s':>9}  {'CPU s':>8}  {'texts/CPU-s':>11}"
     if has_gpu:
         head += f"  {'GPU util mean':>13}  {'p95':>5}  {'samples':>7}  {'mem MiB':>8}"
     print(head)
     print("-" * len(head))
     for r in rows:
-        line = f"{r['rep']:>3}  {r['side']:<8}  {r['texts']:>7}  {r['seconds']:>8.2f}  {r['texts_per_s']:>9.1f}"
+        line = (f"{r['rep']:>3}  {r['side']:<8}  {r['texts']:>7}  {r['seconds']:>8.2f}  {r['texts_per_s']:>9.1f}"
+                f"  {r['cpu_seconds']:>8.2f}  {r['texts_per_cpu_s']:>11.1f}")
         if has_gpu:
             u = r.get("gpu_util_mean")
             line += (f"  {u:>12.1f}%  {r['gpu_util_p95']:>4.0f}%  {r['gpu_samples']:>7}  {r['gpu_mem_peak_mib']:>8.0f}"
@@ -304,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(head))
     print(f"median texts/s: pipeline {med['pipeline']:.1f}, raw encode {med['raw']:.1f}")
     print(f"ratio pipeline/raw (medians): {ratio:.3f}   per repetition: {', '.join(f'{x:.3f}' for x in pair_ratios)}"
-          f"   target >= 0.95: {'MET' if ratio >= 0.95 else 'NOT MET'}")
+          f"   target >= {target:g}: {'MET' if ratio >= target else 'NOT MET'}")
+    print(f"per CPU-second (medians): pipeline {med_cpu['pipeline']:.1f}, raw {med_cpu['raw']:.1f}, ratio {cpu_ratio:.3f}")
     print(f"vectors: pipeline vs raw encode, min cosine {cos_min:.6f} over {len(cos)} rows; record ids 0..{int(ids.max())}")
     util = {}
     if has_gpu:
@@ -324,13 +362,64 @@ def main(argv: list[str] | None = None) -> int:
         "cpus": os.cpu_count(), "corpus": corpus_desc, "texts": len(texts), "corpus_bytes": corpus_bytes,
         "avg_chars": avg_chars, "batch_size": args.batch_size, "read_batch_rows": args.read_batch_rows,
         "reps": args.reps, "warmup": warm_note, "rows": rows, "median_texts_per_s": med, "ratio": ratio,
-        "pair_ratios": pair_ratios, "target_ratio_met": ratio >= 0.95, "min_cosine": cos_min,
+        "pair_ratios": pair_ratios, "target_ratio": target, "target_ratio_met": ratio >= target, "min_cosine": cos_min,
+        "dtype": lm.dtype, "median_texts_per_cpu_s": med_cpu, "cpu_time_ratio": cpu_ratio,
         "gpu_util_median_of_means": util or None, "argv": sys.argv[1:] if argv is None else argv,
     }
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_out).write_text(json.dumps(result, indent=2))
         print(f"wrote {args.json_out}")
+    tmp.cleanup()
+    return 0
+
+
+def e2e(args, lm, records, work: Path, fmt, pipeline, sampler_cls, tmp, t_load: float) -> int:
+    """One embed_partition call over ``--e2e-texts`` short texts, GPU sampled; prints and writes JSON."""
+    import torch
+
+    pool = fortune_records(Path(args.fortunes_dir)) or records
+    short = [r for r in dict.fromkeys(pool) if len(r) <= args.short_max_chars]
+    if not short:
+        raise SystemExit(f"no record of at most {args.short_max_chars} characters")
+    n = args.e2e_texts
+    path = work / "e2e.txt"
+    size = write_corpus(path, [short[i % len(short)] for i in range(n)])
+    warm = work / "e2e-warm.txt"
+    write_corpus(warm, short[: min(len(short), 4 * args.batch_size)])
+    pipeline(warm)[1].unlink()
+    _cuda_sync(lm.device)
+    cpu0 = time.process_time()
+    with _Phase(sampler_cls, args.nvml_interval) as ph:
+        res, out = pipeline(path)
+        _cuda_sync(lm.device)
+    cpu_s = time.process_time() - cpu0
+    s = ph.summary
+    gpu_name = torch.cuda.get_device_name(0) if lm.device.startswith("cuda") else None
+    result = {
+        "benchmark": "embed_e2e", "model": lm.name, "device": lm.device, "gpu": gpu_name, "dtype": lm.dtype,
+        "texts": res.rows, "distinct_texts": len(short), "short_max_chars": args.short_max_chars,
+        "avg_chars": sum(len(t) for t in short) / len(short), "corpus_bytes": size,
+        "seconds": ph.seconds, "texts_per_s": res.rows / ph.seconds, "cpu_seconds": cpu_s,
+        "pipeline_reported_seconds": res.seconds, "batch_size": args.batch_size,
+        "batch_size_final": res.batch_size_final, "tokenizer_threads": res.tokenizer_threads,
+        "torch_threads": res.torch_threads, "tokenization": res.tokenization, "read_batch_rows": args.read_batch_rows,
+        "gpu_util_mean": s.utilization_mean_percent if s else None, "gpu_util_p95": s.utilization_p95_percent if s else None,
+        "gpu_samples": s.samples if s else 0, "gpu_mem_peak_mib": s.memory_peak_mib if s else None,
+        "gpu_unavailable": s.unavailable_reason if s else None, "model_load_seconds": t_load,
+        "argv": sys.argv[1:],
+    }
+    print(f"e2e: {res.rows:,} short texts (<= {args.short_max_chars} chars, {len(short)} distinct, "
+          f"{size / 1e6:.1f} MB) through one embed_partition call on {lm.device} {gpu_name or ''} ({lm.dtype}): "
+          f"{ph.seconds:.1f} s, {res.rows / ph.seconds:,.0f} texts/s; GPU util mean "
+          f"{result['gpu_util_mean'] if result['gpu_util_mean'] is not None else 'n/a'} % "
+          f"(p95 {result['gpu_util_p95']}, {result['gpu_samples']} samples); tokenizer threads "
+          f"{res.tokenizer_threads}, final batch {res.batch_size_final}")
+    if args.json_out:
+        Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_out).write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.json_out}")
+    out.unlink()
     tmp.cleanup()
     return 0
 

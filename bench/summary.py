@@ -5,6 +5,8 @@ kept; the file is replaced atomically (temp file, then rename).
 
     from summary import merge_summary            # with bench/ on sys.path
     merge_summary({"sim.ascending_cost_ratio": 1.0})
+
+    python bench/summary.py encoder.cpu_ratio_vs_encode=1.41 encoder.gpu_busy_percent=null   # from a shell
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -47,3 +50,19 @@ def merge_summary(updates: dict[str, float | int | bool | None], path: str | Pat
         f.write("\n")
     os.replace(tmp, p)
     return cur
+
+
+def main(argv: list[str]) -> int:
+    """``KEY=JSON`` arguments merged into the summary; prints the whole object."""
+    values = {}
+    for arg in argv:
+        key, sep, raw = arg.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"expected KEY=JSON, got {arg!r}")
+        values[key] = json.loads(raw)
+    print(json.dumps(merge_summary(values), indent=2, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -30,6 +30,7 @@ def embedding_asset(
     batch_size: int = 64,
     max_seq_length: int | None = None,
     device: str = "auto",
+    dtype: str | None = None,
     read_batch_rows: int = 4096,
     gpu: GpuRequest = GpuRequest(),
     telemetry_interval_s: float = 0.5,
@@ -49,6 +50,8 @@ def embedding_asset(
         model: a local sentence-transformers directory or ``all-MiniLM-L6-v2`` (packaged, offline).
         batch_size: texts per forward pass. max_seq_length: tokens (None = the model's own).
         device: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda``, ``cuda:1``…
+        dtype: ``float16`` or ``bfloat16`` to run the model in reduced precision on CUDA (opt-in; CPU always
+            runs float32); recorded as ``embedding/dtype``.
         read_batch_rows: records per I/O batch (bounds worker memory).
         gpu: the GPU request, written to the op tags gpu_executor reads.
         telemetry_interval_s: NVML sampling period in seconds.
@@ -70,6 +73,7 @@ def embedding_asset(
         batch_size=batch_size,
         read_batch_rows=read_batch_rows,
         telemetry_interval_s=telemetry_interval_s,
+        dtype=dtype,
     )
 
     @dg.asset(

@@ -130,3 +130,81 @@ def test_bad_utf8_with_no_earlier_output_leaves_nothing(tmp_path, model):
         embed_partition(str(bad), str(out), model, TextFormat(format="text"))
     assert not out.exists()
     assert list(out.parent.iterdir()) == []
+
+
+def test_one_encoder_and_prefetched_sources_across_partitions(tmp_path, model):
+    """A worker's loop: one Encoder for every partition, the next file read while the current one encodes."""
+    import torch
+
+    from dagster_gpu.corpus.prefetch import BatchPrefetcher
+    from dagster_gpu.embedding.cpus import CpuAllotment, CpuShare
+    from dagster_gpu.embedding.encoder import Encoder
+
+    files = [fortune_file(tmp_path / "a", RECORDS), fortune_file(tmp_path / "b", list(reversed(RECORDS)))]
+    before = torch.get_num_threads()
+    share = CpuShare(CpuAllotment(1, "test"), directory=tmp_path / "share")
+    results = []
+    try:
+        with Encoder(model.model, 4, tokenizer_threads=2, cpu_share=share) as enc:
+            nxt = BatchPrefetcher(str(files[0]), FORTUNE, read_batch_rows=3).start()
+            for i, f in enumerate(files):
+                cur = nxt
+                if i + 1 < len(files):
+                    nxt = BatchPrefetcher(str(files[i + 1]), FORTUNE, read_batch_rows=3).start()
+                results.append(embed_partition(cur, str(tmp_path / f"{f.name}.parquet"), model, encoder=enc))
+            pool_threads = {t for t in enc._pool._threads}
+            assert len(pool_threads) <= 2
+    finally:
+        share.close()
+        torch.set_num_threads(before)
+    for r in results:
+        assert (r.rows, r.records, r.skipped_empty_rows, r.truncated_rows) == (7, 9, 2, 2)
+        assert (r.dtype, r.batch_size_initial, r.batch_size_final, r.oom_retries) == ("float32", 4, 4, 0)
+        assert (r.tokenizer_threads, r.torch_threads, r.tokenization) == (2, 1, "fast")
+    direct = model.model.encode(KEPT_TEXTS, normalize_embeddings=True, convert_to_numpy=True)
+    _, va = read_vectors(tmp_path / "a.parquet", 384)
+    tb, vb = read_vectors(tmp_path / "b.parquet", 384)
+    assert tb.column("record_id").to_pylist() == [0, 1, 2, 3, 4, 6, 8]  # reversed file: blanks at 5 and 7
+    for vec, expected in ((va, direct), (vb, direct[::-1])):
+        cos = np.sum(vec * expected, axis=1) / (np.linalg.norm(vec, axis=1) * np.linalg.norm(expected, axis=1))
+        assert float(cos.min()) >= 0.999
+
+
+def test_a_uri_source_needs_its_text_format(tmp_path, model):
+    with pytest.raises(ValueError, match="text_format is required"):
+        embed_partition(str(tmp_path / "x"), str(tmp_path / "x.parquet"), model)
+
+
+def test_cuda_oom_halves_the_batch_and_the_final_size_is_in_the_metadata(tmp_path, model):
+    """64 records at the model's token limit; the forward pass fails with CUDA out-of-memory above 16 x 256
+    tokens (a small device, simulated on CPU by a forward pre-hook on the real model)."""
+    import torch
+
+    from dagster_gpu.telemetry.stats import summarize
+    from dagster_gpu.worker.billing import measure
+    from dagster_gpu.worker.metadata import build_metadata
+    from test_metadata import PLACEMENT
+
+    records = [f"{i} " + " ".join(["token"] * 300) for i in range(64)]
+    src = fortune_file(tmp_path / "long records", records)
+
+    def small_device(module, args):
+        ids = args[0]["input_ids"]
+        if ids.shape[0] * ids.shape[1] > 16 * 256:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 96.00 MiB (simulated)")
+
+    hook = model.model.register_forward_pre_hook(small_device)
+    try:
+        res = embed_partition(str(src), str(tmp_path / "long.parquet"), model, FORTUNE, batch_size=64)
+    finally:
+        hook.remove()
+    assert (res.rows, res.truncated_rows) == (64, 64)
+    assert (res.batch_size_initial, res.batch_size_final, res.oom_retries) == (64, 16, 2)
+    md = build_metadata(result=res, model_name="all-MiniLM-L6-v2", model_device="cpu",
+                        telemetry=summarize([], [], unavailable_reason="x"),
+                        billing=measure({"cpu": 0.05}, 3.0, "cpu", None, 0), backend="local", placement=PLACEMENT)
+    assert (md["embedding/batch_size_final"], md["embedding/dtype"]) == (16, "float32")
+    _, vec = read_vectors(tmp_path / "long.parquet", 384)
+    direct = model.model.encode(records, batch_size=16, normalize_embeddings=True, convert_to_numpy=True)
+    cos = np.sum(vec * direct, axis=1) / (np.linalg.norm(vec, axis=1) * np.linalg.norm(direct, axis=1))
+    assert float(cos.min()) >= 0.999

@@ -305,3 +305,54 @@ def test_summarize_ignores_reason_when_samples_exist():
     sm = summarize([40], [], unavailable_reason="ignored")
     assert sm.unavailable_reason is None and sm.memory_peak_mib is None
     assert sm.utilization_mean_percent == 40.0 and sm.utilization_p95_percent == 40.0
+
+
+# -- MIG: utilization rates are NotSupported on MIG handles; memory and billing are unaffected ----------
+class MigNvml(FakeNvml):
+    """Like NVML on a MIG instance: nvmlDeviceGetUtilizationRates raises the real pynvml NotSupported error
+    for MIG handles (and works for full GPUs); nvmlDeviceIsMigDeviceHandle says which is which."""
+
+    def nvmlDeviceIsMigDeviceHandle(self, h):
+        return self.devices[h].get("mig", False)
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        import pynvml
+
+        if self.devices[h].get("mig"):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return super().nvmlDeviceGetUtilizationRates(h)
+
+
+@pytest.mark.parametrize("uuid", ["MIG-6f1b7f8a-1c2d-5e3f-9a0b-1c2d3e4f5a6b", "GPU-parent-index-handle"])
+def test_mig_not_supported_reason_memory_and_billing(uuid):
+    from dagster_gpu.embedding.pipeline import EmbeddingResult
+    from dagster_gpu.policy.placement import Placement
+    from dagster_gpu.worker.billing import measure
+    from dagster_gpu.worker.metadata import build_metadata
+
+    dev = {**gpu(uuid, [0], [512, 900, 640], name="NVIDIA A100-SXM4-80GB MIG 1g.10gb"), "mig": True}
+    fake = MigNvml([dev])
+    with NvmlSampler(LONG, nvml=fake, env={"CUDA_VISIBLE_DEVICES": "0"}) as s:
+        s.sample_once()
+    sm = s.summary()
+    assert sm.samples == 0 and sm.utilization_mean_percent is None
+    assert sm.unavailable_reason.startswith(f"MIG device {uuid}: nvmlDeviceGetUtilizationRates is not supported")
+    assert "NVMLError_NotSupported" in sm.unavailable_reason
+    assert sm.memory_peak_mib == 900.0  # 512, 900, 640 sampled anyway
+
+    rates = {"NVIDIA A100-SXM4-80GB": 2.4, "default": 1.0}
+    billing = measure(rates, 70.0, "cuda", sm.product_name, 1, 1 / 7)
+    result = EmbeddingResult(rows=7, records=7, skipped_empty_rows=0, truncated_rows=0, dim=384, seconds=7.0, output_uri="/o")
+    md = build_metadata(result=result, model_name="m", model_device="cuda", telemetry=sm, billing=billing,
+                        backend="kubernetes", placement=Placement(backend="kubernetes", reason="test"))
+    assert md["gpu/unavailable_reason"] == sm.unavailable_reason
+    assert md["gpu/memory_peak_mib"] == 900.0 and md["gpu/samples"] == 0
+    assert "gpu/utilization_mean_percent" not in md
+    # The bill is the same as with utilization samples: 1/7 of a GPU for 70 s = 10 GPU-seconds at 2.40 USD/h.
+    with_util = build_metadata(result=result, model_name="m", model_device="cuda",
+                               telemetry=summarize([50.0], [900.0], (uuid,), sm.product_name), billing=billing,
+                               backend="kubernetes", placement=Placement(backend="kubernetes", reason="test"))
+    for key in ("billing/gpu_seconds", "billing/cost_usd", "billing/rate_usd_per_gpu_hour", "billing/devices"):
+        assert md[key] == with_util[key]
+    assert md["billing/gpu_seconds"] == pytest.approx(10.0)
+    assert md["billing/cost_usd"] == pytest.approx(10.0 * 2.4 / 3600)

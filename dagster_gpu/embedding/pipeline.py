@@ -1,23 +1,21 @@
 """The work of one partition step: read -> embed -> write, overlapped.
 
-A reader thread fills a queue of at most ``prefetch`` record batches (memory stays bounded by
-``read_batch_rows × prefetch`` texts, not by the file), the calling thread encodes (with tokenization
-overlapped, see ``encoder.py``), and a writer thread
-counts truncated texts, hashes and appends to the atomic parquet writer, so I/O and the extra
-tokenization hide behind the model (the calling thread does nothing but encode).
+A reader thread (``corpus.prefetch.BatchPrefetcher``) fills a queue of at most ``prefetch`` record
+batches (memory stays bounded by ``read_batch_rows × prefetch`` texts, not by the file); the calling
+thread drives the device through ``encoder.Encoder`` (tokenizer threads ahead of it, results copied to the
+host asynchronously); a writer thread takes each batch's vectors as they reach the host, hashes the texts
+and appends to the atomic parquet writer. The calling thread does nothing but launch the model.
 
-The writer thread counts with its own copy of the tokenizer: a Hugging Face fast tokenizer's truncation and
-padding settings are state on the tokenizer, which ``encode`` sets on every call, so sharing one between
-threads could count with truncation switched on (or fail with "Already borrowed").
+A worker that embeds several partitions passes one ``Encoder`` to every call (threads, tokenizer copies,
+CUDA stream and a batch size reduced by an out-of-memory error carry over) and may pass a started
+``BatchPrefetcher`` so the next file is read while the current one encodes.
 """
 
 from __future__ import annotations
 
-import copy
 import hashlib
-import queue
-import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
@@ -25,13 +23,11 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import pyarrow as pa
 
-from dagster_gpu.corpus.readers import ReadStats, RecordBatch, TextFormat, read_batches
-from dagster_gpu.embedding.encoder import OverlappedEncoder
+from dagster_gpu.corpus.prefetch import BatchPrefetcher
+from dagster_gpu.corpus.readers import RecordBatch, TextFormat
+from dagster_gpu.embedding.encoder import Encoder, PendingEncoded
 from dagster_gpu.embedding.model import LoadedModel
-from dagster_gpu.embedding.truncation import count_truncated
 from dagster_gpu.embedding.writer import AtomicParquetWriter, output_schema
-
-_DONE = object()
 
 @dataclass(frozen=True)
 class EmbeddingResult:
@@ -45,6 +41,14 @@ class EmbeddingResult:
         dim: vector dimension.
         seconds: wall seconds of read+embed+write (excludes model load).
         output_uri: where the parquet file is.
+        dtype: the model's weight dtype (``float32``, ``float16``, ``bfloat16``).
+        batch_size_initial / batch_size_final: texts per forward pass at the start and at the end (smaller
+            after a CUDA out-of-memory error halved it).
+        oom_retries: model batches retried at half size during this partition.
+        tokenizer_threads, torch_threads: the encoder's threads (torch's intra-op threads at the end).
+        tokenization: ``fast`` (per-thread Rust tokenizers, token-count order) or ``preprocess``.
+        replaced_rows / skipped_undecodable_rows: records whose undecodable bytes were replaced (embedded) or
+            that were left out, under ``TextFormat.decode_errors`` ``replace`` / ``skip``.
     """
 
     rows: int
@@ -54,6 +58,15 @@ class EmbeddingResult:
     dim: int
     seconds: float
     output_uri: str
+    dtype: str = "float32"
+    batch_size_initial: int = 0
+    batch_size_final: int = 0
+    oom_retries: int = 0
+    tokenizer_threads: int = 0
+    torch_threads: int = 0
+    tokenization: str = ""
+    replaced_rows: int = 0
+    skipped_undecodable_rows: int = 0
 
     @property
     def texts_per_second(self) -> float:
@@ -71,10 +84,10 @@ def _to_table(batch: RecordBatch, vectors: np.ndarray, dim: int, schema: pa.Sche
 
 
 def embed_partition(
-    source_uri: str,
+    source: str | BatchPrefetcher,
     output_uri: str,
     model: LoadedModel,
-    text_format: TextFormat,
+    text_format: TextFormat | None = None,
     *,
     batch_size: int = 64,
     read_batch_rows: int = 4096,
@@ -82,75 +95,63 @@ def embed_partition(
     normalize: bool = True,
     storage_options: Mapping[str, Any] | None = None,
     on_batch: Callable[[int], None] | None = None,
+    encoder: Encoder | None = None,
 ) -> EmbeddingResult:
-    """Embed every kept record of ``source_uri`` into ``output_uri`` (parquet, atomic).
+    """Embed every kept record of ``source`` into ``output_uri`` (parquet, atomic).
 
-    ``batch_size`` is the model's batch (texts per forward pass); ``read_batch_rows`` the I/O batch.
-    ``on_batch(rows_done)`` is called after each I/O batch is encoded. Raises CorpusReadError naming the
-    file on bad input; on any error no output appears and an earlier output at ``output_uri`` is kept.
+    ``source`` is a corpus file URI (read with ``text_format``, ``read_batch_rows``, ``prefetch`` and
+    ``storage_options``) or a ``BatchPrefetcher`` (started or not; those four arguments are then its own,
+    ``text_format`` may be None); it is closed on return. ``encoder``: reuse one across calls (not closed
+    here; its batch size rules); None = an ``Encoder(model.model, batch_size, normalize=...)`` for this
+    call only. ``batch_size`` is texts per forward pass. ``on_batch(rows_done)`` is called after each I/O
+    batch is encoded. Raises CorpusReadError naming the file on bad input, ValueError when ``source`` is a
+    URI without ``text_format``, EncoderOutOfMemory when one text does not fit the device; on any error
+    no output appears and an earlier output at ``output_uri`` is kept.
     """
+    if isinstance(source, BatchPrefetcher):
+        reader = source
+    else:
+        if text_format is None:
+            raise ValueError(f"embed_partition({source!r}): text_format is required for a URI source")
+        reader = BatchPrefetcher(source, text_format, read_batch_rows, storage_options, depth=max(1, prefetch))
+    # The output's storage options: the caller's, else (prefetcher source) those it reads with.
+    out_options = storage_options if storage_options is not None or reader is not source else reader.storage_options
     schema = output_schema(model.dim)
-    stats = ReadStats()
     truncated = 0
     done = 0
-    q: queue.Queue = queue.Queue(maxsize=max(1, prefetch))
-    stop = threading.Event()
-
-    def produce() -> None:
-        try:
-            for b in read_batches(source_uri, text_format, read_batch_rows, stats, dict(storage_options or {})):
-                while not stop.is_set():
-                    try:
-                        q.put(b, timeout=0.1)
-                        break
-                    except queue.Full:
-                        continue
-                if stop.is_set():
-                    return
-            q.put(_DONE)
-        except BaseException as e:  # handed to the consumer, which re-raises it
-            q.put(e)
-
-    st = model.model
-    encoder = OverlappedEncoder(st, batch_size, normalize=normalize)
-    counting_tokenizer = copy.deepcopy(st.tokenizer)  # the encoder's thread owns the model's tokenizer
-
-    def finish(batch: RecordBatch, vectors: np.ndarray, tokens: np.ndarray) -> int:
-        """Writer thread: count truncated texts, hash, write; returns the truncated count.
-
-        Only texts that filled the whole sequence (tokens == max_seq_length) can have been truncated;
-        those are tokenized again without truncation to count exactly."""
-        full = [t for t, k in zip(batch.texts, tokens) if k >= model.max_seq_length]
-        n = count_truncated(counting_tokenizer, full, model.max_seq_length) if full else 0
-        writer.write(_to_table(batch, vectors, model.dim, schema))
-        return n
-
+    own_encoder = encoder is None
     t0 = time.perf_counter()
-    reader = threading.Thread(target=produce, name="dagster-gpu-reader", daemon=True)
     reader.start()
     try:
-        with AtomicParquetWriter(output_uri, schema, storage_options) as writer, ThreadPoolExecutor(1) as wpool:
-            pending = None
-            while True:
-                item = q.get()
-                if item is _DONE:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                vectors, tokens = encoder.encode(item.texts)
-                if pending is not None:
-                    truncated += pending.result()
-                pending = wpool.submit(finish, item, vectors, tokens)
-                done += len(item)
-                if on_batch:
-                    on_batch(done)
-            if pending is not None:
-                truncated += pending.result()
+        enc = encoder if encoder is not None else Encoder(model.model, batch_size, normalize=normalize)
+        retries_before = enc.oom_retries
+        batch_size_initial = enc.batch_size
+
+        def finish(batch: RecordBatch, pending: PendingEncoded) -> int:
+            """Writer thread: wait for the vectors, hash, write; returns the truncated count."""
+            r = pending.result()
+            writer.write(_to_table(batch, r.vectors, model.dim, schema))
+            return r.truncated_rows
+
+        try:
+            with AtomicParquetWriter(output_uri, schema, out_options) as writer, ThreadPoolExecutor(1) as wpool:
+                writes: deque = deque()
+                for batch, pending in enc.encode_stream(reader):
+                    writes.append(wpool.submit(finish, batch, pending))
+                    while len(writes) > 2:  # bounded: at most 2 batches wait for the host/writer
+                        truncated += writes.popleft().result()
+                    done += len(batch)
+                    if on_batch:
+                        on_batch(done)
+                while writes:
+                    truncated += writes.popleft().result()
+        finally:
+            if own_encoder:
+                enc.close()
     finally:
-        stop.set()
-        encoder.close()
-        reader.join(timeout=5)
+        reader.close()
     seconds = time.perf_counter() - t0
+    stats = reader.stats
     return EmbeddingResult(
         rows=writer.rows,
         records=stats.records,
@@ -159,4 +160,13 @@ def embed_partition(
         dim=model.dim,
         seconds=seconds,
         output_uri=output_uri,
+        dtype=enc.dtype,
+        batch_size_initial=batch_size_initial,
+        batch_size_final=enc.batch_size,
+        oom_retries=enc.oom_retries - retries_before,
+        tokenizer_threads=enc.tokenizer_threads,
+        torch_threads=enc.torch_threads,
+        tokenization=enc.mode,
+        replaced_rows=stats.replaced_rows,
+        skipped_undecodable_rows=stats.skipped_undecodable_rows,
     )

@@ -87,19 +87,37 @@ class NvmlSampler:
         self._handles = handles
         self._uuids = [_text(nvml.nvmlDeviceGetUUID(h)) for h in handles]
         self._product = _text(nvml.nvmlDeviceGetName(handles[0]))
-        try:
-            for h in handles:
+        failed = None
+        for h, uuid in zip(handles, self._uuids):
+            try:
                 nvml.nvmlDeviceGetUtilizationRates(h)
-        except Exception as e:
-            mig = any(u.startswith("MIG-") for u in self._uuids)
-            self._reason = (
-                "MIG device: per-instance utilization needs GPM, not available through NVML utilization rates"
-                if mig
-                else f"utilization not supported: {type(e).__name__}: {e}"
-            )
-            self._read_util = None
-        else:
+            except Exception as e:
+                failed = (h, uuid, e)
+                break
+        if failed is None:
             self._read_util = nvml.nvmlDeviceGetUtilizationRates
+        else:
+            # One device without utilization makes the mean meaningless: sample memory only (billing never
+            # depends on utilization, see worker/billing.py).
+            h, uuid, e = failed
+            self._read_util = None
+            if self._is_mig(h, uuid):
+                self._reason = (
+                    f"MIG device {uuid}: nvmlDeviceGetUtilizationRates is not supported on MIG instances "
+                    f"({type(e).__name__}: {e}); per-instance busy % needs GPM metrics. Memory is still sampled."
+                )
+            else:
+                self._reason = f"utilization not supported: {type(e).__name__}: {e}"
+
+    def _is_mig(self, handle, uuid: str) -> bool:
+        """A MIG instance: its UUID says so (``MIG-…``), or NVML does (``nvmlDeviceIsMigDeviceHandle``)."""
+        if uuid.startswith("MIG-"):
+            return True
+        check = getattr(self._nvml, "nvmlDeviceIsMigDeviceHandle", None)
+        try:
+            return bool(check(handle)) if check else False
+        except Exception:
+            return False
 
     def _handle_for(self, entry: str):
         nvml = self._nvml

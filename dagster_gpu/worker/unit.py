@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 import dagster as dg
 import psutil
@@ -27,7 +27,9 @@ import psutil
 from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
 from dagster_gpu.checks import check_evaluations, check_outputs, verify_output
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource
+from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.corpus.readers import CorpusReadError
+from dagster_gpu.embedding.encoder import Encoder
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
 from dagster_gpu.embedding.pipeline import EmbeddingResult, embed_partition
 from dagster_gpu.executor.run_tags import add_cost
@@ -51,7 +53,7 @@ class UnitSpec:
     batch_size: int
     read_batch_rows: int
     telemetry_interval_s: float
-    embed_options: Mapping[str, Any] = field(default_factory=dict)
+    dtype: str | None = None
 
 
 @dataclass
@@ -150,7 +152,7 @@ def _load(spec: UnitSpec, keys: list[str], outcome: UnitOutcome) -> LoadedModel 
     if not keys:
         return None
     try:
-        return load_model(spec.model, device=spec.device, max_seq_length=spec.max_seq_length)
+        return load_model(spec.model, device=spec.device, max_seq_length=spec.max_seq_length, dtype=spec.dtype)
     except ModelNotFound as e:
         for k in keys:
             outcome.failed[k] = f"partition {k!r}: {e}"
@@ -169,37 +171,52 @@ def _embed_all(
     outcome: UnitOutcome,
 ) -> Iterator[dg.AssetMaterialization]:
     previous_end = ready
-    n = len(files)
-    for i, (key, source) in enumerate(files.items()):
-        out_uri = spec.output_uri_for(key)
-        context.log.info(f"partition {key!r} ({i + 1}/{n}): {source.uri} ({source.size_bytes} bytes) -> {out_uri}")
-        try:
-            with NvmlSampler(spec.telemetry_interval_s) as sampler:
-                result = embed_partition(
-                    source.uri, out_uri, loaded, spec.corpus.text_format,
-                    batch_size=spec.batch_size, read_batch_rows=spec.read_batch_rows,
-                    storage_options=dict(spec.corpus.storage_options), **dict(spec.embed_options),
-                )
-        except CorpusReadError as e:
-            outcome.failed[key] = f"partition {key!r}: {e}"
-            context.log.error(outcome.failed[key])
-            continue
-        except Exception as e:  # noqa: BLE001 - one partition's fault must not lose the others
-            outcome.failed[key] = f"partition {key!r}: {type(e).__name__}: {e}"
-            outcome.retryable = True
-            context.log.error(outcome.failed[key])
-            continue
-        finally:
-            now = time.time()
-            interval, previous_end = max(0.0, now - previous_end), now
-        md = _metadata(step, loaded, spec, source, result, sampler.summary(),
-                       partition_wall_seconds(startup_s, shares[key], interval), position=(i, n))
-        outcome.materialized.append(key)
-        yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md)
-        add_cost(context.instance, context.run.run_id, md["billing/cost_usd"])  # the Runs page shows what the run cost
-        yield from check_evaluations(context.asset_key, key, verify_output(
-            out_uri, expected_dim=loaded.dim, records_read=result.records, skipped_empty_rows=result.skipped_empty_rows,
-            storage_options=spec.corpus.storage_options))
+    items = list(files.items())
+    n = len(items)
+    encoder = Encoder(loaded.model, spec.batch_size)  # tokenizer threads and CUDA stream: once per unit
+    upcoming = _prefetcher(spec, items[0][1])
+    try:
+        for i, (key, source) in enumerate(items):
+            current = upcoming
+            # the next file is read while this one encodes
+            upcoming = _prefetcher(spec, items[i + 1][1]) if i + 1 < n else None
+            out_uri = spec.output_uri_for(key)
+            context.log.info(f"partition {key!r} ({i + 1}/{n}): {source.uri} ({source.size_bytes} bytes) -> {out_uri}")
+            try:
+                with NvmlSampler(spec.telemetry_interval_s) as sampler:
+                    result = embed_partition(current, out_uri, loaded, encoder=encoder,
+                                             storage_options=dict(spec.corpus.storage_options))
+            except CorpusReadError as e:
+                outcome.failed[key] = f"partition {key!r}: {e}"
+                context.log.error(outcome.failed[key])
+                continue
+            except Exception as e:  # noqa: BLE001 - one partition's fault must not lose the others
+                outcome.failed[key] = f"partition {key!r}: {type(e).__name__}: {e}"
+                outcome.retryable = True
+                context.log.error(outcome.failed[key])
+                continue
+            finally:
+                now = time.time()
+                interval, previous_end = max(0.0, now - previous_end), now
+            md = _metadata(step, loaded, spec, source, result, sampler.summary(),
+                           partition_wall_seconds(startup_s, shares[key], interval), position=(i, n))
+            outcome.materialized.append(key)
+            yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md)
+            add_cost(context.instance, context.run.run_id, md["billing/cost_usd"])  # the Runs page shows what the run cost
+            yield from check_evaluations(context.asset_key, key, verify_output(
+                out_uri, expected_dim=loaded.dim, records_read=result.records,
+                skipped_empty_rows=result.skipped_empty_rows + result.skipped_undecodable_rows,
+                storage_options=spec.corpus.storage_options))
+    finally:
+        if upcoming is not None:
+            upcoming.close()
+        encoder.close()
+
+
+def _prefetcher(spec: UnitSpec, source: CorpusFile) -> BatchPrefetcher:
+    """A started reader of ``source`` (a bounded queue of record batches, see ``corpus.prefetch``)."""
+    return BatchPrefetcher(source.uri, spec.corpus.text_format, spec.read_batch_rows,
+                           dict(spec.corpus.storage_options)).start()
 
 
 def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wall_s: float, position) -> dict:
