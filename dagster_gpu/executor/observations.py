@@ -49,7 +49,8 @@ class UnitBill:
             partition's observation as they are.
         match: (metadata key, value) that the unit's own materializations carry (``slurm/job_id`` of the
             array task, ``k8s/pod``): materializations of the same step by an earlier unit (a retry) are
-            not this unit's. None: every materialization of the step in the run.
+            not this unit's; a materialization without that key counts as this unit's. None: every
+            materialization of the step in the run.
     """
 
     gpu_seconds: float
@@ -110,8 +111,9 @@ def write_unit_bill(
             continue
         mat = ev.step_materialization_data.materialization
         done_in_run.add(mat.partition or "")
-        if bill.match is not None and str(_value(mat.metadata, bill.match[0])) != bill.match[1]:
-            continue
+        unit = _value(mat.metadata, bill.match[0]) if bill.match is not None else None
+        if unit is not None and str(unit) != bill.match[1]:
+            continue  # materialized by another unit of the step (an earlier attempt)
         materialized[mat.partition or ""] = (mat.asset_key, mat.metadata)
     try:
         keys = run_partition_keys(instance, run.tags, partitions_def) if run else ()
