@@ -71,7 +71,7 @@ def test_worker_killed_without_outcome_fails_step_with_exit_code(env):
         msg = failures[0].step_failure_data.error.message
         assert "without the step recording success or failure" in msg
         assert "SIGKILL" in msg and "exit code -9" in msg
-        assert "partition a" in msg
+        assert "partition 'a'" in msg
 
 
 def test_ui_terminate_kills_worker_process_group(env, tmp_path):

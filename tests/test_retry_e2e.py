@@ -77,7 +77,7 @@ def test_local_sigkilled_worker_is_retried_for_its_partition_only(tmp_path, monk
         retries = _events(instance, a_id, dg.DagsterEventType.STEP_UP_FOR_RETRY)
         assert len(retries) == 1
         msg = retries[0].dagster_event.event_specific_data.error.message
-        assert "SIGKILL" in msg and "exit code -9" in msg and "partition a" in msg
+        assert "SIGKILL" in msg and "exit code -9" in msg and "partition 'a'" in msg
         assert len(_events(instance, a_id, dg.DagsterEventType.STEP_WORKER_STARTING)) == 2  # attempt 0, then the retry
         # partition b's run saw no failure and launched one worker
         assert _events(instance, b_id, dg.DagsterEventType.STEP_UP_FOR_RETRY) == []
