@@ -59,12 +59,13 @@ class UnitSpec:
 @dataclass
 class UnitOutcome:
     """What a unit did: partitions materialized (in order), skipped (already done by this run) and failed
-    (key -> reason)."""
+    (key -> reason); ``cost_usd`` the measured cost of the materialized ones."""
 
     materialized: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     retryable: bool = False
+    cost_usd: float = 0.0
 
 
 def already_materialized(instance: dg.DagsterInstance, run_id: str, asset_key: dg.AssetKey) -> set[str]:
@@ -202,7 +203,7 @@ def _embed_all(
                            partition_wall_seconds(startup_s, shares[key], interval), position=(i, n))
             outcome.materialized.append(key)
             yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md)
-            add_cost(context.instance, context.run.run_id, md["billing/cost_usd"])  # the Runs page shows what the run cost
+            outcome.cost_usd += md["billing/cost_usd"]
             yield from check_evaluations(context.asset_key, key, verify_output(
                 out_uri, expected_dim=loaded.dim, records_read=result.records,
                 skipped_empty_rows=result.skipped_empty_rows + result.skipped_undecodable_rows,
@@ -211,6 +212,8 @@ def _embed_all(
         if upcoming is not None:
             upcoming.close()
         encoder.close()
+        if outcome.cost_usd:  # the Runs page shows what the run cost: one tag update per unit
+            add_cost(context.instance, context.run.run_id, outcome.cost_usd)
 
 
 def _prefetcher(spec: UnitSpec, source: CorpusFile) -> BatchPrefetcher:
