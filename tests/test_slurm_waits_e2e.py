@@ -33,7 +33,8 @@ def _spy_client():
             self.argvs.append(list(argv))
             return super()._run_once(argv, ok_codes)
 
-    c = SpyClient(slurm_conf=H.slurm_conf())
+    # already submitting with SLURM_UMASK=0077, so the coalescer uses this very client (not a copy without argvs)
+    c = SpyClient(slurm_conf=H.slurm_conf(), extra_env={"SLURM_UMASK": "0077"})
     c.argvs = []
     return c
 
