@@ -28,7 +28,6 @@ from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
 from dagster_gpu.checks import check_evaluations, check_outputs, verify_output
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource
 from dagster_gpu.corpus.prefetch import BatchPrefetcher
-from dagster_gpu.corpus.readers import CorpusReadError
 from dagster_gpu.embedding.encoder import Encoder
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
 from dagster_gpu.embedding.pipeline import EmbeddingResult, embed_partition
@@ -36,7 +35,9 @@ from dagster_gpu.executor.run_tags import add_cost
 from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
 from dagster_gpu.worker.billing import measure
+from dagster_gpu.worker.connections import hold_storage_connections
 from dagster_gpu.worker.context import StepContext
+from dagster_gpu.worker.embed_ahead import EmbedAhead
 from dagster_gpu.worker.k8s_claim import claim_metadata
 from dagster_gpu.worker.metadata import build_metadata
 
@@ -98,6 +99,7 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
     started = psutil.Process().create_time() if step.launched_by_executor else time.time()
     keys = list(context.partition_keys) if context.has_partition_key_range or context.has_partition_key else []
     outcome = UnitOutcome()
+    hold_storage_connections(context.instance, len(keys))
     done = already_materialized(context.instance, context.run.run_id, context.asset_key)
     todo = [k for k in keys if k not in done]
     outcome.skipped = [k for k in keys if k in done]
@@ -170,50 +172,58 @@ def _embed_all(
     startup_s: float,
     ready: float,
     outcome: UnitOutcome,
-) -> Iterator[dg.AssetMaterialization]:
-    previous_end = ready
-    items = list(files.items())
-    n = len(items)
+) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
+    n = len(files)
     encoder = Encoder(loaded.model, spec.batch_size)  # tokenizer threads and CUDA stream: once per unit
-    upcoming = _prefetcher(spec, items[0][1])
+
+    def embed_one(key: str, source: CorpusFile, reader: BatchPrefetcher):
+        with NvmlSampler(spec.telemetry_interval_s) as sampler:
+            result = embed_partition(reader, spec.output_uri_for(key), loaded, encoder=encoder,
+                                     storage_options=dict(spec.corpus.storage_options))
+        return result, sampler.summary()
+
+    # the partitions are embedded on a thread; their events are written here while the next one encodes
+    ahead = EmbedAhead(list(files.items()), embed_one, lambda source: _prefetcher(spec, source), ready).start()
+    progress = _Progress(context, n)
     try:
-        for i, (key, source) in enumerate(items):
-            current = upcoming
-            # the next file is read while this one encodes
-            upcoming = _prefetcher(spec, items[i + 1][1]) if i + 1 < n else None
+        for done in ahead:
+            key = done.key
+            if done.error is not None:
+                outcome.failed[key] = done.error
+                outcome.retryable = outcome.retryable or done.retryable
+                context.log.error(done.error)
+                continue
             out_uri = spec.output_uri_for(key)
-            context.log.info(f"partition {key!r} ({i + 1}/{n}): {source.uri} ({source.size_bytes} bytes) -> {out_uri}")
-            try:
-                with NvmlSampler(spec.telemetry_interval_s) as sampler:
-                    result = embed_partition(current, out_uri, loaded, encoder=encoder,
-                                             storage_options=dict(spec.corpus.storage_options))
-            except CorpusReadError as e:
-                outcome.failed[key] = f"partition {key!r}: {e}"
-                context.log.error(outcome.failed[key])
-                continue
-            except Exception as e:  # noqa: BLE001 - one partition's fault must not lose the others
-                outcome.failed[key] = f"partition {key!r}: {type(e).__name__}: {e}"
-                outcome.retryable = True
-                context.log.error(outcome.failed[key])
-                continue
-            finally:
-                now = time.time()
-                interval, previous_end = max(0.0, now - previous_end), now
-            md = _metadata(step, loaded, spec, source, result, sampler.summary(),
-                           partition_wall_seconds(startup_s, shares[key], interval), position=(i, n))
+            md = _metadata(step, loaded, spec, done.source, done.result, done.telemetry,
+                           partition_wall_seconds(startup_s, shares[key], done.interval_s), position=(done.index, n))
             outcome.materialized.append(key)
             yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md)
             outcome.cost_usd += md["billing/cost_usd"]
             yield from check_evaluations(context.asset_key, key, verify_output(
-                out_uri, expected_dim=loaded.dim, records_read=result.records,
-                skipped_empty_rows=result.skipped_empty_rows + result.skipped_undecodable_rows,
+                out_uri, expected_dim=loaded.dim, records_read=done.result.records,
+                skipped_empty_rows=done.result.skipped_empty_rows + done.result.skipped_undecodable_rows,
                 storage_options=spec.corpus.storage_options))
+            progress.partition_done(done.index)
     finally:
-        if upcoming is not None:
-            upcoming.close()
+        ahead.close()
         encoder.close()
         if outcome.cost_usd:  # the Runs page shows what the run cost: one tag update per unit
             add_cost(context.instance, context.run.run_id, outcome.cost_usd)
+
+
+class _Progress:
+    """One run-log line per tenth of the unit (not per partition: each line is an event-log write; every
+    partition has its own materialization event)."""
+
+    def __init__(self, context: dg.AssetExecutionContext, n: int):
+        self.context, self.n, self.every = context, n, max(1, n // 10)
+        self.t0 = time.time()
+
+    def partition_done(self, index: int) -> None:
+        done = index + 1
+        if done % self.every == 0 and done < self.n:
+            rate = done / max(time.time() - self.t0, 1e-9)
+            self.context.log.info(f"{done}/{self.n} partitions embedded ({rate:.2f} partitions/s)")
 
 
 def _prefetcher(spec: UnitSpec, source: CorpusFile) -> BatchPrefetcher:
