@@ -113,6 +113,15 @@ def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_
             sampler.stop.set()
         recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset.key), limit=len(keys) + 10).records
         mds = [{k: v.value for k, v in r.asset_materialization.metadata.items()} for r in recs]
+        deadline = time.time() + 300  # sacct lags the array task's end: wait for the bills, not a speed limit
+        while True:
+            obs = instance.fetch_observations(dg.AssetRecordsFilter(asset_key=asset.key), limit=len(keys) + 10).records
+            if len(obs) >= len(keys) or time.time() > deadline:
+                break
+            time.sleep(5)
+        sched = [r.asset_observation.metadata.get("billing/gpu_seconds") for r in obs]
+    # what the scheduler billed (sacct, split over each unit's partitions by the observation writer)
+    sacct_billed = sum(float(v.value) for v in sched if v is not None)
     embed = sum(m["embedding/seconds"] for m in mds)
     billed = sum(m["billing/wall_seconds"] for m in mds)
     batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
@@ -120,6 +129,8 @@ def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_
             "runs": prog.runs, "sbatch_calls": len(batches), "makespan_s": round(makespan, 1),
             "embedding_s": round(embed, 1), "billed_s": round(billed, 1),
             "useful_fraction": round(embed / billed, 3) if billed else None,
+            "sacct_billed_s": round(sacct_billed, 1), "observations": len(sched),
+            "useful_fraction_vs_sacct": round(embed / sacct_billed, 3) if sacct_billed else None,
             "orchestrator_peak_rss_mib": round(sampler.peak / 2**20, 1), "home": str(home)}
 
 
