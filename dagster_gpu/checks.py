@@ -260,6 +260,8 @@ def recheck_asset_check(
     """An on-demand check ``output_recheck`` of ``asset`` (non-blocking, partitioned like it): verifies the
     latest materialization's output file of the partition again, without embedding anything — for
     outputs changed or damaged after they were written; its result names every check that failed.
+    ``storage_options``: fsspec options of the *output* store (the asset's ``output_storage_options``,
+    not its corpus's).
 
     Register it on purpose, apart from the embedding job: a job selecting the asset (``asset_job``,
     ``define_asset_job(selection=[asset])``) also selects every check of the asset, so the recheck would

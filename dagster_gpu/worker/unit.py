@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import dagster as dg
 import psutil
@@ -43,7 +43,11 @@ from dagster_gpu.worker.metadata import build_metadata
 
 @dataclass(frozen=True)
 class UnitSpec:
-    """What the asset asks of each unit (the embedding_asset arguments that matter in the worker)."""
+    """What the asset asks of each unit (the embedding_asset arguments that matter in the worker).
+
+    The corpus is read with ``corpus.storage_options``; outputs are written and checked with
+    ``output_storage_options`` (fsspec options of the output store, which may be another store).
+    """
 
     corpus: CorpusSource
     output_uri_for: Callable[[str], str]
@@ -54,6 +58,7 @@ class UnitSpec:
     read_batch_rows: int
     telemetry_interval_s: float
     dtype: str | None = None
+    output_storage_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -186,7 +191,7 @@ def _embed_all(
             try:
                 with NvmlSampler(spec.telemetry_interval_s) as sampler:
                     result = embed_partition(current, out_uri, loaded, encoder=encoder,
-                                             storage_options=dict(spec.corpus.storage_options))
+                                             output_storage_options=dict(spec.output_storage_options))
             except CorpusReadError as e:
                 outcome.failed[key] = f"partition {key!r}: {e}"
                 context.log.error(outcome.failed[key])
@@ -207,7 +212,7 @@ def _embed_all(
             yield from check_evaluations(context.asset_key, key, verify_output(
                 out_uri, expected_dim=loaded.dim, records_read=result.records,
                 skipped_empty_rows=result.skipped_empty_rows + result.skipped_undecodable_rows,
-                storage_options=spec.corpus.storage_options))
+                storage_options=spec.output_storage_options))
     finally:
         if upcoming is not None:
             upcoming.close()
