@@ -55,6 +55,9 @@ def embedding_asset(
         read_batch_rows: records per I/O batch (bounds worker memory).
         gpu: the GPU request, written to the op tags gpu_executor reads.
         telemetry_interval_s: NVML sampling period in seconds.
+        output_storage_options: fsspec options of the output store (e.g. another S3 endpoint than the
+            corpus's); outputs are written and their checks read with these, never with
+            ``corpus.storage_options``. None = no options.
         max_partitions_per_run: a backfill (and the sensor and schedule) makes runs of at most this many
             partitions (``BackfillPolicy.multi_run``); each run's step is one work unit that loads the model
             once and embeds its partitions back to back (see :mod:`dagster_gpu.worker.unit`).
@@ -74,6 +77,7 @@ def embedding_asset(
         read_batch_rows=read_batch_rows,
         telemetry_interval_s=telemetry_interval_s,
         dtype=dtype,
+        output_storage_options=dict(output_storage_options or {}),
     )
 
     @dg.asset(

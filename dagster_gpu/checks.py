@@ -24,6 +24,15 @@ Dagster 1.13.27 facts this module relies on (read in ``dagster/_core``, checked 
   once (:func:`check_outputs`).
 - A failed blocking ERROR evaluation fails the step (``DagsterAssetCheckFailedError``) after the body
   ends; the materialization is already recorded by then.
+- The UI's per-partition check status (``event_log_storage.get_asset_check_state``) counts an evaluation
+  only when it targets the partition's latest materialization (``AssetCheckPartitionInfo.is_current``):
+  an ``AssetCheckEvaluation`` without ``target_materialization_data`` on a materialized partition is
+  dropped from every status. ``AssetCheckResult`` fills it from the instance; a body that yields
+  evaluations must do the same (:func:`materialization_target`).
+- A partition that fails keeps its ``PLANNED`` rows (one per check, written when the run starts): the UI
+  resolves them to "in progress" until the run ends, then "execution failed" (run FAILURE) or "skipped",
+  without the reason. The work unit therefore records a failed evaluation of each check for a failed
+  partition (:func:`partition_failed_evaluations`), carrying the partition's failure reason, as soon as it fails.
 
 :func:`verify_output` does the reading (pyarrow over fsspec, one record batch at a time); the rest is pure.
 """
@@ -37,6 +46,7 @@ from typing import Any, Mapping, Sequence
 
 import dagster as dg
 import numpy as np
+from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 
 from dagster_gpu.embedding.writer import HASH_COLUMN, ID_COLUMN, VECTOR_COLUMN
 
@@ -212,18 +222,65 @@ def verify_output(
 
 
 def check_evaluations(
-    asset_key: dg.AssetKey, partition_key: str, outcomes: Sequence[CheckOutcome]
+    asset_key: dg.AssetKey,
+    partition_key: str,
+    outcomes: Sequence[CheckOutcome],
+    target: AssetCheckEvaluationTargetMaterializationData | None = None,
 ) -> list[dg.AssetCheckEvaluation]:
     """Per-partition evaluations for a ranged step (one body, many partition keys): yield them after the
-    partition's ``AssetMaterialization``, and :func:`check_outputs` once at the end of the body."""
+    partition's ``AssetMaterialization``, and :func:`check_outputs` once at the end of the body.
+
+    ``target``: the materialization checked (:func:`materialization_target`, read after the materialization
+    was yielded); without it the UI's per-partition check status leaves the partition out."""
     return [
         dg.AssetCheckEvaluation(
             asset_key=asset_key, check_name=o.name, passed=o.passed, description=o.description,
             metadata=dict(o.metadata), partition=partition_key, blocking=True,
-            severity=dg.AssetCheckSeverity.ERROR,
+            severity=dg.AssetCheckSeverity.ERROR, target_materialization_data=target,
         )
         for o in outcomes
     ]
+
+
+#: Metadata key of a failed partition's evaluations: why the partition failed (text).
+PARTITION_FAILURE = "dagster_gpu/partition_failure"
+
+
+def failed_partition_outcomes(reason: str) -> list[CheckOutcome]:
+    """The five checks failed, unevaluated, for a partition that failed before its output could be checked
+    (``reason``: the partition's failure, as the step's ``dagster.Failure`` lists it). Pure."""
+    return [
+        CheckOutcome(name, False, f"not evaluated: the partition failed ({reason})", {PARTITION_FAILURE: reason})
+        for name in CHECKS
+    ]
+
+
+def partition_failed_evaluations(
+    asset_key: dg.AssetKey,
+    partition_key: str,
+    reason: str,
+    target: AssetCheckEvaluationTargetMaterializationData | None = None,
+) -> list[dg.AssetCheckEvaluation]:
+    """A failed evaluation of each check of a partition that failed, so the Checks tab shows the checks failed,
+    with ``reason``, instead of "in progress" until the run ends. ``target``: the partition's latest
+    materialization, if it has one from an earlier run (:func:`materialization_target`)."""
+    return check_evaluations(asset_key, partition_key, failed_partition_outcomes(reason), target)
+
+
+def materialization_target(
+    instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition_key: str
+) -> AssetCheckEvaluationTargetMaterializationData | None:
+    """The partition's latest materialization as an evaluation's target (what ``AssetCheckResult`` records for
+    a partitioned step), or None when the partition was never materialized. One event-log query."""
+    recs = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition_key]), limit=1
+    ).records
+    if not recs:
+        return None
+    rec = recs[0]
+    return AssetCheckEvaluationTargetMaterializationData(
+        storage_id=rec.storage_id, run_id=rec.event_log_entry.run_id, timestamp=rec.timestamp
+    )
 
 
 def check_outputs(asset_key: dg.AssetKey) -> list[dg.Output]:
@@ -260,6 +317,8 @@ def recheck_asset_check(
     """An on-demand check ``output_recheck`` of ``asset`` (non-blocking, partitioned like it): verifies the
     latest materialization's output file of the partition again, without embedding anything — for
     outputs changed or damaged after they were written; its result names every check that failed.
+    ``storage_options``: fsspec options of the *output* store (the asset's ``output_storage_options``,
+    not its corpus's).
 
     Register it on purpose, apart from the embedding job: a job selecting the asset (``asset_job``,
     ``define_asset_job(selection=[asset])``) also selects every check of the asset, so the recheck would

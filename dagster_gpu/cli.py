@@ -6,9 +6,11 @@
         backfill of the selected partitions (all registered by default; --missing: never materialized;
         --failed: latest run failed or canceled) to $DAGSTER_HOME's instance, run the Dagster daemon
         until it ends, show progress, the per-partition summary and the failed partitions.
-    dagster-gpu whatif CORPUS [-m MODULE -a ASSET] [--snapshot snap.json | --save-snapshot snap.json] [...]
+    dagster-gpu whatif (CORPUS [--pattern GLOB] [--recursive] | -m MODULE -a ASSET) [--snapshot snap.json |
+            --save-snapshot snap.json] [...]
         print the cost policy's plan for a backfill without launching anything (live backend state
-        and the asset's history by default; --snapshot for an offline plan).
+        and the asset's history by default; --snapshot for an offline plan); the partition keys are
+        the asset's (CorpusSource's listing).
     dagster-gpu report -a ASSET (--backfill ID | --last N) [-o report.html]
         write a self-contained HTML report (cost, GPU-seconds, useful fraction, utilization,
         throughput, placements, estimate vs measured cost) of a backfill or the last N runs.
@@ -17,8 +19,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+
+from dagster_gpu.code_module import import_code_module
 
 
 def _backfill(argv: list[str]) -> int:
@@ -44,7 +47,11 @@ def _backfill(argv: list[str]) -> int:
     from dagster_gpu.report import run_backfill_with_progress
 
     console = Console()
-    module = importlib.import_module(args.module)
+    try:
+        module = import_code_module(args.module)
+    except ImportError as e:
+        print(f"dagster-gpu backfill: cannot import -m {args.module}: {e}", file=sys.stderr)
+        return 2
     defs = getattr(module, args.attribute)
     key = dg.AssetKey.from_user_string(args.asset)
     asset = defs.get_assets_def(key)

@@ -190,3 +190,60 @@ def test_ranged_body_records_per_partition_evaluations_and_blocks(tmp_path):
         assert _check_history(instance, key, VECTOR_DIM) == {
             ("a", r.run_id): "SUCCEEDED", ("b", r.run_id): "SUCCEEDED", ("c", r.run_id): "SUCCEEDED"}
         assert instance.get_materialized_partitions(key) == {"a", "b", "c"}
+
+
+def _check_state(instance, asset, name):
+    """The UI's per-partition status of a check (what the Checks tab's partitions view reads): status -> keys."""
+    from dagster._core.definitions.partitions.context import partition_loading_context
+
+    ck = dg.AssetCheckKey(asset.key, name)
+    with partition_loading_context(dynamic_partitions_store=instance):
+        state = instance.event_log_storage.get_asset_check_state([(ck, asset.partitions_def)])[ck]
+        return {s.value: sorted(sub.subset_value.get_partition_keys()) for s, sub in state.subsets.items()
+                if not sub.is_empty}
+
+
+def test_failed_partitions_record_failed_checks_with_the_reason(tmp_path):
+    """A ranged run where two partitions fail (no file): their checks are recorded FAILED at once, with the reason
+    (Dagster alone leaves them PLANNED: "in progress" until the run ends, then "execution failed" without a
+    reason); the partition that succeeds reads SUCCEEDED in the per-partition status, which needs each
+    evaluation to target the partition's materialization."""
+    from dagster_gpu.checks import PARTITION_FAILURE
+
+    corpus_dir = tmp_path / "corpus"
+    corpus_dir.mkdir()
+    _fortune(corpus_dir / "a", ["One.", "Two."])
+    _fortune(corpus_dir / "b", ["Three."])
+    corpus = CorpusSource(url=str(corpus_dir), text_format=TextFormat(format="text", record_separator_line="%"))
+    asset = embedding_asset(name="emb", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("emb_files", ["a", "b", "c"])
+        first = dg.materialize([asset], instance=instance, partition_key="b")
+        assert first.success
+        assert _check_state(instance, asset, VECTOR_DIM) == {"SUCCEEDED": ["b"]}
+
+        (corpus_dir / "b").unlink()  # b was materialized before; c never had a file
+        r = dg.materialize([asset], instance=instance, raise_on_error=False,
+                           tags={"dagster/asset_partition_range_start": "a", "dagster/asset_partition_range_end": "c"})
+        assert not r.success
+        (failure,) = [e for e in r.all_events if e.event_type_value == "STEP_FAILURE"]
+        assert "2 of 3 partition(s) failed (1 materialized)" in failure.event_specific_data.error.message
+        for name in CHECKS:
+            assert _check_history(instance, asset.key, name) == {
+                ("b", first.run_id): "SUCCEEDED",
+                ("a", r.run_id): "SUCCEEDED", ("b", r.run_id): "FAILED", ("c", r.run_id): "FAILED"}
+            assert _check_state(instance, asset, name) == {"SUCCEEDED": ["a"], "FAILED": ["b", "c"]}
+        evs = [(i, e.event_specific_data) for i, e in enumerate(r.all_events) if e.event_type_value == "ASSET_CHECK_EVALUATION"]
+        failed = {(ev.partition, ev.check_name): ev for _i, ev in evs if not ev.passed}
+        assert set(failed) == {(k, n) for k in ("b", "c") for n in CHECKS}
+        reason = failed[("c", VECTOR_DIM)].metadata[PARTITION_FAILURE].value
+        assert reason.startswith("partition 'c': no file in corpus")
+        assert failed[("c", VECTOR_DIM)].description == f"not evaluated: the partition failed ({reason})"
+        # at once: recorded before partition a is embedded, not when the unit ends
+        (mat_at,) = [i for i, e in enumerate(r.all_events) if e.event_type_value == "ASSET_MATERIALIZATION"]
+        assert max(i for i, ev in evs if not ev.passed) < mat_at
+        # b's failed checks target its latest materialization (from the first run); c has none
+        b_mat = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=asset.key, asset_partitions=["b"]), limit=1).records[0]
+        assert failed[("b", VECTOR_DIM)].target_materialization_data.storage_id == b_mat.storage_id
+        assert b_mat.run_id == first.run_id and failed[("c", VECTOR_DIM)].target_materialization_data is None

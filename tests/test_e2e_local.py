@@ -163,4 +163,9 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
         recs = instance.event_log_storage.get_asset_check_execution_history(
             dg.AssetCheckKey(loc.embeddings.key, name), limit=50)
         passed = sorted(x.partition for x in recs if x.status.value == "SUCCEEDED")
-        assert passed == sorted(k for k in keys if summary[k].ok), name  # the undecodable file: none
+        assert passed == sorted(k for k in keys if summary[k].ok), name
+        # the undecodable file's partition: each check recorded failed with the reason, none left PLANNED
+        failed = {x.partition: x.evaluation for x in recs if x.status.value == "FAILED"}
+        assert sorted(failed) == sorted(k for k in keys if not summary[k].ok), name
+        assert all("partition" in e.metadata["dagster_gpu/partition_failure"].value for e in failed.values())
+        assert not [x for x in recs if x.status.value == "PLANNED"], name

@@ -1,10 +1,12 @@
 """The what-if planner and CLI on a small corpus directory and a snapshot file."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.corpus import CorpusSource
 from dagster_gpu.policy import DeviceGroup, KubernetesState, RuntimeModel, SlurmState, Snapshot
 from dagster_gpu.policy.whatif import list_partitions, plan, whatif_main
 from dagster_gpu.request import GpuRequest
@@ -15,9 +17,9 @@ A100 = "NVIDIA A100-SXM4-80GB"
 @pytest.fixture
 def corpus(tmp_path):
     d = tmp_path / "corpus"
-    (d / "2024").mkdir(parents=True)
+    d.mkdir()
     for i in range(3):
-        (d / "2024" / f"day{i}.jsonl").write_bytes(b"x" * (200_000 * (i + 1)))  # 1k, 2k, 3k rows at 200 B/row
+        (d / f"day{i}.jsonl").write_bytes(b"x" * (200_000 * (i + 1)))  # 1k, 2k, 3k rows at 200 B/row
     return d
 
 
@@ -35,12 +37,59 @@ def snapfile(tmp_path):
 
 
 def test_list_partitions(corpus):
-    assert list_partitions(str(corpus)) == [("2024/day0", 200_000), ("2024/day1", 400_000), ("2024/day2", 600_000)]
+    assert list_partitions(CorpusSource(url=str(corpus))) == [
+        ("day0.jsonl", 200_000), ("day1.jsonl", 400_000), ("day2.jsonl", 600_000)]
+
+
+def test_whatif_plans_the_assets_partition_keys(tmp_path, capsys, monkeypatch):
+    """The keys whatif plans are the keys the asset registers for the same corpus (CorpusSource's derivation:
+    the file name, suffix kept; rewritten names hashed; sub-directories joined with ``__`` when recursive)."""
+    import sys
+
+    import dagster as dg
+
+    from dagster_gpu import embedding_asset
+    from dagster_gpu.partitions import register_corpus_files
+
+    d = tmp_path / "mixed"
+    (d / "2024").mkdir(parents=True)
+    for name in ("art", "cookie.txt", "notes.tar.gz", "my file.jsonl", "2024/day0.jsonl", ".hidden", "_tmp.parquet"):
+        (d / name).write_bytes(b"x" * 100)
+    module = tmp_path / "whatif_defs_mod.py"
+    module.write_text(
+        "import dagster as dg\n"
+        "from dagster_gpu import CorpusSource, embedding_asset\n"
+        f"corpus = CorpusSource(url={str(d)!r}, recursive=True)\n"
+        f"emb = embedding_asset(name='emb', corpus=corpus, output_url={str(tmp_path / 'out')!r}, device='cpu')\n"
+        "defs = dg.Definitions(assets=[emb])\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "whatif_defs_mod", raising=False)
+    snapshot = str(Path(__file__).resolve().parents[1] / "resources" / "whatif-snapshot.json")
+    for recursive in (False, True):
+        corpus = CorpusSource(url=str(d), recursive=recursive)
+        asset = embedding_asset(name="emb", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+        with dg.instance_for_test() as instance:
+            registered = register_corpus_files(instance, asset, corpus)
+        argv = [str(d), "--snapshot", snapshot, "--json"] + (["--recursive"] if recursive else [])
+        assert whatif_main(argv) == 0
+        planned = [r["partition"] for r in json.loads(capsys.readouterr().out)["plans"]["auto"]]
+        assert planned == sorted(registered)
+        assert {"art", "cookie.txt", "notes.tar.gz"} <= set(planned)
+        assert ("2024__day0.jsonl" in planned) is recursive
+        assert [k for k in planned if k.startswith("my_file.jsonl-")]  # rewritten and hashed, as the asset does
+    # -m MODULE --asset: the asset's own corpus (recursive there), no CORPUS argument needed
+    assert whatif_main(["-m", "whatif_defs_mod", "--asset", "emb", "--snapshot", snapshot, "--json"]) == 0
+    assert [r["partition"] for r in json.loads(capsys.readouterr().out)["plans"]["auto"]] == sorted(registered)
+    assert whatif_main([str(tmp_path), "-m", "whatif_defs_mod", "--asset", "emb", "--snapshot", snapshot]) == 2
+    assert "is not asset emb's corpus" in capsys.readouterr().err
+    assert whatif_main(["--snapshot", snapshot]) == 2
+    assert "CORPUS is required" in capsys.readouterr().err
 
 
 def test_plan_queues_behind_earlier_partitions(corpus, snapfile):
     _p, sn = snapfile
-    parts = list_partitions(str(corpus))
+    parts = list_partitions(CorpusSource(url=str(corpus)))
     model = RuntimeModel(texts_per_second=10.0)  # rows: 1000/2000/3000 -> 100/200/300 s work
     rows = plan(parts, GpuRequest(), sn, model, "slurm")
     # one Slurm GPU: the first starts now, the others queue
@@ -56,7 +105,7 @@ def test_whatif_cli_prints_totals(corpus, snapfile, capsys):
     p, _sn = snapfile
     assert whatif_main([str(corpus), "--snapshot", str(p), "--tag", "dagster-gpu/deadline-seconds=400"]) == 0
     out = capsys.readouterr().out
-    assert "auto (policy)" in out and "all-slurm" in out and "all-kubernetes" in out and "2024/day1" in out
+    assert "auto (policy)" in out and "all-slurm" in out and "all-kubernetes" in out and "day1.jsonl" in out
     assert whatif_main([str(corpus), "--snapshot", str(p), "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert set(doc["totals_usd"]) == {"auto", "slurm", "kubernetes"}
@@ -91,8 +140,6 @@ def test_whatif_missing_snapshot_says_what_to_do(corpus, tmp_path, capsys):
 
 
 def test_shipped_example_snapshot_plans(corpus, capsys):
-    from pathlib import Path
-
     example = Path(__file__).resolve().parents[1] / "resources" / "whatif-snapshot.json"
     assert whatif_main([str(corpus), "--snapshot", str(example), "--tag", "dagster-gpu/mig-ok=true", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -132,3 +179,27 @@ def test_whatif_asks_the_live_slurm_cluster(corpus, tmp_path, capsys, monkeypatc
     assert [(p["device"], p["total"]) for p in pools] == [(A100, 4)]  # resources/slurm: 4 GPU GRES
     doc = json.loads(capsys.readouterr().out)
     assert {r["placement"]["backend"] for r in doc["plans"]["auto"]} == {"slurm"}
+
+
+def test_console_script_imports_the_code_location_from_the_working_directory(tmp_path):
+    """``.venv/bin/dagster-gpu whatif -m pipelines.definitions`` run from the repository root (as the README
+    shows): the console script's sys.path lacks the working directory, the CLI adds it."""
+    import os
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    d = tmp_path / "fortunes"
+    d.mkdir()
+    for name in ("art", "cookie.txt"):
+        (d / name).write_text("one\n%\ntwo\n%\n")
+    script = Path(sys.executable).parent / "dagster-gpu"
+    env = {**os.environ, "DAGSTER_GPU_CORPUS_URL": str(d)}
+    env.pop("DAGSTER_HOME", None)
+    cp = subprocess.run(
+        [str(script), "whatif", "-m", "pipelines.definitions", "-a", "fortune_embeddings", "--json",
+         "--snapshot", str(repo / "resources" / "whatif-snapshot.json")],
+        cwd=repo, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert cp.returncode == 0, cp.stderr
+    assert [r["partition"] for r in json.loads(cp.stdout)["plans"]["auto"]] == ["art", "cookie.txt"]

@@ -96,12 +96,15 @@ def embed_partition(
     storage_options: Mapping[str, Any] | None = None,
     on_batch: Callable[[int], None] | None = None,
     encoder: Encoder | None = None,
+    output_storage_options: Mapping[str, Any] | None = None,
 ) -> EmbeddingResult:
     """Embed every kept record of ``source`` into ``output_uri`` (parquet, atomic).
 
     ``source`` is a corpus file URI (read with ``text_format``, ``read_batch_rows``, ``prefetch`` and
     ``storage_options``) or a ``BatchPrefetcher`` (started or not; those four arguments are then its own,
-    ``text_format`` may be None); it is closed on return. ``encoder``: reuse one across calls (not closed
+    ``text_format`` may be None); it is closed on return. ``output_storage_options``: fsspec options for
+    ``output_uri`` when the output lives on another store than the source (None = the source's:
+    ``storage_options``, else the prefetcher's own). ``encoder``: reuse one across calls (not closed
     here; its batch size rules); None = an ``Encoder(model.model, batch_size, normalize=...)`` for this
     call only. ``batch_size`` is texts per forward pass. ``on_batch(rows_done)`` is called after each I/O
     batch is encoded. Raises CorpusReadError naming the file on bad input, ValueError when ``source`` is a
@@ -114,8 +117,11 @@ def embed_partition(
         if text_format is None:
             raise ValueError(f"embed_partition({source!r}): text_format is required for a URI source")
         reader = BatchPrefetcher(source, text_format, read_batch_rows, storage_options, depth=max(1, prefetch))
-    # The output's storage options: the caller's, else (prefetcher source) those it reads with.
-    out_options = storage_options if storage_options is not None or reader is not source else reader.storage_options
+    # The output's storage options: its own when given, else the source's (the caller's, else the prefetcher's).
+    if output_storage_options is not None:
+        out_options = output_storage_options
+    else:
+        out_options = storage_options if storage_options is not None or reader is not source else reader.storage_options
     schema = output_schema(model.dim)
     truncated = 0
     done = 0

@@ -1,6 +1,8 @@
 """What-if: print the plan for a backfill without launching anything.
 
-    dagster-gpu whatif CORPUS [--executor-config executor.yaml] [--asset KEY] [--save-snapshot snap.json]
+    dagster-gpu whatif CORPUS [--pattern GLOB] [--recursive] [--executor-config executor.yaml] [--asset KEY]
+        [--save-snapshot snap.json]
+    dagster-gpu whatif -m MODULE --asset KEY [...]     (the asset's own corpus: URL, pattern, sub-directories)
     dagster-gpu whatif CORPUS --snapshot snap.json [--rate-card ratecard.yaml]
         [--tag dagster-gpu/deadline-seconds=600 ...] [--history history.json] [--json] [--max-rows N]
 
@@ -12,8 +14,11 @@ earlier materializations in ``$DAGSTER_HOME``'s instance (:func:`dagster_gpu.pol
 ``--save-snapshot FILE`` writes the live snapshot as JSON for later offline plans; ``--snapshot FILE``
 plans offline from such a file (example: ``resources/whatif-snapshot.json``).
 
-CORPUS is a directory or an fsspec URL (``s3://bucket/prefix``); each file under it is one partition
-(key = path relative to CORPUS without its suffix), its size in bytes the partition size. Each mode
+CORPUS is a directory or an fsspec URL (``s3://bucket/prefix``); each corpus file is one partition, listed
+and keyed by :class:`dagster_gpu.corpus.CorpusSource` exactly as the asset's partitions are (key = the file
+name, see :func:`dagster_gpu.keys.partition_key_for`; ``--pattern``/``--recursive`` as the asset's
+CorpusSource has them, or ``-m MODULE --asset KEY`` to take the asset's own), its size in bytes the
+partition size. Each mode
 (``auto`` = the policy, ``slurm``, ``kubernetes``) plans the partitions in key order on its own copy of
 the snapshot, each placement consuming a free device or queueing behind the previous ones
 (:func:`dagster_gpu.policy.snapshot.after_submit`). Prints backend + estimated cost per partition and
@@ -30,6 +35,8 @@ from pathlib import Path
 from typing import Sequence
 
 from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.code_module import import_code_module
+from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.policy.policy import NoFeasiblePlacement, decide
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel, StepSize
@@ -54,22 +61,11 @@ class PlanRow:
         return a.cost_usd if a else None
 
 
-def list_partitions(corpus: str) -> list[tuple[str, int]]:
-    """``(partition key, size in bytes)`` for each file under ``corpus`` (local dir or fsspec URL), sorted."""
-    if "://" not in corpus:
-        root = Path(corpus)
-        return sorted(
-            (str(p.relative_to(root).with_suffix("")), p.stat().st_size) for p in root.rglob("*") if p.is_file()
-        )
-    import fsspec
-
-    fs, path = fsspec.core.url_to_fs(corpus)
-    out = []
-    for name, info in fs.find(path, detail=True).items():
-        if info.get("type", "file") == "file":
-            rel = name[len(path):].lstrip("/")
-            out.append((rel.rsplit(".", 1)[0] if "." in rel else rel, int(info.get("size") or 0)))
-    return sorted(out)
+def list_partitions(corpus: CorpusSource) -> list[tuple[str, int]]:
+    """``(partition key, size in bytes)`` of each file of ``corpus``, sorted by key: the asset's partition keys
+    (:meth:`CorpusSource.list_files`, the listing the corpus sensor and ``dagster-gpu backfill`` register).
+    Raises CorpusNotFound (a FileNotFoundError) when the corpus URL does not exist."""
+    return [(f.key, f.size_bytes) for f in corpus.list_files()]
 
 
 def plan(
@@ -99,11 +95,15 @@ def _total(rows: list[PlanRow]) -> tuple[float, int, float]:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="dagster-gpu whatif", description=__doc__.split("\n\n")[0])
-    ap.add_argument("corpus", help="corpus directory or fsspec URL; one file per partition")
+    ap.add_argument("corpus", nargs="?", help="corpus directory or fsspec URL; one file per partition "
+                    "(default with -m: the asset's corpus)")
+    ap.add_argument("--pattern", default="*", help="shell glob on file names, as the asset's CorpusSource (default *)")
+    ap.add_argument("--recursive", action="store_true", help="include sub-directories, as the asset's CorpusSource")
+    ap.add_argument("-m", "--module", help="module holding the Definitions: plan the corpus of --asset as defined there")
     ap.add_argument("--snapshot", help="plan offline from this snapshot JSON (Snapshot.to_json) instead of live state")
     ap.add_argument("--executor-config", help="gpu_executor config YAML for live state (default: local only)")
     ap.add_argument("--save-snapshot", help="write the live snapshot JSON here (for --snapshot later)")
-    ap.add_argument("--asset", help="asset key ('/'-separated) whose materializations in $DAGSTER_HOME give the throughput")
+    ap.add_argument("-a", "--asset", help="asset key ('/'-separated) whose materializations in $DAGSTER_HOME give the throughput")
     ap.add_argument("--rate-card", help="rate card YAML (default: the snapshot's, else the packaged one)")
     ap.add_argument("--tag", action="append", default=[], help="step tag KEY=VALUE (dagster-gpu/...)")
     ap.add_argument("--history", help="JSON list of HistoryPoint fields (rows, texts_per_second, bytes, ...)")
@@ -126,6 +126,32 @@ def _executor_config(path: str | None, rate_card: str | None) -> dict:
     if rate_card:
         cfg["rate_card"] = rate_card
     return cfg
+
+
+def corpus_for(args: argparse.Namespace) -> CorpusSource:
+    """The corpus to plan: the asset's own CorpusSource with ``-m MODULE --asset KEY`` (CORPUS, when also
+    given, must be its URL), else one on CORPUS with ``--pattern``/``--recursive``. Raises ValueError."""
+    if args.module:
+        if not args.asset:
+            raise ValueError("-m/--module needs --asset KEY (the asset whose corpus to plan)")
+        import dagster as dg
+
+        from dagster_gpu.partitions import corpus_of
+
+        module = import_code_module(args.module)
+        defs = getattr(module, "defs", None)
+        if not isinstance(defs, dg.Definitions):
+            raise ValueError(f"module {args.module!r} has no Definitions named 'defs'")
+        key = dg.AssetKey.from_user_string(args.asset)
+        if key not in {a.key for a in defs.resolve_all_asset_specs()}:
+            raise ValueError(f"module {args.module!r} defines no asset {args.asset!r}")
+        corpus = corpus_of(defs.get_assets_def(key), module)
+        if args.corpus and args.corpus.rstrip("/") != corpus.url.rstrip("/"):
+            raise ValueError(f"CORPUS {args.corpus!r} is not asset {args.asset}'s corpus {corpus.url!r}")
+        return corpus
+    if not args.corpus:
+        raise ValueError("CORPUS is required (or -m MODULE --asset KEY to plan the asset's own corpus)")
+    return CorpusSource(url=args.corpus, pattern=args.pattern, recursive=args.recursive)
 
 
 def live_snapshot(executor_config: dict) -> Snapshot:
@@ -179,8 +205,8 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
             model = RuntimeModel.from_history([HistoryPoint(**h) for h in json.loads(Path(args.history).read_text())])
         else:
             model = instance_runtime_model(args.asset)
-        partitions = list_partitions(args.corpus)
-    except (ValueError, OSError, KeyError, TypeError) as e:
+        partitions = list_partitions(corpus_for(args))
+    except (ValueError, OSError, KeyError, TypeError, ImportError) as e:
         print(f"whatif: {e}", file=sys.stderr)
         return 2
     plans = {m: plan(partitions, request, snapshot, model, m) for m in MODES}

@@ -4,9 +4,10 @@ The unit loads the model once and embeds its partitions back to back. Each parti
 materialized on its own, as soon as it ends (``AssetMaterialization(partition=key)`` with its own rows,
 seconds, throughput, utilization, GPU-seconds, cost and placement), so a unit killed mid-range leaves its
 finished partitions materialized. Each materialization is followed by the asset's five blocking output checks
-for that partition (:mod:`dagster_gpu.checks`). A partition whose file is missing or unreadable fails alone: the unit
-goes on with the next one and raises ``dagster.Failure`` at the end naming every failed partition and why
-(Dagster then shows those partitions failed: a failed ranged run's partitions minus those it materialized).
+for that partition (:mod:`dagster_gpu.checks`). A partition whose file is missing or unreadable fails alone: its five
+checks are recorded failed at once, with the reason; the unit goes on with the next one and raises ``dagster.Failure``
+at the end naming every failed partition and why (Dagster then shows those partitions failed: a failed ranged run's
+partitions minus those it materialized).
 
 A retried step (RetryPolicy) or a re-launched worker skips the partitions this run already materialized,
 so no partition is materialized twice by one run.
@@ -19,13 +20,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import dagster as dg
 import psutil
 
 from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
-from dagster_gpu.checks import check_evaluations, check_outputs, verify_output
+from dagster_gpu.checks import (
+    check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, verify_output,
+)
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource
 from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.embedding.encoder import Encoder
@@ -44,7 +47,11 @@ from dagster_gpu.worker.metadata import build_metadata
 
 @dataclass(frozen=True)
 class UnitSpec:
-    """What the asset asks of each unit (the embedding_asset arguments that matter in the worker)."""
+    """What the asset asks of each unit (the embedding_asset arguments that matter in the worker).
+
+    The corpus is read with ``corpus.storage_options``; outputs are written and checked with
+    ``output_storage_options`` (fsspec options of the output store, which may be another store).
+    """
 
     corpus: CorpusSource
     output_uri_for: Callable[[str], str]
@@ -55,18 +62,21 @@ class UnitSpec:
     read_batch_rows: int
     telemetry_interval_s: float
     dtype: str | None = None
+    output_storage_options: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class UnitOutcome:
     """What a unit did: partitions materialized (in order), skipped (already done by this run) and failed
-    (key -> reason); ``cost_usd`` the measured cost of the materialized ones."""
+    (key -> reason); ``cost_usd`` the measured cost of the materialized ones; ``checks_failed`` the failed
+    partitions whose checks were recorded failed."""
 
     materialized: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)
     failed: dict[str, str] = field(default_factory=dict)
     retryable: bool = False
     cost_usd: float = 0.0
+    checks_failed: set[str] = field(default_factory=set)
 
 
 def already_materialized(instance: dg.DagsterInstance, run_id: str, asset_key: dg.AssetKey) -> set[str]:
@@ -107,7 +117,9 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
     if outcome.skipped:
         context.log.info(f"{len(outcome.skipped)} partition(s) already materialized by this run, skipped: {_short(outcome.skipped)}")
     files = _resolve(spec.corpus, todo, outcome)
+    yield from _failed_checks(context, outcome)
     loaded = _load(spec, [k for k in todo if k in files], outcome)
+    yield from _failed_checks(context, outcome)
     if loaded is not None and files:
         ready = time.time()
         shares = startup_shares({k: f.size_bytes for k, f in files.items()})
@@ -117,6 +129,7 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
             "shared by file size"
         )
         yield from _embed_all(context, spec, step, loaded, files, shares, ready - started, ready, outcome)
+    yield from _failed_checks(context, outcome)
     if outcome.failed:
         lines = [f"{k}: {why}" for k, why in outcome.failed.items()]
         raise dg.Failure(
@@ -136,6 +149,16 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
 
 def _short(keys: Sequence[str], n: int = 5) -> str:
     return ", ".join(keys[:n]) + (f" … (+{len(keys) - n})" if len(keys) > n else "")
+
+
+def _failed_checks(context: dg.AssetExecutionContext, outcome: UnitOutcome) -> Iterator[dg.AssetCheckEvaluation]:
+    """A failed evaluation of each check of every partition that failed since the last call (the reason in
+    its metadata): its planned check rows would otherwise read "in progress" until the run ends."""
+    for key, why in outcome.failed.items():
+        if key not in outcome.checks_failed:
+            outcome.checks_failed.add(key)
+            yield from partition_failed_evaluations(
+                context.asset_key, key, why, materialization_target(context.instance, context.asset_key, key))
 
 
 def _resolve(corpus: CorpusSource, keys: list[str], outcome: UnitOutcome) -> dict[str, CorpusFile]:
@@ -182,7 +205,7 @@ def _embed_all(
     def embed_one(key: str, source: CorpusFile, reader: BatchPrefetcher):
         with NvmlSampler(spec.telemetry_interval_s) as sampler:
             result = embed_partition(reader, spec.output_uri_for(key), loaded, encoder=encoder,
-                                     storage_options=dict(spec.corpus.storage_options))
+                                     output_storage_options=dict(spec.output_storage_options))
         return result, sampler.summary()
 
     # the partitions are embedded on a thread; their events are written here while the next one encodes
@@ -195,6 +218,7 @@ def _embed_all(
                 outcome.failed[key] = done.error
                 outcome.retryable = outcome.retryable or done.retryable
                 context.log.error(done.error)
+                yield from _failed_checks(context, outcome)
                 continue
             out_uri = spec.output_uri_for(key)
             md = _metadata(step, loaded, spec, done.source, done.result, done.telemetry,
@@ -202,10 +226,12 @@ def _embed_all(
             outcome.materialized.append(key)
             yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md)
             outcome.cost_usd += md["billing/cost_usd"]
+            # the materialization is stored by now: the evaluations target it (the UI's partition status needs that)
             yield from check_evaluations(context.asset_key, key, verify_output(
                 out_uri, expected_dim=loaded.dim, records_read=done.result.records,
                 skipped_empty_rows=done.result.skipped_empty_rows + done.result.skipped_undecodable_rows,
-                storage_options=spec.corpus.storage_options))
+                storage_options=spec.output_storage_options),
+                materialization_target(context.instance, context.asset_key, key))
             progress.partition_done(done.index)
     finally:
         ahead.close()

@@ -1,0 +1,22 @@
+"""Importing the user's code location module named on a command line (``-m pipelines.definitions``).
+
+A console script (``.venv/bin/dagster-gpu``) has its own directory as ``sys.path[0]``, not the working
+directory, so a module of the project being run from (``pipelines/``) would not import; ``dagster -m``
+and ``python -m`` both look in the working directory first, and so does :func:`import_code_module`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from types import ModuleType
+
+
+def import_code_module(name: str) -> ModuleType:
+    """Import module ``name`` with the working directory first on ``sys.path`` (added once, if absent).
+    Raises ImportError (ModuleNotFoundError) as ``importlib.import_module`` does."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
+    return importlib.import_module(name)
