@@ -1,5 +1,9 @@
 """GpuStepHandler: Dagster's StepHandler over our backends (placement, launch, health, terminate).
 
+Placement: a step forced onto a backend (its ``dagster-gpu/backend`` tag, the config's ``backend``, or the
+only configured backend: :func:`dagster_gpu.policy.forced.forced_backend`) goes there as is; otherwise the
+cost policy chooses (:func:`dagster_gpu.executor.auto.auto_placement`).
+
 Health rule (after dagster-k8s's upstream ``test_step_health``): a worker that ended, whatever its
 exit status, is healthy only if its step recorded an outcome (success, failure or up-for-retry) after
 it was launched; otherwise the step fails with the backend's state, message and exit code. A worker that
@@ -27,10 +31,10 @@ from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerStatus
 from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env
-from dagster_gpu.executor.placing import forced_placement
 from dagster_gpu.ranges import describe, run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.executor.run_tags import tag_launch
+from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.context import StepContext
@@ -99,9 +103,9 @@ class GpuStepHandler(StepHandler):
     def place(
         self, request: GpuRequest, ctx: StepHandlerContext, step_key: str, partition_keys: tuple[str, ...] = ()
     ) -> Placement:
-        forced = forced_placement(request, self._config.get("backend", "auto"), self._candidates)
+        forced = forced_backend(request, self._config.get("backend", "auto"), self._candidates)
         if forced is not None:
-            return forced
+            return forced.placement()
         return auto_placement(self, request, ctx, step_key, partition_keys)
 
     def step_context(self, placement: Placement, request: GpuRequest, partitions_def: str | None = None) -> StepContext:
