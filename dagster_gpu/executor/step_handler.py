@@ -12,6 +12,10 @@ vanished after its step recorded success is not a failure.
 Termination: backends whose workers outlive the orchestrator (Slurm, Kubernetes) are stopped only when
 the user terminated the run (run status CANCELING/CANCELED); a SIGTERM to the orchestrating process
 leaves them running so a resumed run re-attaches through the handle recorded in the event log.
+
+After the worker: the health check only reads ``Backend.state``. Every handle launched or re-attached to
+is handed to the handler's :class:`~dagster_gpu.executor.settle.Settler`, which settles the unit once it
+ended (abandoned worker terminated, scheduler bill read, unit released, bill written as observations).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from dagster_gpu.executor.command import worker_argv, worker_env
 from dagster_gpu.ranges import describe, run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.executor.run_tags import tag_launch
+from dagster_gpu.executor.settle import Settler
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.request import TAG_PARTITIONS_DEF, GpuRequest
@@ -62,6 +67,7 @@ class GpuStepHandler(StepHandler):
         self._backends: dict[str, Backend] = {}
         self._launched: dict[tuple[str, str, int], tuple[str, Handle, int | None]] = {}
         self._lock = threading.Lock()
+        self.settler = Settler()
 
     @property
     def name(self) -> str:
@@ -154,6 +160,7 @@ class GpuStepHandler(StepHandler):
             raise RuntimeError(f"{backend.name} backend could not launch step {step_key!r} ({describe(keys)}): {e}") from e
         with self._lock:
             self._launched[(run.run_id, step_key, attempt)] = (backend.name, handle, None)
+        self.settler.track(backend, handle)
         tag_launch(ctx.instance, run.run_id, backend.name, placement.device)  # Runs page: where it ran
         yield DagsterEvent.step_worker_starting(
             ctx.get_step_context(step_key),
@@ -176,7 +183,8 @@ class GpuStepHandler(StepHandler):
             return None
 
     def _find_launch(self, ctx: StepHandlerContext, step_key: str) -> tuple[str, Handle, int | None] | None:
-        """(backend name, handle, storage id of the launch event) from memory, else from the event log."""
+        """(backend name, handle, storage id of the launch event) from the event log, else from memory. A
+        handle found in the event log (a resumed run re-attaching) is handed to the settler."""
         run_id = ctx.dagster_run.run_id
         attempt = self._attempt(ctx, step_key)
         records = ctx.instance.get_records_for_run(
@@ -192,6 +200,7 @@ class GpuStepHandler(StepHandler):
                 name = md[BACKEND_KEY].value
                 with self._lock:
                     self._launched[(run_id, step_key, attempt)] = (name, handle, rec.storage_id)
+                self.settler.track(self.backend(name), handle)
                 return name, handle, rec.storage_id
         with self._lock:
             return self._launched.get((run_id, step_key, attempt))
