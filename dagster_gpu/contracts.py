@@ -76,11 +76,15 @@ class WorkerState:
         status: see :class:`WorkerStatus`.
         exit_code: the worker's exit code when known (None otherwise).
         message: scheduler's words (Slurm state, FailedScheduling text, signal) for error messages.
+        abandoned: FAILED because the backend gave up on a worker its scheduler still holds (a Slurm task
+            over its wait limit, a pod that cannot be scheduled or whose container cannot start): whoever
+            settles the unit (``dagster_gpu.executor.settle``) terminates it so it never runs later.
     """
 
     status: WorkerStatus
     exit_code: int | None = None
     message: str = ""
+    abandoned: bool = False
 
 
 Handle = Mapping[str, str | int | float]

@@ -1,7 +1,8 @@
 """KubernetesBackend on the real control plane, as the executor's ServiceAccount (no Dagster run needed).
 
 The worker argv here is a shell command, so these tests isolate the backend contract: launch, state
-(including FailedScheduling timeouts), terminate, post-run pod-interval figures.
+(including FailedScheduling timeouts), terminate, post-run pod-interval figures. Each launched handle is
+tracked by a settler, as the step handler does: it deletes ended pods and terminates pods given up on.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 
 from dagster_gpu.executor.backends.base import StepLaunch, WorkerStatus
 from dagster_gpu.executor.backends.kubernetes import KubernetesBackend
+from dagster_gpu.executor.settle import Settler
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import KubeClient
 from dagster_gpu.policy.placement import Placement
@@ -21,6 +23,15 @@ from dagster_gpu.request import GpuRequest
 from tests.k8s_helpers import NAMESPACE, executor_api, labelled, require_cluster, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.e2e]
+
+SETTLER = Settler(write=lambda bill: 0)  # these shell steps name no Dagster run: nothing to write
+
+
+def _start(backend, launch):
+    """Launch and hand the handle to the settler (what GpuStepHandler.launch_step does)."""
+    h = backend.launch(launch)
+    SETTLER.track(backend, h)
+    return h
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +58,7 @@ def _wait_terminal(backend, handle, timeout=60):
 def test_mig_step_runs_and_reports_pod_interval(backend):
     launch = _launch(["sh", "-c", 'test "$GREETING" = hi && test -n "$NVIDIA_VISIBLE_DEVICES" && sleep 1.2'],
                      GpuRequest(mig_ok=True))
-    h = backend.launch(launch)
+    h = _start(backend, launch)
     assert h["device_class"] == "mig.nvidia.com" and h["device_fraction"] == pytest.approx(1 / 7)
     s = _wait_terminal(backend, h)
     assert s.status == WorkerStatus.SUCCEEDED and s.exit_code == 0, s
@@ -66,7 +77,7 @@ def test_mig_step_runs_and_reports_pod_interval(backend):
 
 
 def test_failed_step_reports_exit_code(backend):
-    h = backend.launch(_launch(["sh", "-c", "exit 7"], GpuRequest(memory_gib=79)))
+    h = _start(backend, _launch(["sh", "-c", "exit 7"], GpuRequest(memory_gib=79)))
     s = _wait_terminal(backend, h)
     assert s.status == WorkerStatus.FAILED and s.exit_code == 7
     assert backend.post_run_metadata(h)["k8s/allocated_devices"] in (
@@ -76,7 +87,7 @@ def test_failed_step_reports_exit_code(backend):
 def test_impossible_request_fails_with_scheduler_message_and_leaves_nothing(backend):
     launch = _launch(["true"], GpuRequest(memory_gib=200))
     t0 = time.monotonic()
-    h = backend.launch(launch)
+    h = _start(backend, launch)
     s = wait_for(lambda: (st := backend.state(h)).status == WorkerStatus.FAILED and st, 30, what="FAILED")
     assert time.monotonic() - t0 < 15
     assert "FailedScheduling" in s.message and "cannot allocate all claims" in s.message, s.message
@@ -88,7 +99,7 @@ def test_terminate_is_graceful_and_leaves_nothing(backend, tmp_path):
     marker = tmp_path / "term"
     launch = _launch(["bash", "-c", f"trap 'echo TERM > {marker}; exit 143' TERM; while true; do sleep 0.1; done"],
                      GpuRequest(count=1))
-    h = backend.launch(launch)
+    h = _start(backend, launch)
     wait_for(lambda: backend.state(h).status == WorkerStatus.RUNNING, 30, what="RUNNING")
     backend.terminate(h)
     wait_for(lambda: not any(labelled(backend.kube.api, m.run_selector(launch.run_id)).values()), 30, what="cleanup")
@@ -97,8 +108,8 @@ def test_terminate_is_graceful_and_leaves_nothing(backend, tmp_path):
 
 def test_relaunch_reattaches_to_existing_pod(backend):
     launch = _launch(["sleep", "1"], GpuRequest(count=0))
-    h1 = backend.launch(launch)
-    h2 = backend.launch(launch)
+    h1 = _start(backend, launch)
+    h2 = _start(backend, launch)
     assert h1["pod_uid"] == h2["pod_uid"] and h1["template"] == ""
     assert _wait_terminal(backend, h2).status == WorkerStatus.SUCCEEDED
 
@@ -113,7 +124,7 @@ def test_older_resource_api_shapes_work_on_a_real_server(version):
     if f"resource.k8s.io/{version}" not in groups:
         pytest.skip(f"resource.k8s.io/{version} not served (cluster.sh serves it; an older cluster.sh may not)")
     b = KubernetesBackend(kube, m.K8sSettings(namespace=NAMESPACE, secret_env=()), pending_timeout_s=30)
-    h = b.launch(_launch(["sleep", "1"], GpuRequest(mig_ok=True)))
+    h = _start(b, _launch(["sleep", "1"], GpuRequest(mig_ok=True)))
     s = _wait_terminal(b, h)
     assert s.status == WorkerStatus.SUCCEEDED
     assert b.post_run_metadata(h)["k8s/allocated_devices"].startswith("gpu.nvidia.com/gpu-node-0/gpu-2-mig-1g10gb-19-")
@@ -126,7 +137,7 @@ def test_stuck_creating_fails_with_kubelet_reason_and_leaves_nothing():
     settings = m.K8sSettings(namespace=NAMESPACE, secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "no-such-secret", "pw"),))
     b = KubernetesBackend(kube, settings, pending_timeout_s=30, create_timeout_s=4)
     launch = _launch(["true"], GpuRequest(count=1))
-    h = b.launch(launch)
+    h = _start(b, launch)
     s = wait_for(lambda: (st := b.state(h)).status == WorkerStatus.FAILED and st, 40, what="FAILED")
     assert "not started" in s.message and "CreateContainerConfigError" in s.message, s.message
     wait_for(lambda: not any(labelled(kube.api, m.run_selector(launch.run_id)).values()), 30, what="cleanup")

@@ -1,8 +1,8 @@
-"""KubernetesBackend's state under concurrent callers (finalizer thread vs health check), without a cluster.
+"""KubernetesBackend's state next to the settler that gives up on a stuck pod, without a cluster.
 
-The CI failure this guards against: the finalizer thread gave up on a stuck pod (deleted it) and only
-then remembered why; a health check reading the pod in between reported "does not exist" instead of
-the kubelet's reason.
+The CI failure this guards against: a stuck pod was deleted before the reason was remembered, so a health
+check reading the pod in between reported "does not exist" instead of the kubelet's reason. Now ``state``
+only reads (and remembers the terminal state it read); the settler deletes the pod afterwards.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from kubernetes.client import (V1ContainerState, V1ContainerStateWaiting, V1Cont
 
 from dagster_gpu.executor.backends.base import WorkerStatus
 from dagster_gpu.executor.backends.kubernetes import KubernetesBackend
+from dagster_gpu.executor.settle import Settler
 from dagster_gpu.k8s import manifests as m
 
 UID = "13a55fb7-bc20-4691-a751-8e2252a90aac"
@@ -41,7 +42,6 @@ class _Kube:
                 state=V1ContainerState(waiting=V1ContainerStateWaiting(
                     reason="CreateContainerConfigError", message='secret "no-such-secret" not found')))]))
         self.on_read = None
-        self.on_delete = None
         self.deleted: list[str] = []
 
     def read_pod(self, name):
@@ -51,10 +51,10 @@ class _Kube:
         return self.pod
 
     def delete_pod(self, name, uid=None):
-        if self.on_delete is not None:
-            self.on_delete()
+        gone = self.pod is None
         self.deleted.append(name)
         self.pod = None
+        return not gone
 
     def delete_claim_template(self, name):
         self.deleted.append(name)
@@ -66,29 +66,44 @@ class _Kube:
 def _backend():
     kube = _Kube()
     b = KubernetesBackend(kube, m.K8sSettings(namespace="ns", secret_env=()), pending_timeout_s=30,
-                          create_timeout_s=4, rates={"default": 1.0}, report_observations=False)
+                          create_timeout_s=4, rates={"default": 1.0})
     b.claims = _NoWatch()
     handle = {"namespace": "ns", "pod": "p", "pod_uid": UID, "template": "t", "launched_at": time.time() - 10}
-    b._active[UID] = handle  # as if launched by this process (no finalizer thread: the test is the other thread)
     return b, kube, handle
 
 
-def test_health_check_racing_the_give_up_reports_the_kubelet_reason():
+def test_state_of_a_stuck_pod_only_reads_and_the_settler_terminates_it():
     b, kube, h = _backend()
-    # While this call is between "not yet final" and reading the pod, the other thread gives up and deletes it.
-    kube.on_read = lambda: b._state(h)
-    s = b.state(h)
-    assert s.status == WorkerStatus.FAILED
-    assert "not started after" in s.message and "CreateContainerConfigError" in s.message, s.message
-    assert kube.deleted == ["p", "t"]
+    first, second = b.state(h), b.state(h)
+    assert first == second and first.status == WorkerStatus.FAILED and first.abandoned
+    assert "not started after" in first.message and "CreateContainerConfigError" in first.message, first.message
+    assert kube.deleted == []  # a health check deletes nothing
+    written = []
+    settler = Settler(write=lambda bill: written.append(bill) or 1)
+    assert settler.settle(b, h) is True
+    # terminate: pod and template (it had no claim yet); then release's delete finds the pod gone
+    assert kube.deleted == ["p", "t", "p"]
+    assert written == []  # never ran: nothing billed
+    assert settler.settle(b, h) is True and kube.deleted == ["p", "t", "p"]  # terminated and released once
 
 
-def test_give_up_is_remembered_before_the_pod_is_deleted():
+def test_health_check_after_the_settler_deleted_the_pod_still_reports_the_kubelet_reason():
     b, kube, h = _backend()
-    seen = []
-    kube.on_delete = lambda: seen.append(b.state(h))  # a health check at the moment of the delete
+    settler = Settler(write=lambda bill: 0)
+    # the settler's pass reads the pod end, then deletes it; a health check comes afterwards
+    kube.on_read = None
+    assert settler.settle(b, h) is True and kube.pod is None
     s = b.state(h)
-    assert seen and seen[0] == s and "CreateContainerConfigError" in seen[0].message
+    assert s.status == WorkerStatus.FAILED and "CreateContainerConfigError" in s.message, s.message
+
+
+def test_a_health_check_racing_the_settler_reads_the_same_remembered_state():
+    b, kube, h = _backend()
+    settler = Settler(write=lambda bill: 0)
+    # while the health check is between "not remembered yet" and reading the pod, the settler settles it
+    kube.on_read = lambda: settler.settle(b, h)
+    s = b.state(h)
+    assert s.status == WorkerStatus.FAILED and "CreateContainerConfigError" in s.message, s.message
 
 
 def test_a_pod_deleted_by_someone_else_still_fails_with_a_clear_message():
@@ -96,3 +111,4 @@ def test_a_pod_deleted_by_someone_else_still_fails_with_a_clear_message():
     kube.pod = None
     s = b.state(h)
     assert s.status == WorkerStatus.FAILED and "does not exist" in s.message and UID in s.message
+    assert not s.abandoned

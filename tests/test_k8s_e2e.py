@@ -62,13 +62,16 @@ def _leftovers(run_ids) -> dict[str, list[str]]:
 
 
 def _sweep() -> int:
-    """What the next orchestrating process would do: finalize pods whose run worker exited before they ended."""
+    """What the next orchestrating process's settler does: bill and delete pods whose run worker exited before
+    they ended."""
     from dagster_gpu.executor.backends.kubernetes import KubernetesBackend
+    from dagster_gpu.executor.settle import Settler
     from dagster_gpu.k8s import manifests as m
     from dagster_gpu.k8s.client import KubeClient
 
-    b = KubernetesBackend(KubeClient(executor_api(), NAMESPACE), m.K8sSettings(namespace=NAMESPACE), finalize_wait_s=0)
-    return b.sweep(grace_s=0)
+    b = KubernetesBackend(KubeClient(executor_api(), NAMESPACE), m.K8sSettings(namespace=NAMESPACE), settle_wait_s=0,
+                          sweep_grace_s=0)
+    return Settler().sweep(b)
 
 
 def _observation(instance, asset_key, pk):
@@ -97,7 +100,7 @@ def test_backfill_10_partitions_mig_claims(k8s_instance, tmp_path):
     bid, final = _backfill(instance, p.k8s_mig, keys, tmp_path, sleep_s=1)
     assert (final.succeeded, final.failed) == (10, 0), (tmp_path / "daemon.log").read_text()[-3000:]
     time.sleep(3)
-    print(f"pods finalized by the sweep, not by their own run worker: {_sweep()}")
+    print(f"pods settled by the sweep, not by their own run worker: {_sweep()}")
     profiles = _slice_profiles()
     devices_used = set()
     for pk in keys:
@@ -138,7 +141,7 @@ def test_more_steps_than_devices_wait_then_run(k8s_instance, tmp_path):
     bid, final = _backfill(instance, p.k8s_gpu, keys, tmp_path, sleep_s=20)  # long enough to overlap
     assert (final.succeeded, final.failed) == (5, 0), (tmp_path / "daemon.log").read_text()[-3000:]
     time.sleep(3)
-    print(f"pods finalized by the sweep, not by their own run worker: {_sweep()}")
+    print(f"pods settled by the sweep, not by their own run worker: {_sweep()}")
     spans = []
     for pk in keys:
         o = wait_for(lambda: _observation(instance, p.k8s_gpu.key, pk), 30, what=f"observation of {pk}")[0]

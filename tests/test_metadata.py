@@ -9,7 +9,7 @@ import dagster as dg
 import pytest
 
 from dagster_gpu.embedding.pipeline import EmbeddingResult
-from dagster_gpu.executor.placing import forced_placement
+from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.request import GpuRequest, GpuRequestError
 from dagster_gpu.telemetry.stats import TelemetrySummary, summarize
@@ -202,11 +202,11 @@ def test_placement_reads_back_from_the_launch_event_metadata():
 
 
 def test_forced_placement_reasons():
-    assert forced_placement(GpuRequest(backend="slurm"), "local", ["local", "slurm"]).reason == "forced by tag dagster-gpu/backend=slurm"
-    p = forced_placement(GpuRequest(), "kubernetes", ["local", "kubernetes"])
+    assert forced_backend(GpuRequest(backend="slurm"), "local", ["local", "slurm"]).placement().reason == "forced by tag dagster-gpu/backend=slurm"
+    p = forced_backend(GpuRequest(), "kubernetes", ["local", "kubernetes"]).placement()
     assert (p.backend, p.reason) == ("kubernetes", "forced by gpu_executor config backend: kubernetes")
-    assert forced_placement(GpuRequest(), "auto", ["local"]).backend == "local"
-    assert forced_placement(GpuRequest(), "auto", ["local", "slurm"]) is None
+    assert forced_backend(GpuRequest(), "auto", ["local"]).placement().backend == "local"
+    assert forced_backend(GpuRequest(), "auto", ["local", "slurm"]) is None
 
 
 # -- step context ---------------------------------------------------------------------------------

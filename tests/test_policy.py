@@ -131,7 +131,7 @@ def test_backend_forced_by_tag_and_by_config():
     sn = snap(S(pool(1)), K(pool(1)))
     req = GpuRequest.from_tags({"dagster-gpu/backend": "kubernetes"})
     p = decide(req, SIZE, sn, model=MODEL)
-    assert p.backend == "kubernetes" and "forced to 'kubernetes' by tag" in p.reason
+    assert p.backend == "kubernetes" and "forced by tag dagster-gpu/backend=kubernetes" in p.reason
     assert len(p.alternatives) == 2  # the cheaper Slurm is still recorded
     assert decide(GpuRequest(), SIZE, sn, model=MODEL, force="kubernetes").backend == "kubernetes"
     # the tag wins over the executor config

@@ -1,5 +1,5 @@
 """The Slurm backend on the local cluster: a task held until an administrator releases it fails its step
-after its wait limit and is cancelled; a job submitted to a named cluster (``sbatch --parsable`` prints
+after its wait limit and is cancelled (by the settler); a job submitted to a named cluster (``sbatch --parsable`` prints
 ``<id>;<cluster>``) is polled and cancelled with ``-M <cluster>``.
 
 Needs ``resources/slurm/cluster.sh start`` (cluster ``dagstergpu``). The tasks request no GPU, so they do
@@ -74,6 +74,7 @@ def _until(backend, handle, pred, timeout_s, what):
 
 def test_special_exit_task_fails_its_step_after_the_held_limit_and_is_cancelled(tmp_path):
     from dagster_gpu.executor.backends.base import WorkerStatus
+    from dagster_gpu.executor.settle import Settler
 
     client = _spy_client()
     backend = _backend(tmp_path, client, wait_limits_seconds={"held": 4.0})
@@ -90,6 +91,8 @@ def test_special_exit_task_fails_its_step_after_the_held_limit_and_is_cancelled(
         assert failed.message.startswith(f"Slurm array task {label} is SPECIAL_EXIT (reason job requeued in held state): "
                                          f"held until an administrator releases it (scontrol release {label}); waited ")
         assert "over the Slurm backend's wait_limits_seconds.held = 4 s, so the task is cancelled" in failed.message
+        assert failed.abandoned and ["scancel", label] not in client.argvs  # state only reads
+        Settler(write=lambda bill: 0).settle(backend, h)  # what the step handler's settler does next
         assert ["scancel", label] in client.argvs  # cancelled, so a release cannot run the failed step again
 
         def cancelled():

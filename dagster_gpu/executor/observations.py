@@ -1,7 +1,9 @@
 """One writer for the scheduler's bill of a work unit: an AssetObservation per partition it covered.
 
 Both the Slurm backend (``sacct`` after an array task ends) and the Kubernetes backend (the pod's running
-interval after it ends) bill a whole unit; :func:`write_unit_bill` splits that bill over the unit's
+interval after it ends) bill a whole unit: ``Backend.accounting(handle)`` returns it as a :class:`UnitBill`
+and the settler (:mod:`dagster_gpu.executor.settle`) hands it to :class:`ObservationWriter`, the only code
+that writes scheduler bills into Dagster. :func:`write_unit_bill` splits that bill over the unit's
 partitions with :func:`dagster_gpu.billing.apportion.apportion_unit_bill` (materialized partitions in
 proportion to their measured GPU-seconds, what is left over to the partitions the unit did not finish)
 and writes one ``AssetObservation`` per partition into the Dagster instance named by the step's own
@@ -13,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import dagster as dg
@@ -51,6 +53,11 @@ class UnitBill:
             array task, ``k8s/pod``): materializations of the same step by an earlier unit (a retry) are
             not this unit's; a materialization without that key counts as this unit's. None: every
             materialization of the step in the run.
+        rates: the backend's rate table (USD per GPU-hour by device type) when ``rate_usd_per_gpu_hour`` is None.
+        env: the unit's worker environment (``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS``, ``DAGSTER_GPU_STEP_CONTEXT``):
+            it names the Dagster instance, run and step the observations belong to.
+        empty: the scheduler billed nothing (the worker never ran, the backend has no scheduler accounting):
+            no observation is written (:meth:`nothing`).
     """
 
     gpu_seconds: float
@@ -58,6 +65,13 @@ class UnitBill:
     metadata: Mapping[str, Any]
     match: tuple[str, str] | None = None
     rates: Mapping[str, float] | None = None
+    env: Mapping[str, str] = field(default_factory=dict)
+    empty: bool = False
+
+    @classmethod
+    def nothing(cls, why: str) -> "UnitBill":
+        """The bill of a unit the scheduler did not bill (``why`` is for logs); writes no observation."""
+        return cls(gpu_seconds=0.0, rate_usd_per_gpu_hour=0.0, metadata={"billing/note": why}, empty=True)
 
     def rate_for(self, device_type: str | None, parent_product: str | None = None) -> float:
         if self.rate_usd_per_gpu_hour is not None:
@@ -82,8 +96,12 @@ class ObservationWriter:
                 self._instances[key] = dg.DagsterInstance.from_ref(args.instance_ref)
             return self._instances[key]
 
-    def write(self, env: Mapping[str, str], bill: UnitBill) -> int:
-        """Write the observations of the unit launched with worker environment ``env``; returns how many."""
+    def write(self, bill: UnitBill) -> int:
+        """Write the observations of the unit launched with worker environment ``bill.env``; returns how many
+        (0 for an empty bill, or an environment that names no step). Raises what the instance raises."""
+        if bill.empty:
+            return 0
+        env = bill.env
         args = step_args_from_env(env)
         if args is None:
             return 0

@@ -1,5 +1,9 @@
 """GpuStepHandler: Dagster's StepHandler over our backends (placement, launch, health, terminate).
 
+Placement: a step forced onto a backend (its ``dagster-gpu/backend`` tag, the config's ``backend``, or the
+only configured backend: :func:`dagster_gpu.policy.forced.forced_backend`) goes there as is; otherwise the
+cost policy chooses (:func:`dagster_gpu.executor.auto.auto_placement`).
+
 Health rule (after dagster-k8s's upstream ``test_step_health``): a worker that ended, whatever its
 exit status, is healthy only if its step recorded an outcome (success, failure or up-for-retry) after
 it was launched; otherwise the step fails with the backend's state, message and exit code. A worker that
@@ -8,6 +12,10 @@ vanished after its step recorded success is not a failure.
 Termination: backends whose workers outlive the orchestrator (Slurm, Kubernetes) are stopped only when
 the user terminated the run (run status CANCELING/CANCELED); a SIGTERM to the orchestrating process
 leaves them running so a resumed run re-attaches through the handle recorded in the event log.
+
+After the worker: the health check only reads ``Backend.state``. Every handle launched or re-attached to
+is handed to the handler's :class:`~dagster_gpu.executor.settle.Settler`, which settles the unit once it
+ended (abandoned worker terminated, scheduler bill read, unit released, bill written as observations).
 """
 
 from __future__ import annotations
@@ -27,10 +35,11 @@ from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerStatus
 from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env
-from dagster_gpu.executor.placing import forced_placement
 from dagster_gpu.ranges import describe, run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.executor.run_tags import tag_launch
+from dagster_gpu.executor.settle import Settler
+from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.context import StepContext
@@ -58,6 +67,7 @@ class GpuStepHandler(StepHandler):
         self._backends: dict[str, Backend] = {}
         self._launched: dict[tuple[str, str, int], tuple[str, Handle, int | None]] = {}
         self._lock = threading.Lock()
+        self.settler = Settler()
 
     @property
     def name(self) -> str:
@@ -99,9 +109,9 @@ class GpuStepHandler(StepHandler):
     def place(
         self, request: GpuRequest, ctx: StepHandlerContext, step_key: str, partition_keys: tuple[str, ...] = ()
     ) -> Placement:
-        forced = forced_placement(request, self._config.get("backend", "auto"), self._candidates)
+        forced = forced_backend(request, self._config.get("backend", "auto"), self._candidates)
         if forced is not None:
-            return forced
+            return forced.placement()
         return auto_placement(self, request, ctx, step_key, partition_keys)
 
     def step_context(self, placement: Placement, request: GpuRequest, partitions_def: str | None = None) -> StepContext:
@@ -150,6 +160,7 @@ class GpuStepHandler(StepHandler):
             raise RuntimeError(f"{backend.name} backend could not launch step {step_key!r} ({describe(keys)}): {e}") from e
         with self._lock:
             self._launched[(run.run_id, step_key, attempt)] = (backend.name, handle, None)
+        self.settler.track(backend, handle)
         tag_launch(ctx.instance, run.run_id, backend.name, placement.device)  # Runs page: where it ran
         yield DagsterEvent.step_worker_starting(
             ctx.get_step_context(step_key),
@@ -172,7 +183,8 @@ class GpuStepHandler(StepHandler):
             return None
 
     def _find_launch(self, ctx: StepHandlerContext, step_key: str) -> tuple[str, Handle, int | None] | None:
-        """(backend name, handle, storage id of the launch event) from memory, else from the event log."""
+        """(backend name, handle, storage id of the launch event) from the event log, else from memory. A
+        handle found in the event log (a resumed run re-attaching) is handed to the settler."""
         run_id = ctx.dagster_run.run_id
         attempt = self._attempt(ctx, step_key)
         records = ctx.instance.get_records_for_run(
@@ -188,6 +200,7 @@ class GpuStepHandler(StepHandler):
                 name = md[BACKEND_KEY].value
                 with self._lock:
                     self._launched[(run_id, step_key, attempt)] = (name, handle, rec.storage_id)
+                self.settler.track(self.backend(name), handle)
                 return name, handle, rec.storage_id
         with self._lock:
             return self._launched.get((run_id, step_key, attempt))

@@ -220,7 +220,7 @@ def step_objects(launch: StepLaunch, settings: K8sSettings) -> tuple[client.V1Po
 
 def handle_from_pod(pod: client.V1Pod) -> dict[str, Any]:
     """The backend handle of a pod this library created (labels + annotations), for a process that did not
-    launch it (finalizing pods whose orchestrator went away)."""
+    launch it (settling pods whose orchestrator went away)."""
     ann = pod.metadata.annotations or {}
     req = json.loads(ann.get(ANNOTATION_DEVICE_REQUEST, "null")) or {}
     has_claim = bool(pod.spec.resource_claims)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.policy.forced import ForcedBackend, forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.policy import NoFeasiblePlacement, PolicyConfig, alternatives, decide
 from dagster_gpu.policy.ranges import RangePlan, UnitPlan, plan_largest_first, plan_range
@@ -44,7 +45,8 @@ def choose_placement(
         snapshot: filled by the backends (``rate_card``, when given, replaces the snapshot's).
         history: earlier materializations (``dagster_gpu.policy.history.fetch_history``) or a ready
             :class:`RuntimeModel`; None = the stated fallback throughput.
-        force: the executor config's backend when it is not ``auto`` (a ``dagster-gpu/backend`` tag wins).
+        force: the executor config's backend when it is not ``auto`` (a ``dagster-gpu/backend`` tag wins:
+            :func:`~dagster_gpu.policy.forced.forced_backend`).
 
     Raises:
         NoFeasiblePlacement: no backend can run the step (message lists each backend's reason).
@@ -62,8 +64,8 @@ def choose_placement(
 
 
 __all__ = [
-    "Alternative", "BackendState", "DeviceGroup", "GpuRequest", "HistoryPoint", "KubernetesState", "LocalState",
+    "Alternative", "BackendState", "DeviceGroup", "ForcedBackend", "GpuRequest", "HistoryPoint", "KubernetesState", "LocalState",
     "NoFeasiblePlacement", "Placement", "PolicyConfig", "RangePlan", "RuntimeModel", "SlurmState", "Snapshot",
-    "StepSize", "UnitPlan", "after_submit", "alternatives", "choose_placement", "decide", "plan_largest_first",
+    "StepSize", "UnitPlan", "after_submit", "alternatives", "choose_placement", "decide", "forced_backend", "plan_largest_first",
     "plan_range",
 ]

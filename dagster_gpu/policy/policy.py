@@ -27,9 +27,9 @@ Rule:
 3. Choice: among candidates with ``finish <= deadline`` (all of them for ``batch``) the least cost; costs
    within ``PolicyConfig.cost_tie_usd`` tie, and ties go to the earliest finish, then to the fixed
    backend order local, slurm, kubernetes. When none meets the deadline, the earliest finish wins and
-   ``Placement.deadline_met`` is False. A ``dagster-gpu/backend`` tag (``GpuRequest.backend``) or the
-   ``force`` argument restricts the choice to that backend (the tag wins); the other alternatives are
-   still recorded.
+   ``Placement.deadline_met`` is False. A forced backend restricts the choice to that backend; the other
+   alternatives are still recorded. Which backend is forced (a ``dagster-gpu/backend`` tag, then the
+   ``force`` argument) is :func:`dagster_gpu.policy.forced.forced_backend`'s rule.
 
 :class:`NoFeasiblePlacement` is raised when no candidate is feasible.
 """
@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from dagster_gpu.billing.metering import charge
 from dagster_gpu.billing.ratecard import RateCardError
+from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import BackendState, DeviceGroup, LocalState, SlurmState, Snapshot
@@ -251,14 +252,16 @@ def decide(
             :func:`dagster_gpu.policy.ranges.plan_range`).
         snapshot: live state of the backends and the rate card.
         model: expected-runtime model learned from history (default: the stated fallback).
-        force: a backend forced by the executor config; the request's tag wins over it.
+        force: a backend forced by the executor config or a what-if mode; the request's tag wins over it
+            (:func:`~dagster_gpu.policy.forced.forced_backend`).
         config: tie and deadline tolerances.
 
     Raises:
         NoFeasiblePlacement: no feasible candidate (on the forced backend, when forced).
     """
     alts = alternatives(request, step_size, snapshot, model, config)
-    forced = request.backend or force
+    how = forced_backend(request, force)
+    forced = how.backend if how else None
     pool = [a for a in alts if a.feasible and (forced is None or a.backend == forced)]
     skipped = "; ".join(f"{_label(a)}: {a.note}" for a in alts if not a.feasible)
     if not pool:
@@ -270,8 +273,8 @@ def decide(
         f"{_label(best)}: {why}; est. start {best.start_delay_s:.0f} s, runtime {best.runtime_s:.0f} s, "
         f"cost {best.cost_usd:.4f} USD, finish {best.finish_s:.0f} s"
     )
-    if forced:
-        reason += f"; backend forced to {forced!r} by " + ("tag dagster-gpu/backend" if request.backend else "config")
+    if how:
+        reason += f"; {how.reason}"
     if skipped:
         reason += f"; not chosen: {skipped}"
     return Placement(

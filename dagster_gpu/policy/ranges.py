@@ -44,6 +44,7 @@ import heapq
 from dataclasses import dataclass, replace
 from typing import Hashable, Iterable, Sequence
 
+from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.policy import (
     DEFAULT_CONFIG, NoFeasiblePlacement, PolicyConfig, alternatives, select, unit_runtime_s,
@@ -260,7 +261,8 @@ def plan_range(
         size: ``StepSize.for_range(...)``, or the partitions' sizes (StepSize, bytes or None each).
         snapshot: live state of the backends and the rate card.
         model: expected-runtime model (its ``per_partition_s`` is each partition's overhead in a unit).
-        force: a backend forced by the executor config; the request's tag wins over it.
+        force: a backend forced by the executor config or a what-if mode; the request's tag wins over it
+            (:func:`~dagster_gpu.policy.forced.forced_backend`).
         config: tie and deadline tolerances.
 
     Raises:
@@ -271,7 +273,8 @@ def plan_range(
     rng = size if isinstance(size, StepSize) else StepSize.for_range(size)
     parts = rng.parts
     order = plan_largest_first(rng, model)
-    forced = request.backend or force
+    how = forced_backend(request, force)
+    forced = how.backend if how else None
     dl = request.deadline_s
     snap = snapshot
     book = UnitBook()

@@ -5,17 +5,23 @@ Pod (``restartPolicy: Never``), then make the template owned by the pod. The res
 creates the ResourceClaim from the template (owned by the pod) and kube-scheduler allocates a device that
 matches the request; the claim is released and deleted when the pod ends or goes away.
 
-Health (:meth:`KubernetesBackend.state`):
+Health (:meth:`KubernetesBackend.state`, which only reads the pod, its events and its claim):
 
 * Pending and unschedulable (``PodScheduled=False``, reason ``Unschedulable``, the ``FailedScheduling``
-  event) for longer than ``pending_timeout_seconds`` -> FAILED with the scheduler's message; the pod and
-  its template are deleted so no pod or claim is left.
+  event) for longer than ``pending_timeout_seconds`` -> FAILED with the scheduler's message, ``abandoned``:
+  the settler terminates it (pod, template and claims deleted) so no pod or claim is left.
 * Bound but its container not started (``CreateContainerConfigError``, image pull errors...) for longer
-  than ``create_timeout_seconds`` -> FAILED with the kubelet's reason and message; pod deleted.
+  than ``create_timeout_seconds`` -> FAILED with the kubelet's reason and message, ``abandoned``.
 * The pod missing (never created, or deleted by someone else) -> FAILED; the step handler does not fail a
   step that already recorded its outcome.
-* Succeeded / Failed -> SUCCEEDED / FAILED with the container's exit code; with ``delete_finished_pods``
-  the pod is then deleted (gracefully) after its running interval has been recorded.
+* Succeeded / Failed -> SUCCEEDED / FAILED with the container's exit code.
+
+A terminal state is remembered with the pod's end facts (running interval, claim, allocated devices,
+worker environment), so it still answers after the pod is gone. Accounting (:meth:`KubernetesBackend.accounting`)
+is the pod-interval bill from those facts; :meth:`KubernetesBackend.release` deletes the ended pod
+gracefully with its UID precondition (``delete_finished_pods``), and the one process whose delete succeeded
+writes the bill. The settler (:mod:`dagster_gpu.executor.settle`) calls them, and settles ended pods of any
+orchestrating process (:meth:`KubernetesBackend.unsettled`).
 
 Terminate: graceful delete of the pod (its ``terminationGracePeriodSeconds``, never forced), its template
 and its claims. Workers survive the orchestrator: a SIGTERM to the run worker leaves pods running and a
@@ -45,13 +51,11 @@ from typing import Any, Mapping
 
 from kubernetes.client.rest import ApiException
 
-from dagster_gpu.billing.ratecard import RateCard
-from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.billing.ratecard import RateCard, RateCardError
+from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus
 from dagster_gpu.executor.backends.kubernetes_billing import pod_interval_metadata
-from dagster_gpu.executor.backends.kubernetes_finalizer import PodFinalizer
-from dagster_gpu.executor.backends.kubernetes_pod_state import PodTimeouts, needs_scheduler_events, pod_state
+from dagster_gpu.executor.backends.kubernetes_pod_state import PodTimeouts, needs_scheduler_events, pod_state, terminated
 from dagster_gpu.executor.backends.kubernetes_settings import KubernetesSettings, config_field, settings_from_config  # noqa: F401
-from dagster_gpu.executor.observations import ObservationWriter, UnitBill
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
 from dagster_gpu.k8s.inventory import device_groups
@@ -59,7 +63,7 @@ from dagster_gpu.policy.snapshot import KubernetesState
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
 log = logging.getLogger(__name__)
-if os.environ.get("DAGSTER_GPU_K8S_LOG"):  # optional log file for the backend's background work (finalizer, sweep)
+if os.environ.get("DAGSTER_GPU_K8S_LOG"):  # optional log file for the backend's work (states, releases)
     _h = logging.FileHandler(os.environ["DAGSTER_GPU_K8S_LOG"])
     _h.setFormatter(logging.Formatter("%(asctime)s pid=%(process)d %(levelname)s %(message)s"))
     log.addHandler(_h)
@@ -79,12 +83,19 @@ def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any]
         create_timeout_s=s.create_timeout_seconds,
         delete_finished_pods=s.delete_finished_pods,
         rates=rate_card.table("kubernetes"),
-        finalize_wait_s=s.finalize_wait_seconds,
+        settle_wait_s=s.finalize_wait_seconds,
     )
 
 
 def _ts(t: dt.datetime | None) -> float | None:
     return t.timestamp() if t is not None else None
+
+
+def _epoch(ts: str | None) -> float | None:
+    """Unix seconds of an RFC 3339 timestamp as the API serialises it (``2026-11-30T15:32:50+00:00``)."""
+    if not ts:
+        return None
+    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 class KubernetesBackend(Backend):
@@ -96,18 +107,13 @@ class KubernetesBackend(Backend):
         pending_timeout_s: seconds a pod may stay unschedulable before the step fails (scheduler's message).
         create_timeout_s: seconds a bound pod's container may stay un-started (or a missing pod may be
             tolerated right after launch) before the step fails.
-        delete_finished_pods: delete a pod once it ended and its interval was recorded.
-        rates: the kubernetes rate table (USD per GPU-hour) for the post-run pod-interval figures.
-        report_observations: after a pod ends, write its pod-interval AssetObservation into the Dagster
-            instance named in the step's args (see :meth:`post_run_metadata`).
-        finalize_wait_s: when the orchestrating process exits, wait at most this long for the pods it
-            launched to end, so each is finalized (observation written, pod deleted). A pod still running
-            then is left alone (a resumed run re-attaches to it).
-        sweep_grace_s: also finalize other processes' pods that ended this many seconds ago (see
-            :meth:`sweep`); negative disables sweeping.
-
-    A daemon thread finalizes every launched pod as soon as it ends (the step handler may never
-    health-check a step again once its outcome is in the event log).
+        delete_finished_pods: :meth:`release` deletes a pod once it ended and its interval was read.
+        rates: the kubernetes rate table (USD per GPU-hour) for the pod-interval bill.
+        settle_wait_s: when the orchestrating process exits, the settler waits at most this long for the
+            pods it launched to end, so each is billed and deleted. A pod still running then is left alone
+            (a resumed run re-attaches to it; a later process's sweep settles it).
+        sweep_grace_s: :meth:`unsettled` lists other processes' pods that ended this many seconds ago;
+            negative: never.
     """
 
     name = "kubernetes"
@@ -117,8 +123,8 @@ class KubernetesBackend(Backend):
                  pending_timeout_s: float = KubernetesSettings.pending_timeout_seconds,
                  create_timeout_s: float = KubernetesSettings.create_timeout_seconds,
                  delete_finished_pods: bool = KubernetesSettings.delete_finished_pods,
-                 rates: Mapping[str, float] | None = None, report_observations: bool = True,
-                 finalize_wait_s: float = KubernetesSettings.finalize_wait_seconds, sweep_grace_s: float = 10.0):
+                 rates: Mapping[str, float] | None = None,
+                 settle_wait_s: float = KubernetesSettings.finalize_wait_seconds, sweep_grace_s: float = 10.0):
         self.kube = kube
         self.settings = settings
         self.pending_timeout_s = pending_timeout_s
@@ -126,19 +132,16 @@ class KubernetesBackend(Backend):
         self.timeouts = PodTimeouts(pending_s=pending_timeout_s, create_s=create_timeout_s)
         self.delete_finished_pods = delete_finished_pods
         self.rates = dict(rates or RateCard.load().table("kubernetes"))
-        self._final: dict[str, dict[str, Any]] = {}  # pod uid -> terminal facts (state, interval, claim, devices)
-        self._observations = ObservationWriter()
-        self.report_observations = report_observations
+        self._final: dict[str, dict[str, Any]] = {}  # pod uid -> terminal state and end facts (read, remembered)
+        self._released: set[str] = set()  # pod uids this process released
         self._lock = threading.Lock()
         # Allocations are read from a watch: the claim is deallocated and deleted right after the pod ends.
         self.claims = ClaimWatcher(kube, f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}")
-        self.finalize_wait_s = finalize_wait_s
+        self.settle_wait_s = settle_wait_s
         self.sweep_grace_s = sweep_grace_s
-        self._finish_lock = threading.RLock()
-        self.finalizer = PodFinalizer(self, finalize_wait_s, sweep_grace_s)
 
     # -- live state for the cost policy ---------------------------------------------------------------
-    def policy_state(self):
+    def policy_state(self) -> KubernetesState:
         """``KubernetesState``: devices in ResourceSlices not allocated to any ResourceClaim, grouped into
         pools, and our Pending pods per pool (by the MIG/whole-GPU class their request asked for).
         Raises ApiException (e.g. 403 without the inventory ClusterRole) when the API cannot be read."""
@@ -202,30 +205,7 @@ class KubernetesBackend(Backend):
             "launched_at": time.time(),
             "partition_key": launch.partition_key or "",
         }
-        self._track(handle)
         return handle
-
-    # -- finalizer (see kubernetes_finalizer.PodFinalizer) -------------------------------------------------
-    @property
-    def _active(self) -> dict[str, Handle]:
-        """Handles launched (or re-attached) here and not yet finalized, by pod uid."""
-        return self.finalizer.active
-
-    def _track(self, handle: Handle) -> None:
-        self.finalizer.track(handle)
-
-    def is_final(self, uid: str) -> bool:
-        """True once this process decided the pod's outcome (finished or gave up on it)."""
-        with self._lock:
-            return uid in self._final
-
-    def sweep(self, grace_s: float = 10.0) -> int:
-        """See :meth:`PodFinalizer.sweep`."""
-        return self.finalizer.sweep(grace_s)
-
-    def finalize_all(self, wait_s: float) -> int:
-        """See :meth:`PodFinalizer.finalize_all`."""
-        return self.finalizer.finalize_all(wait_s)
 
     def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
         return {
@@ -237,16 +217,13 @@ class KubernetesBackend(Backend):
 
     # -- state -----------------------------------------------------------------------------------------
     def state(self, handle: Handle) -> WorkerState:
-        """See the module docstring. UNKNOWN on a transient API error (never changes a step's state)."""
+        """See the module docstring. UNKNOWN on a transient API error (never changes a step's state). Only
+        reads (and remembers a terminal state with the pod's end facts)."""
         self.claims.start()
-        uid = str(handle["pod_uid"])
         with self._lock:
-            final = self._final.get(uid)
-        known = self.finalizer.is_tracked(uid)
+            final = self._final.get(str(handle["pod_uid"]))
         if final is not None:
             return final["state"]
-        if not known:  # launched by an earlier process (a resumed run re-attached): finalize it from here
-            self._track(handle)
         try:
             return self._state(handle)
         except ApiException as e:
@@ -259,7 +236,7 @@ class KubernetesBackend(Backend):
         age = time.time() - float(handle.get("launched_at", 0))
         pod = self.kube.read_pod(name)
         if pod is None or pod.metadata.uid != uid:
-            with self._lock:  # another thread may have just finished or given up on it, then deleted it
+            with self._lock:  # another thread may have just read its end, then the settler deleted it
                 final = self._final.get(uid)
             if final is not None:
                 return final["state"]
@@ -272,9 +249,10 @@ class KubernetesBackend(Backend):
             msg = evs[-1].message if evs else ""
         verdict = pod_state(body, age, self.timeouts, msg)
         if verdict.action == "finish":
-            return self._finish(handle, pod, verdict.state)
+            return self._remember(uid, verdict.state, self._end_facts(pod))
         if verdict.action == "give_up":
-            return self._give_up(handle, verdict.state.message)
+            st = verdict.state
+            return self._remember(uid, WorkerState(st.status, st.exit_code, st.message, abandoned=True), None)
         if verdict.state.status == WorkerStatus.RUNNING and not pod.metadata.deletion_timestamp \
                 and self.claims.get(uid) is None and handle.get("template"):
             claim = self._claim_of(pod)  # fallback when the watch is behind
@@ -286,18 +264,9 @@ class KubernetesBackend(Backend):
         name = m.generated_claim_name(pod)
         return self.kube.read_claim(name) if name else None
 
-    def _finish(self, handle: Handle, pod, state: WorkerState) -> WorkerState:
-        # One finisher at a time: the finalizer thread, a health check and the exit hook may all see the
-        # pod end; whoever comes second gets the remembered state. Holding the lock through the report
-        # also makes the exit hook wait for a report the finalizer thread is writing.
-        with self._finish_lock:
-            with self._lock:
-                done = self._final.get(str(handle["pod_uid"]))
-            if done is not None:
-                return done["state"]
-            return self._finish_locked(handle, pod, state)
-
-    def _finish_locked(self, handle: Handle, pod, state: WorkerState) -> WorkerState:
+    def _end_facts(self, pod) -> dict[str, Any]:
+        """What the bill of an ended pod needs, read now (the claim and the pod go away after it ends):
+        the container's running interval, the generated claim, its allocated devices, the worker env."""
         cs = (pod.status.container_statuses or [None])[0]
         term = cs.state.terminated if cs is not None and cs.state is not None else None
         claim_name = m.generated_claim_name(pod) or ""
@@ -307,61 +276,90 @@ class KubernetesBackend(Backend):
             if claim is not None:
                 self.claims.record(claim)
             seen = self.claims.get(pod.metadata.uid)
-        devices = seen["devices"] if seen else []
-        facts = {
-            "state": state,
+        return {
             "started_at": _ts(term.started_at) if term is not None else None,
             "finished_at": _ts(term.finished_at) if term is not None else None,
             "resource_claim": claim_name,
-            "allocated_devices": devices,
+            "allocated_devices": seen["devices"] if seen else [],
+            "env": {e.name: e.value for e in (pod.spec.containers[0].env or []) if e.value is not None}
+            if pod.spec.containers else {},
         }
-        with self._lock:
-            self._final[str(handle["pod_uid"])] = facts
-        # Exactly one process reports the observation: the one whose delete (uid precondition) succeeded.
-        report = self.kube.delete_pod(str(handle["pod"]), uid=str(handle["pod_uid"])) if self.delete_finished_pods else True
-        log.info("pod %s ended (%s); deleted by this process: %s", handle["pod"], state.status.value, report)
-        if report and self.report_observations:
-            try:
-                self._report_observation(handle, pod)
-            except Exception:  # noqa: BLE001 - billing never breaks a run
-                log.exception("could not report the pod-interval observation of pod %s", handle["pod"])
-        return state
 
-    def _report_observation(self, handle: Handle, pod) -> int:
-        """Write the pod-interval bill of this pod's unit, one AssetObservation per partition it covered
-        (see :mod:`dagster_gpu.executor.observations`). Returns the number of observations written."""
-        md = self.post_run_metadata(handle)
+    def _remember(self, uid: str, state: WorkerState, facts: dict[str, Any] | None) -> WorkerState:
+        """Remember the first terminal state read for a pod (later readers get the same answer)."""
+        with self._lock:
+            final = self._final.setdefault(uid, {"state": state, "facts": facts})
+        return final["state"]
+
+    # -- accounting -------------------------------------------------------------------------------------
+    def accounting(self, handle: Handle) -> UnitBill | None:
+        """The ended pod's pod-interval bill (:func:`~dagster_gpu.executor.backends.kubernetes_billing.pod_interval_metadata`),
+        read only: ``UnitBill.nothing`` for a pod that never ran (given up on, no interval) or that is gone
+        without this process having read its end (another process settled it); None while it runs."""
+        uid = str(handle["pod_uid"])
+        with self._lock:
+            final = self._final.get(uid)
+        if final is None:
+            pod = self.kube.read_pod(str(handle["pod"]))
+            if pod is None or pod.metadata.uid != uid:
+                return UnitBill.nothing(f"pod {handle['pod']} is gone")
+            verdict = pod_state(m.to_dict(pod), 0.0, self.timeouts)
+            if verdict.action != "finish":
+                return None
+            self._remember(uid, verdict.state, self._end_facts(pod))
+            with self._lock:
+                final = self._final[uid]
+        facts = final["facts"]
+        try:
+            md = self._metadata(handle, facts)
+        except RateCardError as e:  # a rate table without this device and no default: nothing can be priced
+            log.warning("pod %s is not billed: %s", handle["pod"], e)
+            return UnitBill.nothing(str(e))
         if md is None:
-            return 0
-        env = {e.name: e.value for e in pod.spec.containers[0].env or [] if e.value is not None}
-        bill = UnitBill(
+            return UnitBill.nothing(f"pod {handle['pod']} never ran")
+        return UnitBill(
             gpu_seconds=md["billing/gpu_seconds"],
             rate_usd_per_gpu_hour=md["billing/rate_usd_per_gpu_hour"],
             metadata={**{k: v for k, v in md.items() if k not in ("billing/gpu_seconds", "billing/cost_usd")},
                       "dagster_gpu/backend": "kubernetes"},
             match=("k8s/pod", str(handle["pod"])),
+            env=facts["env"],
         )
-        return self._observations.write(env, bill)
 
-    def _remember(self, handle: Handle, state: WorkerState) -> WorkerState:
+    def release(self, handle: Handle) -> bool:
+        """With ``delete_finished_pods``, the graceful delete of the ended pod with its UID precondition:
+        True for the one process whose delete succeeded (it writes the bill). Without it, True once per
+        process. The template goes with the pod (owner reference), the claim is released by the pod's end."""
+        uid = str(handle["pod_uid"])
         with self._lock:
-            self._final[str(handle["pod_uid"])] = {"state": state, "started_at": None, "finished_at": None,
-                                                   "resource_claim": "", "allocated_devices": []}
-        return state
+            if uid in self._released:
+                return False
+            self._released.add(uid)
+        mine = self.kube.delete_pod(str(handle["pod"]), uid=uid) if self.delete_finished_pods else True
+        log.info("pod %s released; deleted by this process: %s", handle["pod"], mine)
+        return mine
 
-    def _give_up(self, handle: Handle, message: str) -> WorkerState:
-        """Fail a pod that will not run (unschedulable / stuck), then delete it with its template and claims.
-
-        The FAILED state is remembered before the delete, so a concurrent ``state`` call (finalizer thread,
-        health check) reports this reason rather than "does not exist". A failed delete is logged; the
-        sweep removes what is left.
-        """
-        state = self._remember(handle, WorkerState(WorkerStatus.FAILED, message=message))
-        try:
-            self.terminate(handle)
-        except Exception:  # noqa: BLE001 - the step's outcome is decided; leftovers are swept
-            log.exception("deleting pod %s after giving up on it failed", handle["pod"])
-        return state
+    def unsettled(self) -> list[Handle]:
+        """Ended dagster-gpu pods in the namespace, of any orchestrating process, that ended more than
+        ``sweep_grace_s`` ago and that this process has not released (their own process may have exited
+        first). Exactly one process bills each: :meth:`release` decides."""
+        if self.sweep_grace_s < 0:
+            return []
+        out = []
+        now = time.time()
+        for pod in self.kube.list_pods(f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}"):
+            if pod.status.phase not in ("Succeeded", "Failed"):
+                continue
+            term = terminated(m.to_dict(pod))
+            ended = _epoch(term.get("finishedAt")) if term is not None else None
+            if ended is not None and now - ended < self.sweep_grace_s:
+                continue
+            with self._lock:
+                if pod.metadata.uid in self._released:
+                    continue
+            self._remember(pod.metadata.uid, pod_state(m.to_dict(pod), 0.0, self.timeouts).state, self._end_facts(pod))
+            out.append(m.handle_from_pod(pod))
+        return out
 
     # -- terminate ---------------------------------------------------------------------------------------
     def terminate(self, handle: Handle) -> None:
@@ -382,10 +380,13 @@ class KubernetesBackend(Backend):
 
     # -- post-run figures ---------------------------------------------------------------------------------
     def post_run_metadata(self, handle: Handle) -> dict[str, Any] | None:
-        """The pod-interval observation metadata of an ended pod (:func:`pod_interval_metadata`), or None
-        before it ended or if it never ran."""
+        """The pod-interval figures of an ended pod whose end this process read (:func:`pod_interval_metadata`),
+        or None before it ended or if it never ran."""
         with self._lock:
-            facts = self._final.get(str(handle["pod_uid"]))
+            final = self._final.get(str(handle["pod_uid"]))
+        return self._metadata(handle, final["facts"]) if final is not None else None
+
+    def _metadata(self, handle: Handle, facts: Mapping[str, Any] | None) -> dict[str, Any] | None:
         if facts is None:
             return None
         return pod_interval_metadata(handle, facts["started_at"], facts["finished_at"], facts["resource_claim"],

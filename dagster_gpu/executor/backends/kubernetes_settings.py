@@ -53,8 +53,9 @@ class KubernetesSettings:
                                                     "The pod's terminationGracePeriodSeconds.")
     cpu_request: str | None = setting(m.K8sSettings.cpu_request, "The container's CPU request (quantity).")
     memory_request: str | None = setting(m.K8sSettings.memory_request, "The container's memory request (quantity).")
-    delete_finished_pods: bool = setting(True, "Delete a pod once it ended and its interval was recorded.")
-    finalize_wait_seconds: float = setting(15.0, "At orchestrator exit, wait this long for launched pods to end.")
+    delete_finished_pods: bool = setting(True, "Delete a pod once it ended and its interval was read (the settler).")
+    finalize_wait_seconds: float = setting(15.0, "At orchestrator exit, wait this long for launched pods to end "
+                                                 "(and be billed and deleted).")
     resource_api_version: str | None = setting(None, "Force resource.k8s.io v1 / v1beta2 / v1beta1 (default: discovered).")
     labels: Mapping[str, Any] = setting(default_factory=dict, description="More labels on pods and claims.")
 

@@ -2,7 +2,9 @@
 
 The worker runs under ``dagster_gpu.worker.supervise``, which records the exit code in a status file,
 so health checks work after the orchestrating process restarts (no parent to ``wait()`` on) and a
-worker that dies without its step recording an outcome is reported with its exit code.
+worker that dies without its step recording an outcome is reported with its exit code. No scheduler
+bills a local worker: ``accounting`` is the contract's default (nothing; the worker's measured bill is
+all there is).
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ class LocalBackend(Backend):
         if child is not None:
             child.wait(timeout=5)
 
-    def policy_state(self):
+    def policy_state(self) -> LocalState:
         """This host as a ``LocalState``: one pool per GPU product NVML sees (free = total minus our running
         workers), none on a CPU-only host."""
         running = sum(1 for p in list(self._children.values()) if p.poll() is None)

@@ -45,9 +45,12 @@ GRES: ``--gres=gpu:<count>``; a step tagged ``dagster-gpu/shared-ok: true`` gets
 device fraction of N ÷ shards_per_gpu; a step with ``gpu-count: 0`` requests no GRES.
 
 The step worker's metadata (``slurm/job_id``, ``slurm/array_job_id``, ``slurm/array_task_id``) comes from
-Slurm's environment in the worker; after the task ends, sacct figures are reported per partition as an
-AssetObservation with ``billing/source: sacct`` (:mod:`dagster_gpu.executor.backends.slurm_accounting`) by whichever process
-polls next, and by each orchestrating process before it exits (``reconcile_wait_seconds``).
+Slurm's environment in the worker. ``state`` only reads (one shared squeue + sacct poll). After the task
+ends, :meth:`SlurmBackend.accounting` is its sacct bill (every attempt; None until sacct has the final
+record and squeue no longer runs it) and :meth:`SlurmBackend.release` its spool marker, so exactly one
+process writes it (:mod:`dagster_gpu.executor.backends.slurm_accounting`); the settler
+(:mod:`dagster_gpu.executor.settle`) calls them, waits up to ``reconcile_wait_seconds`` at the orchestrating
+process's exit, and settles other processes' finished tasks from the spool (:meth:`SlurmBackend.unsettled`).
 
 Shared hosts (``docs/security.md``): the spool refuses a directory another user owns or can write
 (:class:`~dagster_gpu.slurm.trust.UntrustedPathError`, naming path, owner, group and mode) unless
@@ -57,7 +60,6 @@ anything and a refused task fails its step with the reason from its log.
 
 from __future__ import annotations
 
-import atexit
 import json
 import logging
 import os
@@ -70,9 +72,9 @@ from typing import Any, Mapping
 
 import dagster as dg
 
-from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.executor.backends.base import TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus
 from dagster_gpu.executor.backends.local import log_tail
-from dagster_gpu.executor.backends.slurm_accounting import report_sacct_bills
+from dagster_gpu.executor.backends.slurm_accounting import claim_task, task_bill, task_env, unsettled_tasks
 from dagster_gpu.executor.settings import config_field as settings_config_field
 from dagster_gpu.executor.settings import from_section, setting
 from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
@@ -151,7 +153,7 @@ class SlurmSettings:
     python: str | None = setting(None, "Interpreter on compute nodes (default: this one).")
     submit_timeout_seconds: float = setting(180.0, "Longest wait (s) of a launch for its sbatch.")
     vanish_grace_seconds: float = setting(60.0, "Seconds a task may be unknown to squeue and sacct after submission.")
-    reconcile_wait_seconds: float = setting(20.0, "Wait at exit for sacct billing.")
+    reconcile_wait_seconds: float = setting(20.0, "Wait (s) at the orchestrating process's exit for its tasks' sacct bills.")
     gpu_product: str = setting("NVIDIA A100-SXM4-80GB", "Product of the slurm partition's GPUs (rate card device "
                                                         "type; untyped GRES do not say).")
     gpu_memory_gib: float = setting(80.0, "Memory of one of those GPUs (GiB).")
@@ -220,9 +222,8 @@ class SlurmBackend(Backend):
         )
         self.poller = SharedPoller(self.spool, self.client, settings.poll_interval_seconds)
         self.wait_limits = settings.wait_limits  # validated now: a bad key fails at executor start
-        self._launched: set[int] = set()
         self._waiting_since: dict[tuple[int, int], tuple[str, float]] = {}  # task -> (wait class, first seen)
-        self._atexit = False
+        self.settle_wait_s = settings.reconcile_wait_seconds
 
     # ------------------------------------------------------------------------------ cluster facts
     def max_array_size(self) -> int:
@@ -318,8 +319,6 @@ class SlurmBackend(Backend):
             launches_to_come=launch.launches_to_come,
         )
         a = self.coalescer.submit(req)
-        self._launched.add(a.array_job_id)
-        self._register_atexit()
         return {
             "job_id": f"{a.array_job_id}_{a.array_task_id}",
             "cluster": a.cluster,
@@ -333,11 +332,11 @@ class SlurmBackend(Backend):
         }
 
     def state(self, handle: Handle) -> WorkerState:
+        """The task's state from the shared poll (:func:`dagster_gpu.slurm.status.task_state`). Only reads:
+        a task over its wait limit is FAILED and ``abandoned`` (the settler cancels it); the message of a
+        FAILED task ends with the last lines of its log."""
         aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
         submitted = float(handle["submitted_at"])
-        if aid not in self._launched:  # launched by an earlier process (a resumed run re-attached): bill it from here
-            self._launched.add(aid)
-            self._register_atexit()
         try:
             snap = self.poller.poll({aid}, not_before=submitted, clusters={aid: handle.get("cluster")})
         except (SlurmError, TimeoutError) as e:
@@ -360,25 +359,18 @@ class SlurmBackend(Backend):
             wait_limits=self.wait_limits,
             vanish_grace_s=self.settings.vanish_grace_seconds,
         )
-        if wait and st.status == WorkerStatus.FAILED and 0 < self.wait_limits.limit(wait) <= waited:
-            # over its wait limit: cancel it, so a held task released later does not run a failed step again
-            try:
-                self.terminate(handle)
-            except SlurmError as e:
-                log.warning("could not cancel Slurm array task %s_%s after its wait limit: %s", aid, tid, e)
-            self._waiting_since.pop(key, None)
-        if st.status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
-            self._report_bills(snap)
+        # over its wait limit: the settler cancels it, so a held task released later does not run a failed step again
+        abandoned = bool(wait) and st.status == WorkerStatus.FAILED and 0 < self.wait_limits.limit(wait) <= waited
         if st.status == WorkerStatus.FAILED and handle.get("log_file"):
             # the task's own words: e.g. why it refused its manifest (exit 3) before running anything
             st = WorkerState(st.status, st.exit_code, f"{st.message}; last lines of {handle['log_file']}:\n{log_tail(Path(str(handle['log_file'])))}")
-        return st
+        return WorkerState(st.status, st.exit_code, st.message, abandoned=abandoned)
 
     def terminate(self, handle: Handle) -> None:
         """``scancel [-M <cluster>] <array_job_id>_<array_task_id>``: exactly this task, pending or running."""
         self.client.scancel([f"{int(handle['array_job_id'])}_{int(handle['array_task_id'])}"], cluster=handle.get("cluster"))
 
-    def policy_state(self):
+    def policy_state(self) -> SlurmState:
         """The slurm partition as a ``SlurmState``: its GPUs (``sinfo``), those held and the tasks pending
         (one ``squeue``), our array throttle, and, when the free GPUs do not outnumber the pending tasks,
         the controller's start estimate for one more task (``sbatch --test-only``; nothing is submitted). Raises SlurmError when the
@@ -425,40 +417,55 @@ class SlurmBackend(Backend):
             **({"slurm/cluster": str(handle["cluster"])} if handle.get("cluster") else {}),
         }
 
-    # ------------------------------------------------------------------------------ billing
-    def _report_bills(self, snap) -> None:
+    # ------------------------------------------------------------------------------ accounting
+    def accounting(self, handle: Handle) -> UnitBill | None:
+        """The ended task's sacct bill (:func:`~dagster_gpu.executor.backends.slurm_accounting.task_bill`:
+        every attempt, priced at the rate table of its step context), read from the shared poll. None
+        while Slurm has not billed it: squeue still runs it, sacct has no final record yet (slurmdbd lags
+        or is down), or Slurm could not be asked. ``UnitBill.nothing`` when its manifest is unreadable."""
+        aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
         try:
-            report_sacct_bills(self.spool, snap.acct, self.settings.shards_per_gpu)
-        except Exception:  # noqa: BLE001 - billing never breaks a run
-            log.exception("writing sacct bills failed")
+            snap = self.poller.poll({aid}, not_before=float(handle.get("submitted_at", 0.0)),
+                                    clusters={aid: handle.get("cluster")})
+        except (SlurmError, TimeoutError):
+            return None
+        if not snap.ok:
+            return None
+        recs = records_for(aid, tid, snap.queue, snap.acct)
+        if recs.queue is not None and recs.queue.state.status not in TERMINAL:
+            return None
+        if not recs.acct or not recs.acct[-1].state.final:
+            return None
+        env = task_env(self.spool, str(handle["batch"]), tid)
+        if env is None:
+            return UnitBill.nothing(f"no manifest entry for Slurm array task {aid}_{tid} in the spool")
+        return task_bill(env, recs.acct, self.settings.shards_per_gpu)
 
-    def report_bills_now(self, wait_s: float | None = None) -> int:
-        """Poll until every job array this process launched is done (at most ``wait_s``, default
-        ``reconcile_wait_seconds``), then report sacct observations. Returns observations written."""
-        deadline = time.monotonic() + (self.settings.reconcile_wait_seconds if wait_s is None else wait_s)
-        written = 0
-        while True:
-            try:
-                snap = self.poller.poll(set(self._launched))
-            except (SlurmError, TimeoutError):
-                return written
-            if snap.ok:
-                written += report_sacct_bills(self.spool, snap.acct, self.settings.shards_per_gpu)
-            pending = [b for b, sub in self.spool.active_batches() if int(sub["array_job_id"]) in self._launched]
-            if not pending or time.monotonic() > deadline:
-                return written
-            time.sleep(max(0.2, self.settings.poll_interval_seconds))
+    def release(self, handle: Handle) -> bool:
+        """The task's spool marker (O_EXCL): True for the one process that writes its bill."""
+        return claim_task(self.spool, str(handle["batch"]), int(handle["array_task_id"]))
 
-    def _register_atexit(self) -> None:
-        if not self._atexit and self.settings.reconcile_wait_seconds > 0:
-            self._atexit = True
-            atexit.register(self._report_bills_at_exit)
-
-    def _report_bills_at_exit(self) -> None:
+    def unsettled(self) -> list[Handle]:
+        """Tasks of finished job arrays in the spool (any process's) whose bill nobody wrote, as handles;
+        one shared poll covers them all, so their ``accounting`` reads it. Empty when Slurm cannot be asked."""
+        tasks = unsettled_tasks(self.spool)
+        if not tasks:
+            return []
+        clusters = {int(sub["array_job_id"]): sub.get("cluster") for _, sub, _ in tasks}
         try:
-            self.report_bills_now()
-        except Exception:  # noqa: BLE001
-            log.exception("writing sacct bills at exit failed")
+            snap = self.poller.poll(set(clusters), clusters=clusters)
+        except (SlurmError, TimeoutError) as e:
+            log.info("no sweep of finished Slurm tasks: %s", e)
+            return []
+        if not snap.ok:
+            return []
+        return [
+            {"job_id": f"{sub['array_job_id']}_{i}", "cluster": sub.get("cluster"), "array_job_id": int(sub["array_job_id"]),
+             "array_task_id": i, "batch": batch, "submitted_at": float(sub.get("submitted_at", 0.0)),
+             "tasks_in_array": int(sub.get("tasks", 0)), "log_file": str(self.spool.batch_dir(batch) / f"{i}.out"),
+             "spool": str(self.spool.root)}
+            for batch, sub, i in tasks
+        ]
 
 
 def config_field() -> dg.Field:

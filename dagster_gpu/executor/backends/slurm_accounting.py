@@ -1,73 +1,80 @@
-"""Writes the ``sacct`` bill of each finished array task into Dagster: one AssetObservation per partition.
+"""The Slurm backend's accounting: an ended array task's ``sacct`` bill, and who writes it (the spool's markers).
 
-The task's figures come from the pure :func:`dagster_gpu.slurm.sacct_bill.sacct_figures`
-(``billing/source: sacct``); this module finds the finished tasks in the spool and hands each task's bill to
-:class:`dagster_gpu.executor.observations.ObservationWriter`, which splits it over the partitions of the
-task's work unit and writes them into the task's own Dagster instance.
+- :func:`task_bill`: the :class:`~dagster_gpu.executor.observations.UnitBill` of one array task from its
+  sacct records (every attempt; figures from the pure :func:`dagster_gpu.slurm.sacct_bill.sacct_figures`,
+  ``billing/source: sacct``), priced at the slurm rate table the task's step context carries.
+- :func:`claim_task`: exactly one process writes a task's bill: the one that creates its O_EXCL marker
+  ``<batch>/reconciled/<task>.json``; when every task of the array has one, ``reconciled/all`` stops the
+  sweep from reading that array again.
+- :func:`unsettled_tasks`: tasks of finished job arrays (``done``) that have no marker yet, whoever launched
+  them, for the settler's sweep (``dagster_gpu.executor.settle``).
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import time
 from typing import Any, Mapping, Sequence
 
-from dagster_gpu.executor.observations import ObservationWriter, UnitBill
+from dagster_gpu.executor.observations import UnitBill
 from dagster_gpu.slurm.parse import AcctRow
 from dagster_gpu.slurm.sacct_bill import sacct_figures
 from dagster_gpu.slurm.spool import Spool, create_exclusive, read_json
-from dagster_gpu.slurm.status import records_for
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
-log = logging.getLogger(__name__)
 
+def task_bill(env: Mapping[str, str], rows: Sequence[AcctRow], shards_per_gpu: int) -> UnitBill:
+    """The bill of one ended array task.
 
-def _report_task(task: Mapping[str, Any], rows: Sequence[AcctRow], shards_per_gpu: int, writer: ObservationWriter) -> int:
-    """Report the observations of one finished array task (a manifest entry: its unit's partitions);
-    returns how many were written."""
-    env = task["env"]
+    Args:
+        env: the task's worker environment (its manifest entry's ``env``): names the Dagster run and step,
+            and carries the slurm rate table in ``DAGSTER_GPU_STEP_CONTEXT``.
+        rows: the task's sacct records, oldest first (one per attempt), the last one final.
+        shards_per_gpu: shard GRES per GPU (a ``gres/shard`` record is billed as that fraction of a GPU).
+
+    Raises ValueError when ``rows`` is empty."""
     rates = json.loads(env.get(STEP_CONTEXT_ENV, "{}")).get("rates") or {"default": 0.0}
     figures = sacct_figures(rows, shards_per_gpu)
-    bill = UnitBill(
+    return UnitBill(
         gpu_seconds=figures["billing/gpu_seconds"],
         rate_usd_per_gpu_hour=None,
         rates=rates,
         metadata={**{k: v for k, v in figures.items() if not k.startswith("billing/")},
                   "billing/source": "sacct", "dagster_gpu/backend": "slurm"},
         match=("slurm/job_id", figures["slurm/job_id"]),
+        env=dict(env),
     )
-    return writer.write(env, bill)
 
 
-def report_sacct_bills(spool: Spool, acct: Sequence[AcctRow], shards_per_gpu: int = 4) -> int:
-    """Report sacct observations for every finished task of the spool's done job arrays not yet
-    reported (each exactly once across processes: an O_EXCL marker per task). Returns observations written."""
-    written = 0
-    writer = ObservationWriter()
+def task_env(spool: Spool, batch: str, task_id: int) -> Mapping[str, str] | None:
+    """The worker environment of task ``task_id`` in the batch's manifest; None when it cannot be read."""
+    man = read_json(spool.batch_dir(batch) / "manifest.json")
+    tasks = (man or {}).get("tasks") or []
+    return dict(tasks[task_id].get("env") or {}) if 0 <= task_id < len(tasks) else None
+
+
+def claim_task(spool: Spool, batch: str, task_id: int) -> bool:
+    """Create the task's marker; True for exactly one caller across processes (it writes the bill)."""
+    bdir = spool.batch_dir(batch)
+    if not create_exclusive(bdir / "reconciled" / f"{task_id}.json", {"at": time.time()}):
+        return False
+    sub = read_json(bdir / "submitted.json") or {}
+    n = int(sub.get("tasks", 0))
+    if n and all((bdir / "reconciled" / f"{i}.json").exists() for i in range(n)):
+        create_exclusive(bdir / "reconciled" / "all", {"at": time.time()})
+    return True
+
+
+def unsettled_tasks(spool: Spool) -> list[tuple[str, Mapping[str, Any], int]]:
+    """``(batch, submitted.json, task id)`` of every task of a done job array without a marker, oldest first."""
+    out = []
     for bdir in sorted(spool.batches.iterdir()):
         if not (bdir / "done").exists() or (bdir / "reconciled" / "all").exists():
             continue
-        sub, man = read_json(bdir / "submitted.json"), read_json(bdir / "manifest.json")
-        if not sub or not man:
+        sub = read_json(bdir / "submitted.json")
+        if not sub:
             continue
-        aid = int(sub["array_job_id"])
-        complete = True
-        for i, task in enumerate(man["tasks"]):
-            marker = bdir / "reconciled" / f"{i}.json"
-            if marker.exists():
-                continue
-            rows = records_for(aid, i, [], acct).acct
-            if not rows or not rows[-1].state.final:
-                complete = False
-                continue
-            if not create_exclusive(marker, {"at": time.time()}):
-                continue
-            try:
-                written += _report_task(task, rows, shards_per_gpu, writer)
-            except Exception:  # noqa: BLE001 - billing must never break a run
-                log.exception("could not report the sacct observation of array task %s_%s", aid, i)
-        if complete:
-            create_exclusive(bdir / "reconciled" / "all", {"at": time.time()})
-    writer.close()
-    return written
+        for i in range(int(sub.get("tasks", 0))):
+            if not (bdir / "reconciled" / f"{i}.json").exists():
+                out.append((bdir.name, sub, i))
+    return out

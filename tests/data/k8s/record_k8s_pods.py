@@ -1,7 +1,7 @@
 """Record step pods' JSON from the local control plane (resources/k8s/cluster.sh) for the pod_state tests.
 
 Run from the repository root with the cluster up: ``.venv/bin/python tests/data/k8s/record_k8s_pods.py``.
-Launches one step pod per case through the kubernetes backend (pods kept: no finalizer deletes them), waits
+Launches one step pod per case through the kubernetes backend (pods kept: no settler deletes them), waits
 for the case's phase, writes ``tests/data/k8s/pod_<case>.json`` (``managedFields`` dropped) and deletes what
 it made. Cases: succeeded (exit 0, MIG claim), failed (exit 7), running (sleeping), unschedulable (no device
 has 200 GiB), stuck (bound, its container waits on a missing Secret: CreateContainerConfigError).
@@ -41,8 +41,8 @@ def main() -> int:
     admin = KubeClient(admin_api(), NAMESPACE)
     plain = m.K8sSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_s=5)
     stuck = m.K8sSettings(namespace=NAMESPACE, secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "no-such-secret", "pw"),))
-    kw = dict(pending_timeout_s=3600, create_timeout_s=3600, delete_finished_pods=False, report_observations=False,
-              finalize_wait_s=0, sweep_grace_s=-1, rates={"default": 1.0})
+    kw = dict(pending_timeout_s=3600, create_timeout_s=3600, delete_finished_pods=False,
+              settle_wait_s=0, sweep_grace_s=-1, rates={"default": 1.0})
     b, b_stuck = KubernetesBackend(kube, plain, **kw), KubernetesBackend(kube, stuck, **kw)
     cases = {
         "succeeded": (b, ["sh", "-c", "sleep 1.2"], GpuRequest(mig_ok=True), lambda p: p.status.phase == "Succeeded"),

@@ -1,0 +1,238 @@
+"""The backend contract after a worker ends, without a cluster: ``state`` only reads, ``accounting`` returns
+the scheduler's bill, ``release`` lets exactly one caller write it, and the settler drives them.
+
+Slurm runs on a client that answers squeue/sacct with outputs recorded on the local cluster
+(``tests/data/slurm``); Kubernetes on a fake API holding one pod object.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from kubernetes.client import (V1Container, V1ContainerState, V1ContainerStateTerminated, V1ContainerStatus,
+                               V1EnvVar, V1ObjectMeta, V1Pod, V1PodResourceClaimStatus, V1PodSpec, V1PodStatus)
+
+from dagster_gpu.executor.backends.base import UnitBill, WorkerStatus
+from dagster_gpu.executor.backends.kubernetes import KubernetesBackend
+from dagster_gpu.executor.backends.local import LocalBackend
+from dagster_gpu.executor.backends.slurm import SlurmBackend, SlurmSettings
+from dagster_gpu.executor.settle import Settler
+from dagster_gpu.jsonfile import write_json
+from dagster_gpu.k8s import manifests as m
+from dagster_gpu.slurm.client import SlurmClient
+
+DATA = Path(__file__).parent / "data" / "slurm"
+
+
+class _Recorder:
+    """A bill writer that records what it was given."""
+
+    def __init__(self):
+        self.bills: list[UnitBill] = []
+
+    def __call__(self, bill: UnitBill) -> int:
+        self.bills.append(bill)
+        return 1
+
+
+# -- Slurm ------------------------------------------------------------------------------------------------
+class _RecordedSlurm(SlurmClient):
+    """Answers squeue and sacct with recorded outputs; records every command (scancel included)."""
+
+    def _run_once(self, argv, ok_codes=(0,)):
+        self.argvs.append(list(argv))
+        out = {"squeue": self.squeue_text, "sacct": self.sacct_text}.get(argv[0], "")
+        return subprocess.CompletedProcess(list(argv), 0, out, "")
+
+
+def _slurm(tmp_path, squeue: str, sacct: str, **kw) -> tuple[SlurmBackend, _RecordedSlurm]:
+    client = _RecordedSlurm()
+    client.argvs, client.squeue_text, client.sacct_text = [], (DATA / squeue).read_text(), (DATA / sacct).read_text()
+    backend = SlurmBackend(SlurmSettings(spool_dir=str(tmp_path / "spool"), poll_interval_seconds=60.0, **kw), client=client)
+    return backend, client
+
+
+def _batch(backend: SlurmBackend, array_job_id: int, tasks: int, done: bool = False) -> str:
+    """A submitted job array in the spool, as the coalescer leaves it; each task's env names its index."""
+    batch = f"b{array_job_id}"
+    bdir = backend.spool.batch_dir(batch)
+    bdir.mkdir(parents=True)
+    ctx = json.dumps({"rates": {"NVIDIA A100-SXM4-80GB": 3.6, "default": 3.6}})
+    write_json(bdir / "manifest.json", {"tasks": [{"argv": ["true"], "env": {"TASK": str(i), "DAGSTER_GPU_STEP_CONTEXT": ctx}}
+                                                  for i in range(tasks)]})
+    write_json(bdir / "submitted.json", {"array_job_id": array_job_id, "cluster": None, "tasks": tasks,
+                                         "submitted_at": time.time() - 3600})
+    if done:
+        write_json(bdir / "done", {"at": time.time()})
+    return batch
+
+
+def _slurm_handle(batch: str, array_job_id: int, task: int) -> dict:
+    return {"job_id": f"{array_job_id}_{task}", "cluster": None, "array_job_id": array_job_id, "array_task_id": task,
+            "batch": batch, "submitted_at": time.time() - 3600}
+
+
+def test_slurm_state_of_an_ended_task_has_no_side_effect_and_accounting_returns_its_sacct_bill(tmp_path):
+    backend, client = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
+    batch = _batch(backend, 29, 10)
+    h = _slurm_handle(batch, 29, 0)
+    first, second = backend.state(h), backend.state(h)
+    assert first == second and first.status == WorkerStatus.SUCCEEDED and not first.abandoned
+    assert {a[0] for a in client.argvs} == {"squeue", "sacct"}  # no scancel
+    assert not (backend.spool.batch_dir(batch) / "reconciled").exists()  # no bill written or claimed
+    bill = backend.accounting(h)
+    assert bill is not None and not bill.empty
+    assert bill.gpu_seconds == 3.0  # ElapsedRaw 3 x gres/gpu=1
+    assert bill.match == ("slurm/job_id", "34")  # the job id of task 29_0 (SLURM_JOB_ID in the worker)
+    assert bill.metadata["billing/source"] == "sacct" and bill.metadata["slurm/state"] == "COMPLETED"
+    assert bill.rate_for(None) == 3.6 and bill.env["TASK"] == "0"
+    assert backend.accounting(h) == bill  # reading again changes nothing
+    assert backend.release(h) is True and backend.release(h) is False  # exactly one writer
+    assert (backend.spool.batch_dir(batch) / "reconciled" / "0.json").exists()
+
+
+def test_slurm_settler_writes_each_task_bill_once_and_the_sweep_finds_other_processes_tasks(tmp_path):
+    backend, client = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
+    batch = _batch(backend, 29, 10, done=True)
+    rec = _Recorder()
+    settler = Settler(write=rec)
+    assert settler.settle(backend, _slurm_handle(batch, 29, 3)) is True
+    assert [b.env["TASK"] for b in rec.bills] == ["3"]
+    assert settler.settle(backend, _slurm_handle(batch, 29, 3)) is True and len(rec.bills) == 1  # released already
+    # the other nine tasks were launched by a process that exited: the sweep settles them
+    assert len(backend.unsettled()) == 9
+    assert settler.sweep(backend) == 9
+    assert sorted(int(b.env["TASK"]) for b in rec.bills) == list(range(10))
+    assert sum(b.gpu_seconds for b in rec.bills) == 30.0
+    assert (backend.spool.batch_dir(batch) / "reconciled" / "all").exists() and backend.unsettled() == []
+    assert not any(a[0] == "scancel" for a in client.argvs)
+
+
+def test_slurm_task_over_its_wait_limit_is_abandoned_by_state_and_cancelled_by_the_settler(tmp_path):
+    backend, client = _slurm(tmp_path, "squeue_held.txt", "sacct_held.txt", wait_limits_seconds={"held": 60.0})
+    batch = _batch(backend, 35, 3)
+    h = _slurm_handle(batch, 35, 1)  # SPECIAL_EXIT, requeued in held state
+    assert backend.state(h).status == WorkerStatus.REQUEUED  # within its limit
+    wait, _ = backend._waiting_since[(35, 1)]
+    backend._waiting_since[(35, 1)] = (wait, time.time() - 120)  # seen held for two minutes
+    first, second = backend.state(h), backend.state(h)
+    assert first == second and first.status == WorkerStatus.FAILED and first.abandoned
+    assert "wait_limits_seconds.held = 60 s, so the task is cancelled" in first.message
+    assert not any(a[0] == "scancel" for a in client.argvs)  # state cancels nothing
+    rec = _Recorder()
+    settler = Settler(write=rec)
+    assert settler.settle(backend, h) is False  # cancelled; its bill comes once sacct has the final record
+    assert settler.settle(backend, h) is False
+    assert [a for a in client.argvs if a[0] == "scancel"] == [["scancel", "35_1"]]  # once
+    assert rec.bills == []
+
+
+# -- Kubernetes ---------------------------------------------------------------------------------------------
+UID = "9b1f4a52-0d43-4c3e-9a47-6f00e1a2c3d4"
+T0 = dt.datetime(2026, 11, 30, 15, 0, 0, tzinfo=dt.timezone.utc)
+
+
+class _Watch:
+    def start(self):
+        pass
+
+    def get(self, uid):
+        return {"devices": ["gpu.nvidia.com/gpu-node-0/gpu-1"]} if uid == UID else None
+
+
+class _Kube:
+    """One Succeeded step pod that ran 100 s on a whole GPU; records deletes."""
+
+    namespace = "ns"
+
+    def __init__(self):
+        term = V1ContainerStateTerminated(exit_code=0, reason="Completed", started_at=T0,
+                                          finished_at=T0 + dt.timedelta(seconds=100))
+        self.pod = V1Pod(
+            metadata=V1ObjectMeta(name="p", namespace="ns", uid=UID, labels={m.LABEL_MANAGED_BY: m.MANAGED_BY}),
+            spec=V1PodSpec(containers=[V1Container(name="step", env=[V1EnvVar(name="TASK", value="pod")])],
+                           node_name="gpu-node-0"),
+            status=V1PodStatus(phase="Succeeded",
+                               resource_claim_statuses=[V1PodResourceClaimStatus(name=m.REQUEST_NAME, resource_claim_name="p-gpu-x")],
+                               container_statuses=[V1ContainerStatus(name="step", image="x", image_id="", ready=False,
+                                                                     restart_count=0, state=V1ContainerState(terminated=term))]))
+        self.deleted: list[str] = []
+
+    def read_pod(self, name):
+        return self.pod
+
+    def list_pods(self, selector):
+        return [self.pod] if self.pod is not None else []
+
+    def delete_pod(self, name, uid=None):
+        self.deleted.append(name)
+        gone, self.pod = self.pod is None, None
+        return not gone
+
+
+def _k8s(**kw) -> tuple[KubernetesBackend, _Kube]:
+    kube = _Kube()
+    b = KubernetesBackend(kube, m.K8sSettings(namespace="ns", secret_env=()), rates={"NVIDIA A100-SXM4-80GB": 3.6, "default": 1.0}, **kw)
+    b.claims = _Watch()
+    return b, kube
+
+
+HANDLE = {"namespace": "ns", "pod": "p", "pod_uid": UID, "template": "p", "device_type": "NVIDIA A100-SXM4-80GB",
+          "device_fraction": 1.0, "product": "NVIDIA A100-SXM4-80GB", "launched_at": T0.timestamp()}
+
+
+def test_k8s_state_of_an_ended_pod_deletes_nothing_and_accounting_returns_its_pod_interval_bill():
+    b, kube = _k8s()
+    first, second = b.state(HANDLE), b.state(HANDLE)
+    assert first == second and (first.status, first.exit_code) == (WorkerStatus.SUCCEEDED, 0)
+    assert kube.deleted == [] and kube.pod is not None
+    bill = b.accounting(HANDLE)
+    assert bill is not None and not bill.empty
+    assert bill.gpu_seconds == 100.0 and bill.rate_usd_per_gpu_hour == 3.6
+    assert bill.metadata["billing/source"] == "pod-interval" and bill.metadata["k8s/resource_claim"] == "p-gpu-x"
+    assert bill.metadata["k8s/allocated_devices"] == "gpu.nvidia.com/gpu-node-0/gpu-1"
+    assert bill.match == ("k8s/pod", "p") and bill.env == {"TASK": "pod"}
+    assert b.release(HANDLE) is True and kube.deleted == ["p"]
+    assert b.release(HANDLE) is False and kube.deleted == ["p"]
+    assert b.state(HANDLE) == first and b.accounting(HANDLE) == bill  # remembered after the pod is gone
+
+
+def test_k8s_settler_bills_once_even_when_another_process_deleted_the_pod_first():
+    b, kube = _k8s()
+    rec = _Recorder()
+    assert Settler(write=rec).settle(b, HANDLE) is True
+    assert [x.gpu_seconds for x in rec.bills] == [100.0] and kube.deleted == ["p"]
+    other, kube2 = _k8s()  # another orchestrating process read the same pod end, but its delete comes second
+    assert other.state(HANDLE).status == WorkerStatus.SUCCEEDED
+    kube2.pod = None
+    rec2 = _Recorder()
+    assert Settler(write=rec2).settle(other, HANDLE) is True and rec2.bills == []
+
+
+def test_k8s_sweep_settles_ended_pods_of_any_process_after_the_grace():
+    b, kube = _k8s(sweep_grace_s=0.0)
+    rec = _Recorder()
+    settler = Settler(write=rec)
+    assert settler.sweep(b) == 1 and [x.env for x in rec.bills] == [{"TASK": "pod"}] and kube.deleted == ["p"]
+    assert settler.sweep(b) == 0
+    late, _ = _k8s(sweep_grace_s=-1)
+    assert late.unsettled() == []
+
+
+# -- local ------------------------------------------------------------------------------------------------
+def test_local_backend_has_nothing_to_bill(tmp_path):
+    bill = LocalBackend(tmp_path).accounting({"pid": 1})
+    assert bill is not None and bill.empty
+
+
+@pytest.mark.parametrize("empty", [True, False])
+def test_observation_writer_writes_nothing_for_an_empty_bill_or_a_bill_naming_no_step(empty):
+    from dagster_gpu.executor.observations import ObservationWriter
+
+    bill = UnitBill.nothing("never ran") if empty else UnitBill(1.0, 1.0, {}, env={"TASK": "x"})
+    assert ObservationWriter().write(bill) == 0
