@@ -3,6 +3,7 @@ launch events carrying placements as the executor records them, then the HTML pa
 
 from __future__ import annotations
 
+import os
 import re
 
 import dagster as dg
@@ -61,7 +62,7 @@ def test_report_of_real_materializations(tmp_path, monkeypatch):
         assert all(r.backend == "local" and r.cost_usd > 0 and 0 < r.useful_fraction <= 1 for r in rows)
         assert all(r.utilization_percent is None and r.gpu_unavailable_reason.startswith("CPU-only") for r in rows)
         out = tmp_path / "report.html"
-        monkeypatch.setenv("DAGSTER_HOME", instance.root_directory)
+        assert os.environ["DAGSTER_HOME"] == instance.root_directory  # instance_for_test sets and restores it
         assert report_main(["-a", "rep", "--last", "2", "-o", str(out)]) == 0
         assert len(re.findall(r"<tr><td>(?:medium|large)</td>", out.read_text())) == 2
         assert report_main(["-a", "rep", "--backfill", "nope", "-o", str(out)]) == 2
