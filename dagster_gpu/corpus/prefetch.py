@@ -16,6 +16,21 @@ from dagster_gpu.corpus.readers import ReadStats, RecordBatch, TextFormat, read_
 _DONE = object()
 
 
+def put_until_stopped(q: queue.Queue, item, stop: threading.Event, poll_s: float = 0.1) -> bool:
+    """Put ``item`` on the bounded queue ``q``, waiting while it is full; False (not put) once ``stop`` is set.
+
+    The producer side of a reader/consumer thread pair: a consumer that stops early sets ``stop`` and the
+    producer gives up within ``poll_s`` seconds instead of blocking forever on a full queue.
+    """
+    while not stop.is_set():
+        try:
+            q.put(item, timeout=poll_s)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 class BatchPrefetcher:
     """``read_batches(uri, ...)`` on a reader thread feeding a queue of at most ``depth`` batches.
 
@@ -48,13 +63,7 @@ class BatchPrefetcher:
         return self
 
     def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_until_stopped(self._q, item, self._stop)
 
     def _produce(self) -> None:
         try:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Callable, Iterator, Sequence
 
 from dagster_gpu.corpus.listing import CorpusFile
-from dagster_gpu.corpus.prefetch import BatchPrefetcher
+from dagster_gpu.corpus.prefetch import BatchPrefetcher, put_until_stopped
 from dagster_gpu.corpus.readers import CorpusReadError
 from dagster_gpu.embedding.pipeline import EmbeddingResult
 from dagster_gpu.telemetry.nvml import TelemetrySummary
@@ -77,13 +77,7 @@ class EmbedAhead:
         return self
 
     def _put(self, item) -> bool:
-        while not self._stop.is_set():
-            try:
-                self._q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
+        return put_until_stopped(self._q, item, self._stop)
 
     def _run(self) -> None:
         upcoming: BatchPrefetcher | None = None
