@@ -336,6 +336,7 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
     ap.add_argument("--window-s", type=float, default=None,
                     help="faults fire within this many seconds of submission (default: 1.2 s per partition + 60)")
     ap.add_argument("--no-inject", action="store_true", help="no faults (a baseline)")
+    ap.add_argument("--retries", type=int, default=2, help="the asset's RetryPolicy max_retries")
     ap.add_argument("--only", default="", help="comma-separated subset of the faults (debugging; default: all)")
     ap.add_argument("--deadline-s", type=float, default=45.0,
                     help="the steps' dagster-gpu/deadline-seconds: tight, so a step goes to Slurm while it has a free "
@@ -369,7 +370,7 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
            "DAGSTER_GPU_K8S_KUBECONFIG": str(K8S_DIR / "executor.kubeconfig"),
            "DAGSTER_GPU_K8S_LOG": str(home / "k8s-backend.log"),
            "FAULTS_CORPUS": str(workdir / "corpus"), "FAULTS_OUTPUT": str(workdir / "out"),
-           "FAULTS_PER_RUN": str(a.per_run), "FAULTS_RETRIES": "2", "FAULTS_DEADLINE_S": f"{a.deadline_s:g}",
+           "FAULTS_PER_RUN": str(a.per_run), "FAULTS_RETRIES": str(a.retries), "FAULTS_DEADLINE_S": f"{a.deadline_s:g}",
            "FAULTS_SLURM_TIME_LIMIT": a.slurm_time_limit,
            "SLURM_TEST_WINDOW": "2", "SLURM_TEST_MAX_WINDOW": "10", "SLURM_TEST_TARGET": "0", "SLURM_TEST_POLL": "2",
            "SLURM_TEST_RECONCILE_WAIT": "60", "K8S_TEST_PENDING_TIMEOUT": "3600",

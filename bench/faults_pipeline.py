@@ -4,13 +4,15 @@ local Slurm cluster and the Kubernetes control plane, a RetryPolicy, and the mis
 Settings come from the environment, so every process (the bench, the daemon, run workers, array tasks,
 pods) agrees: ``FAULTS_CORPUS`` / ``FAULTS_OUTPUT`` (directories), ``FAULTS_PER_RUN``
 (max_partitions_per_run), ``FAULTS_RETRIES`` (RetryPolicy max_retries), ``FAULTS_DEADLINE_S`` (the
-step's ``dagster-gpu/deadline-seconds``; 0 = batch) and ``FAULTS_SLURM_TIME_LIMIT`` (sbatch ``--time``).
+step's ``dagster-gpu/deadline-seconds``; 0 = batch) and ``FAULTS_SLURM_TIME_LIMIT`` (sbatch ``--time``;
+the array tasks of a real cluster have one).
 
-Placement: each step asks for one whole GPU of >= 79 GiB (an A100-80GB on either cluster; no MIG slice).
-Slurm's GPU-hour is the cheaper (resources/ratecard.yaml), so the policy puts a step there while the slurm
-partition has a free GPU; with a deadline and a time limit on the array tasks, a busy slurm partition's
-start estimate (``sbatch --test-only``) misses the deadline and the step goes to a Kubernetes pod instead.
-That spreads one backfill over both clusters, which is what the fault benchmark needs.
+Placement: each step asks for one whole GPU of >= 79 GiB (an A100-80GB on either cluster; no MIG slice)
+with a tight deadline (bench/faults.py: 45 s). Slurm's GPU-hour is the cheaper (resources/ratecard.yaml) and
+its launch the quicker, so the policy puts a step there while the slurm partition has a free GPU (within its
+array throttle); when it has none, Slurm's queue estimate misses the deadline and, the deadline missed
+everywhere or met only there, the earliest finish wins: a Kubernetes pod on a free A100. That spreads one
+backfill over both clusters, which is what the fault benchmark needs.
 
 The Slurm and Kubernetes sections are those of tests/slurm_pipeline.py and tests/k8s_pipeline.py (their
 environment variables apply), with the executor's retries enabled and the local backend off.
