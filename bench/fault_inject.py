@@ -1,0 +1,276 @@
+"""The fault injector of bench/faults.py: fires each planned fault (bench/fault_plan.py) against the real,
+shared services, brings every service it touched back up, and records what it did.
+
+Each planned fault gets its own thread that sleeps until its moment; the acts themselves (a restart, a kill,
+a submission) are serialized by one lock, so two restarts never overlap and each outage is attributable.
+A fault whose moment comes after the backfill ended is recorded as not injected. A fault that needs
+something to hit (a running step worker, two running array tasks) waits for it while the backfill runs.
+
+Services are driven through their scripts' subcommands: ``resources/slurm/cluster.sh restart-slurmctld |
+stop-slurmdbd | start-slurmdbd``, ``resources/k8s/cluster.sh restart-apiserver | restart-etcd``,
+``resources/postgres/postgres.sh restart``; each script's output goes to ``<log_dir>/<fault>.log``. When an
+act fails, the service's ``start`` (idempotent) is run so no service is left down.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from fault_plan import PREEMPTED_TASKS, SLURMDBD_DOWN_S, PlannedFault
+
+REPO = Path(__file__).resolve().parents[1]
+SLURM_SH = REPO / "resources" / "slurm" / "cluster.sh"
+K8S_SH = REPO / "resources" / "k8s" / "cluster.sh"
+PG_SH = REPO / "resources" / "postgres" / "postgres.sh"
+
+
+@dataclass
+class InjectContext:
+    """What the injector needs from the driver.
+
+    Attributes:
+        t0: ``time.time()`` of the backfill's submission (fault moments count from it).
+        log_dir: where each act's script output goes.
+        slurm: a ``dagster_gpu.slurm.client.SlurmClient`` for the cluster.
+        our_array_job_ids: the job arrays of this benchmark (from its spool); may raise.
+        our_run_ids: run ids of this benchmark's instance; may raise (PostgreSQL down): retried.
+        restart_daemon: SIGKILLs dagster-daemon and blocks until a new one runs; returns its pid.
+        active: set while the backfill runs (faults fire only then).
+        say: progress logger.
+        seed: makes each fault's choices (which worker) reproducible.
+    """
+
+    t0: float
+    log_dir: Path
+    slurm: object
+    our_array_job_ids: Callable[[], list[int]]
+    our_run_ids: Callable[[], set[str]]
+    restart_daemon: Callable[[], int]
+    active: threading.Event
+    say: Callable[[str], None]
+    seed: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+
+class Injector:
+    """Fires ``plan`` (see module doc); ``records`` holds one dict per planned fault once it is done:
+    ``fault``, ``at_s`` (seconds after submission it fired, None if not), ``outage_s`` (until the component
+    answered again), ``back_at`` (epoch seconds of that), ``injected`` (bool), ``detail``, ``error``."""
+
+    def __init__(self, ctx: InjectContext, plan: list[PlannedFault]):
+        self.ctx = ctx
+        self.plan = plan
+        self.records: list[dict] = []
+        self._lock = threading.Lock()  # one act at a time
+        self._rec_lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, args=(f,), name=f"fault-{f.label}", daemon=True) for f in plan]
+
+    def start(self) -> None:
+        for t in self._threads:
+            t.start()
+
+    def join(self, timeout_s: float = 600.0) -> None:
+        """Wait for every fault thread (a slurmdbd outage in progress runs to its end and is undone)."""
+        deadline = time.monotonic() + timeout_s
+        for t in self._threads:
+            t.join(max(0.1, deadline - time.monotonic()))
+
+    def abort(self) -> None:
+        """Stop waiting for moments and targets (an outage in progress is still undone)."""
+        self.ctx.stop.set()
+
+    # ------------------------------------------------------------------------------------------------
+    def _run(self, f: PlannedFault) -> None:
+        ctx = self.ctx
+        rec: dict = {"fault": f.label, "planned_at_s": f.at_s, "at_s": None, "outage_s": None, "back_at": None,
+                     "injected": False, "detail": "", "error": None}
+        try:
+            if ctx.stop.wait(max(0.0, ctx.t0 + f.at_s - time.time())) or not ctx.active.is_set():
+                rec["detail"] = "not injected: the backfill had ended before its moment"
+                return
+            getattr(self, f"_{f.name}")(f, rec)
+        except Exception as e:  # noqa: BLE001 - recorded; the benchmark goes on
+            rec["error"] = f"{type(e).__name__}: {e}"
+            ctx.say(f"fault {f.label}: ERROR {rec['error']}")
+        finally:
+            with self._rec_lock:
+                self.records.append(rec)
+
+    def _fired(self, rec: dict) -> float:
+        now = time.time()
+        rec["at_s"] = round(now - self.ctx.t0, 1)
+        rec["injected"] = True
+        return now
+
+    def _back(self, rec: dict, fired: float) -> None:
+        rec["back_at"] = time.time()
+        rec["outage_s"] = round(rec["back_at"] - fired, 1)
+        self.ctx.say(f"fault {rec['fault']}: injected at {rec['at_s']} s, back after {rec['outage_s']} s; {rec['detail']}")
+
+    def _script(self, rec: dict, script: Path, *args: str, restore: tuple[str, ...] = ("start",)) -> None:
+        """Run ``script args`` (output appended to the fault's log); on failure run ``script restore`` so
+        the service is up again, then raise with the log's path."""
+        log = self.ctx.log_dir / f"{rec['fault']}.log"
+        with open(log, "ab") as out:
+            cp = subprocess.run(["bash", str(script), *args], stdout=out, stderr=subprocess.STDOUT, timeout=300)
+            if cp.returncode != 0:
+                subprocess.run(["bash", str(script), *restore], stdout=out, stderr=subprocess.STDOUT, timeout=600)
+                raise RuntimeError(f"{script.name} {' '.join(args)} exited {cp.returncode} (log {log}); ran '{' '.join(restore)}'")
+
+    # ------------------------------------------------------------------------------------- the faults
+    def _slurmctld_restart(self, f: PlannedFault, rec: dict) -> None:
+        with self._lock:
+            fired = self._fired(rec)
+            self._script(rec, SLURM_SH, "restart-slurmctld")
+            rec["detail"] = "slurmctld stopped and started; scontrol ping UP again"
+            self._back(rec, fired)
+
+    def _slurmdbd_down(self, f: PlannedFault, rec: dict) -> None:
+        with self._lock:
+            fired = self._fired(rec)
+            self._script(rec, SLURM_SH, "stop-slurmdbd")
+        try:
+            time.sleep(3)
+            cp = subprocess.run(["sacct", "--noheader", "-X", "-j", "1", "--format=JobID"], capture_output=True, text=True,
+                                env=self.ctx.slurm.env(), timeout=60)  # fmt: skip
+            said = (cp.stderr.strip() or cp.stdout.strip()).splitlines()
+            rec["detail"] = f"slurmdbd down {SLURMDBD_DOWN_S:.0f} s; sacct meanwhile: exit {cp.returncode}, {said[0] if said else '(no output)'!r}"
+            time.sleep(max(0.0, fired + SLURMDBD_DOWN_S - time.time()))
+        finally:
+            with self._lock:
+                self._script(rec, SLURM_SH, "start-slurmdbd")
+        self._back(rec, fired)
+
+    def _apiserver_restart(self, f: PlannedFault, rec: dict) -> None:
+        with self._lock:
+            fired = self._fired(rec)
+            self._script(rec, K8S_SH, "restart-apiserver")
+            rec["detail"] = "kube-apiserver stopped and started; /readyz ok again"
+            self._back(rec, fired)
+
+    def _etcd_restart(self, f: PlannedFault, rec: dict) -> None:
+        with self._lock:
+            fired = self._fired(rec)
+            self._script(rec, K8S_SH, "restart-etcd")
+            deadline = time.monotonic() + 120
+            while subprocess.run(["bash", str(K8S_SH), "status"], capture_output=True).returncode != 0:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the apiserver was not ready 120 s after etcd restarted")
+                time.sleep(0.5)
+            rec["detail"] = "etcd stopped and started (data kept); apiserver /readyz ok again"
+            self._back(rec, fired)
+
+    def _postgres_restart(self, f: PlannedFault, rec: dict) -> None:
+        with self._lock:
+            fired = self._fired(rec)
+            self._script(rec, PG_SH, "restart")
+            rec["detail"] = "pg_ctl restart -m fast: every connection dropped"
+            self._back(rec, fired)
+
+    def _daemon_restart(self, f: PlannedFault, rec: dict) -> None:
+        with self._lock:
+            fired = self._fired(rec)
+            pid = self.ctx.restart_daemon()
+            rec["detail"] = f"dagster-daemon SIGKILLed; new daemon pid {pid}"
+            self._back(rec, fired)
+
+    def _worker_sigkill(self, f: PlannedFault, rec: dict) -> None:
+        rng = random.Random(self.ctx.seed * 1000 + f.index)
+        while True:
+            victims = self._workers()
+            settled = [v for v in victims if v["age_s"] >= 15]  # past its model load: mid-range
+            pick = settled or victims
+            if pick:
+                with self._lock:
+                    v = rng.choice(sorted(pick, key=lambda v: v["pid"]))
+                    fired = self._fired(rec)
+                    try:
+                        os.kill(v["pid"], signal.SIGKILL)
+                    except ProcessLookupError:
+                        rec["injected"] = False
+                        continue
+                    rec["detail"] = (f"SIGKILL pid {v['pid']} ({v['backend']} step worker of run {v['run_id'][:8]}, "
+                                     f"{v['age_s']:.0f} s old)")
+                    rec["victim"] = v
+                    self._back(rec, fired)
+                    return
+            if not self._wait_more(2.0):
+                rec["detail"] = "not injected: no running step worker while the backfill ran"
+                return
+
+    def _slurm_preempt(self, f: PlannedFault, rec: dict) -> None:
+        client = self.ctx.slurm
+        while True:
+            running = self._running_tasks()
+            if len(running) >= PREEMPTED_TASKS:
+                with self._lock:
+                    total = client.gpus_in_partition(None)
+                    busy, _pending = client.gpu_queue(None)
+                    need = min(total, max(0, total - busy) + PREEMPTED_TASKS)
+                    fired = self._fired(rec)
+                    cp = client.run(["sbatch", "--parsable", "--account=research", "--qos=high", f"--gres=gpu:{need}",
+                                     "--job-name=faults-preemptor", "--output=/dev/null", "--wrap=sleep 20"], attempts=6)
+                    job = int(cp.stdout.strip().split(";")[0])
+                    rec["preemptor_job_id"] = job
+                    rec["running_before"] = running
+                    rec["detail"] = (f"high-QOS job {job} asked for {need} of {total} GPUs ({busy} busy) while "
+                                     f"{len(running)} of our array tasks ran")
+                # the preemption is over when the preemptor has run and left the queue
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    rows = [r for r in client.squeue([job]) if not r.state.final]
+                    if not rows:
+                        break
+                    time.sleep(2)
+                self._back(rec, fired)
+                return
+            if not self._wait_more(2.0):
+                rec["detail"] = f"not injected: never {PREEMPTED_TASKS} running array tasks while the backfill ran"
+                return
+
+    # ------------------------------------------------------------------------------------- targets
+    def _wait_more(self, s: float) -> bool:
+        return not self.ctx.stop.wait(s) and self.ctx.active.is_set()
+
+    def _workers(self) -> list[dict]:
+        """Running step workers of this benchmark's runs (Slurm tasks and the node agent's pods both run here)."""
+        from dagster_gpu.executor.backends.step_args import step_args_from_env
+
+        try:
+            ours = self.ctx.our_run_ids()
+        except Exception:  # noqa: BLE001 - PostgreSQL restarting: try again on the next poll
+            return []
+        out = []
+        for p in psutil.process_iter(["cmdline", "create_time"]):
+            cmd = p.info.get("cmdline") or []
+            if "execute_step" not in cmd:
+                continue
+            try:
+                env = p.environ()
+            except (psutil.AccessDenied, psutil.NoSuchProcess):
+                continue
+            args = step_args_from_env(env)
+            if args is None or args.run_id not in ours:
+                continue
+            backend = "slurm" if env.get("SLURM_JOB_ID") else "kubernetes"
+            out.append({"pid": p.pid, "run_id": args.run_id, "backend": backend,
+                        "age_s": round(time.time() - p.info["create_time"], 1)})
+        return out
+
+    def _running_tasks(self) -> list[str]:
+        try:
+            ids = self.ctx.our_array_job_ids()
+            rows = self.ctx.slurm.squeue(ids) if ids else []
+        except Exception:  # noqa: BLE001 - slurmctld restarting: try again
+            return []
+        return sorted(r.id.raw for r in rows if r.state.name == "RUNNING")
