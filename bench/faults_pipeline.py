@@ -24,7 +24,7 @@ import os
 
 import dagster as dg
 
-from dagster_gpu import CorpusSource, GpuRequest, TextFormat, asset_job, backfill_missing_schedule, embedding_asset
+from dagster_gpu import CorpusSource, GpuRequest, TextFormat, asset_job, backfill_missing_schedule, embedding_asset, unit_bills_sensor
 from dagster_gpu.executor.executor import gpu_executor
 from tests import k8s_pipeline, slurm_pipeline  # the code location's working directory is the repository
 
@@ -70,4 +70,5 @@ def executor_config() -> dict:
 
 
 defs = dg.Definitions(assets=[fault_embeddings], jobs=[fault_job], schedules=[missing_schedule],
+                      sensors=[unit_bills_sensor(executor_config(), minimum_interval_seconds=30)],
                       executor=gpu_executor.configured(executor_config()))

@@ -5,6 +5,7 @@ embedding pipeline import without Dagster):
     gpu_executor            the step-delegating executor (local | slurm | kubernetes | auto)
     embedding_asset         factory of a partitioned embedding asset (one partition per corpus file)
     corpus_sensor, backfill_missing_schedule, asset_job
+    unit_bills_sensor       bills the work units no run worker billed (e.g. slurmdbd was down as runs ended)
     CorpusSource, CorpusFile, TextFormat, GpuRequest, RateCard, Placement, Alternative
 """
 
@@ -23,6 +24,7 @@ _EXPORTS = {
     "corpus_sensor": "dagster_gpu.sensors",
     "embedding_asset": "dagster_gpu.assets",
     "gpu_executor": "dagster_gpu.executor.executor",
+    "unit_bills_sensor": "dagster_gpu.bills_sensor",
 }
 
 __all__ = sorted(_EXPORTS)

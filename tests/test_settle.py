@@ -236,3 +236,30 @@ def test_observation_writer_writes_nothing_for_an_empty_bill_or_a_bill_naming_no
 
     bill = UnitBill.nothing("never ran") if empty else UnitBill(1.0, 1.0, {}, env={"TASK": "x"})
     assert ObservationWriter().write(bill) == 0
+
+
+def test_unit_bills_sensor_bills_units_no_run_worker_billed(tmp_path):
+    """The sensor is the sweep that comes after the last run worker gave up waiting (slurmdbd was down)."""
+    import dagster as dg
+
+    from dagster_gpu.bills_sensor import unit_bills_sensor
+
+    backend, client = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
+    batch = _batch(backend, 29, 10, done=True)
+    rec = _Recorder()
+    sensor = unit_bills_sensor({"slurm": {}}, backends=lambda ctx: [backend], settler=lambda: Settler(write=rec))
+    with dg.instance_for_test() as instance:
+        first = sensor(dg.build_sensor_context(instance=instance))
+        again = sensor(dg.build_sensor_context(instance=instance))
+    assert first.skip_message == "units billed this tick: slurm: 10"
+    assert again.skip_message == "units billed this tick: slurm: 0"  # each unit billed once
+    assert sorted(int(b.env["TASK"]) for b in rec.bills) == list(range(10))
+    assert (backend.spool.batch_dir(batch) / "reconciled" / "all").exists()
+
+
+def test_unit_bills_sensor_builds_the_configured_remote_backends(tmp_path):
+    from dagster_gpu.bills_sensor import remote_backends
+
+    built = remote_backends({"slurm": {"spool_dir": str(tmp_path / "spool")}}, tmp_path)
+    assert [b.name for b in built] == ["slurm"]  # local is on by default but bills nothing
+    assert remote_backends({"local": {}}, tmp_path) == []
