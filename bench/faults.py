@@ -34,7 +34,6 @@ import sys
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -45,6 +44,7 @@ import psutil  # noqa: E402
 from dagster._core.execution.backfill import BulkActionStatus  # noqa: E402
 
 from dagster_gpu.backfill import BackfillRuns, DaemonProcess, backfill_progress, submit_asset_backfill  # noqa: E402
+import k8s_backfill  # noqa: E402
 from fault_inject import InjectContext, Injector  # noqa: E402
 from fault_plan import FAULTS, fault_table, first_after, kills_for, plan_faults, summary_keys, tally  # noqa: E402
 from make_corpus import make_corpus  # noqa: E402
@@ -79,41 +79,14 @@ def retrying(fn, what: str, timeout_s: float = 180.0):
 def make_home(pg: dict, max_runs: int) -> Path:
     """A fresh PostgreSQL database and DAGSTER_HOME (run queue of ``max_runs``, run monitoring on, the
     password an env reference) with a workspace.yaml loading bench/faults_pipeline.py."""
-    import psycopg2
+    return k8s_backfill.make_home(pg, max_runs, name="faults", pipeline=PIPELINE, extra_yaml=RUN_MONITORING)
 
-    db = f"bench_faults_{uuid.uuid4().hex[:10]}"
-    conn = psycopg2.connect(host=pg["DAGSTER_PG_HOST"], port=pg["DAGSTER_PG_PORT"], user=pg["DAGSTER_PG_USER"],
-                            password=pg["DAGSTER_PG_PASSWORD"], dbname=pg["DAGSTER_PG_DB"])
-    conn.autocommit = True
-    conn.cursor().execute(f"CREATE DATABASE {db}")
-    conn.close()
-    home = Path(tempfile.mkdtemp(prefix="dagster-faults-"))
-    (home / "dagster.yaml").write_text(f"""storage:
-  postgres:
-    postgres_db:
-      username: {{env: DAGSTER_PG_USER}}
-      password: {{env: DAGSTER_PG_PASSWORD}}
-      hostname: {{env: DAGSTER_PG_HOST}}
-      port: {{env: DAGSTER_PG_PORT}}
-      db_name: {db}
-      scheme: postgresql+psycopg2
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: QueuedRunCoordinator
-  config: {{max_concurrent_runs: {max_runs}, dequeue_interval_seconds: 1}}
-run_monitoring:
+
+RUN_MONITORING = """run_monitoring:
   enabled: true
   start_timeout_seconds: 300
   poll_interval_seconds: 10
-compute_logs:
-  module: dagster._core.storage.noop_compute_log_manager
-  class: NoOpComputeLogManager
-telemetry: {{enabled: false}}
-""")
-    (home / "workspace.yaml").write_text(
-        f"load_from:\n  - python_file:\n      relative_path: {PIPELINE}\n      working_directory: {REPO}\n"
-        "      location_name: faults\n")
-    return home
+"""
 
 
 class Daemons:

@@ -41,16 +41,19 @@ PIPELINE = REPO / "tests" / "k8s_pipeline.py"
 K8S_DIR = Path(os.environ.get("DAGSTER_GPU_K8S_DIR", "/tmp/dagster-gpu-k8s"))
 
 
-def make_home(pg: dict, max_runs: int) -> Path:
+def make_home(pg: dict, max_runs: int, *, name: str = "k8s", pipeline: Path = PIPELINE, extra_yaml: str = "") -> Path:
+    """A fresh PostgreSQL database ``bench_<name>_<hex>`` and DAGSTER_HOME (run queue of ``max_runs``, the
+    password an env reference, ``extra_yaml`` appended to dagster.yaml) with a workspace.yaml loading
+    ``pipeline`` as location ``<name>_bench``."""
     import psycopg2
 
-    db = f"bench_k8s_{uuid.uuid4().hex[:10]}"
+    db = f"bench_{name}_{uuid.uuid4().hex[:10]}"
     conn = psycopg2.connect(host=pg["DAGSTER_PG_HOST"], port=pg["DAGSTER_PG_PORT"], user=pg["DAGSTER_PG_USER"],
                             password=pg["DAGSTER_PG_PASSWORD"], dbname=pg["DAGSTER_PG_DB"])
     conn.autocommit = True
     conn.cursor().execute(f"CREATE DATABASE {db}")
     conn.close()
-    home = Path(tempfile.mkdtemp(prefix="dagster-k8s-bench-"))
+    home = Path(tempfile.mkdtemp(prefix=f"dagster-{name}-bench-"))
     (home / "dagster.yaml").write_text(f"""storage:
   postgres:
     postgres_db:
@@ -64,14 +67,14 @@ run_coordinator:
   module: dagster._core.run_coordinator
   class: QueuedRunCoordinator
   config: {{max_concurrent_runs: {max_runs}, dequeue_interval_seconds: 1}}
-compute_logs:
+{extra_yaml}compute_logs:
   module: dagster._core.storage.noop_compute_log_manager
   class: NoOpComputeLogManager
 telemetry: {{enabled: false}}
 """)
     (home / "workspace.yaml").write_text(
-        f"load_from:\n  - python_file:\n      relative_path: {PIPELINE}\n      working_directory: {REPO}\n"
-        "      location_name: k8s_bench\n")
+        f"load_from:\n  - python_file:\n      relative_path: {pipeline}\n      working_directory: {REPO}\n"
+        f"      location_name: {name}_bench\n")
     return home
 
 
