@@ -277,21 +277,6 @@ def preempted_tasks(slurm, array_ids: list[int]) -> list[str]:
     return sorted({r.id.raw for r in rows if r.state.name == "PREEMPTED"})
 
 
-def ensure_pg_secret(pg: dict) -> None:
-    from kubernetes import client, config
-    from kubernetes.client.rest import ApiException
-
-    core = client.CoreV1Api(config.new_client_from_config(config_file=str(K8S_DIR / "admin.kubeconfig")))
-    body = client.V1Secret(metadata=client.V1ObjectMeta(name="dagster-postgresql-secret"),
-                           string_data={"postgresql-password": pg["DAGSTER_PG_PASSWORD"]})
-    try:
-        core.create_namespaced_secret("dagster-gpu", body)
-    except ApiException as e:
-        if e.status != 409:
-            raise
-        core.replace_namespaced_secret("dagster-postgresql-secret", "dagster-gpu", body)
-
-
 def schedule_cli(action: str, workspace: Path, env: dict, log: Path) -> None:
     with open(log, "ab") as out:
         subprocess.run([sys.executable, "-m", "dagster", "schedule", action, SCHEDULE, "-w", str(workspace)],
@@ -335,7 +320,7 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
     make_corpus(workdir / "corpus", a.partitions, a.records)
     keys = sorted(p.name for p in (workdir / "corpus").iterdir())
     pg = pg_settings()
-    ensure_pg_secret(pg)
+    k8s_backfill.ensure_pg_secret(pg)
     home = make_home(pg, a.max_runs)
     spool = home / "slurm-spool"
     env = {**{k: v for k, v in pg.items() if k != "DAGSTER_PG_PASSWORD_FILE"},
