@@ -74,9 +74,11 @@ class RecordingClient:
         return 1001
 
 
-def _queue(spool: Spool, options: tuple[str, ...], created: float, key: str, to_come: int | None = None) -> None:
+def _queue(spool: Spool, options: tuple[str, ...], created: float, key: str, to_come: int | None = None,
+           partitions: int = 1) -> None:
     req = TaskRequest(
-        options=options, throttle=4, argv=("true",), env={}, run_id="r", step_key="s", partition_key=key, launches_to_come=to_come
+        options=options, throttle=4, argv=("true",), env={}, run_id="r", step_key="s", partition_key=key, launches_to_come=to_come,
+        partitions=partitions,
     )
     doc = {**req.__dict__, "options": list(options), "argv": ["true"], "env": {}, "created": created}
     write_json(spool.pending / f"{time.time_ns():020d}-{req.launch_id}.json", doc)
@@ -122,19 +124,22 @@ def test_hold_cap_must_fit_in_the_submit_timeout(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "created, to_come, due, reason_has",
+    "created, to_come, partitions, due, reason_has",
     [
-        ([100.0, 108.0], 5, False, "5 more run(s) of the backfill can start: holding 2 launch(es) for an array of 4"),
-        ([100.0, 108.0], 0, True, "no launch for 2.0s"),  # the backfill has no more runs to start
-        ([100.0, 108.0], None, True, "no launch for 2.0s"),  # not a backfill: the quiet gap alone
-        ([100.0, 101.0, 102.0, 108.0], 5, True, "no launch for 2.0s"),  # the target of 4 is reached
-        ([80.0, 90.0], 5, True, "no launch for 20.0s"),  # launches stopped coming: no hold past max_window_s
-        ([0.0, 108.0], 5, True, "oldest launch waited 110.0s (cap 100s)"),
+        ([100.0, 108.0], 5, None, False, "5 more run(s) of the backfill can start: holding 2 launch(es) (2 partition(s)) for an array of 4"),
+        ([100.0, 108.0], 0, None, True, "no launch for 2.0s"),  # the backfill has no more runs to start
+        ([100.0, 108.0], None, None, True, "no launch for 2.0s"),  # not a backfill: the quiet gap alone
+        ([100.0, 101.0, 102.0, 108.0], 5, None, True, "no launch for 2.0s"),  # the target of 4 is reached
+        ([80.0, 90.0], 5, None, True, "no launch for 20.0s"),  # launches stopped coming: no hold past max_window_s
+        ([0.0, 108.0], 5, None, True, "oldest launch waited 110.0s (cap 100s)"),
+        ([100.0, 108.0], 5, 3, False, "holding 2 launch(es) (3 partition(s))"),  # small ranges: still below 4
+        ([108.0], 5, None, False, "holding 1 launch(es) (1 partition(s))"),
+        ([108.0], 5, 500, True, "no launch for 2.0s"),  # a ranged launch of 500 partitions: the quiet gap only
     ],
 )
-def test_backfill_hold(created, to_come, due, reason_has):
+def test_backfill_hold(created, to_come, partitions, due, reason_has):
     rule = WindowRule(window_s=2.0, max_window_s=15.0, hard_cap_s=100.0, target_tasks=4)
-    d = decide_flush(rule, 110.0, created, chunk=100, backlog=None, throttle=4, to_come=to_come)
+    d = decide_flush(rule, 110.0, created, chunk=100, backlog=None, throttle=4, to_come=to_come, partitions=partitions)
     assert d.due == due and reason_has in d.reason, d
 
 
@@ -148,3 +153,14 @@ def test_backfill_hold_uses_the_newest_launch_and_can_be_turned_off(tmp_path):
     assert co.flush_due() == 0 and "3 more run(s)" in next(iter(co.last_decisions.values())).reason
     off = ArrayCoalescer(spool, client, python="python3", rule=WindowRule(window_s=2.0, target_tasks=0))
     assert off.flush_due() == 1 and client.calls[0][-4].startswith("--array=0-1%4")
+
+
+def test_a_ranged_runs_launch_is_not_held_for_the_next_run(tmp_path):
+    spool = Spool(tmp_path / "spool")
+    client = RecordingClient()
+    co = ArrayCoalescer(spool, client, python="python3", rule=WindowRule(window_s=2.0, target_tasks=10))
+    now = time.time()
+    _queue(spool, ("--gres=gpu:1",), now - 3, "r0", to_come=1, partitions=500)  # the unit of a 500-partition run
+    assert co.flush_due() == 1 and client.calls[0][-4] == "--array=0%4"
+    _queue(spool, ("--gres=gpu:1",), now - 3, "p0", to_come=1, partitions=1)  # a one-partition run: held
+    assert co.flush_due() == 0 and "(1 partition(s)) for an array of 10" in next(iter(co.last_decisions.values())).reason

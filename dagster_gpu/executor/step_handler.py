@@ -31,6 +31,7 @@ from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHandler, StepHandlerContext
 
 from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.connections import hold_storage_connections
 from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerStatus
 from dagster_gpu.executor.backfill_hint import launches_to_come
@@ -67,6 +68,7 @@ class GpuStepHandler(StepHandler):
         self._backends: dict[str, Backend] = {}
         self._launched: dict[tuple[str, str, int], tuple[str, Handle, int | None]] = {}
         self._lock = threading.Lock()
+        self._pooled = False
         self.settler = Settler()
 
     @property
@@ -135,6 +137,8 @@ class GpuStepHandler(StepHandler):
         step_key = self._step_key(ctx)
         run = ctx.dagster_run
         keys = self.partition_keys(ctx, step_key)
+        if not self._pooled:  # this run worker polls the run's events for the whole unit: hold its connections
+            self._pooled = hold_storage_connections(ctx.instance, len(keys))
         attempt = self._attempt(ctx, step_key)
         request = self.request_for(ctx, step_key)
         placement = self.place(request, ctx, step_key, keys)

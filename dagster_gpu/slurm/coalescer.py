@@ -80,6 +80,7 @@ class TaskRequest:
         run_id, step_key, partition_key, attempt: for logs, errors and reconciliation.
         launches_to_come: more launches the run's backfill is about to make (None: not a backfill);
             see :mod:`dagster_gpu.executor.backfill_hint`.
+        partitions: partitions the launched unit embeds (a ranged run's range; 1 otherwise).
     """
 
     options: tuple[str, ...]
@@ -91,6 +92,7 @@ class TaskRequest:
     partition_key: str | None
     attempt: int = 0
     launches_to_come: int | None = None
+    partitions: int = 1
     launch_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: float = field(default_factory=time.time)
 
@@ -212,7 +214,8 @@ class ArrayCoalescer:
                 created = [d["created"] for _, d in members]
                 throttle = int(members[0][1]["throttle"] or 0)
                 newest = max(members, key=lambda m: m[1]["created"])[1]
-                kw = {"throttle": throttle, "to_come": newest.get("launches_to_come")}
+                kw = {"throttle": throttle, "to_come": newest.get("launches_to_come"),
+                      "partitions": sum(int(d.get("partitions", 1)) for _, d in members)}
                 decision = decide_flush(self.rule, time.time(), created, cap, None, **kw)
                 if decision.due:  # would the backlog hold it? (asked only now: it may read a poll)
                     backlog = backlog_by_group()

@@ -15,7 +15,7 @@ Config (``execution: config: slurm:``)::
       coalesce_max_window_seconds: 15.0        # …or the first of them has waited this long
       coalesce_backlog_tasks: 4                # hold launches while our earlier arrays have this many pending tasks
                                                # (default: the array throttle; 0: never hold)
-      coalesce_target_tasks: 10                # while a backfill is starting more runs, hold launches until this many wait
+      coalesce_target_tasks: 10                # while a backfill is starting more runs, hold launches until they carry this many partitions
                                                # (keep it below the run queue's max_concurrent_runs; 0: never)
       coalesce_hold_max_seconds: 120.0         # longest any launch is held (must stay under submit_timeout_seconds)
       max_tasks_per_array: 1000                # cap per sbatch (MaxArraySize from the controller also applies)
@@ -142,8 +142,8 @@ class SlurmSettings:
     coalesce_backlog_tasks: int | None = setting(None, "Hold launches while our earlier arrays have this many pending "
                                                        "tasks (default: the array throttle; 0: never).")
     coalesce_hold_max_seconds: float = setting(120.0, "Longest hold (s) of a launch; below submit_timeout_seconds.")
-    coalesce_target_tasks: int = setting(10, "While a backfill is starting more runs, hold launches until this many "
-                                             "wait (0: never).")
+    coalesce_target_tasks: int = setting(10, "While a backfill is starting more runs, hold launches until they "
+                                             "carry this many partitions (0: never).")
     max_tasks_per_array: int | None = setting(None, "Tasks per sbatch cap (MaxArraySize also applies).")
     poll_interval_seconds: float = setting(2.0, "Seconds between squeue+sacct polls.")
     shards_per_gpu: int = setting(4, "shard GRES per GPU (gres.conf).")
@@ -317,6 +317,7 @@ class SlurmBackend(Backend):
             partition_key=launch.partition_key,
             attempt=launch.attempt,
             launches_to_come=launch.launches_to_come,
+            partitions=max(1, len(launch.partition_keys)),
         )
         a = self.coalescer.submit(req)
         return {

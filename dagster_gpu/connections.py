@@ -1,4 +1,4 @@
-"""A work unit keeps its Dagster storage connections open while it writes its partitions' events.
+"""Processes that work through a ranged run keep their Dagster storage connections open.
 
 Dagster's PostgreSQL storages open a new connection for every query (SQLAlchemy ``NullPool``, so that idle
 processes hold none). A unit writes, per partition, a log line, a materialization and five check evaluations,
@@ -6,6 +6,11 @@ each several queries: profiled on this host (2 cores, PostgreSQL over TCP with p
 unit opened 1,097 connections, 14.5 s of its 110.8 s (``bench/profile_unit.py``). ``DagsterInstance.
 optimize_for_webserver`` is Dagster's own switch to a small pool (``dagster-webserver`` calls it at start):
 one connection per storage held open for the unit's life, ``max_overflow`` more under concurrent use.
+
+The run worker of a ranged run does the same: its executor polls the run's events every ``sleep_seconds``
+and its settler reads and writes bills, for the whole unit. On the 1,000-partition benchmark
+(``bench/ranged_backfill.py``, 2 ranged runs) PostgreSQL saw 9,884 sessions in about 10 minutes before the
+run workers were pooled, each a forked backend and a password exchange (see bench/RESULTS.md for after).
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ POOL_RECYCLE_S = 3600
 
 
 def hold_storage_connections(instance: dg.DagsterInstance, partitions: int, max_overflow: int = 2) -> bool:
-    """Pool ``instance``'s storage connections when a unit writes events for more than one partition.
+    """Pool ``instance``'s storage connections when this process works for more than one partition (a unit
+    of a ranged run, or the run worker driving it).
 
     Returns True when the instance was switched (a no-op on storages without a pool, e.g. SQLite).
-    The unit's process holds at most ``1 + max_overflow`` connections per storage (run, event log, schedule)
+    The process holds at most ``1 + max_overflow`` connections per storage (run, event log, schedule)
     until it exits, instead of one per query.
     """
     if partitions <= 1:
