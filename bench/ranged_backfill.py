@@ -85,6 +85,18 @@ def run_loop(corpus: Path, out: Path) -> dict:
     return {"variant": "loop", "makespan_s": round(wall, 1), "rows": int(rows), "loop_embed_s": round(float(encode_s), 1)}
 
 
+def all_records(fetch, records_filter) -> list:
+    """Every record ``fetch`` (``instance.fetch_materializations`` / ``fetch_observations``) returns for
+    ``records_filter``, in pages (Dagster refuses more than 10,000 records per call)."""
+    out, cursor = [], None
+    while True:
+        page = fetch(records_filter, limit=5000, cursor=cursor)
+        out.extend(page.records)
+        if not page.has_more:
+            return out
+        cursor = page.cursor
+
+
 def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_runs: int, workdir: Path) -> dict:
     home, env = H.make_dagster_home(max_concurrent_runs=max_runs)
     env = {**env, "RANGED_TEST_BACKEND": "slurm", "RANGED_TEST_CORPUS": str(corpus), "RANGED_TEST_OUTPUT": str(workdir / variant),
@@ -119,7 +131,7 @@ def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_
             # and the daemon that write them still run
             deadline = time.time() + 300
             while True:
-                obs = instance.fetch_observations(dg.AssetRecordsFilter(asset_key=asset.key), limit=len(keys) + 10).records
+                obs = all_records(instance.fetch_observations, dg.AssetRecordsFilter(asset_key=asset.key))
                 if len(obs) >= len(keys) or time.time() > deadline:
                     break
                 time.sleep(5)
@@ -127,7 +139,7 @@ def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_
         # 30 s tick, dagster._daemon.controller.DEFAULT_DAEMON_INTERVAL_SECONDS; both are reported)
         ends = [r.end_time for r in instance.get_run_records(dg.RunsFilter.for_backfill(bid)) if r.end_time]
         makespan = max(ends) - t0 if ends else marked_done
-        recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset.key), limit=len(keys) + 10).records
+        recs = all_records(instance.fetch_materializations, dg.AssetRecordsFilter(asset_key=asset.key))
         mds = [{k: v.value for k, v in r.asset_materialization.metadata.items()} for r in recs]
         sched = [r.asset_observation.metadata.get("billing/gpu_seconds") for r in obs]
     # what the scheduler billed (sacct, split over each unit's partitions by the observation writer)

@@ -54,9 +54,14 @@ def unit_bills_sensor(
         root = context.instance.root_directory if context.instance.is_persistent else "."
         return remote_backends(executor_config, Path(root) / "dagster_gpu" / "local-workers")
 
+    held: list[Settler] = []  # one settler for the code server's life: it keeps bills whose write failed
+
     @dg.sensor(name=name, minimum_interval_seconds=minimum_interval_seconds, default_status=default_status)
     def _sensor(context: dg.SensorEvaluationContext):
-        done = sweep_unit_bills((backends or _backends)(context), settler())
+        if not held:
+            held.append(settler())
+        held[0].pass_once()  # bills released on an earlier tick whose write failed
+        done = sweep_unit_bills((backends or _backends)(context), held[0])
         billed = ", ".join(f"{n}: {k}" for n, k in done.items()) or "no remote backend configured"
         return dg.SkipReason(f"units billed this tick: {billed}")
 

@@ -113,6 +113,35 @@ def test_slurm_settler_writes_each_task_bill_once_and_the_sweep_finds_other_proc
     assert not any(a[0] == "scancel" for a in client.argvs)
 
 
+class _FlakyWriter(_Recorder):
+    """Fails the first ``failures`` writes (the Dagster storage restarting), then records."""
+
+    def __init__(self, failures: int):
+        super().__init__()
+        self.failures = failures
+
+    def __call__(self, bill: UnitBill) -> int:
+        if self.failures:
+            self.failures -= 1
+            raise ConnectionError("server closed the connection unexpectedly")
+        return super().__call__(bill)
+
+
+def test_a_bill_whose_write_failed_after_the_release_is_written_on_the_next_pass(tmp_path):
+    backend, _ = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
+    batch = _batch(backend, 29, 10, done=True)
+    rec = _FlakyWriter(failures=2)
+    settler = Settler(write=rec)
+    assert settler.settle(backend, _slurm_handle(batch, 29, 3)) is False  # released, the write failed
+    assert settler.tracked() == 1 and rec.bills == []
+    assert Settler(write=_Recorder()).settle(backend, _slurm_handle(batch, 29, 3)) is True  # nobody else bills it
+    assert settler.sweep(backend) == 8  # 9 unsettled, the first write fails: that one is kept and tracked
+    assert settler.tracked() == 2 and len(rec.bills) == 8
+    assert settler.pass_once() == 0  # both owed bills written, without asking Slurm or releasing again
+    assert sorted(int(b.env["TASK"]) for b in rec.bills) == list(range(10))
+    assert sum(b.gpu_seconds for b in rec.bills) == 30.0
+
+
 def test_slurm_task_over_its_wait_limit_is_abandoned_by_state_and_cancelled_by_the_settler(tmp_path):
     backend, client = _slurm(tmp_path, "squeue_held.txt", "sacct_held.txt", wait_limits_seconds={"held": 60.0})
     batch = _batch(backend, 35, 3)

@@ -10,7 +10,10 @@ the backend contract (``dagster_gpu.executor.backends.base``), in this order:
 3. ``Backend.release(handle)``: the end-of-unit cleanup (the Kubernetes pod's graceful delete with its UID
    precondition; the Slurm spool's O_EXCL marker); True for exactly one caller across processes;
 4. that caller writes the bill with :class:`~dagster_gpu.executor.observations.ObservationWriter`: one
-   AssetObservation per partition of the unit (``billing/source``: ``sacct`` or ``pod-interval``).
+   AssetObservation per partition of the unit (``billing/source``: ``sacct`` or ``pod-interval``), one
+   storage batch. A write that fails after the release (the Dagster storage restarting at that moment)
+   keeps the bill in this settler, which tracks the unit and writes it on its next pass; only this
+   process's death in between loses it.
 
 When: the step handler tracks every handle it launches or re-attaches to (:meth:`Settler.track`). The step
 handler stops health-checking a step once its outcome is in the event log, usually before its worker
@@ -60,6 +63,7 @@ class Settler:
         self._tracked: dict[tuple[str, str], tuple[Backend, Handle]] = {}
         self._backends: dict[str, Backend] = {}
         self._terminated: set[tuple[str, str]] = set()
+        self._owed: dict[tuple[str, str], UnitBill] = {}  # released here, not written yet (a failed write)
         self._lock = threading.Lock()
         # One settle at a time: the thread and the exit hook may both reach a unit; holding it through the
         # write also makes the exit hook wait for a bill the thread is writing.
@@ -90,26 +94,34 @@ class Settler:
         for it (settled here or by another process), False while it runs or its bill is not in yet.
         ``ended``: the backend already said it ended (``unsettled``): skip the state. Errors are logged:
         billing never breaks a run."""
+        key = _key(backend, handle)
         with self._settling:
             try:
-                if not ended:
-                    st = backend.state(handle)
-                    if st.status not in TERMINAL:
-                        return False
-                    key = _key(backend, handle)
-                    if st.abandoned and key not in self._terminated:
-                        self._terminated.add(key)
-                        backend.terminate(handle)
-                bill = backend.accounting(handle)
+                bill = self._owed.pop(key, None)
                 if bill is None:
-                    return False
-                if backend.release(handle) and not bill.empty:
-                    n = self._write(bill)
-                    self.written += n
-                    log.info("%s unit %s settled: %d observation(s)", backend.name, dict(handle), n)
+                    if not ended:
+                        st = backend.state(handle)
+                        if st.status not in TERMINAL:
+                            return False
+                        if st.abandoned and key not in self._terminated:
+                            self._terminated.add(key)
+                            backend.terminate(handle)
+                    bill = backend.accounting(handle)
+                    if bill is None:
+                        return False
+                    if not backend.release(handle) or bill.empty:
+                        return True
+                self._owed[key] = bill  # until written: released here, nobody else will write it
+                n = self._write(bill)
+                del self._owed[key]
+                self.written += n
+                log.info("%s unit %s settled: %d observation(s)", backend.name, dict(handle), n)
                 return True
             except Exception:  # noqa: BLE001 - billing never breaks a run; the unit is tried again
                 log.exception("settling the %s unit %s failed", backend.name, dict(handle))
+                if key in self._owed:  # a unit found by a sweep is not tracked: track it so the bill is retried
+                    with self._lock:
+                        self._tracked.setdefault(key, (backend, handle))
                 return False
 
     def pass_once(self) -> int:
