@@ -33,3 +33,25 @@ def test_one_partition_keeps_dagsters_null_pool_a_range_holds_one_connection(pg_
         assert hold_storage_connections(instance, 2) is True
         assert _connections_opened(instance, 10) == 1  # pooled: opened once, reused
         assert instance.get_records_for_run("no-such-run").records == []
+
+
+def test_a_pooled_connection_the_server_dropped_is_replaced_not_handed_to_dagster(pg_home, pg):
+    """PostgreSQL restarting (or an admin terminating backends) drops the pooled connections; the next query
+    gets a fresh one (bench/faults.py saw ranged runs fail on the dead ones)."""
+    import psycopg2
+
+    with dg.DagsterInstance.get() as instance:
+        assert hold_storage_connections(instance, 2) is True
+        assert instance.get_records_for_run("no-such-run").records == []  # the pool now holds a connection
+        assert instance.get_runs_count() == 0
+        db = instance.event_log_storage._engine.url.database  # noqa: SLF001
+        admin = psycopg2.connect(host=pg["DAGSTER_PG_HOST"], port=pg["DAGSTER_PG_PORT"], user=pg["DAGSTER_PG_USER"],
+                                 password=pg["DAGSTER_PG_PASSWORD"], dbname=pg["DAGSTER_PG_DB"])
+        admin.autocommit = True
+        with admin.cursor() as cur:
+            cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s AND usename = current_user"
+                        " AND pid <> pg_backend_pid()", (db,))
+            assert cur.fetchone()[0] >= 1  # the pooled connections were there, and are gone now
+        admin.close()
+        assert instance.get_records_for_run("no-such-run").records == []
+        assert instance.get_runs_count() == 0
