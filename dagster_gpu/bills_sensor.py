@@ -12,6 +12,7 @@ the scheduler has it, whether or not another run ever comes. Exactly one bill pe
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
@@ -54,14 +55,13 @@ def unit_bills_sensor(
         root = context.instance.root_directory if context.instance.is_persistent else "."
         return remote_backends(executor_config, Path(root) / "dagster_gpu" / "local-workers")
 
-    held: list[Settler] = []  # one settler for the code server's life: it keeps bills whose write failed
+    # One settler for the code server's life: it keeps the bills whose write failed, for the next tick.
+    the_settler = functools.cache(settler)
 
     @dg.sensor(name=name, minimum_interval_seconds=minimum_interval_seconds, default_status=default_status)
     def _sensor(context: dg.SensorEvaluationContext):
-        if not held:
-            held.append(settler())
-        held[0].pass_once()  # bills released on an earlier tick whose write failed
-        done = sweep_unit_bills((backends or _backends)(context), held[0])
+        the_settler().pass_once()  # bills released on an earlier tick whose write failed
+        done = sweep_unit_bills((backends or _backends)(context), the_settler())
         billed = ", ".join(f"{n}: {k}" for n, k in done.items()) or "no remote backend configured"
         return dg.SkipReason(f"units billed this tick: {billed}")
 

@@ -113,6 +113,20 @@ def test_slurm_settler_writes_each_task_bill_once_and_the_sweep_finds_other_proc
     assert not any(a[0] == "scancel" for a in client.argvs)
 
 
+def test_the_sweep_polls_for_job_arrays_no_process_saw_end(tmp_path):
+    """Every run worker exited while sacct had no final records (slurmdbd down), so no poll marked the job
+    array done; the bills sensor's sweep is then the only process left to poll, and it must."""
+    backend, client = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
+    batch = _batch(backend, 29, 10)  # not marked done
+    rec = _Recorder()
+    assert len(backend.unsettled()) == 10
+    assert (backend.spool.batch_dir(batch) / "done").exists()
+    assert [a[0] for a in client.argvs] == ["squeue", "sacct"]  # one poll serves the marking and the bills
+    assert Settler(write=rec).sweep(backend) == 10
+    assert sum(b.gpu_seconds for b in rec.bills) == 30.0
+    assert backend.unsettled() == [] and len(client.argvs) == 2  # nothing active: no more polls
+
+
 class _FlakyWriter(_Recorder):
     """Fails the first ``failures`` writes (the Dagster storage restarting), then records."""
 
@@ -274,7 +288,7 @@ def test_unit_bills_sensor_bills_units_no_run_worker_billed(tmp_path):
     from dagster_gpu.bills_sensor import unit_bills_sensor
 
     backend, client = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
-    batch = _batch(backend, 29, 10, done=True)
+    batch = _batch(backend, 29, 10)  # no poll saw it end: sacct failed until the run workers had exited
     rec = _Recorder()
     sensor = unit_bills_sensor({"slurm": {}}, backends=lambda ctx: [backend], settler=lambda: Settler(write=rec))
     with dg.instance_for_test() as instance:

@@ -448,12 +448,18 @@ class SlurmBackend(Backend):
 
     def unsettled(self) -> list[Handle]:
         """Tasks of finished job arrays in the spool (any process's) whose bill nobody wrote, as handles;
-        one shared poll covers them all, so their ``accounting`` reads it. Empty when Slurm cannot be asked."""
-        tasks = unsettled_tasks(self.spool)
-        if not tasks:
-            return []
-        clusters = {int(sub["array_job_id"]): sub.get("cluster") for _, sub, _ in tasks}
+        one shared poll covers them all, so their ``accounting`` reads it. Empty when Slurm cannot be asked.
+
+        A job array counts as finished once a poll saw every task final (``done``); while any is not
+        marked yet, the shared poll is refreshed first (at most once per ``poll_interval_seconds``): when
+        every run worker exited before sacct had the final records (slurmdbd down), nobody else polls."""
         try:
+            if self.spool.active_batches():
+                self.poller.poll(set())  # covers every active job array; marks the final ones done
+            tasks = unsettled_tasks(self.spool)
+            if not tasks:
+                return []
+            clusters = {int(sub["array_job_id"]): sub.get("cluster") for _, sub, _ in tasks}
             snap = self.poller.poll(set(clusters), clusters=clusters)
         except (SlurmError, TimeoutError) as e:
             log.info("no sweep of finished Slurm tasks: %s", e)
