@@ -12,6 +12,12 @@ checked against the raw ones (cosine, every row). Besides wall-clock rates, each
 is recorded (texts per CPU-second): on a host shared with other work that ratio is the steadier one.
 ``--dtype float16|bfloat16`` loads the model in that precision for both sides (CUDA only).
 
+``--host-only`` measures the host side alone: the model's ``forward`` is replaced on both sides by one that
+returns zero vectors, so what is timed is everything a device waits for (reading, tokenizing, sorting,
+padding, copying, reordering, hashing, writing for the pipeline; tokenizing, sorting and copying for
+``encode``). Its texts/s is the most a device of any speed could be fed by this host with these threads;
+the GPU is busy at most (device time per text) × (that rate). No vectors are compared in this mode.
+
 ``--e2e-texts N`` runs instead one ``embed_partition`` call over N short texts (fortune records of at most
 ``--short-max-chars`` characters, cycled), with NVML sampling: the issue's "1 M short texts through one
 step" figure.
@@ -145,6 +151,38 @@ def _cuda_sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+class StubForward:
+    """``--host-only``: replaces ``st``'s forward by one returning zero vectors [batch, dim] on the inputs'
+    device. With ``launch_ops`` > 0 it first runs that many tiny torch operations on the calling thread,
+    timed: what an eager forward costs the thread that launches it on a GPU (each op is dispatched from
+    Python, holding the GIL; the device runs it later). ``seconds`` holds each call's launch time, so the
+    launches made while the host side's other threads run can be compared with those made alone."""
+
+    def __init__(self, st, dim: int, launch_ops: int = 0):
+        import torch
+
+        self.dim, self.launch_ops = dim, launch_ops
+        self.dtype = next(st.parameters()).dtype
+        self.seconds: list[float] = []
+        self._x = torch.zeros(8)
+        st.forward = self
+
+    def __call__(self, features, **kwargs):
+        import torch
+
+        if self.launch_ops:
+            t0, x = time.perf_counter(), self._x
+            for _ in range(self.launch_ops):
+                x = x + 1
+            self.seconds.append(time.perf_counter() - t0)
+        ids = features["input_ids"]
+        return {**features, "sentence_embedding": torch.zeros((ids.shape[0], self.dim), dtype=self.dtype, device=ids.device)}
+
+    def take(self) -> list[float]:
+        out, self.seconds = self.seconds, []
+        return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="auto", help="auto | cpu | cuda (default auto: cuda when present)")
@@ -170,6 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", type=float, default=None, help="ratio target (default 1.3 on CPU, 2.0 on CUDA)")
     ap.add_argument("--e2e-texts", type=int, default=0, help="instead of the A/B: one embed_partition call on this many short texts")
     ap.add_argument("--short-max-chars", type=int, default=80, help="--e2e-texts: longest record kept (characters)")
+    ap.add_argument("--host-only", action="store_true", help="replace the model's forward by zero vectors on both sides")
+    ap.add_argument("--launch-ops", type=int, default=160,
+                    help="--host-only: tiny torch ops per forward, timed (an eager MiniLM-L6 forward dispatches ~160)")
     ap.add_argument("--json", dest="json_out", default=None, help="write the results as JSON to this file")
     ap.add_argument("--workdir", default=None, help="where the corpus and outputs go (default a temp dir)")
     args = ap.parse_args(argv)
@@ -198,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     t_load = time.perf_counter() - t_load
     st = lm.model
+    stub = StubForward(st, lm.dim, args.launch_ops) if args.host_only else None
     fmt = TextFormat(format="text", record_separator_line="%")
 
     tmp = tempfile.TemporaryDirectory(prefix="embed-bench-", dir=args.workdir)
@@ -260,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         order = ("pipeline", "raw") if rep % 2 == 0 else ("raw", "pipeline")
         for side in order:
             _cuda_sync(lm.device)
+            if stub:
+                stub.take()
             cpu0 = time.process_time()
             with _Phase(sampler_cls, args.nvml_interval) as ph:
                 if side == "raw":
@@ -272,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
             cpu_s = time.process_time() - cpu0
             row = {"rep": rep + 1, "side": side, "texts": count, "seconds": ph.seconds,
                    "texts_per_s": count / ph.seconds, "cpu_seconds": cpu_s, "texts_per_cpu_s": count / cpu_s}
+            launches = stub.take() if stub else []
+            if launches:
+                row["launch_ms_median"] = 1e3 * statistics.median(launches)
+                row["launch_ms_p90"] = 1e3 * sorted(launches)[int(0.9 * (len(launches) - 1))]
+                row["launches"] = len(launches)
             if side == "pipeline":
                 row["pipeline_reported_seconds"] = res.seconds
                 row["truncated_rows"] = res.truncated_rows
@@ -298,8 +347,11 @@ def main(argv: list[str] | None = None) -> int:
     tbl = pq.read_table(check)
     pv = np.asarray(tbl.column("vector").combine_chunks().flatten().to_numpy(zero_copy_only=False)).reshape(-1, lm.dim)
     ids = tbl.column("record_id").to_numpy()
-    cos = np.sum(pv * raw_vecs, axis=1) / (np.linalg.norm(pv, axis=1) * np.linalg.norm(raw_vecs, axis=1))
-    cos_min = float(cos.min())
+    if args.host_only:
+        cos_min = None  # zero vectors: nothing to compare
+    else:
+        cos = np.sum(pv * raw_vecs, axis=1) / (np.linalg.norm(pv, axis=1) * np.linalg.norm(raw_vecs, axis=1))
+        cos_min = float(cos.min())
 
     med = {s: statistics.median(r["texts_per_s"] for r in rows if r["side"] == s) for s in ("pipeline", "raw")}
     ratio = med["pipeline"] / med["raw"]
@@ -341,9 +393,20 @@ def main(argv: list[str] | None = None) -> int:
     print("-" * len(head))
     print(f"median texts/s: pipeline {med['pipeline']:.1f}, raw encode {med['raw']:.1f}")
     print(f"ratio pipeline/raw (medians): {ratio:.3f}   per repetition: {', '.join(f'{x:.3f}' for x in pair_ratios)}"
-          f"   target >= {target:g}: {'MET' if ratio >= target else 'NOT MET'}")
+          + ("" if args.host_only else f"   target >= {target:g}: {'MET' if ratio >= target else 'NOT MET'}"))
     print(f"per CPU-second (medians): pipeline {med_cpu['pipeline']:.1f}, raw {med_cpu['raw']:.1f}, ratio {cpu_ratio:.3f}")
-    print(f"vectors: pipeline vs raw encode, min cosine {cos_min:.6f} over {len(cos)} rows; record ids 0..{int(ids.max())}")
+    launch = {}
+    if any("launch_ms_median" in r for r in rows):
+        for side in ("pipeline", "raw"):
+            launch[side] = statistics.median(r["launch_ms_median"] for r in rows if r["side"] == side)
+        p90 = {side: statistics.median(r["launch_ms_p90"] for r in rows if r["side"] == side) for side in launch}
+        print(f"launch time of one forward ({args.launch_ops} tiny ops on the calling thread; medians of the repetitions'"
+              f" medians): pipeline {launch['pipeline']:.3f} ms (p90 {p90['pipeline']:.3f}), raw encode (nothing else"
+              f" running) {launch['raw']:.3f} ms (p90 {p90['raw']:.3f}): stall ×{launch['pipeline'] / launch['raw']:.2f}")
+    if cos_min is None:
+        print(f"host side only (--host-only: the model's forward returns zeros); record ids 0..{int(ids.max())}")
+    else:
+        print(f"vectors: pipeline vs raw encode, min cosine {cos_min:.6f} over {len(pv)} rows; record ids 0..{int(ids.max())}")
     util = {}
     if has_gpu:
         for s in ("pipeline", "raw"):
@@ -364,7 +427,8 @@ def main(argv: list[str] | None = None) -> int:
         "reps": args.reps, "warmup": warm_note, "rows": rows, "median_texts_per_s": med, "ratio": ratio,
         "pair_ratios": pair_ratios, "target_ratio": target, "target_ratio_met": ratio >= target, "min_cosine": cos_min,
         "dtype": lm.dtype, "median_texts_per_cpu_s": med_cpu, "cpu_time_ratio": cpu_ratio,
-        "gpu_util_median_of_means": util or None, "argv": sys.argv[1:] if argv is None else argv,
+        "gpu_util_median_of_means": util or None, "host_only": args.host_only,
+        "launch_ms_median": launch or None, "launch_ops": args.launch_ops if args.host_only else None, "argv": sys.argv[1:] if argv is None else argv,
     }
     if args.json_out:
         Path(args.json_out).parent.mkdir(parents=True, exist_ok=True)

@@ -4,18 +4,22 @@
 #      SentenceTransformer.encode on the same texts, sides alternating, NVML busy % sampled per phase;
 #   2. fp16: the same with both sides' model in float16;
 #   3. e2e: 1,000,000 short fortune texts (<= 80 characters) through ONE embed_partition call (fp16), with
-#      NVML busy % over the whole call.
+#      NVML busy % over the whole call;
+#   4. where the host side stops feeding the device: the fp16 A/B again with SWEEP_THREADS tokenizer threads
+#      (fewer than the default cpus-1), and bench/gil_convoy.py (CPU only) with that many host threads and
+#      with cpus-1: how much the tokenizer/writer threads slow the thread that launches the model.
 # Targets (issue 9): GPU busy >= 90 % during the encode phase; texts/s >= 2 x raw encode (fp32 and fp16).
 #
 # Needs python3 with torch, sentence-transformers, pyarrow, fsspec and nvidia-ml-py (all in the device
 # image; nothing is pip-installed) and .whl/ from `bash bench/prepare_gpu_check.sh` (the model with fp16
 # weights, upcast here to an fp32 directory; a copy of the fortune files): carry .whl in the device run.
-# Time: at most 6 minutes on an H200, every step under its own `timeout`: model preparation <= 60 s (~10 s),
+# Time: at most 6 minutes on an H200 for steps 1-3 (step 4: at most 3 more), every step under its own `timeout`: model preparation <= 60 s (~10 s),
 # each A/B <= AB_LIMIT 95 s (loading, warm-up, BUDGET 40 s of timed reps: --texts is lowered to fit),
 # the e2e <= E2E_LIMIT 140 s (1 M texts need >= ~8k texts/s to finish in it).
 #
 #   bash bench/gpu_check.sh      # env: TEXTS (200000) BATCH (512) REPS (3) BUDGET (40) AB_LIMIT (95) E2E_LIMIT (140)
 #                                #      E2E_TEXTS (1000000) E2E_DTYPE (float16) READ_ROWS (4096)
+#                                #      SWEEP_THREADS ("4 8"; empty: skip step 4) SWEEP_BUDGET (20)
 #
 # With $OUT set it writes $OUT/gpu_check.log, $OUT/gpu_fp32.json, $OUT/gpu_fp16.json, $OUT/gpu_e2e.json and
 # $OUT/gpu_check_summary.json (the figures for bench/results/summary.json).
@@ -30,6 +34,8 @@ READ_ROWS=${READ_ROWS:-4096}
 E2E_TEXTS=${E2E_TEXTS:-1000000}
 E2E_DTYPE=${E2E_DTYPE:-float16}
 AB_LIMIT=${AB_LIMIT:-95}
+SWEEP_THREADS=${SWEEP_THREADS-4 8}
+SWEEP_BUDGET=${SWEEP_BUDGET:-20}
 E2E_LIMIT=${E2E_LIMIT:-140}
 OUTDIR=${OUT:-$(mktemp -d /tmp/gpu_check.XXXXXX)}
 mkdir -p "$OUTDIR"
@@ -64,12 +70,12 @@ EOF
 FORTUNES=/usr/share/games/fortunes
 [ -d "$FORTUNES" ] || FORTUNES=.whl/fortunes
 
-run_ab() {  # $1 = dtype
-  CURRENT="A/B $1"
-  echo "== $CURRENT: $TEXTS texts, batch $BATCH, read batch $READ_ROWS, $REPS reps each side, budget ${BUDGET}s"
+run_ab() {  # $1 = dtype, $2 = name, then extra embed_throughput arguments
+  CURRENT="A/B $2"
+  echo "== $CURRENT: $TEXTS texts, batch $BATCH, read batch $READ_ROWS, $REPS reps each side, budget ${BUDGET}s ${*:3}"
   timeout "$AB_LIMIT" "$PY" bench/embed_throughput.py --device cuda --model "$MODEL" --fortunes-dir "$FORTUNES" \
     --dtype "$1" --texts "$TEXTS" --batch-size "$BATCH" --read-batch-rows "$READ_ROWS" --reps "$REPS" \
-    --max-seconds "$BUDGET" --nvml --nvml-interval 0.1 --json "$OUTDIR/gpu_$2.json"
+    --max-seconds "$BUDGET" --nvml --nvml-interval 0.1 --json "$OUTDIR/gpu_$2.json" "${@:3}"
 }
 run_ab float32 fp32
 run_ab float16 fp16
@@ -100,5 +106,16 @@ s = {
 (d / "gpu_check_summary.json").write_text(json.dumps(s, indent=2))
 print(json.dumps(s, indent=2))
 EOF
+for n in $SWEEP_THREADS; do
+  BUDGET=$SWEEP_BUDGET REPS=2 run_ab float16 "fp16_tok$n" --tokenizer-threads "$n"
+done
+if [ -n "$SWEEP_THREADS" ]; then
+  for n in ${SWEEP_THREADS%% *} $(( $(nproc) - 1 )); do
+    CURRENT="gil_convoy $n host threads"
+    echo "== $CURRENT"
+    timeout 60 "$PY" bench/gil_convoy.py --model "$MODEL" --fortunes-dir "$FORTUNES" --threads "$n" --seconds 4 \
+      --json "$OUTDIR/gil_convoy_$n.json"
+  done
+fi
 nvidia-smi --query-gpu=utilization.gpu,memory.used,clocks.sm,temperature.gpu,power.draw --format=csv || true
 echo "== gpu_check done"

@@ -58,7 +58,7 @@ def test_fast_tokenizer_matches_preprocess(model):
     assert fast is not None and fast.keys == ("input_ids", "attention_mask", "token_type_ids")
     batch = TEXTS[:12]
     tok = fast.encode(batch)
-    mine = fast.pad(tok.ids, tok.lengths)
+    mine = fast.pad(tok)
     theirs = model.model.preprocess(batch)
     for k in fast.keys:
         np.testing.assert_array_equal(mine[k], theirs[k].numpy())
@@ -67,6 +67,14 @@ def test_fast_tokenizer_matches_preprocess(model):
     assert tok.lengths.tolist() == [min(n, 256) for n in exact]
     assert tok.truncated.tolist() == [n > 256 for n in exact]
     assert exact[1] == 302 and exact[5] == 256 and exact[7] == 257
+    # a model batch is some rows in another order (longest first): the same tensors as preprocess of them
+    idx = np.array([7, 0, 11, 1, 4])
+    part = tok.take(idx)
+    assert part.lengths.tolist() == [tok.lengths[i] for i in idx] and part.truncated.tolist() == [True, False, False, True, False]
+    mine = fast.pad(part)
+    theirs = model.model.preprocess([batch[i] for i in idx])
+    for k in fast.keys:
+        np.testing.assert_array_equal(mine[k], theirs[k].numpy())
 
 
 def test_vectors_match_encode_for_every_row(model, reference, one_thread):

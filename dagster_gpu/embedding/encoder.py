@@ -241,11 +241,9 @@ class Encoder:
         order = np.argsort(-tok.lengths, kind="stable")
         chunks = []
         for a in range(0, len(texts), batch_size):
-            idx = order[a : a + batch_size]
-            lengths = tok.lengths[idx]
-            arrays = self.fast.pad([tok.ids[i] for i in idx], lengths)
-            feats: dict[str, Any] = {k: self._host(torch.from_numpy(v)) for k, v in arrays.items()}
-            feats["_lengths"] = lengths
+            part = tok.take(order[a : a + batch_size])
+            feats: dict[str, Any] = {k: self._host(torch.from_numpy(v)) for k, v in self.fast.pad(part).items()}
+            feats["_lengths"] = part.lengths
             chunks.append(feats)
         return _Plan(len(texts), order, chunks, tok.lengths, tok.truncated, texts)
 

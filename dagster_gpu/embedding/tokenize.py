@@ -17,6 +17,8 @@ the encoder uses ``preprocess`` itself.
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
 import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -40,33 +42,48 @@ _TENSOR_KEYS = {"input_ids", "attention_mask", "token_type_ids"}
 
 @dataclass
 class Tokenized:
-    """Token ids of some texts, unpadded.
+    """Token ids of some texts, unpadded, in one flat array (no Python list per text: padding a model
+    batch is a few numpy operations, not a loop holding the GIL while the device waits for its launches).
 
     Attributes:
-        ids: one list of token ids per text (special tokens included, truncated to max_seq_length).
+        flat: every text's ids (special tokens included, truncated to max_seq_length), concatenated,
+            int64 [lengths.sum()].
         lengths: tokens per text after truncation, int64 [n].
         truncated: True where the text had more tokens than max_seq_length, bool [n].
     """
 
-    ids: list[list[int]]
+    flat: np.ndarray
     lengths: np.ndarray
     truncated: np.ndarray
 
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    @functools.cached_property
+    def starts(self) -> np.ndarray:
+        """Where each text's ids begin in ``flat``, int64 [n]."""
+        return np.cumsum(self.lengths) - self.lengths
+
+    def take(self, idx: np.ndarray) -> "Tokenized":
+        """The texts at positions ``idx`` (int [k]), in that order."""
+        lengths = self.lengths[idx]
+        # position of every id of the selected texts in ``flat``: each text's start, repeated per token,
+        # plus the token's offset within its text
+        within = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        return Tokenized(self.flat[np.repeat(self.starts[idx], lengths) + within], lengths, self.truncated[idx])
+
     @staticmethod
     def concat(parts: Sequence["Tokenized"]) -> "Tokenized":
-        ids: list[list[int]] = []
-        for p in parts:
-            ids.extend(p.ids)
         if not parts:
-            return Tokenized([], np.zeros(0, np.int64), np.zeros(0, bool))
-        return Tokenized(ids, np.concatenate([p.lengths for p in parts]), np.concatenate([p.truncated for p in parts]))
+            return Tokenized(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
+        return Tokenized(*(np.concatenate([getattr(p, k) for p in parts]) for k in ("flat", "lengths", "truncated")))
 
 
 class FastTokenizer:
     """Thread-safe unpadded tokenization with per-thread copies of a Rust tokenizer.
 
     Build it with ``for_model(st)``. ``encode(texts)`` may be called from any number of threads.
-    ``pad(ids, lengths)`` builds the model's input tensors for one batch (right padding, int64).
+    ``pad(tokenized)`` builds the model's input tensors for one batch (right padding, int64).
     """
 
     def __init__(self, template, max_length: int, pad_id: int, keys: tuple[str, ...], extras: dict[str, Any]):
@@ -103,7 +120,7 @@ class FastTokenizer:
         fast = cls(template, max_length, int(pad_id), keys, extras)
         try:
             tok = fast.encode(list(PROBE_TEXTS))
-            mine = fast.pad(tok.ids, tok.lengths)
+            mine = fast.pad(tok)
         except Exception:
             return None
         for k in keys:
@@ -123,22 +140,18 @@ class FastTokenizer:
         tok = self._tokenizer()
         fn = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
         encs = fn(list(texts))
-        ids = [e.ids for e in encs]
-        lengths = np.fromiter((len(i) for i in ids), dtype=np.int64, count=len(ids))
-        truncated = np.fromiter((bool(e.overflowing) for e in encs), dtype=bool, count=len(ids))
-        return Tokenized(ids, lengths, truncated)
+        lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+        flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=int(lengths.sum()))
+        truncated = np.fromiter((bool(e.overflowing) for e in encs), dtype=bool, count=len(encs))
+        return Tokenized(flat, lengths, truncated)
 
-    def pad(self, ids: Sequence[Sequence[int]], lengths: np.ndarray) -> dict[str, np.ndarray]:
-        """int64 arrays [len(ids), max(lengths)] for the model's input keys (right padding, token type 0)."""
-        n = len(ids)
-        width = int(lengths.max()) if n else 0
-        input_ids = np.full((n, width), self.pad_id, dtype=np.int64)
-        mask = np.zeros((n, width), dtype=np.int64)
-        for i, row in enumerate(ids):
-            k = len(row)
-            input_ids[i, :k] = row
-            mask[i, :k] = 1
-        out = {"input_ids": input_ids, "attention_mask": mask}
+    def pad(self, tok: Tokenized) -> dict[str, np.ndarray]:
+        """int64 arrays [len(tok), max(tok.lengths)] for the model's input keys (right padding, token type 0)."""
+        width = int(tok.lengths.max()) if len(tok) else 0
+        mask = np.arange(width) < tok.lengths[:, None]
+        input_ids = np.full(mask.shape, self.pad_id, dtype=np.int64)
+        input_ids[mask] = tok.flat  # a boolean mask fills row by row: the order of ``flat``
+        out = {"input_ids": input_ids, "attention_mask": mask.astype(np.int64)}
         if "token_type_ids" in self.keys:
-            out["token_type_ids"] = np.zeros((n, width), dtype=np.int64)
+            out["token_type_ids"] = np.zeros(mask.shape, dtype=np.int64)
         return out
