@@ -40,22 +40,32 @@ def _backfill(argv: list[str]) -> int:
         ap.error("--partitions cannot be combined with --missing/--failed")
 
     import dagster as dg
-    from rich.console import Console
 
+    from dagster_gpu.cli_common import console as make_console, instance_or_none
     from dagster_gpu.corpus.listing import CorpusNotFound
     from dagster_gpu.partitions import NoCorpus, corpus_of, register_corpus_files, select_partitions
     from dagster_gpu.report import run_backfill_with_progress
 
-    console = Console()
+    console = make_console()
     try:
         module = import_code_module(args.module)
     except ImportError as e:
         print(f"dagster-gpu backfill: cannot import -m {args.module}: {e}", file=sys.stderr)
         return 2
-    defs = getattr(module, args.attribute)
+    defs = getattr(module, args.attribute, None)
+    if not isinstance(defs, dg.Definitions):
+        print(f"dagster-gpu backfill: {args.module}.{args.attribute} is not a dagster Definitions (--attribute)", file=sys.stderr)
+        return 2
     key = dg.AssetKey.from_user_string(args.asset)
+    keys_defined = defs.resolve_all_asset_keys()
+    if key not in keys_defined:
+        known = ", ".join(sorted(k.to_user_string() for k in keys_defined))
+        print(f"dagster-gpu backfill: no asset {args.asset!r} in {args.module}.{args.attribute} (assets: {known})", file=sys.stderr)
+        return 2
     asset = defs.get_assets_def(key)
-    instance = dg.DagsterInstance.get()
+    instance = instance_or_none("dagster-gpu backfill")
+    if instance is None:
+        return 2
     if not args.no_register:
         try:
             corpus = corpus_of(asset, module)

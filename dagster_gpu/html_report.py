@@ -24,6 +24,7 @@ from typing import Any, Mapping, Sequence
 
 import dagster as dg
 
+from dagster_gpu.cli_common import instance_or_none
 from dagster_gpu.worker.metadata import placement_from_metadata
 
 
@@ -258,13 +259,24 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--last", type=int, help="the asset's last N materializations")
     ap.add_argument("-o", "--output", default="dagster-gpu-report.html")
     args = ap.parse_args(argv)
+    if args.last is not None and args.last < 1:
+        ap.error(f"--last must be at least 1, got {args.last}")
+    out = Path(args.output)
+    if not out.parent.is_dir():
+        ap.error(f"-o {args.output}: directory {out.parent} does not exist")
+    instance = instance_or_none("dagster-gpu report")
+    if instance is None:
+        return 2
     key = dg.AssetKey.from_user_string(args.asset)
+    if not instance.has_asset_key(key):
+        print(f"dagster-gpu report: no asset {args.asset!r} in this instance ({instance.root_directory})", file=sys.stderr)
+        return 2
     try:
-        rows, failed = collect(dg.DagsterInstance.get(), key, backfill_id=args.backfill, last=args.last)
+        rows, failed = collect(instance, key, backfill_id=args.backfill, last=args.last)
     except ValueError as e:
         print(f"dagster-gpu report: {e}", file=sys.stderr)
         return 2
     what = f"backfill {args.backfill}" if args.backfill else f"last {args.last} materializations"
-    Path(args.output).write_text(render_html(rows, failed, f"{args.asset}: {what}"))
+    out.write_text(render_html(rows, failed, f"{args.asset}: {what}"))
     print(f"{args.output}: {len(rows)} partition(s), {len(failed)} failed run(s)")
     return 0

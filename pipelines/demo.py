@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["DAGSTER_GPU_DEMO_PER_RUN"] = str(args.per_run)
 
     args.home = args.home or REPO / (".dagster_home" if args.backend == "local" else f".dagster_home_{args.backend}")
-    prepare_corpus(args.corpus, limit=args.limit)
+    prepared = prepare_corpus(args.corpus, limit=args.limit)
     args.home.mkdir(parents=True, exist_ok=True)
     try:
         os.environ.update(start_services(args.backend, args.home / "services.log"))
@@ -100,14 +100,14 @@ def main(argv: list[str] | None = None) -> int:
     run_config = None if args.backend == "local" else {"execution": {"config": executor_config(args.backend, args.home.resolve())}}
 
     import dagster as dg
-    from rich.console import Console
-
+    from dagster_gpu.cli_common import console as make_console
     from dagster_gpu.report import run_backfill_with_progress
     from pipelines.definitions import defs, fortune_corpus, fortune_embeddings
 
-    console = Console() if sys.stdout.isatty() else Console(width=140)  # a log file: tables unwrapped
+    console = make_console()
     instance = dg.DagsterInstance.get()
-    keys = [f.key for f in fortune_corpus.list_files()]
+    # the files this run prepared (--limit N: the first N), not every file already in the corpus directory
+    keys = [f.key for f in fortune_corpus.list_files() if f.relative_name in {p.name for p in prepared}]
     pdef_name = fortune_embeddings.partitions_def.name
     known = set(instance.get_dynamic_partitions(pdef_name))
     instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])

@@ -96,6 +96,19 @@ def test_cli_registers_and_reports_nothing_to_do(setup, monkeypatch, capsys):
         assert sorted(instance.get_dynamic_partitions("c_embeddings_files")) == sorted(f.key for f in corpus.list_files())
         assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--partitions", "nope.txt"]) == 2
         assert "partitions not registered for c_embeddings: nope.txt" in capsys.readouterr().err
+        # bad arguments: one line and exit 2, no traceback
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "nosuch"]) == 2
+        assert "no asset 'nosuch' in cli_test_defs.defs (assets: c_embeddings)" in capsys.readouterr().err
+        assert main(["backfill", "-m", "cli_test_defs", "--attribute", "corpus", "-a", "c_embeddings"]) == 2
+        assert "cli_test_defs.corpus is not a dagster Definitions" in capsys.readouterr().err
+    for home in (None, corpus.url + "/no-such-dir"):
+        if home is None:
+            monkeypatch.delenv("DAGSTER_HOME", raising=False)
+        else:
+            monkeypatch.setenv("DAGSTER_HOME", home)
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("dagster-gpu backfill: ") and "DAGSTER_HOME" in err and "Traceback" not in err
 
 
 def test_log_location_and_first_line():

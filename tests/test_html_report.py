@@ -66,6 +66,11 @@ def test_report_of_real_materializations(tmp_path, monkeypatch):
         assert report_main(["-a", "rep", "--last", "2", "-o", str(out)]) == 0
         assert len(re.findall(r"<tr><td>(?:medium|large)</td>", out.read_text())) == 2
         assert report_main(["-a", "rep", "--backfill", "nope", "-o", str(out)]) == 2
+        assert report_main(["-a", "nosuch", "--last", "2", "-o", str(out)]) == 2  # not an asset of this instance
+        for bad in (["--last", "-3", "-o", str(out)], ["--last", "2", "-o", str(tmp_path / "no-dir" / "r.html")]):
+            with pytest.raises(SystemExit) as e:
+                report_main(["-a", "rep", *bad])  # argparse's error: usage and one line, exit 2
+            assert e.value.code == 2
         page = render_html(rows, [("bad", "abcd1234")], "rep: last 10")
     (tmp_path / "full.html").write_text(page)
     assert page.count("<svg ") == 6, page.count("<svg")  # cost, GPU-s, useful fraction, utilization, texts/s vs rows, estimate vs measured

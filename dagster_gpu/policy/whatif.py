@@ -224,12 +224,11 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows: int) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
-    if not con.is_terminal:
-        con = Console(width=160)
+    from dagster_gpu.cli_common import console
+
+    con = console()
     t = Table(title=f"Plan (policy 'auto'); runtime from {model.source}")
     for col in ("partition", "MB", "backend", "device", "start s", "runtime s", "cost USD", "deadline"):
         t.add_column(col, justify="right" if col in ("MB", "start s", "runtime s", "cost USD") else "left")
