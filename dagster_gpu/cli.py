@@ -1,10 +1,11 @@
 """``dagster-gpu``: command-line tools.
 
     dagster-gpu backfill -m pipelines.definitions -a fortune_embeddings [--missing] [--failed]
-            [--partitions a,b] [--no-register] [-w workspace.yaml]
+            [--partitions a,b] [--no-register] [--prune] [-w workspace.yaml]
         register the asset's corpus files as partitions (those not yet registered), submit an asset
         backfill of the selected partitions (all registered by default; --missing: never materialized;
-        --failed: latest run failed or canceled) to $DAGSTER_HOME's instance, run the Dagster daemon
+        --failed: latest run failed or canceled; --prune first deletes the partitions of files no longer
+        in the corpus) to $DAGSTER_HOME's instance, run the Dagster daemon
         until it ends, show progress, the per-partition summary and the failed partitions.
     dagster-gpu whatif (CORPUS [--pattern GLOB] [--recursive] | -m MODULE -a ASSET) [--snapshot snap.json |
             --save-snapshot snap.json] [...]
@@ -33,6 +34,8 @@ def _backfill(argv: list[str]) -> int:
     ap.add_argument("--missing", action="store_true", help="only partitions never materialized")
     ap.add_argument("--failed", action="store_true", help="only partitions whose latest run failed or was canceled")
     ap.add_argument("--no-register", action="store_true", help="do not add the corpus files as partitions first")
+    ap.add_argument("--prune", action="store_true",
+                    help="first delete the partitions whose corpus file is gone (their materializations stay)")
     ap.add_argument("-w", "--workspace", default="workspace.yaml", help="workspace the daemon loads")
     ap.add_argument("--timeout", type=float, default=24 * 3600.0)
     args = ap.parse_args(argv)
@@ -43,7 +46,7 @@ def _backfill(argv: list[str]) -> int:
 
     from dagster_gpu.cli_common import console as make_console, instance_or_none
     from dagster_gpu.corpus.listing import CorpusNotFound
-    from dagster_gpu.partitions import NoCorpus, corpus_of, register_corpus_files, select_partitions
+    from dagster_gpu.partitions import NoCorpus, corpus_of, prune_deleted_files, register_corpus_files, select_partitions
     from dagster_gpu.report import run_backfill_with_progress
 
     console = make_console()
@@ -66,14 +69,19 @@ def _backfill(argv: list[str]) -> int:
     instance = instance_or_none("dagster-gpu backfill")
     if instance is None:
         return 2
-    if not args.no_register:
+    if args.prune or not args.no_register:
         try:
             corpus = corpus_of(asset, module)
-            added = register_corpus_files(instance, asset, corpus)
+            pruned = prune_deleted_files(instance, asset, corpus) if args.prune else []
+            added = [] if args.no_register else register_corpus_files(instance, asset, corpus)
         except (NoCorpus, CorpusNotFound, TypeError) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
             return 2
-        console.print(f"Corpus {corpus.url}: {len(added)} new partition(s) registered", soft_wrap=True)
+        if args.prune:
+            console.print(f"Corpus {corpus.url}: {len(pruned)} partition(s) of deleted files removed"
+                          + (f": {', '.join(pruned)}" if pruned else ""), soft_wrap=True)
+        if not args.no_register:
+            console.print(f"Corpus {corpus.url}: {len(added)} new partition(s) registered", soft_wrap=True)
     if args.partitions:
         keys = [k.strip() for k in args.partitions.split(",") if k.strip()]
         unknown = sorted(set(keys) - set(instance.get_dynamic_partitions(asset.partitions_def.name)))

@@ -60,6 +60,26 @@ def register_corpus_files(instance: dg.DagsterInstance, asset: dg.AssetsDefiniti
     return new
 
 
+def prune_deleted_files(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource) -> list[str]:
+    """Delete the dynamic partitions of ``asset`` whose corpus file is gone (deleted or renamed), except
+    those with a run in progress; returns the keys deleted. Their materializations and outputs stay.
+
+    Raises CorpusNotFound when the corpus URL does not exist, TypeError when the asset's partitions
+    are not dynamic.
+    """
+    pdef = asset.partitions_def
+    if not isinstance(pdef, dg.DynamicPartitionsDefinition):
+        raise TypeError(f"asset {asset.key.to_user_string()} must use a DynamicPartitionsDefinition, got {type(pdef).__name__}")
+    present = {f.key for f in corpus.list_files()}
+    gone = [k for k in instance.get_dynamic_partitions(pdef.name) if k not in present]
+    if gone:
+        in_progress = partition_status(instance, asset)[2]
+        gone = [k for k in gone if k not in in_progress]
+    for k in gone:
+        instance.delete_dynamic_partition(pdef.name, k)
+    return gone
+
+
 def select_partitions(
     instance: dg.DagsterInstance, asset: dg.AssetsDefinition, *, missing: bool = False, failed: bool = False
 ) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sys
 import types
+from pathlib import Path
 
 import dagster as dg
 import pytest
@@ -96,6 +97,15 @@ def test_cli_registers_and_reports_nothing_to_do(setup, monkeypatch, capsys):
         assert sorted(instance.get_dynamic_partitions("c_embeddings_files")) == sorted(f.key for f in corpus.list_files())
         assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--partitions", "nope.txt"]) == 2
         assert "partitions not registered for c_embeddings: nope.txt" in capsys.readouterr().err
+        # a corpus file deleted: --prune removes its partition (and only it), so --missing stays at nothing to do
+        gone = corpus.list_files()[0]
+        Path(gone.uri).unlink()
+        instance.add_dynamic_partitions("c_embeddings_files", ["also-gone.txt"])  # registered, never materialized
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--missing", "--prune"]) == 0
+        out = capsys.readouterr()
+        assert f"2 partition(s) of deleted files removed: {gone.key}, also-gone.txt" in out.out.replace("\n", "")
+        assert "no missing partitions of c_embeddings to backfill" in out.err
+        assert sorted(instance.get_dynamic_partitions("c_embeddings_files")) == sorted(f.key for f in corpus.list_files())
         # bad arguments: one line and exit 2, no traceback
         assert main(["backfill", "-m", "cli_test_defs", "-a", "nosuch"]) == 2
         assert "no asset 'nosuch' in cli_test_defs.defs (assets: c_embeddings)" in capsys.readouterr().err
