@@ -7,7 +7,7 @@ thread that launches the model waits for the GIL (bench/gil_convoy.py). Timed he
 
 - baseline: the encoder's former per-text steps (a Python list of ids per text, one numpy row assignment
   per text when padding), reimplemented here;
-- ours: ``FastTokenizer.encode``'s conversion (one flat int64 array) and ``Tokenized.take`` +
+- ours: ``Tokenized.from_encodings`` (``FastTokenizer.encode``'s conversion: one flat int64 array) and ``Tokenized.take`` +
   ``FastTokenizer.pad`` (a few numpy operations per model batch);
 - the writer's ``_to_table`` (sha256 per text, Arrow arrays), the same on both sides.
 
@@ -19,7 +19,6 @@ The padded tensors of both sides are checked equal.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import sys
 import time
@@ -67,10 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return ids, lengths, truncated
 
     def convert_ours():
-        lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-        flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=int(lengths.sum()))
-        truncated = np.fromiter((bool(e.overflowing) for e in encs), dtype=bool, count=len(encs))
-        return Tokenized(flat, lengths, truncated)
+        return Tokenized.from_encodings(encs)
 
     ids, lengths, _ = convert_baseline()
     tok = convert_ours()

@@ -19,7 +19,7 @@ import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.request import TAG_CORPUS_URL
-from dagster_gpu.sensors import partition_status
+from dagster_gpu.sensors import dynamic_partitions_def, partition_status
 
 
 class NoCorpus(ValueError):
@@ -50,9 +50,7 @@ def register_corpus_files(instance: dg.DagsterInstance, asset: dg.AssetsDefiniti
     Raises CorpusNotFound when the corpus URL does not exist, TypeError when the asset's partitions
     are not dynamic.
     """
-    pdef = asset.partitions_def
-    if not isinstance(pdef, dg.DynamicPartitionsDefinition):
-        raise TypeError(f"asset {asset.key.to_user_string()} must use a DynamicPartitionsDefinition, got {type(pdef).__name__}")
+    pdef = dynamic_partitions_def(asset)
     known = set(instance.get_dynamic_partitions(pdef.name))
     new = [f.key for f in corpus.list_files() if f.key not in known]
     if new:
@@ -67,9 +65,7 @@ def prune_deleted_files(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
     Raises CorpusNotFound when the corpus URL does not exist, TypeError when the asset's partitions
     are not dynamic.
     """
-    pdef = asset.partitions_def
-    if not isinstance(pdef, dg.DynamicPartitionsDefinition):
-        raise TypeError(f"asset {asset.key.to_user_string()} must use a DynamicPartitionsDefinition, got {type(pdef).__name__}")
+    pdef = dynamic_partitions_def(asset)
     present = {f.key for f in corpus.list_files()}
     gone = [k for k in instance.get_dynamic_partitions(pdef.name) if k not in present]
     if gone:

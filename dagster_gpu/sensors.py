@@ -22,7 +22,8 @@ from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.ranges import contiguous_ranges, range_run_tags
 
 
-def _partitions_def(asset: dg.AssetsDefinition) -> dg.DynamicPartitionsDefinition:
+def dynamic_partitions_def(asset: dg.AssetsDefinition) -> dg.DynamicPartitionsDefinition:
+    """The asset's partitions definition. Raises TypeError when it is not dynamic (one partition per file)."""
     pdef = asset.partitions_def
     if not isinstance(pdef, dg.DynamicPartitionsDefinition):
         raise TypeError(f"asset {asset.key.to_user_string()} must use a DynamicPartitionsDefinition, got {type(pdef).__name__}")
@@ -44,7 +45,7 @@ def corpus_sensor(
     default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.STOPPED,
 ) -> dg.SensorDefinition:
     """A sensor adding one partition per new corpus file of ``asset`` and requesting ranged runs over them."""
-    pdef = _partitions_def(asset)
+    pdef = dynamic_partitions_def(asset)
     job = job or asset_job(asset)
 
     @dg.sensor(
@@ -102,7 +103,7 @@ def partition_status(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -
     (Dagster's asset status cache: a failed ranged run's partitions that it did not materialize are failed)."""
     from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
 
-    pdef = _partitions_def(asset)
+    pdef = dynamic_partitions_def(asset)
     cache = get_and_update_asset_status_cache_value(instance, asset.key, pdef)
     if cache is None:
         return set(), set(), set()
@@ -117,7 +118,7 @@ def partition_status(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -
 def partitions_to_rerun(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> list[str]:
     """Partition keys never materialized or failed (their latest run failed or was canceled without
     materializing them), and not in progress, in the definition's order."""
-    pdef = _partitions_def(asset)
+    pdef = dynamic_partitions_def(asset)
     keys = list(instance.get_dynamic_partitions(pdef.name))
     materialized, failed, in_progress = partition_status(instance, asset)
     return [k for k in keys if k not in in_progress and (k not in materialized or k in failed)]
@@ -145,7 +146,7 @@ def backfill_missing_schedule(
         todo = partitions_to_rerun(context.instance, asset)
         if not todo:
             return dg.SkipReason("every partition is materialized or in flight")
-        keys = list(context.instance.get_dynamic_partitions(_partitions_def(asset).name))
+        keys = list(context.instance.get_dynamic_partitions(dynamic_partitions_def(asset).name))
         return ranged_run_requests(asset, keys, todo)
 
     return _schedule

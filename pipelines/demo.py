@@ -107,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     console = make_console()
     instance = dg.DagsterInstance.get()
     # the files this run prepared (--limit N: the first N), not every file already in the corpus directory
-    keys = [f.key for f in fortune_corpus.list_files() if f.relative_name in {p.name for p in prepared}]
+    names = {p.name for p in prepared}
+    keys = [f.key for f in fortune_corpus.list_files() if f.relative_name in names]
     pdef_name = fortune_embeddings.partitions_def.name
     known = set(instance.get_dynamic_partitions(pdef_name))
     instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])

@@ -73,6 +73,14 @@ class Tokenized:
         return Tokenized(self.flat[np.repeat(self.starts[idx], lengths) + within], lengths, self.truncated[idx])
 
     @staticmethod
+    def from_encodings(encs: Sequence[Any]) -> "Tokenized":
+        """From ``tokenizers.Encoding`` objects (truncated, unpadded): one pass over them for each array."""
+        lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
+        flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=int(lengths.sum()))
+        truncated = np.fromiter((bool(e.overflowing) for e in encs), dtype=bool, count=len(encs))
+        return Tokenized(flat, lengths, truncated)
+
+    @staticmethod
     def concat(parts: Sequence["Tokenized"]) -> "Tokenized":
         if not parts:
             return Tokenized(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool))
@@ -139,11 +147,7 @@ class FastTokenizer:
         """Unpadded ids of ``texts`` (this thread's tokenizer copy; the GIL is released while encoding)."""
         tok = self._tokenizer()
         fn = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
-        encs = fn(list(texts))
-        lengths = np.fromiter((len(e) for e in encs), dtype=np.int64, count=len(encs))
-        flat = np.fromiter(itertools.chain.from_iterable(e.ids for e in encs), dtype=np.int64, count=int(lengths.sum()))
-        truncated = np.fromiter((bool(e.overflowing) for e in encs), dtype=bool, count=len(encs))
-        return Tokenized(flat, lengths, truncated)
+        return Tokenized.from_encodings(fn(list(texts)))
 
     def pad(self, tok: Tokenized) -> dict[str, np.ndarray]:
         """int64 arrays [len(tok), max(tok.lengths)] for the model's input keys (right padding, token type 0)."""
