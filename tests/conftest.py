@@ -77,7 +77,11 @@ def fresh_pg_home(pg: dict[str, str], tmp_path: Path, monkeypatch, max_runs: int
     try:
         yield home
     finally:
-        conn.cursor().execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}'")
+        # Only our own sessions: an autovacuum worker in the database has no role, and terminating it needs a
+        # superuser (CI saw "must be a superuser to terminate superuser process"); DROP DATABASE stops those.
+        conn.cursor().execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = %s AND usename = current_user AND pid <> pg_backend_pid()", (db,))
         conn.cursor().execute(f"DROP DATABASE IF EXISTS {db}")
         conn.close()
 
