@@ -24,7 +24,7 @@ from dagster_gpu.executor.backends.slurm import SlurmBackend, SlurmSettings
 from dagster_gpu.executor.settle import Settler
 from dagster_gpu.jsonfile import write_json
 from dagster_gpu.k8s import manifests as m
-from dagster_gpu.slurm.client import SlurmClient
+from dagster_gpu.slurm.client import SlurmClient, SlurmRejected
 
 DATA = Path(__file__).parent / "data" / "slurm"
 
@@ -47,6 +47,8 @@ class _RecordedSlurm(SlurmClient):
     def _run_once(self, argv, ok_codes=(0,)):
         self.argvs.append(list(argv))
         out = {"squeue": self.squeue_text, "sacct": self.sacct_text}.get(argv[0], "")
+        if out.startswith("slurm_load_jobs error"):  # a recorded failure (squeue_runaway.txt: its stderr)
+            raise SlurmRejected(list(argv), 1, out.strip(), out)
         return subprocess.CompletedProcess(list(argv), 0, out, "")
 
 
@@ -173,6 +175,37 @@ def test_slurm_task_over_its_wait_limit_is_abandoned_by_state_and_cancelled_by_t
     assert settler.settle(backend, h) is False
     assert [a for a in client.argvs if a[0] == "scancel"] == [["scancel", "35_1"]]  # once
     assert rec.bills == []
+
+
+def test_a_runaway_slurm_task_fails_its_step_after_its_limit_and_is_billed_once_sacct_has_its_end(tmp_path):
+    """Recorded on a Slurm cluster whose controller lost a job array (tests/data/slurm/record_runaway_fixtures.py):
+    squeue says "Invalid job id specified", sacct still has both tasks RUNNING; then an administrator's
+    ``sacctmgr show runawayjobs`` fix makes them COMPLETED with no elapsed time."""
+    aid = json.loads((DATA / "runaway_jobs.json").read_text())["runaway_array"]
+    backend, client = _slurm(tmp_path, "squeue_runaway.txt", "sacct_runaway.txt", wait_limits_seconds={"runaway": 60.0})
+    batch = _batch(backend, aid, 2)
+    h = _slurm_handle(batch, aid, 0)
+    st = backend.state(h)
+    assert (st.status, st.message) == (WorkerStatus.RUNNING, f"Slurm array task {aid}_0 is RUNNING (sacct)")
+    wait, _ = backend._waiting_since[(aid, 0)]
+    assert wait == "runaway"
+    backend._waiting_since[(aid, 0)] = (wait, time.time() - 120)  # seen so for two minutes
+    failed = backend.state(h)
+    assert failed.status == WorkerStatus.FAILED and not failed.abandoned  # the controller has nothing to cancel
+    assert failed.message.startswith(
+        f"Slurm array task {aid}_0 is RUNNING in sacct but unknown to the controller (squeue) for 120 s, over the "
+        "Slurm backend's wait_limits_seconds.runaway = 60 s: it ended while slurmdbd was behind, or slurmctld lost "
+        "it (a runaway job: sacctmgr show runawayjobs)")
+    rec = _Recorder()
+    settler = Settler(write=rec)
+    assert settler.settle(backend, h) is False and rec.bills == []  # no bill while sacct has no end
+    assert not any(a[0] == "scancel" for a in client.argvs)
+    client.sacct_text = (DATA / "sacct_runaway_fixed.txt").read_text()
+    backend.spool.poll_file.unlink()  # the next poll asks Slurm again
+    fixed = backend.state(h)
+    assert (fixed.status, fixed.exit_code) == (WorkerStatus.SUCCEEDED, 0) and (aid, 0) not in backend._waiting_since
+    assert settler.settle(backend, h) is True  # settled with what Slurm billed: 0 s (End = Start)
+    assert [(b.gpu_seconds, b.metadata["slurm/job_id"]) for b in rec.bills] == [(0.0, "3")]
 
 
 # -- Kubernetes ---------------------------------------------------------------------------------------------

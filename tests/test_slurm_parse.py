@@ -16,7 +16,7 @@ from dagster_gpu.slurm.ids import BadJobId, format_array_spec, parse_array_task_
 from dagster_gpu.billing.apportion import apportion_unit_bill
 from dagster_gpu.slurm.sacct_bill import sacct_figures
 from dagster_gpu.slurm.states import STATE_MAP, UnknownSlurmState, parse_state, worker_status
-from dagster_gpu.slurm.status import WaitLimits, queue_wait_class, records_for, task_state
+from dagster_gpu.slurm.status import WaitLimits, queue_wait_class, records_for, task_state, task_wait_class
 
 DATA = Path(__file__).parent / "data" / "slurm"
 JOBS = json.loads((DATA / "jobs.json").read_text())
@@ -250,6 +250,32 @@ def test_task_state_rules_on_recorded_outputs():
     assert fail.status == WorkerStatus.PENDING  # just submitted, not visible yet
     gone = task_state(records_for(JOBS["exit3"], 0, [], []), job_label="t", submitted_age_s=500)
     assert gone.status == WorkerStatus.FAILED and "unknown to squeue and sacct" in gone.message
+
+
+# --------------------------------------------------- a runaway job: recorded with record_runaway_fixtures.py
+def test_recorded_runaway_tasks_are_a_bounded_wait_until_sacct_has_their_end():
+    aid = json.loads((DATA / "runaway_jobs.json").read_text())["runaway_array"]
+    assert "Invalid job id specified" in data("squeue_runaway.txt")  # the controller lost the array
+    a = P.parse_sacct(data("sacct_runaway.txt"))
+    for tid in (0, 1):
+        recs = records_for(aid, tid, [], a)
+        assert [r.state.name for r in recs.acct] == ["RUNNING"] and recs.acct[0].end is None
+        assert task_wait_class(recs) == "runaway"
+        st = task_state(recs, job_label=f"{aid}_{tid}", submitted_age_s=10**5, waited_s=1799)
+        assert (st.status, st.message) == (WorkerStatus.RUNNING, f"Slurm array task {aid}_{tid} is RUNNING (sacct)")
+        late = task_state(recs, job_label=f"{aid}_{tid}", submitted_age_s=10**5, waited_s=1800)
+        assert late.status == WorkerStatus.FAILED and "wait_limits_seconds.runaway = 1800 s" in late.message
+        off = task_state(recs, job_label="x", submitted_age_s=10**6, waited_s=10**6, wait_limits=WaitLimits(runaway=0))
+        assert off.status == WorkerStatus.RUNNING
+    # the administrator's fix: COMPLETED, End = Start; a final record is no wait, and bills 0 s
+    fixed = P.parse_sacct(data("sacct_runaway_fixed.txt"))
+    recs = records_for(aid, 0, [], fixed)
+    assert task_wait_class(recs) is None
+    assert task_state(recs, job_label="x", submitted_age_s=10**5, waited_s=10**5).status == WorkerStatus.SUCCEEDED
+    assert sacct_figures(recs.acct, shards_per_gpu=4)["billing/gpu_seconds"] == 0
+    # a task squeue still lists is never runaway, whatever sacct says
+    q = P.parse_squeue(f"{aid}_0|3|{aid}|0|RUNNING|None|N/A|normal|gpu|gres:gpu:1|runaway-fixture\n")
+    assert task_wait_class(records_for(aid, 0, q, a)) is None
 
 
 # ------------------------------------------------------------------------- config / sdiag / sbatch

@@ -9,7 +9,12 @@ Rules (``A_i`` = array task i of array job A):
    PENDING after an earlier attempt (sacct has a PREEMPTED/REQUEUED record of it) -> REQUEUED,
    otherwise the state map of :mod:`dagster_gpu.slurm.states`.
 2. squeue does not list it: the latest sacct record decides; a latest record of PREEMPTED means the
-   job was not requeued -> FAILED.
+   job was not requeued -> FAILED. A latest record that is not final (RUNNING, PENDING, REQUEUED...)
+   while the controller no longer knows the task is the ``runaway`` wait: either the task ended and
+   slurmdbd has not recorded it yet (it was down; squeue forgets an ended job after MinJobAge), or
+   slurmctld lost the job and sacct will show it running until an administrator fixes the record
+   (``sacctmgr show runawayjobs``, Slurm's name for it). Past ``WaitLimits.runaway`` -> FAILED, naming
+   both; nothing is cancelled (the controller has nothing to cancel).
 3. Neither knows it: PENDING while the submission is younger than ``vanish_grace_s`` (squeue and
    slurmdbd lag a new submission slightly), then FAILED ("unknown to squeue and sacct").
 
@@ -39,6 +44,8 @@ class WaitLimits:
         suspended: SUSPENDED or STOPPED.
         pending: PENDING / CONFIGURING / REQUEUED for any other reason (Resources, Priority, ...).
         completing: COMPLETING, SIGNALING, STAGE_OUT... after the batch script ended.
+        runaway: squeue no longer lists the task, and its latest sacct record is not final (see rule 2
+            of the module doc): its worker is not running, whatever sacct says.
     """
 
     held: float = 1800.0
@@ -46,6 +53,7 @@ class WaitLimits:
     suspended: float = 3600.0
     pending: float = 86400.0
     completing: float = 1800.0
+    runaway: float = 1800.0
 
     @classmethod
     def from_mapping(cls, m: Mapping[str, float] | None) -> "WaitLimits":
@@ -114,6 +122,17 @@ def queue_wait_class(recs: TaskRecords) -> str | None:
     return wait_class(recs.queue.state.name, recs.queue.reason)
 
 
+def task_wait_class(recs: TaskRecords) -> str | None:
+    """The task's wait class: its squeue row's (:func:`queue_wait_class`), or ``runaway`` when squeue does
+    not list it and its latest sacct record is not final (rule 2 of the module doc); else None."""
+    if recs.queue is not None:
+        return queue_wait_class(recs)
+    last = recs.acct[-1].state if recs.acct else None
+    if last is not None and not last.final and last.name != "PREEMPTED" and last.status != WorkerStatus.UNKNOWN:
+        return "runaway"
+    return None
+
+
 def task_state(
     recs: TaskRecords,
     *,
@@ -129,7 +148,7 @@ def task_state(
         recs: the task's records from one snapshot.
         job_label: ``A_i`` for messages.
         submitted_age_s: seconds since the array was submitted.
-        waited_s: seconds the caller has seen the task in its current wait class (:func:`queue_wait_class`).
+        waited_s: seconds the caller has seen the task in its current wait class (:func:`task_wait_class`).
         wait_limits: the limit of each wait class; past it the task is FAILED (the caller cancels it).
     """
     exit_code, exit_txt = _exit_text(recs.acct)
@@ -168,6 +187,14 @@ def task_state(
         status = last.state.status
         if status in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
             return WorkerState(status, exit_code, f"Slurm array task {job_label} ended {last.state}{exit_txt}")
+        limit = wait_limits.limit("runaway")
+        if task_wait_class(recs) == "runaway" and limit > 0 and waited_s >= limit:
+            return WorkerState(
+                WorkerStatus.FAILED, None,
+                f"Slurm array task {job_label} is {last.state} in sacct but unknown to the controller (squeue) for "
+                f"{waited_s:.0f} s, over the Slurm backend's wait_limits_seconds.runaway = {limit:g} s: it ended while "
+                f"slurmdbd was behind, or slurmctld lost it (a runaway job: sacctmgr show runawayjobs)",
+            )  # fmt: skip
         return WorkerState(status, None, f"Slurm array task {job_label} is {last.state} (sacct)")
     if submitted_age_s < vanish_grace_s:
         return WorkerState(WorkerStatus.PENDING, None, f"Slurm array task {job_label} submitted {submitted_age_s:.0f}s ago")

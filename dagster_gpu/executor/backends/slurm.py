@@ -31,6 +31,7 @@ Config (``execution: config: slurm:``)::
         suspended: 3600                        #   SUSPENDED, STOPPED
         pending: 86400                         #   PENDING/CONFIGURING/REQUEUED for any other reason
         completing: 1800                       #   COMPLETING, SIGNALING, STAGE_OUT
+        runaway: 1800                          #   gone from squeue, not final in sacct (sacctmgr show runawayjobs)
 
 Waits: a task that stays longer than its limit in a non-terminal state (measured from when this process
 first saw it there) fails its step with a message naming the state, its reason and the limit, and is
@@ -84,7 +85,7 @@ from dagster_gpu.slurm.parse import SlurmParseError
 from dagster_gpu.slurm.poller import SharedPoller
 from dagster_gpu.slurm.script import write_job_script
 from dagster_gpu.slurm.spool import Spool
-from dagster_gpu.slurm.status import WaitLimits, queue_wait_class, records_for, task_state
+from dagster_gpu.slurm.status import WaitLimits, records_for, task_state, task_wait_class
 from dagster_gpu.slurm.window import WindowRule
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
@@ -346,7 +347,7 @@ class SlurmBackend(Backend):
             return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {snap.error}")
         recs = records_for(aid, tid, snap.queue, snap.acct)
         key = (aid, tid)
-        wait = queue_wait_class(recs)
+        wait = task_wait_class(recs)
         if wait is None:
             self._waiting_since.pop(key, None)
         elif self._waiting_since.get(key, ("", 0.0))[0] != wait:
@@ -360,8 +361,9 @@ class SlurmBackend(Backend):
             wait_limits=self.wait_limits,
             vanish_grace_s=self.settings.vanish_grace_seconds,
         )
-        # over its wait limit: the settler cancels it, so a held task released later does not run a failed step again
-        abandoned = bool(wait) and st.status == WorkerStatus.FAILED and 0 < self.wait_limits.limit(wait) <= waited
+        # over its wait limit: the settler cancels it, so a held task released later does not run a failed step
+        # again (a runaway task is not the controller's any more: nothing to cancel)
+        abandoned = wait not in (None, "runaway") and st.status == WorkerStatus.FAILED and 0 < self.wait_limits.limit(wait) <= waited
         if st.status == WorkerStatus.FAILED and handle.get("log_file"):
             # the task's own words: e.g. why it refused its manifest (exit 3) before running anything
             st = WorkerState(st.status, st.exit_code, f"{st.message}; last lines of {handle['log_file']}:\n{log_tail(Path(str(handle['log_file'])))}")
