@@ -69,6 +69,15 @@ def test_failed_s3_write_leaves_previous_object_and_no_temp(s3):
     assert client.get_object(Bucket="dgpu-test", Key="keep/x.parquet")["Body"].read() == b"previous"
 
 
+def test_an_output_bucket_that_does_not_exist_is_an_error_never_created(s3):
+    endpoint, client = s3
+    opts = {"client_kwargs": {"endpoint_url": endpoint}}
+    with pytest.raises(FileNotFoundError, match="output bucket 'no-such-out' does not exist .*s3://no-such-out/e/x.parquet"):
+        with AtomicParquetWriter("s3://no-such-out/e/x.parquet", output_schema(2), opts):
+            pass
+    assert "no-such-out" not in [b["Name"] for b in client.list_buckets()["Buckets"]]
+
+
 @pytest.fixture(scope="module")
 def s3_output(s3):
     """A second S3 endpoint with its own state: moto's server in another process (the threaded servers of one

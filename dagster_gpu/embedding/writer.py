@@ -20,6 +20,9 @@ ID_COLUMN = "record_id"
 HASH_COLUMN = "text_sha256"
 VECTOR_COLUMN = "vector"
 
+#: fsspec protocols of object stores: keys need no directories, and the first path part is a bucket.
+OBJECT_STORES = frozenset({"s3", "s3a", "gs", "gcs", "abfs", "abfss", "az", "adl", "oss"})
+
 
 def output_schema(dim: int) -> pa.Schema:
     """``record_id: int64``, ``text_sha256: string`` (hex), ``vector: fixed_size_list<float32>[dim]``."""
@@ -46,8 +49,16 @@ class AtomicParquetWriter:
         self.rows = 0
 
     def __enter__(self) -> "AtomicParquetWriter":
+        """Opens the temp object. Raises FileNotFoundError when an object store's bucket does not exist:
+        a bucket is never created (s3fs's ``makedirs`` would create one from a typo in the URL)."""
         parent = posixpath.dirname(self.path)
-        if parent:
+        protocols = {self.fs.protocol} if isinstance(self.fs.protocol, str) else set(self.fs.protocol)
+        if protocols & OBJECT_STORES:
+            bucket = self.path.split("/", 1)[0]
+            if not self.fs.exists(bucket):
+                raise FileNotFoundError(f"output bucket {bucket!r} does not exist (writing {self.uri}); "
+                                        "dagster-gpu never creates buckets: create it, or fix output_url")
+        elif parent:
             self.fs.makedirs(parent, exist_ok=True)
         self._file = self.fs.open(self.tmp_path, "wb")
         self._writer = pq.ParquetWriter(self._file, self.schema, compression="zstd")
