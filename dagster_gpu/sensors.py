@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import dagster as dg
@@ -63,9 +64,13 @@ def corpus_sensor(
         if not new:
             return dg.SensorResult(skip_reason=dg.SkipReason(f"no new files under {corpus.url}"), cursor=cursor)
         keys = [f.key for f in new]
+        # the run key names the files' versions: a file deleted (backfill --prune) and added again under the
+        # same name gets a new run, not Dagster's skip of a run key it already ran
+        version = hashlib.sha256(json.dumps(sorted((f.key, f.size_bytes, f.mtime) for f in new)).encode()).hexdigest()[:12]
         # the new keys are appended to the definition in this order, so they are consecutive
         return dg.SensorResult(
-            run_requests=ranged_run_requests(asset, [*context.instance.get_dynamic_partitions(pdef.name), *keys], keys),
+            run_requests=ranged_run_requests(
+                asset, [*context.instance.get_dynamic_partitions(pdef.name), *keys], keys, run_key_prefix=f"{version}:"),
             dynamic_partitions_requests=[pdef.build_add_request(keys)],
             cursor=cursor,
         )

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import time
 
 import dagster as dg
 import pytest
 
 from dagster_gpu import CorpusSource, TextFormat, asset_job, backfill_missing_schedule, corpus_sensor, embedding_asset
+from dagster_gpu.partitions import prune_deleted_files
 from dagster_gpu.ranges import range_run_tags
 from dagster_gpu.sensors import partition_status, partitions_to_rerun
 
@@ -35,8 +39,9 @@ def _assert_two_ticks(corpus: CorpusSource, add_file, output_url: str):
     with dg.instance_for_test() as instance:
         first = _tick(sensor, instance, defs, None)
         # two new files: one ranged run over both (the asset's max_partitions_per_run is 50)
-        assert [(r.partition_key, r.partition_key_range, r.run_key) for r in first.run_requests] == [
+        assert [(r.partition_key, r.partition_key_range, r.run_key.split(":", 1)[1]) for r in first.run_requests] == [
             (None, dg.PartitionKeyRange("a.txt", "b.txt"), "a.txt..b.txt")]
+        assert re.fullmatch(r"[0-9a-f]{12}:a\.txt\.\.b\.txt", first.run_requests[0].run_key)  # the files' versions
         assert instance.get_dynamic_partitions("s_embeddings_files") == ["a.txt", "b.txt"]
         assert json.loads(first.cursor)["files"] == 2
         idle = _tick(sensor, instance, defs, first.cursor)
@@ -48,8 +53,28 @@ def _assert_two_ticks(corpus: CorpusSource, add_file, output_url: str):
         assert len(new_key) == 1 and new_key[0].startswith("c_d.txt-")
         assert [list(r.partition_keys) for r in second.dynamic_partitions_requests] == [new_key]
         assert sorted(instance.get_dynamic_partitions("s_embeddings_files")) == sorted(["a.txt", "b.txt", *new_key])
-        assert second.run_requests[0].run_key == f"{new_key[0]}..{new_key[0]}"
+        assert second.run_requests[0].run_key.endswith(f":{new_key[0]}..{new_key[0]}")
         assert json.loads(second.cursor)["files"] == 3
+
+
+def test_a_file_pruned_and_added_again_gets_a_new_run(tmp_path):
+    """Found by a new-user run: the re-added file's run key was the one Dagster had already run, so the
+    daemon skipped it and the old output (of the old content) stayed."""
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "s1.txt").write_text("one\n")
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
+    asset, sensor, _, defs = _defs(corpus, str(tmp_path / "out"))
+    with dg.instance_for_test() as instance:
+        first = _tick(sensor, instance, defs, None)
+        (d / "s1.txt").unlink()
+        assert prune_deleted_files(instance, asset, corpus) == ["s1.txt"]
+        (d / "s1.txt").write_text("one\ntwo\n")
+        os.utime(d / "s1.txt", (time.time() + 5, time.time() + 5))
+        again = _tick(sensor, instance, defs, first.cursor)
+        assert [r.partition_key for r in again.run_requests] == ["s1.txt"]
+        assert again.run_requests[0].run_key != first.run_requests[0].run_key
+        assert again.run_requests[0].run_key.endswith(":s1.txt..s1.txt")
 
 
 def test_sensor_on_directory(tmp_path):
