@@ -25,6 +25,7 @@ from dagster_gpu.executor.settle import Settler
 from dagster_gpu.jsonfile import write_json
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.slurm.client import SlurmClient, SlurmRejected
+from dagster_gpu.slurm.parse import parse_sacct
 
 DATA = Path(__file__).parent / "data" / "slurm"
 
@@ -59,30 +60,35 @@ def _slurm(tmp_path, squeue: str, sacct: str, **kw) -> tuple[SlurmBackend, _Reco
     return backend, client
 
 
-def _batch(backend: SlurmBackend, array_job_id: int, tasks: int, done: bool = False) -> str:
-    """A submitted job array in the spool, as the coalescer leaves it; each task's env names its index."""
+def _batch(backend: SlurmBackend, array_job_id: int, tasks: int, done: bool = False, submitted_at: float | None = None) -> str:
+    """A submitted job array in the spool, as the coalescer leaves it; each task's env names its index.
+    ``submitted_at``: our clock after sbatch returned (default: a second after the recorded Submit)."""
     batch = f"b{array_job_id}"
     bdir = backend.spool.batch_dir(batch)
     bdir.mkdir(parents=True)
     ctx = json.dumps({"rates": {"NVIDIA A100-SXM4-80GB": 3.6, "default": 3.6}})
     write_json(bdir / "manifest.json", {"tasks": [{"argv": ["true"], "env": {"TASK": str(i), "DAGSTER_GPU_STEP_CONTEXT": ctx}}
                                                   for i in range(tasks)]})
+    # our clock when sbatch returned: a second after the Submit time Slurm recorded for the array
+    if submitted_at is None:
+        submitted_at = min(r.submit for r in parse_sacct(backend.client.sacct_text) if r.id.job_id == array_job_id).timestamp() + 1
     write_json(bdir / "submitted.json", {"array_job_id": array_job_id, "cluster": None, "tasks": tasks,
-                                         "submitted_at": time.time() - 3600})
+                                         "submitted_at": submitted_at})
     if done:
         write_json(bdir / "done", {"at": time.time()})
     return batch
 
 
-def _slurm_handle(batch: str, array_job_id: int, task: int) -> dict:
+def _slurm_handle(backend: SlurmBackend, batch: str, array_job_id: int, task: int) -> dict:
+    submitted = json.loads((backend.spool.batch_dir(batch) / "submitted.json").read_text())["submitted_at"]
     return {"job_id": f"{array_job_id}_{task}", "cluster": None, "array_job_id": array_job_id, "array_task_id": task,
-            "batch": batch, "submitted_at": time.time() - 3600}
+            "batch": batch, "submitted_at": submitted}
 
 
 def test_slurm_state_of_an_ended_task_has_no_side_effect_and_accounting_returns_its_sacct_bill(tmp_path):
     backend, client = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
     batch = _batch(backend, 29, 10)
-    h = _slurm_handle(batch, 29, 0)
+    h = _slurm_handle(backend, batch, 29, 0)
     first, second = backend.state(h), backend.state(h)
     assert first == second and first.status == WorkerStatus.SUCCEEDED and not first.abandoned
     assert {a[0] for a in client.argvs} == {"squeue", "sacct"}  # no scancel
@@ -103,9 +109,9 @@ def test_slurm_settler_writes_each_task_bill_once_and_the_sweep_finds_other_proc
     batch = _batch(backend, 29, 10, done=True)
     rec = _Recorder()
     settler = Settler(write=rec)
-    assert settler.settle(backend, _slurm_handle(batch, 29, 3)) is True
+    assert settler.settle(backend, _slurm_handle(backend, batch, 29, 3)) is True
     assert [b.env["TASK"] for b in rec.bills] == ["3"]
-    assert settler.settle(backend, _slurm_handle(batch, 29, 3)) is True and len(rec.bills) == 1  # released already
+    assert settler.settle(backend, _slurm_handle(backend, batch, 29, 3)) is True and len(rec.bills) == 1  # released already
     # the other nine tasks were launched by a process that exited: the sweep settles them
     assert len(backend.unsettled()) == 9
     assert settler.sweep(backend) == 9
@@ -148,9 +154,9 @@ def test_a_bill_whose_write_failed_after_the_release_is_written_on_the_next_pass
     batch = _batch(backend, 29, 10, done=True)
     rec = _FlakyWriter(failures=2)
     settler = Settler(write=rec)
-    assert settler.settle(backend, _slurm_handle(batch, 29, 3)) is False  # released, the write failed
+    assert settler.settle(backend, _slurm_handle(backend, batch, 29, 3)) is False  # released, the write failed
     assert settler.tracked() == 1 and rec.bills == []
-    assert Settler(write=_Recorder()).settle(backend, _slurm_handle(batch, 29, 3)) is True  # nobody else bills it
+    assert Settler(write=_Recorder()).settle(backend, _slurm_handle(backend, batch, 29, 3)) is True  # nobody else bills it
     assert settler.sweep(backend) == 8  # 9 unsettled, the first write fails: that one is kept and tracked
     assert settler.tracked() == 2 and len(rec.bills) == 8
     assert settler.pass_once() == 0  # both owed bills written, without asking Slurm or releasing again
@@ -161,7 +167,7 @@ def test_a_bill_whose_write_failed_after_the_release_is_written_on_the_next_pass
 def test_slurm_task_over_its_wait_limit_is_abandoned_by_state_and_cancelled_by_the_settler(tmp_path):
     backend, client = _slurm(tmp_path, "squeue_held.txt", "sacct_held.txt", wait_limits_seconds={"held": 60.0})
     batch = _batch(backend, 35, 3)
-    h = _slurm_handle(batch, 35, 1)  # SPECIAL_EXIT, requeued in held state
+    h = _slurm_handle(backend, batch, 35, 1)  # SPECIAL_EXIT, requeued in held state
     assert backend.state(h).status == WorkerStatus.REQUEUED  # within its limit
     wait, _ = backend._waiting_since[(35, 1)]
     backend._waiting_since[(35, 1)] = (wait, time.time() - 120)  # seen held for two minutes
@@ -184,7 +190,7 @@ def test_a_runaway_slurm_task_fails_its_step_after_its_limit_and_is_billed_once_
     aid = json.loads((DATA / "runaway_jobs.json").read_text())["runaway_array"]
     backend, client = _slurm(tmp_path, "squeue_runaway.txt", "sacct_runaway.txt", wait_limits_seconds={"runaway": 60.0})
     batch = _batch(backend, aid, 2)
-    h = _slurm_handle(batch, aid, 0)
+    h = _slurm_handle(backend, batch, aid, 0)
     st = backend.state(h)
     assert (st.status, st.message) == (WorkerStatus.RUNNING, f"Slurm array task {aid}_0 is RUNNING (sacct)")
     wait, _ = backend._waiting_since[(aid, 0)]
@@ -206,6 +212,20 @@ def test_a_runaway_slurm_task_fails_its_step_after_its_limit_and_is_billed_once_
     assert (fixed.status, fixed.exit_code) == (WorkerStatus.SUCCEEDED, 0) and (aid, 0) not in backend._waiting_since
     assert settler.settle(backend, h) is True  # settled with what Slurm billed: 0 s (End = Start)
     assert [(b.gpu_seconds, b.metadata["slurm/job_id"]) for b in rec.bills] == [(0.0, "3")]
+
+
+def test_a_reused_job_id_bills_only_our_job_arrays_tasks(tmp_path):
+    """Recorded (record_runaway_fixtures.py): slurmctld lost its state and numbered jobs from 1 again, so our
+    job array got the id of one it had ended (CANCELLED after running); sacct lists both under one id."""
+    ids = json.loads((DATA / "runaway_jobs.json").read_text())
+    aid = ids["reused_array"]
+    backend, client = _slurm(tmp_path, "squeue_runaway.txt", "sacct_reused_id.txt")
+    batch = _batch(backend, aid, 2, submitted_at=ids["reused_id_submitted_at"])
+    assert backend.state(_slurm_handle(backend, batch, aid, 0)).status == WorkerStatus.SUCCEEDED
+    assert backend.accounting(_slurm_handle(backend, batch, aid, 0)).gpu_seconds == 4.0  # ours alone: 4 s x 1 GPU
+    rec = _Recorder()
+    assert len(backend.unsettled()) == 2 and Settler(write=rec).sweep(backend) == 2
+    assert sorted((b.env["TASK"], b.gpu_seconds) for b in rec.bills) == [("0", 4.0), ("1", 4.0)]
 
 
 # -- Kubernetes ---------------------------------------------------------------------------------------------

@@ -16,7 +16,9 @@ from dagster_gpu.slurm.ids import BadJobId, format_array_spec, parse_array_task_
 from dagster_gpu.billing.apportion import apportion_unit_bill
 from dagster_gpu.slurm.sacct_bill import sacct_figures
 from dagster_gpu.slurm.states import STATE_MAP, UnknownSlurmState, parse_state, worker_status
-from dagster_gpu.slurm.status import WaitLimits, queue_wait_class, records_for, task_state, task_wait_class
+from dagster_gpu.slurm.status import (
+    SUBMIT_SLACK_S, WaitLimits, acct_since, queue_wait_class, records_for, task_state, task_wait_class,
+)
 
 DATA = Path(__file__).parent / "data" / "slurm"
 JOBS = json.loads((DATA / "jobs.json").read_text())
@@ -276,6 +278,21 @@ def test_recorded_runaway_tasks_are_a_bounded_wait_until_sacct_has_their_end():
     # a task squeue still lists is never runaway, whatever sacct says
     q = P.parse_squeue(f"{aid}_0|3|{aid}|0|RUNNING|None|N/A|normal|gpu|gres:gpu:1|runaway-fixture\n")
     assert task_wait_class(records_for(aid, 0, q, a)) is None
+
+
+def test_recorded_reused_job_id_keeps_only_the_records_of_our_submission():
+    ids = json.loads((DATA / "runaway_jobs.json").read_text())
+    aid, ours = ids["reused_array"], ids["reused_id_submitted_at"]
+    a = P.parse_sacct(data("sacct_reused_id.txt"))
+    for tid in (0, 1):
+        every = records_for(aid, tid, [], a)
+        assert "CANCELLED" in [r.state.name for r in every.acct]  # the array slurmctld ended, then ours
+        assert {r.id.raw for r in every.acct} == {f"{aid}_{tid}"} and len(every.acct) >= 2
+        mine = records_for(aid, tid, [], a, submitted_at=ours)
+        assert [(r.name, r.state.name) for r in mine.acct] == [("reused-id-fixture", "COMPLETED")] and mine.attempts == 1
+        assert sacct_figures(mine.acct, shards_per_gpu=4)["billing/gpu_seconds"] == 4
+        assert sacct_figures(every.acct, shards_per_gpu=4)["billing/gpu_seconds"] > 4  # the other job's time too
+    assert acct_since(a, ours - SUBMIT_SLACK_S) == a  # within the slack: kept
 
 
 # ------------------------------------------------------------------------- config / sdiag / sbatch

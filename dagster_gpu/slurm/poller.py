@@ -22,6 +22,7 @@ from dagster_gpu.contracts import WorkerStatus
 from dagster_gpu.slurm import parse as P
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.spool import Spool, read_json, write_json
+from dagster_gpu.slurm.status import acct_since
 
 log = logging.getLogger(__name__)
 
@@ -155,8 +156,9 @@ class SharedPoller:
             if aid not in snap.ids:
                 continue
             final = {
-                r.id.task_id for r in snap.acct if r.id.job_id == aid and r.id.task_id is not None and r.state.final
-            }
+                r.id.task_id for r in acct_since(snap.acct, sub.get("submitted_at"))
+                if r.id.job_id == aid and r.id.task_id is not None and r.state.final
+            }  # fmt: skip
             live = any(
                 r.array_job_id == aid and r.state.status not in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED)
                 for r in snap.queue

@@ -88,8 +88,30 @@ class TaskRecords:
         return sum(1 for r in self.acct if r.start is not None)
 
 
-def records_for(array_job_id: int, task_id: int, queue: Iterable[QueueRow], acct: Iterable[AcctRow]) -> TaskRecords:
-    """Select task ``array_job_id``_``task_id`` from a snapshot (compact pending lines included)."""
+#: How much earlier than the submitting process's clock (after ``sbatch`` returned) Slurm may have recorded
+#: the array's Submit time (seconds): one sbatch attempt (cut at ``SlurmClient.timeout_s``, 30 s) plus
+#: clock skew between the hosts.
+SUBMIT_SLACK_S = 120.0
+
+
+def acct_since(acct: Iterable[AcctRow], submitted_at: float | None) -> list[AcctRow]:
+    """The sacct records of our job: those submitted at most :data:`SUBMIT_SLACK_S` before ``submitted_at``
+    (epoch seconds: when our ``sbatch`` of the array returned; None keeps all). An older record with the
+    same id is another job's: Slurm numbers jobs from ``FirstJobId`` again after ``MaxJobId`` or when
+    slurmctld loses its state, and ``sacct --duplicates`` lists every job that ever had the id (sacct(1),
+    ``--duplicates``). Sacct prints local time; the controller's clock and time zone are assumed to be
+    this host's."""
+    if submitted_at is None:
+        return list(acct)
+    since = datetime.fromtimestamp(submitted_at - SUBMIT_SLACK_S)
+    return [r for r in acct if r.submit is None or r.submit >= since]
+
+
+def records_for(
+    array_job_id: int, task_id: int, queue: Iterable[QueueRow], acct: Iterable[AcctRow], submitted_at: float | None = None,
+) -> TaskRecords:
+    """Select task ``array_job_id``_``task_id`` from a snapshot (compact pending lines included); sacct
+    records older than the array's ``submitted_at`` are another job's (:func:`acct_since`)."""
     q = None
     for r in queue:
         if r.array_job_id == array_job_id and any(a <= task_id <= b for a, b in r.array_task_ids):
@@ -98,7 +120,7 @@ def records_for(array_job_id: int, task_id: int, queue: Iterable[QueueRow], acct
                 break
     rows = [
         r
-        for r in acct
+        for r in acct_since(acct, submitted_at)
         if r.id.job_id == array_job_id and (r.id.task_id == task_id or any(a <= task_id <= b for a, b in r.id.task_ranges))
     ]
     # a requeued attempt gets a new Submit time; the sort is stable, so sacct's order breaks ties

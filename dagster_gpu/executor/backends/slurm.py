@@ -345,7 +345,7 @@ class SlurmBackend(Backend):
             return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {e}")
         if not snap.ok:
             return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {snap.error}")
-        recs = records_for(aid, tid, snap.queue, snap.acct)
+        recs = records_for(aid, tid, snap.queue, snap.acct, submitted)
         key = (aid, tid)
         wait = task_wait_class(recs)
         if wait is None:
@@ -427,14 +427,14 @@ class SlurmBackend(Backend):
         while Slurm has not billed it: squeue still runs it, sacct has no final record yet (slurmdbd lags
         or is down), or Slurm could not be asked. ``UnitBill.nothing`` when its manifest is unreadable."""
         aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
+        submitted = float(handle.get("submitted_at", 0.0))
         try:
-            snap = self.poller.poll({aid}, not_before=float(handle.get("submitted_at", 0.0)),
-                                    clusters={aid: handle.get("cluster")})
+            snap = self.poller.poll({aid}, not_before=submitted, clusters={aid: handle.get("cluster")})
         except (SlurmError, TimeoutError):
             return None
         if not snap.ok:
             return None
-        recs = records_for(aid, tid, snap.queue, snap.acct)
+        recs = records_for(aid, tid, snap.queue, snap.acct, submitted or None)
         if recs.queue is not None and recs.queue.state.status not in TERMINAL:
             return None
         if not recs.acct or not recs.acct[-1].state.final:
