@@ -282,6 +282,22 @@ def test_list_files_with_unsafe_names(corpus_dir):
     assert len({f.key for f in files}) == len(WEIRD_NAMES)
 
 
+def test_list_files_follows_symbolic_links_to_files(tmp_path):
+    """Found by a new-user run: links were left out of the listing (fsspec reports them as ``other``) while
+    a key lookup resolved them, so the sensor never added them and --prune would have removed them."""
+    (tmp_path / "target.txt").write_text("one\ntwo\n")
+    (tmp_path / "elsewhere").mkdir()
+    c = tmp_path / "c"
+    c.mkdir()
+    (c / "plain.txt").write_text("x\n")
+    (c / "link.txt").symlink_to(tmp_path / "target.txt")
+    (c / "dirlink").symlink_to(tmp_path / "elsewhere")
+    (c / "broken.txt").symlink_to(tmp_path / "nonexistent")
+    files = CorpusSource(str(c)).list_files()
+    assert [(f.key, f.size_bytes) for f in files] == [("link.txt", 8), ("plain.txt", 2)]
+    assert CorpusSource(str(c)).file_for_key("link.txt") == files[0]
+
+
 def test_list_files_recursive(corpus_dir):
     files = CorpusSource(str(corpus_dir), recursive=True).list_files()
     rels = {f.relative_name for f in files}

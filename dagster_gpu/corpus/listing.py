@@ -12,7 +12,8 @@ import fsspec
 from dagster_gpu.corpus.readers import TextFormat
 from dagster_gpu.keys import partition_key_for
 
-#: Our own temporary outputs and editor droppings are never corpus files.
+#: Our own temporary outputs, editor droppings and marker files (``_SUCCESS``) are never corpus files: a
+#: name starting with ``.`` or ``_`` (a file's or any directory's on its path) is not listed.
 _IGNORED_PREFIXES = (".", "_")
 
 
@@ -71,6 +72,8 @@ class CorpusSource:
         entries = fs.find(root, maxdepth=None if self.recursive else 1, detail=True, withdirs=False)
         out: dict[str, CorpusFile] = {}
         for path, info in entries.items():
+            if info.get("type") != "file" and info.get("islink"):
+                info = _followed(fs, path)  # a symbolic link counts as the file it points to
             if info.get("type") != "file":
                 continue
             rel = posixpath.relpath(path, root)
@@ -132,6 +135,15 @@ class CorpusSource:
         if info.get("type") != "file":
             return None
         return CorpusFile(key=key, uri=_uri(fs, path), relative_name=key, size_bytes=int(info.get("size") or 0), mtime=_mtime(info))
+
+
+def _followed(fs, path: str) -> dict:
+    """``fs.info`` of what a symbolic link points to (fsspec's listing reports the link itself as ``other``;
+    Debian's fortunes ``*.u8`` files are links); ``{}`` for a broken link."""
+    try:
+        return fs.info(path)
+    except OSError:
+        return {}
 
 
 def _uri(fs, path: str) -> str:
