@@ -63,7 +63,8 @@ class TextFormat:
         format: ``auto`` (``.parquet`` suffix -> parquet, else text), ``text`` or ``parquet``.
         record_separator_line: text only: a line equal to this string ends a record (``%``); None =
             one record per line.
-        encoding: text only (parquet strings are UTF-8).
+        encoding: text only (parquet strings are UTF-8); UTF-8 text may start with a byte-order mark,
+            which is not part of the first record.
         text_column: parquet only: the column holding the text.
         decode_errors: what an undecodable record does (see the module doc): ``strict`` (CorpusReadError
             naming file, line/row and record id), ``replace`` (U+FFFD, counted in
@@ -192,7 +193,9 @@ def _first_bad(text: str, unit: str) -> tuple[str, str]:
 
 def _text_records(f, uri: str, fmt: TextFormat) -> Iterator[tuple[str, Bad | None]]:
     try:
-        reader = io.TextIOWrapper(f, encoding=fmt.encoding, errors=_MARK, newline=None)
+        # UTF-8 with a byte-order mark (Windows editors write one) reads as UTF-8: the mark is not text
+        encoding = "utf-8-sig" if codecs.lookup(fmt.encoding).name == "utf-8" else fmt.encoding
+        reader = io.TextIOWrapper(f, encoding=encoding, errors=_MARK, newline=None)
     except LookupError as e:
         raise CorpusReadError(f"{uri}: unknown text encoding {fmt.encoding!r}") from e
     sep = fmt.record_separator_line
