@@ -45,7 +45,7 @@ def _backfill(argv: list[str]) -> int:
     import dagster as dg
 
     from dagster_gpu.cli_common import console as make_console, instance_or_none
-    from dagster_gpu.corpus.listing import CorpusNotFound
+    from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
     from dagster_gpu.partitions import NoCorpus, corpus_of, prune_deleted_files, register_corpus_files, select_partitions
     from dagster_gpu.report import run_backfill_with_progress
 
@@ -74,7 +74,7 @@ def _backfill(argv: list[str]) -> int:
             corpus = corpus_of(asset, module)
             pruned = prune_deleted_files(instance, asset, corpus) if args.prune else []
             added = [] if args.no_register else register_corpus_files(instance, asset, corpus)
-        except (NoCorpus, CorpusNotFound, TypeError) as e:
+        except (NoCorpus, CorpusNotFound, CorpusUnreadable, TypeError) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
             return 2
         if args.prune:

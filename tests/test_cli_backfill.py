@@ -157,3 +157,22 @@ def test_failed_partitions_are_listed_below_the_summary(setup, tmp_path):
         assert run.run_id in lines[0] and "partition 'failed.txt': undecodable" in lines[0] and str(log) in lines[0]
         assert "not materialized" in lines[1] and "no run recorded" in lines[1]
         assert failures_table([d]).row_count == 1
+
+
+def test_a_corpus_store_that_refuses_the_listing_is_one_line_naming_the_corpus(tmp_path, monkeypatch, capsys):
+    """Found by a new-user run: an unreachable S3 endpoint (or wrong credentials) printed 134 lines of
+    botocore tracebacks without the corpus URL."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    corpus = CorpusSource(url="s3://corp/corpus", text_format=TextFormat(format="text"), storage_options={
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},  # nothing listens on the discard port
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}})
+    asset = embedding_asset(name="u_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+    module = types.ModuleType("cli_unreachable_defs")
+    module.defs, module.corpus = dg.Definitions(assets=[asset], jobs=[asset_job(asset)]), corpus
+    monkeypatch.setitem(sys.modules, "cli_unreachable_defs", module)
+    with dg.instance_for_test():
+        assert main(["backfill", "-m", "cli_unreachable_defs", "-a", "u_embeddings"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("dagster-gpu backfill: corpus 's3://corp/corpus' cannot be listed: EndpointConnectionError: "
+                           'Could not connect to the endpoint URL: "http://127.0.0.1:9/corp/corpus"')

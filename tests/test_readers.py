@@ -390,3 +390,20 @@ def test_parquet_invalid_utf8_row_counts_across_row_groups_and_batches(tmp_path)
     _, ids, texts, stats = read_all(p, TextFormat(format="parquet", decode_errors="replace"), batch_rows=3)
     assert ids == [0, 1, 2, 4, 5, 6, 7, 8, 9] and texts[6] == "row \ufffd( seven"
     assert (stats.records, stats.skipped_empty, stats.replaced_rows) == (10, 1, 1)
+
+
+def test_a_corpus_store_that_answers_with_an_error_fails_each_partition_naming_the_corpus(monkeypatch):
+    from dagster_gpu.corpus.listing import CorpusUnreadable
+    from dagster_gpu.worker.unit import UnitOutcome, _resolve
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    corpus = CorpusSource(url="s3://corp/corpus", storage_options={
+        "client_kwargs": {"endpoint_url": "http://127.0.0.1:9"},  # nothing listens on the discard port
+        "config_kwargs": {"retries": {"max_attempts": 1}, "connect_timeout": 2}})
+    with pytest.raises(CorpusUnreadable, match=r"^corpus 's3://corp/corpus' cannot be read: EndpointConnectionError"):
+        corpus.file_for_key("a.txt")
+    outcome = UnitOutcome()
+    assert _resolve(corpus, ["a.txt", "b.txt"], outcome) == {}
+    assert sorted(outcome.failed) == ["a.txt", "b.txt"]
+    assert outcome.failed["b.txt"].startswith("partition 'b.txt': corpus 's3://corp/corpus' cannot be read: EndpointConnectionError")

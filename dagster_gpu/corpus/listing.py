@@ -40,6 +40,11 @@ class CorpusNotFound(FileNotFoundError):
     """The corpus URL does not exist, or a partition key has no file; the message names both."""
 
 
+class CorpusUnreadable(OSError):
+    """The corpus store answered a listing with an error (credentials, permissions, an unreachable
+    endpoint); the message names the corpus URL and the store's error, which is chained."""
+
+
 @dataclass(frozen=True)
 class CorpusSource:
     """Where a corpus lives and how to read it.
@@ -65,11 +70,17 @@ class CorpusSource:
         return fs, root.rstrip("/")
 
     def list_files(self) -> list[CorpusFile]:
-        """All corpus files, sorted by key. Raises CorpusNotFound if the URL does not exist."""
-        fs, root = self.filesystem()
-        if not fs.exists(root):
-            raise CorpusNotFound(f"corpus {self.url!r} does not exist")
-        entries = fs.find(root, maxdepth=None if self.recursive else 1, detail=True, withdirs=False)
+        """All corpus files, sorted by key. Raises CorpusNotFound if the URL does not exist,
+        CorpusUnreadable when the store answers with an error."""
+        try:
+            fs, root = self.filesystem()
+            if not fs.exists(root):
+                raise CorpusNotFound(f"corpus {self.url!r} does not exist")
+            entries = fs.find(root, maxdepth=None if self.recursive else 1, detail=True, withdirs=False)
+        except CorpusNotFound:
+            raise
+        except Exception as e:  # noqa: BLE001 - botocore/aiohttp errors are not OSErrors: name the corpus for all
+            raise _unreadable(f"corpus {self.url!r} cannot be listed", e) from e
         out: dict[str, CorpusFile] = {}
         for path, info in entries.items():
             if info.get("type") != "file" and info.get("islink"):
@@ -99,7 +110,8 @@ class CorpusSource:
         names its file directly: up to ``max_direct_lookups`` such keys are resolved with one ``info`` call
         each. Any other key (a rewritten or recursive name, a missing file), or a longer list, costs one
         listing of the corpus for the whole call, never one per key. Raises CorpusNotFound naming every key
-        without a file, and the corpus (with ``missing_ok``, such keys are left out of the result instead).
+        without a file, and the corpus (with ``missing_ok``, such keys are left out of the result instead),
+        CorpusUnreadable when the store answers with an error.
         """
         wanted = list(dict.fromkeys(keys))
         found: dict[str, CorpusFile] = {}
@@ -130,11 +142,19 @@ class CorpusSource:
         path = posixpath.join(root, key)
         try:
             info = fs.info(path)
-        except (FileNotFoundError, OSError):
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
+        except Exception as e:  # noqa: BLE001 - as in list_files
+            raise _unreadable(f"corpus {self.url!r} cannot be read", e) from e
         if info.get("type") != "file":
             return None
         return CorpusFile(key=key, uri=_uri(fs, path), relative_name=key, size_bytes=int(info.get("size") or 0), mtime=_mtime(info))
+
+
+def _unreadable(what: str, e: Exception) -> CorpusUnreadable:
+    """``what``, then the store's error type and first line."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return CorpusUnreadable(f"{what}: {type(e).__name__}: {first}")
 
 
 def _followed(fs, path: str) -> dict:

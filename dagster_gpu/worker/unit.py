@@ -29,7 +29,7 @@ from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
 from dagster_gpu.checks import (
     check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, verify_output,
 )
-from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource
+from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
 from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.embedding.encoder import Encoder
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
@@ -167,7 +167,7 @@ def _resolve(corpus: CorpusSource, keys: list[str], outcome: UnitOutcome) -> dic
         return {}
     try:
         found = corpus.files_for_keys(keys, missing_ok=True)
-    except CorpusNotFound as e:  # the corpus itself is gone
+    except (CorpusNotFound, CorpusUnreadable) as e:  # the corpus itself is gone, or its store refuses us
         found = {}
         for k in keys:
             outcome.failed[k] = f"partition {k!r}: {e}"
