@@ -22,6 +22,7 @@ from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.storage.dagster_run import RunsFilter
 from dagster._core.utils import make_new_backfill_id
 
+from dagster_gpu.failures import partition_line, step_failure_message
 from dagster_gpu.ranges import range_tags, run_partition_keys
 
 _DONE_BACKFILL = {
@@ -293,8 +294,8 @@ def summarize_partitions(
             if st != "failed":
                 continue
             if run.run_id not in messages:
-                messages[run.run_id] = _failure_message(instance, run.run_id) or run.status.value
-            failures[key] = (_line_for(messages[run.run_id], key), run.run_id)
+                messages[run.run_id] = step_failure_message(instance, run.run_id) or run.status.value
+            failures[key] = (partition_line(messages[run.run_id], key), run.run_id)
     out = []
     for pk in partition_keys:
         recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[pk]), limit=1).records
@@ -321,28 +322,6 @@ def summarize_partitions(
     return out
 
 
-def _line_for(message: str, key: str) -> str:
-    """The line of a unit's failure message about partition ``key`` (``key: why``), else its first line."""
-    for line in message.splitlines():
-        if line.startswith(f"{key}: "):
-            return line[len(key) + 2 :]
-    return message.strip().splitlines()[0] if message.strip() else message
-
-
 def _runs_in_flight(instance: dg.DagsterInstance, backfill_id: str) -> bool:
     return any(rec.dagster_run.status not in _FINISHED
                for rec in instance.get_run_records(RunsFilter.for_backfill(backfill_id)))
-
-
-def _failure_message(instance: dg.DagsterInstance, run_id: str) -> str | None:
-    recs = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records
-    for r in recs:
-        ev = r.event_log_entry.dagster_event
-        data = ev.step_failure_data if ev else None
-        if data is None:
-            continue
-        if data.user_failure_data and data.user_failure_data.description:
-            return data.user_failure_data.description
-        if data.error and data.error.message:
-            return data.error.message.strip().splitlines()[0]
-    return None

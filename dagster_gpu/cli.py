@@ -14,7 +14,8 @@
         the asset's (CorpusSource's listing).
     dagster-gpu report -a ASSET (--backfill ID | --last N) [-o report.html]
         write a self-contained HTML report (cost, GPU-seconds, useful fraction, utilization,
-        throughput, placements, estimate vs measured cost) of a backfill or the last N runs.
+        throughput, placements, estimate vs measured cost, failed partitions and why) of a backfill,
+        or of the asset's last N materializations and its failed runs since.
 """
 
 from __future__ import annotations

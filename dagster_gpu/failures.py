@@ -63,3 +63,27 @@ def failure_detail(instance: dg.DagsterInstance, partition_key: str, run_id: str
     """The detail of one failed partition; ``error`` is the message already known (its first line is kept)."""
     log = log_location(_launch_metadata(instance, run_id) if run_id else {}, run_id)
     return FailureDetail(partition_key, run_id, first_line(error) or "failed", log)
+
+
+def partition_line(message: str, key: str) -> str:
+    """The line of a unit's failure message about partition ``key`` (``key: why``), else its first line."""
+    for line in message.splitlines():
+        if line.startswith(f"{key}: "):
+            return line[len(key) + 2 :]
+    return message.strip().splitlines()[0] if message.strip() else message
+
+
+def step_failure_message(instance: dg.DagsterInstance, run_id: str) -> str | None:
+    """The run's step failure: the user failure's description (a unit's names each failed partition, one
+    ``key: why`` line each), else the error's first line; None when no step failed."""
+    recs = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records
+    for r in recs:
+        ev = r.event_log_entry.dagster_event
+        data = ev.step_failure_data if ev else None
+        if data is None:
+            continue
+        if data.user_failure_data and data.user_failure_data.description:
+            return data.user_failure_data.description
+        if data.error and data.error.message:
+            return data.error.message.strip().splitlines()[0]
+    return None

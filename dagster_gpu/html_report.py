@@ -3,7 +3,7 @@ backfill or of an asset's last N materializations.
 
 Per partition: cost (USD) by backend, GPU-seconds, useful fraction, GPU utilization, texts/s against
 rows, the placement chosen and the policy's estimated cost against the measured one; totals per
-backend. Sources: each materialization's metadata (keys in README "Metadata on each materialization")
+backend; each failed partition with its run and the reason. Sources: each materialization's metadata (keys in README "Metadata on each materialization")
 and each run's launch event (``STEP_WORKER_STARTING`` metadata ``dagster_gpu/placement``, whose
 chosen alternative carries the estimate ``cost_usd``).
 
@@ -25,6 +25,8 @@ from typing import Any, Mapping, Sequence
 import dagster as dg
 
 from dagster_gpu.cli_common import instance_or_none
+from dagster_gpu.failures import partition_line, step_failure_message
+from dagster_gpu.ranges import PartitionRangeError, run_partition_keys
 from dagster_gpu.worker.metadata import placement_from_metadata
 
 
@@ -110,11 +112,19 @@ def _rows_for_run(instance: dg.DagsterInstance, run_id: str, asset_key: dg.Asset
 
 
 def collect(instance: dg.DagsterInstance, asset_key: dg.AssetKey, *, backfill_id: str | None = None,
-            last: int | None = None) -> tuple[list[ReportRow], list[tuple[str, str]]]:
-    """(rows, failed (partition or range, run id)) of a backfill's runs, or of the runs of the asset's
-    last ``last`` materializations. Raises ValueError when neither is given or the backfill is unknown."""
+            last: int | None = None, partitions_def_name: str | None = None,
+            ) -> tuple[list[ReportRow], list[tuple[str, str, str]]]:
+    """(rows, failed) of a backfill's runs, or of the asset's last ``last`` materializations and every
+    failed or canceled run of the asset since the first of their runs (the last ``last`` such runs when it
+    has no materialization): a run that materialized nothing is reported too.
+
+    ``failed``: (partition key, run id, the partition's line of the run's failure message) for each
+    partition of a failed run that it did not materialize (a range's keys resolved in the dynamic
+    partitions ``partitions_def_name``; the range itself when it cannot be). Raises ValueError when
+    neither ``backfill_id`` nor ``last`` is given or the backfill is unknown."""
     from dagster._core.storage.dagster_run import RunsFilter
 
+    bad = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
     if backfill_id:
         if instance.get_backfill(backfill_id) is None:
             raise ValueError(f"no backfill {backfill_id!r} in this instance")
@@ -122,21 +132,46 @@ def collect(instance: dg.DagsterInstance, asset_key: dg.AssetKey, *, backfill_id
     elif last:
         recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset_key), limit=last, ascending=False).records
         ids = list(dict.fromkeys(r.run_id for r in reversed(recs)))
-        runs = [r for r in (instance.get_run_by_id(i) for i in ids) if r is not None]
+        first = instance.get_run_record_by_id(ids[0]) if ids else None
+        since = RunsFilter(statuses=list(bad), created_after=first.create_timestamp) if first else RunsFilter(statuses=list(bad))
+        failed_runs = [r.dagster_run for r in instance.get_run_records(since) if _plans(instance, r.dagster_run, asset_key)]
+        failed_runs = failed_runs if first else failed_runs[:last]
+        ids += [r.run_id for r in reversed(failed_runs) if r.run_id not in ids]
+        runs = sorted((r for r in (instance.get_run_record_by_id(i) for i in ids) if r is not None), key=lambda r: r.create_timestamp)
+        runs = [r.dagster_run for r in runs]
     else:
-        raise ValueError("give a backfill id or a number of runs")
+        raise ValueError("give a backfill id or a number of materializations")
     rows: list[ReportRow] = []
-    failed: list[tuple[str, str]] = []
+    failed: list[tuple[str, str, str]] = []
     for run in runs:
         got = _rows_for_run(instance, run.run_id, asset_key)
         rows += got
-        if run.status in (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED):
-            t = run.tags
-            where = t.get("dagster/partition") or f"{t.get('dagster/asset_partition_range_start')}…{t.get('dagster/asset_partition_range_end')}"
-            failed.append((where, run.run_id))
+        if run.status in bad:
+            failed += _failed_partitions(instance, run, {r.partition for r in got}, partitions_def_name)
     if last:
         rows = rows[-last:]
     return rows, failed
+
+
+def _plans(instance: dg.DagsterInstance, run: dg.DagsterRun, asset_key: dg.AssetKey) -> bool:
+    """The run set out to materialize ``asset_key`` (its ASSET_MATERIALIZATION_PLANNED events: a run of a job
+    or of ``materialize()`` may carry no asset selection)."""
+    if run.asset_selection:
+        return asset_key in run.asset_selection
+    recs = instance.get_records_for_run(run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED).records
+    return any(r.event_log_entry.dagster_event is not None and r.event_log_entry.dagster_event.asset_key == asset_key
+               for r in recs)
+
+
+def _failed_partitions(instance: dg.DagsterInstance, run: dg.DagsterRun, materialized: set[str],
+                       partitions_def_name: str | None) -> list[tuple[str, str, str]]:
+    message = step_failure_message(instance, run.run_id) or run.status.value
+    try:
+        keys = run_partition_keys(instance, run.tags, partitions_def_name)
+    except PartitionRangeError:
+        t = run.tags
+        keys = (f"{t.get('dagster/asset_partition_range_start')}…{t.get('dagster/asset_partition_range_end')}",)
+    return [(k, run.run_id, partition_line(message, k)) for k in keys or ("-",) if k not in materialized]
 
 
 # -- rendering ----------------------------------------------------------------------------------------
@@ -189,8 +224,9 @@ def _scatter(xs, ys, labels, title, xlabel, ylabel, diagonal=False) -> str:
     return _svg(fig)
 
 
-def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str]], title: str) -> str:
-    """The whole page: totals, per-backend table, charts (inline SVG), placements, failed runs."""
+def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]], title: str) -> str:
+    """The whole page: totals, per-backend table, charts (inline SVG), placements, failed partitions
+    ((partition key, run id, why) as :func:`collect` gives them)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,7 +236,7 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str]], ti
         per_backend.setdefault(r.backend, []).append(r)
     total = sum(r.cost_usd or 0 for r in rows)
     parts = [f"<h1>{e(title)}</h1>",
-             f"<p>{len(rows)} partition(s) materialized, {len(failed)} failed run(s); measured cost "
+             f"<p>{len(rows)} partition(s) materialized, {len(failed)} failed; measured cost "
              f"<b>{total:.6f} USD</b>, {sum(r.gpu_seconds or 0 for r in rows):.1f} GPU-seconds.</p>"]
     parts.append("<h2>Per backend</h2><table><tr><th>backend</th><th>partitions</th><th>rows</th><th>GPU-seconds</th>"
                  "<th>cost (USD)</th><th>estimated (USD)</th><th>mean useful fraction</th></tr>")
@@ -241,8 +277,8 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str]], ti
                      f"<td>{f(r.estimated_cost_usd, 6)}</td><td>{e(r.placement_reason)}</td></tr>")
     parts.append("</table>")
     if failed:
-        parts.append("<h2>Failed runs</h2><ul>" + "".join(
-            f"<li>{e(k)}: run <code>{e(rid)}</code></li>" for k, rid in failed) + "</ul>")
+        parts.append("<h2>Failed partitions</h2><table><tr><th>partition</th><th>run</th><th>why</th></tr>" + "".join(
+            f"<tr><td>{e(k)}</td><td><code>{e(rid)}</code></td><td>{e(why)}</td></tr>" for k, rid, why in failed) + "</table>")
     style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px;text-align:right}"
              "td:first-child,th:first-child{text-align:left}.charts svg{max-width:48%;height:auto;margin:4px}")
@@ -256,7 +292,9 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("-a", "--asset", required=True, help="asset key, '/'-separated")
     g = ap.add_mutually_exclusive_group(required=True)
     g.add_argument("--backfill", help="backfill id")
-    g.add_argument("--last", type=int, help="the asset's last N materializations")
+    g.add_argument("--last", type=int, help="the asset's last N materializations, and its failed runs since")
+    ap.add_argument("--partitions-def", help="the asset's dynamic partitions definition, to name the failed partitions "
+                                              "of a ranged run (default: <asset name>_files, embedding_asset's)")
     ap.add_argument("-o", "--output", default="dagster-gpu-report.html")
     args = ap.parse_args(argv)
     if args.last is not None and args.last < 1:
@@ -272,11 +310,13 @@ def report_main(argv: Sequence[str] | None = None) -> int:
         print(f"dagster-gpu report: no asset {args.asset!r} in this instance ({instance.root_directory})", file=sys.stderr)
         return 2
     try:
-        rows, failed = collect(instance, key, backfill_id=args.backfill, last=args.last)
+        rows, failed = collect(instance, key, backfill_id=args.backfill, last=args.last,
+                               partitions_def_name=args.partitions_def or f"{key.path[-1]}_files")
     except ValueError as e:
         print(f"dagster-gpu report: {e}", file=sys.stderr)
         return 2
     what = f"backfill {args.backfill}" if args.backfill else f"last {args.last} materializations"
     out.write_text(render_html(rows, failed, f"{args.asset}: {what}"))
-    print(f"{args.output}: {len(rows)} partition(s), {len(failed)} failed run(s)")
+    runs = len({rid for _, rid, _ in failed})
+    print(f"{args.output}: {len(rows)} partition(s), {len(failed)} failed partition(s) in {runs} failed run(s)")
     return 0

@@ -56,6 +56,15 @@ def test_report_of_real_materializations(tmp_path, monkeypatch):
                 run_ids[pk])
         rows, failed = collect(instance, asset.key, last=10)
         assert [r.partition for r in rows] == ["small", "medium", "large"] and failed == []
+        # a run that materialized nothing (its file is gone) is in the report too, with the partition and why
+        instance.add_dynamic_partitions("rep_files", ["gone"])
+        lost = dg.materialize([asset], instance=instance, partition_key="gone", raise_on_error=False)
+        assert not lost.success
+        rows, failed = collect(instance, asset.key, last=10, partitions_def_name="rep_files")
+        assert [r.partition for r in rows] == ["small", "medium", "large"]
+        assert [(k, rid) for k, rid, _ in failed] == [("gone", lost.run_id)]
+        assert "no file in corpus" in failed[0][2] and "gone" in failed[0][2]
+        assert collect(instance, asset.key, last=1)[1] == failed  # failed runs since the last materialization's run
         by = {r.partition: r for r in rows}
         assert {k: r.rows for k, r in by.items()} == sizes
         assert by["small"].estimated_cost_usd == 0.0001 and by["medium"].estimated_cost_usd is None
@@ -65,17 +74,18 @@ def test_report_of_real_materializations(tmp_path, monkeypatch):
         assert os.environ["DAGSTER_HOME"] == instance.root_directory  # instance_for_test sets and restores it
         assert report_main(["-a", "rep", "--last", "2", "-o", str(out)]) == 0
         assert len(re.findall(r"<tr><td>(?:medium|large)</td>", out.read_text())) == 2
+        assert f"<tr><td>gone</td><td><code>{lost.run_id}</code></td><td>" in out.read_text()
         assert report_main(["-a", "rep", "--backfill", "nope", "-o", str(out)]) == 2
         assert report_main(["-a", "nosuch", "--last", "2", "-o", str(out)]) == 2  # not an asset of this instance
         for bad in (["--last", "-3", "-o", str(out)], ["--last", "2", "-o", str(tmp_path / "no-dir" / "r.html")]):
             with pytest.raises(SystemExit) as e:
                 report_main(["-a", "rep", *bad])  # argparse's error: usage and one line, exit 2
             assert e.value.code == 2
-        page = render_html(rows, [("bad", "abcd1234")], "rep: last 10")
+        page = render_html(rows, [("bad", "abcd1234", "a <b>reason</b>")], "rep: last 10")
     (tmp_path / "full.html").write_text(page)
     assert page.count("<svg ") == 6, page.count("<svg")  # cost, GPU-s, useful fraction, utilization, texts/s vs rows, estimate vs measured
     assert "unavailable" in page  # CPU-only partitions: utilization marked, not drawn as 0 silently
     # self-contained: nothing fetched (namespaces are names, not requests)
     assert not re.search(r'(src|href)="(https?:)?//', page) and "<script" not in page and "<link" not in page
-    assert "<li>bad: run <code>abcd1234</code></li>" in page
+    assert "<tr><td>bad</td><td><code>abcd1234</code></td><td>a &lt;b&gt;reason&lt;/b&gt;</td></tr>" in page
     print(tmp_path / "full.html")
