@@ -162,6 +162,23 @@ def test_local_cpu_candidate_for_cpu_steps():
     assert q.backend == "slurm" and q.alternatives[0].note == "no GPU devices"
 
 
+def test_a_gpu_step_forced_onto_a_host_without_gpus_is_planned_on_its_cpu_as_the_executor_runs_it():
+    """Found by a new-user run: whatif said "no feasible placement: local: no GPU devices" for the local-only
+    setup that then ran fine (the worker's device ``auto`` runs on the CPU)."""
+    local = LocalState(pools=(), launch_latency_s=1.0, billed_overhead_s=10.0)
+    p = decide(GpuRequest(), SIZE, snap(None, None, local), model=MODEL, force="local")
+    assert (p.backend, p.device, p.deadline_met) == ("local", "cpu", True)
+    assert p.chosen.runtime_s == 4330.0 and p.chosen.cost_usd == pytest.approx(0.05 * 4330 / 3600)
+    assert p.chosen.note.startswith("no GPU devices on this host: the worker runs on CPU (device auto); CPU")
+    assert p.reason.endswith("forced by gpu_executor config backend: local")
+    # not forced: the policy never sends a GPU request to a CPU
+    with pytest.raises(NoFeasiblePlacement, match="local: no GPU devices"):
+        decide(GpuRequest(), SIZE, snap(None, None, local), model=MODEL)
+    # forced, and past its deadline on the CPU: chosen (forced), the miss recorded
+    late = decide(GpuRequest(deadline_s=60.0), SIZE, snap(S(pool(1)), None, local), model=MODEL, force="local")
+    assert (late.backend, late.device, late.deadline_met) == ("local", "cpu", False)
+
+
 def test_local_gpu_host_chosen_when_cheapest():
     local = LocalState(pools=(pool(1),), launch_latency_s=1.0, billed_overhead_s=10.0)
     p = decide(GpuRequest(), SIZE, snap(S(pool(1)), K(pool(1)), local), model=MODEL)

@@ -126,6 +126,16 @@ def test_whatif_live_local_only_saves_a_snapshot_that_plans_offline(corpus, tmp_
     snap = json.loads(saved.read_text())
     assert snap["local"]["reachable"] is True and "slurm" not in snap and "kubernetes" not in snap
     assert live["runtime_model"].startswith("fallback (no history)")
+    # local is the only backend: planned there as the executor runs it (on this host's CPU when it has no GPU)
+    from dagster_gpu.telemetry.nvml import list_gpus
+
+    devices = {r["placement"]["device"] for r in live["plans"]["auto"]}
+    assert devices == ({"cpu"} if not list_gpus() else {g.product for g in list_gpus()})
+    assert {r["placement"]["backend"] for r in live["plans"]["auto"]} == {"local"} and live["infeasible"]["auto"] == 0
+    # modes whose backend is not configured have no total (not 0 USD) and count every partition infeasible
+    n = len(live["plans"]["auto"])
+    assert (live["totals_usd"]["slurm"], live["infeasible"]["slurm"]) == (None, n)
+    assert live["totals_usd"]["auto"] > 0
     assert whatif_main([str(corpus), "--snapshot", str(saved), "--json"]) == 0
     offline = json.loads(capsys.readouterr().out)
     assert offline["plans"] == live["plans"]

@@ -197,6 +197,24 @@ def alternatives(
     )
 
 
+def _cpu_when_no_gpu(alts: tuple[Alternative, ...], request: GpuRequest, step_size: StepSize, snapshot: Snapshot,
+                     model: RuntimeModel | None, config: PolicyConfig) -> tuple[Alternative, ...]:
+    """A step forced onto a local host without GPUs runs there on CPU (the worker's device ``auto`` finds no
+    CUDA device), as the executor places it: its local alternative becomes that CPU estimate. Never in
+    ``auto`` mode: there a GPU request does not fall back to a CPU."""
+    state = snapshot.backend("local")
+    if state is None or state.pools or request.count == 0 or not state.reachable:
+        return alts
+    cpu = _cpu_alternative("local", state, step_size, model or _DEFAULT_MODEL, snapshot)
+    if cpu.feasible:
+        from dataclasses import replace
+
+        dl = request.deadline_s
+        cpu = replace(cpu, note=f"no GPU devices on this host: the worker runs on CPU (device auto); {cpu.note}",
+                      meets_deadline=dl is None or cpu.finish_s <= dl + config.deadline_slack_s)
+    return tuple(cpu if a.backend == "local" and a.note == "no GPU devices" else a for a in alts)
+
+
 def _delayed(a: Alternative, back_in_s: float, reason: str) -> Alternative:
     from dataclasses import replace
 
@@ -262,6 +280,8 @@ def decide(
     alts = alternatives(request, step_size, snapshot, model, config)
     how = forced_backend(request, force)
     forced = how.backend if how else None
+    if forced == "local":
+        alts = _cpu_when_no_gpu(alts, request, step_size, snapshot, model, config)
     pool = [a for a in alts if a.feasible and (forced is None or a.backend == forced)]
     skipped = "; ".join(f"{_label(a)}: {a.note}" for a in alts if not a.feasible)
     if not pool:

@@ -37,11 +37,12 @@ from typing import Sequence
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.code_module import import_code_module
 from dagster_gpu.corpus.listing import CorpusSource
+from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.policy.policy import NoFeasiblePlacement, decide
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import Snapshot, after_submit
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.request import BACKENDS, GpuRequest
 
 MODES = ("auto", "slurm", "kubernetes")
 
@@ -71,18 +72,30 @@ def list_partitions(corpus: CorpusSource) -> list[tuple[str, int]]:
 def plan(
     partitions: Sequence[tuple[str, int]], request: GpuRequest, snapshot: Snapshot, model: RuntimeModel, mode: str
 ) -> list[PlanRow]:
-    """Plan every partition in order under ``mode`` (``auto`` or a forced backend). Pure."""
+    """Plan every partition in order under ``mode`` (``auto`` or a forced backend). ``auto`` forces what the
+    executor forces (:func:`~dagster_gpu.policy.forced.forced_backend`: the step's tag, or the only backend
+    in the snapshot). Pure."""
     rows = []
     snap = snapshot
+    if mode == "auto":
+        how = forced_backend(request, "auto", [b for b in BACKENDS if snapshot.backend(b) is not None])
+        force = how.backend if how else None
+    else:
+        force = mode
     for key, size in partitions:
         try:
-            p = decide(request, StepSize(bytes=size), snap, model=model, force=None if mode == "auto" else mode)
+            p = decide(request, StepSize(bytes=size), snap, model=model, force=force)
         except NoFeasiblePlacement as e:
             rows.append(PlanRow(key, size, None, str(e)))
             continue
         rows.append(PlanRow(key, size, p))
         snap = after_submit(snap, p.backend, p.device, p.product)
     return rows
+
+
+def _first_error(rows: list[PlanRow]) -> str:
+    """Why the first infeasible partition could not be placed, shortened."""
+    return next((r.error for r in rows if r.placement is None and r.error), "")[:80]
 
 
 def _total(rows: list[PlanRow]) -> tuple[float, int, float]:
@@ -216,14 +229,15 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
             "plans": {m: [{"partition": r.partition, "bytes": r.size_bytes, "error": r.error,
                            "placement": r.placement.to_json() if r.placement else None} for r in rows]
                       for m, rows in plans.items()},
-            "totals_usd": {m: _total(rows)[0] for m, rows in plans.items()},
+            "totals_usd": {m: None if _total(rows)[1] else _total(rows)[0] for m, rows in plans.items()},
+            "infeasible": {m: _total(rows)[1] for m, rows in plans.items()},
         }, indent=1))
         return 0
-    _print_tables(plans, model, args.max_rows)
+    _print_tables(plans, model, args.max_rows, {b for b in BACKENDS if snapshot.backend(b) is not None})
     return 0
 
 
-def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows: int) -> None:
+def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows: int, configured: set[str]) -> None:
     from rich.table import Table
 
     from dagster_gpu.cli_common import console
@@ -248,7 +262,7 @@ def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows
     s = Table(title=f"Totals over {len(auto)} partitions")
     for col in ("mode", "cost USD", "vs auto", "infeasible", "deadline misses", "last finish s", "backends"):
         s.add_column(col)
-    base = _total(auto)[0]
+    base, base_bad, _ = _total(auto)
     for m, rows in plans.items():
         cost, bad, fin = _total(rows)
         misses = sum(1 for r in rows if r.placement and not r.placement.deadline_met)
@@ -256,10 +270,13 @@ def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows
         for r in rows:
             if r.placement:
                 counts[r.placement.backend] = counts.get(r.placement.backend, 0) + 1
+        # a mode that cannot place a partition has no total: a sum over the others would read as cheap
         s.add_row(
-            "all-" + m if m != "auto" else "auto (policy)", f"{cost:.4f}",
-            f"{cost / base:.2f}x" if base > 0 else "-", str(bad), str(misses), f"{fin:.0f}",
-            ", ".join(f"{k}={v}" for k, v in sorted(counts.items())),
+            "all-" + m if m != "auto" else "auto (policy)", "-" if bad else f"{cost:.4f}",
+            f"{cost / base:.2f}x" if base > 0 and not bad and not base_bad else "-", str(bad), str(misses),
+            f"{fin:.0f}" if not bad else "-",
+            ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
+            or ("not configured" if m != "auto" and m not in configured else _first_error(rows)),
         )
     con.print(s)
 
