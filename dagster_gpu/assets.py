@@ -20,6 +20,10 @@ def output_uri_for(output_url: str, asset_name: str, partition_key: str) -> str:
     return posixpath.join(output_url.rstrip("/"), asset_name, output_name_for(partition_key))
 
 
+#: A backfill's (and the sensor's and schedule's) runs embed at most this many partitions each, by default.
+DEFAULT_PARTITIONS_PER_RUN = 50
+
+
 def embedding_asset(
     *,
     corpus: CorpusSource,
@@ -38,7 +42,7 @@ def embedding_asset(
     group_name: str | None = None,
     key_prefix: Sequence[str] | None = None,
     retry_policy: dg.RetryPolicy | None = None,
-    max_partitions_per_run: int = 50,
+    max_partitions_per_run: int = DEFAULT_PARTITIONS_PER_RUN,
 ) -> dg.AssetsDefinition:
     """Build a partitioned asset that embeds one corpus file per partition.
 

@@ -101,6 +101,32 @@ def test_plan_queues_behind_earlier_partitions(corpus, snapfile):
     assert [r.placement.backend for r in auto] == ["slurm", "kubernetes", "kubernetes"]
 
 
+def test_a_backfill_is_planned_in_runs_of_its_partitions_per_run_each_one_work_unit(corpus, snapfile, capsys):
+    """Found by a new-user run: whatif priced every partition as its own unit (its own start-up), while the
+    backfill ran the 4 files as one ranged run, one Slurm array task."""
+    p, sn = snapfile
+    parts = list_partitions(CorpusSource(url=str(corpus)))
+    model = RuntimeModel(texts_per_second=10.0)  # 100/200/300 s of work
+    one = plan(parts, GpuRequest(), sn, model, "slurm", per_run=len(parts))
+    assert {r.unit for r in one} == {0} and len({id(r.placement) for r in one}) == 1  # one unit, one placement
+    unit = one[0].placement.chosen
+    # one Slurm start-up (20 s) + each partition's overhead and work, on the one GPU, started at once
+    assert unit.start_delay_s == 5.0 and unit.runtime_s == pytest.approx(20.0 + 3 * model.per_partition_s + 600.0)
+    assert sum(r.cost_usd for r in one) == pytest.approx(unit.cost_usd)  # shares add up to the unit's cost
+    assert [r.share for r in one] == pytest.approx([b / sum(b for _, b in parts) for _, b in parts])
+    apart = plan(parts, GpuRequest(), sn, model, "slurm", per_run=1)
+    assert sum(r.cost_usd for r in one) < sum(r.cost_usd for r in apart)  # two start-ups fewer
+    assert [r.unit for r in plan(parts, GpuRequest(), sn, model, "slurm", per_run=2)] == [0, 0, 1]
+    with pytest.raises(ValueError, match="per_run must be at least 1"):
+        plan(parts, GpuRequest(), sn, model, "slurm", per_run=0)
+    # the CLI: 50 per run without -m (embedding_asset's default), --per-run to change it
+    assert whatif_main([str(corpus), "--snapshot", str(p), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["partitions_per_run"] == 50 and {r["unit"] for r in doc["plans"]["auto"]} == {0}
+    assert whatif_main([str(corpus), "--snapshot", str(p), "--json", "--per-run", "1"]) == 0
+    assert [r["unit"] for r in json.loads(capsys.readouterr().out)["plans"]["auto"]] == [0, 1, 2]
+
+
 def test_whatif_cli_prints_totals(corpus, snapfile, capsys):
     p, _sn = snapfile
     assert whatif_main([str(corpus), "--snapshot", str(p), "--tag", "dagster-gpu/deadline-seconds=400"]) == 0

@@ -4,7 +4,7 @@
         [--save-snapshot snap.json]
     dagster-gpu whatif -m MODULE --asset KEY [...]     (the asset's own corpus: URL, pattern, sub-directories)
     dagster-gpu whatif CORPUS --snapshot snap.json [--rate-card ratecard.yaml]
-        [--tag dagster-gpu/deadline-seconds=600 ...] [--history history.json] [--json] [--max-rows N]
+        [--tag dagster-gpu/deadline-seconds=600 ...] [--history history.json] [--json] [--max-rows N] [--per-run K]
 
 Live by default: the backends configured in ``--executor-config`` (gpu_executor's config, the
 ``execution: config:`` mapping; none given = ``local`` only) are asked for their state exactly as
@@ -21,8 +21,9 @@ CorpusSource has them, or ``-m MODULE --asset KEY`` to take the asset's own), it
 partition size. Each mode
 (``auto`` = the policy, ``slurm``, ``kubernetes``) plans the partitions in key order on its own copy of
 the snapshot, each placement consuming a free device or queueing behind the previous ones
-(:func:`dagster_gpu.policy.snapshot.after_submit`). Prints backend + estimated cost per partition and
-the totals of the three modes. ``whatif_main(argv)`` is the entry point the ``dagster-gpu`` CLI hooks.
+(:func:`dagster_gpu.policy.snapshot.after_submit`), in runs of ``--per-run`` partitions (the asset's
+``max_partitions_per_run``), each run one work unit placed as the executor places a ranged step. Prints
+backend + estimated cost per partition (its share of its unit's) and the totals of the three modes. ``whatif_main(argv)`` is the entry point the ``dagster-gpu`` CLI hooks.
 """
 
 from __future__ import annotations
@@ -49,17 +50,22 @@ MODES = ("auto", "slurm", "kubernetes")
 
 @dataclass(frozen=True)
 class PlanRow:
-    """One partition's plan in one mode; ``placement`` None when infeasible (``error`` says why)."""
+    """One partition's plan in one mode; ``placement`` None when infeasible (``error`` says why).
+
+    ``unit``: the index of the work unit (a ranged run's one step) that embeds it; the unit's placement is
+    shared by its partitions, ``share`` is this partition's fraction of the unit's cost (by bytes)."""
 
     partition: str
     size_bytes: int
     placement: Placement | None
     error: str = ""
+    unit: int = 0
+    share: float = 1.0
 
     @property
     def cost_usd(self) -> float | None:
         a = self.placement.chosen if self.placement else None
-        return a.cost_usd if a else None
+        return a.cost_usd * self.share if a else None
 
 
 def list_partitions(corpus: CorpusSource) -> list[tuple[str, int]]:
@@ -70,11 +76,17 @@ def list_partitions(corpus: CorpusSource) -> list[tuple[str, int]]:
 
 
 def plan(
-    partitions: Sequence[tuple[str, int]], request: GpuRequest, snapshot: Snapshot, model: RuntimeModel, mode: str
+    partitions: Sequence[tuple[str, int]], request: GpuRequest, snapshot: Snapshot, model: RuntimeModel, mode: str,
+    per_run: int = 1,
 ) -> list[PlanRow]:
-    """Plan every partition in order under ``mode`` (``auto`` or a forced backend). ``auto`` forces what the
-    executor forces (:func:`~dagster_gpu.policy.forced.forced_backend`: the step's tag, or the only backend
-    in the snapshot). Pure."""
+    """Plan the partitions in order under ``mode`` (``auto`` or a forced backend) as a backfill runs them:
+    runs of up to ``per_run`` consecutive partitions (the asset's ``max_partitions_per_run``), each one
+    work unit placed as the executor places a ranged step (``decide`` on ``StepSize.for_range``: one
+    start-up, a per-partition overhead each). ``auto`` forces what the executor forces
+    (:func:`~dagster_gpu.policy.forced.forced_backend`: the step's tag, or the only backend in the
+    snapshot). Pure. Raises ValueError when ``per_run`` < 1."""
+    if per_run < 1:
+        raise ValueError(f"per_run must be at least 1, got {per_run}")
     rows = []
     snap = snapshot
     if mode == "auto":
@@ -82,13 +94,17 @@ def plan(
         force = how.backend if how else None
     else:
         force = mode
-    for key, size in partitions:
+    for unit, start in enumerate(range(0, len(partitions), per_run)):
+        chunk = partitions[start:start + per_run]
+        size = StepSize(bytes=chunk[0][1]) if len(chunk) == 1 else StepSize.for_range([b for _, b in chunk])
+        total = sum(b for _, b in chunk)
+        shares = [(b / total) if total else 1.0 / len(chunk) for _, b in chunk]
         try:
-            p = decide(request, StepSize(bytes=size), snap, model=model, force=force)
+            p = decide(request, size, snap, model=model, force=force)
         except NoFeasiblePlacement as e:
-            rows.append(PlanRow(key, size, None, str(e)))
+            rows += [PlanRow(key, b, None, str(e), unit, sh) for (key, b), sh in zip(chunk, shares)]
             continue
-        rows.append(PlanRow(key, size, p))
+        rows += [PlanRow(key, b, p, "", unit, sh) for (key, b), sh in zip(chunk, shares)]
         snap = after_submit(snap, p.backend, p.device, p.product)
     return rows
 
@@ -122,6 +138,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--history", help="JSON list of HistoryPoint fields (rows, texts_per_second, bytes, ...)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
     ap.add_argument("--max-rows", type=int, default=50, help="partitions shown in the table (default 50)")
+    ap.add_argument("--per-run", type=int, help="partitions per run, each run one work unit (default: the asset's "
+                    "max_partitions_per_run with -m, else 50, embedding_asset's default; 1: a unit per partition)")
     return ap
 
 
@@ -141,15 +159,20 @@ def _executor_config(path: str | None, rate_card: str | None) -> dict:
     return cfg
 
 
-def corpus_for(args: argparse.Namespace) -> CorpusSource:
-    """The corpus to plan: the asset's own CorpusSource with ``-m MODULE --asset KEY`` (CORPUS, when also
-    given, must be its URL), else one on CORPUS with ``--pattern``/``--recursive``. Raises ValueError."""
+def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int]:
+    """The corpus to plan and the partitions per run: the asset's own CorpusSource and
+    ``max_partitions_per_run`` with ``-m MODULE --asset KEY`` (CORPUS, when also given, must be its URL),
+    else one on CORPUS with ``--pattern``/``--recursive`` and 50 (embedding_asset's default). Raises
+    ValueError."""
+    from dagster_gpu.assets import DEFAULT_PARTITIONS_PER_RUN
+
     if args.module:
         if not args.asset:
             raise ValueError("-m/--module needs --asset KEY (the asset whose corpus to plan)")
         import dagster as dg
 
         from dagster_gpu.partitions import corpus_of
+        from dagster_gpu.sensors import max_partitions_per_run
 
         module = import_code_module(args.module)
         defs = getattr(module, "defs", None)
@@ -158,13 +181,14 @@ def corpus_for(args: argparse.Namespace) -> CorpusSource:
         key = dg.AssetKey.from_user_string(args.asset)
         if key not in {a.key for a in defs.resolve_all_asset_specs()}:
             raise ValueError(f"module {args.module!r} defines no asset {args.asset!r}")
-        corpus = corpus_of(defs.get_assets_def(key), module)
+        asset = defs.get_assets_def(key)
+        corpus = corpus_of(asset, module)
         if args.corpus and args.corpus.rstrip("/") != corpus.url.rstrip("/"):
             raise ValueError(f"CORPUS {args.corpus!r} is not asset {args.asset}'s corpus {corpus.url!r}")
-        return corpus
+        return corpus, max_partitions_per_run(asset)
     if not args.corpus:
         raise ValueError("CORPUS is required (or -m MODULE --asset KEY to plan the asset's own corpus)")
-    return CorpusSource(url=args.corpus, pattern=args.pattern, recursive=args.recursive)
+    return CorpusSource(url=args.corpus, pattern=args.pattern, recursive=args.recursive), DEFAULT_PARTITIONS_PER_RUN
 
 
 def live_snapshot(executor_config: dict) -> Snapshot:
@@ -218,16 +242,20 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
             model = RuntimeModel.from_history([HistoryPoint(**h) for h in json.loads(Path(args.history).read_text())])
         else:
             model = instance_runtime_model(args.asset)
-        partitions = list_partitions(corpus_for(args))
+        corpus, per_run = corpus_for(args)
+        partitions = list_partitions(corpus)
+        per_run = args.per_run or per_run
+        plans = {m: plan(partitions, request, snapshot, model, m, per_run) for m in MODES}
     except (ValueError, OSError, KeyError, TypeError, ImportError) as e:
         print(f"whatif: {e}", file=sys.stderr)
         return 2
-    plans = {m: plan(partitions, request, snapshot, model, m) for m in MODES}
     if args.json:
         print(json.dumps({
             "runtime_model": model.source,
-            "plans": {m: [{"partition": r.partition, "bytes": r.size_bytes, "error": r.error,
-                           "placement": r.placement.to_json() if r.placement else None} for r in rows]
+            "partitions_per_run": per_run,
+            "plans": {m: [{"partition": r.partition, "bytes": r.size_bytes, "error": r.error, "unit": r.unit,
+                           "cost_usd": r.cost_usd, "placement": r.placement.to_json() if r.placement else None}
+                          for r in rows]
                       for m, rows in plans.items()},
             "totals_usd": {m: None if _total(rows)[1] else _total(rows)[0] for m, rows in plans.items()},
             "infeasible": {m: _total(rows)[1] for m, rows in plans.items()},
@@ -243,21 +271,23 @@ def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows
     from dagster_gpu.cli_common import console
 
     con = console()
-    t = Table(title=f"Plan (policy 'auto'); runtime from {model.source}")
-    for col in ("partition", "MB", "backend", "device", "start s", "runtime s", "cost USD", "deadline"):
-        t.add_column(col, justify="right" if col in ("MB", "start s", "runtime s", "cost USD") else "left")
     auto = plans["auto"]
+    units = len({r.unit for r in auto})
+    t = Table(title=f"Plan (policy 'auto'): {len(auto)} partitions in {units} work unit(s); runtime from {model.source}; "
+                    "start, runtime and deadline are the unit's, cost the partition's share (by bytes)")
+    for col in ("partition", "MB", "unit", "backend", "device", "start s", "runtime s", "cost USD", "deadline"):
+        t.add_column(col, justify="right" if col in ("MB", "unit", "start s", "runtime s", "cost USD") else "left")
     for r in auto[:max_rows]:
         a = r.placement.chosen if r.placement else None
         if a is None:
-            t.add_row(r.partition, f"{r.size_bytes / 1e6:.1f}", "-", "-", "-", "-", "-", r.error[:60])
+            t.add_row(r.partition, f"{r.size_bytes / 1e6:.1f}", str(r.unit), "-", "-", "-", "-", "-", r.error[:60])
             continue
         t.add_row(
-            r.partition, f"{r.size_bytes / 1e6:.1f}", a.backend, a.device or "", f"{a.start_delay_s:.0f}",
-            f"{a.runtime_s:.0f}", f"{a.cost_usd:.4f}", "met" if r.placement.deadline_met else "MISS",
+            r.partition, f"{r.size_bytes / 1e6:.1f}", str(r.unit), a.backend, a.device or "", f"{a.start_delay_s:.0f}",
+            f"{a.runtime_s:.0f}", f"{r.cost_usd:.6f}", "met" if r.placement.deadline_met else "MISS",
         )
     if len(auto) > max_rows:
-        t.add_row(f"... {len(auto) - max_rows} more", "", "", "", "", "", "", "")
+        t.add_row(f"... {len(auto) - max_rows} more", "", "", "", "", "", "", "", "")
     con.print(t)
     s = Table(title=f"Totals over {len(auto)} partitions")
     for col in ("mode", "cost USD", "vs auto", "infeasible", "deadline misses", "last finish s", "backends"):
@@ -272,7 +302,7 @@ def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows
                 counts[r.placement.backend] = counts.get(r.placement.backend, 0) + 1
         # a mode that cannot place a partition has no total: a sum over the others would read as cheap
         s.add_row(
-            "all-" + m if m != "auto" else "auto (policy)", "-" if bad else f"{cost:.4f}",
+            "all-" + m if m != "auto" else "auto (policy)", "-" if bad else f"{cost:.6f}",
             f"{cost / base:.2f}x" if base > 0 and not bad and not base_bad else "-", str(bad), str(misses),
             f"{fin:.0f}" if not bad else "-",
             ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
