@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib
 import shutil
+import time
 from pathlib import Path
 
 import dagster as dg
@@ -59,6 +60,16 @@ def corpus(tmp_path, monkeypatch):
     return d, out
 
 
+def _process_bills(instance, asset_key) -> dict[str, list[dict]]:
+    """The local backend's process-bill observations, by unit."""
+    by_unit: dict[str, list[dict]] = {}
+    for r in instance.fetch_observations(dg.AssetRecordsFilter(asset_key=asset_key), limit=1000).records:
+        o = {k: v.value for k, v in r.asset_observation.metadata.items()}
+        if o.get("billing/source") == "process":
+            by_unit.setdefault(str(o["local/unit"]), []).append({**o, "_partition": r.asset_observation.partition})
+    return by_unit
+
+
 def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
     from sentence_transformers import SentenceTransformer
 
@@ -81,6 +92,10 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
         final = wait_for_backfill(instance, backfill_id, len(keys), timeout_s=900, daemon=daemon,
                                   partitions_def_name=loc.embeddings.partitions_def.name)
         started = psutil.Process(daemon.proc.pid).children(recursive=True)
+        # each run worker bills its unit's process once the worker exited (at the latest at its own exit)
+        deadline = time.monotonic() + 120  # waiting for the run workers, not a speed assertion
+        while len(bills := _process_bills(instance, loc.embeddings.key)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.5)
     assert final.running == 0
     # the daemon's code server runs in a session of its own: stopping the daemon stops it too
     assert started and not [p.pid for p in started if _alive(p)]
@@ -145,6 +160,19 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
         # the unit's start-up (a process cannot start, import torch and load the model in under 1 s) is
         # shared by its partitions, so their billed seconds add up to more than 1 s
         assert sum(m["billing/wall_seconds"] for m in mds) > 1.0
+    # the process bills (billing/source: process): one per unit, covering every partition it set out to embed,
+    # the latin1 one included; a unit's process ran longer than its partitions' measured shares (its tail)
+    assert sorted(len(g) for g in bills.values()) == [1, 4, 4], bills
+    for unit, group in bills.items():
+        total = group[0]["billing/unit_gpu_seconds"]
+        assert sum(o["billing/gpu_seconds"] for o in group) == pytest.approx(total, abs=1e-9)
+        assert all(o["local/unit"] == unit and o["dagster_gpu/backend"] == "local" for o in group)
+        assert all(o["billing/rate_usd_per_gpu_hour"] == 0.05 for o in group)  # this host's CPU rate
+        measured = sum(o.get("billing/measured_gpu_seconds", 0.0) for o in group)
+        assert 0 < measured < total <= group[0]["local/wall_seconds"] + 1e-9, (unit, measured, total)
+    unbilled = [o for g in bills.values() for o in g if o["_partition"] == bad.partition_key]
+    assert len(unbilled) == 1 and unbilled[0]["billing/gpu_seconds"] > 0 and "not materialized" in unbilled[0]["billing/note"]
+    assert {str(m["local/unit"]) for mds in units.values() for m in mds} == set(bills)  # matched by local/unit
     starting = instance.get_records_for_run(runs[0].dagster_run.run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING).records
     assert starting and "local/pid" in starting[0].event_log_entry.dagster_event.engine_event_data.metadata
     # the Runs page shows where each partition ran and, once its step measured it, what it cost

@@ -321,9 +321,63 @@ def test_k8s_sweep_settles_ended_pods_of_any_process_after_the_grace():
 
 
 # -- local ------------------------------------------------------------------------------------------------
-def test_local_backend_has_nothing_to_bill(tmp_path):
-    bill = LocalBackend(tmp_path).accounting({"pid": 1})
-    assert bill is not None and bill.empty
+def test_local_backend_bills_its_worker_process_once_and_only_in_the_launching_process(tmp_path):
+    import sys
+
+    from dagster_gpu.contracts import StepLaunch
+    from dagster_gpu.policy.placement import Placement
+    from dagster_gpu.request import GpuRequest
+    from dagster_gpu.telemetry.nvml import list_gpus
+
+    ctx = json.dumps({"rates": {"cpu": 0.05, "default": 1.0}})
+    backend = LocalBackend(tmp_path)
+    h = backend.launch(StepLaunch(
+        run_id="r1", step_key="s", partition_key=None, attempt=0, argv=(sys.executable, "-c", "import time; time.sleep(1.5)"),
+        env={"DAGSTER_GPU_STEP_CONTEXT": ctx, "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS": "x", "SECRET": "s3cr3t"},
+        request=GpuRequest(), placement=Placement(backend="local", reason="test")))
+    assert backend.accounting(h) is None  # still running
+    deadline = time.monotonic() + 60  # waiting for the process, not a speed assertion
+    while backend.state(h).status == WorkerStatus.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    bill = backend.accounting(h)
+    status = json.loads(Path(h["status_file"]).read_text())
+    assert bill.wall_seconds == pytest.approx(status["finished"] - h["create_time"]) and bill.wall_seconds >= 1.5
+    assert (bill.metadata["billing/source"], bill.metadata["local/unit"], bill.match) == ("process", h["unit"], ("local/unit", h["unit"]))
+    assert bill.env == {"DAGSTER_GPU_STEP_CONTEXT": ctx, "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS": "x"}  # no other variable
+    assert bill.rates == {"cpu": 0.05, "default": 1.0} and bill.device_type == (None if list_gpus() else "cpu")
+    assert backend.release(h) is True and backend.release(h) is False  # once
+    assert backend.accounting(h).empty  # released: nothing left to bill here
+    assert LocalBackend(tmp_path).accounting(h).empty  # another process cannot bill it
+
+
+def test_a_process_bill_is_priced_at_the_units_devices_and_split_over_its_partitions():
+    """write_unit_bill on a real instance with a bill that counted no devices (local): wall seconds × the
+    materializations' billing/devices; the partition the unit failed gets what the others did not measure."""
+    import dagster as dg
+    from dagster._core.instance_for_test import instance_for_test
+
+    from dagster_gpu.executor.observations import write_unit_bill
+
+    @dg.asset(partitions_def=dg.DynamicPartitionsDefinition(name="p"), backfill_policy=dg.BackfillPolicy.single_run())
+    def emb(context):
+        for pk, secs in (("a", 6.0), ("b", 2.0)):
+            context.log_event(dg.AssetMaterialization("emb", partition=pk, metadata={
+                "billing/gpu_seconds": secs, "billing/devices": 2.0, "billing/device_type": "NVIDIA H200", "local/unit": "u1"}))
+        raise dg.Failure("c: its file is gone")
+
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("p", ["a", "b", "c"])
+        run = dg.materialize([emb], instance=instance, raise_on_error=False,
+                             tags={"dagster/asset_partition_range_start": "a", "dagster/asset_partition_range_end": "c"})
+        bill = UnitBill(gpu_seconds=0.0, rate_usd_per_gpu_hour=None, rates={"NVIDIA H200": 3.6, "default": 1.0},
+                        metadata={"billing/source": "process"}, match=("local/unit", "u1"), wall_seconds=5.0, device_type="cpu")
+        assert write_unit_bill(instance, run.run_id, "emb", "p", bill) == 3
+        got = {r.asset_observation.partition: {k: v.value for k, v in r.asset_observation.metadata.items()}
+               for r in instance.fetch_observations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("emb")), limit=10).records}
+    assert {k: o["billing/gpu_seconds"] for k, o in got.items()} == pytest.approx({"a": 6.0, "b": 2.0, "c": 2.0})  # 5 s x 2
+    assert {o["billing/unit_gpu_seconds"] for o in got.values()} == {10.0}
+    assert {o["billing/rate_usd_per_gpu_hour"] for o in got.values()} == {3.6}  # the materializations' device type
+    assert "not materialized" in got["c"]["billing/note"]
 
 
 @pytest.mark.parametrize("empty", [True, False])

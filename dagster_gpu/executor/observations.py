@@ -1,9 +1,10 @@
 """One writer for the scheduler's bill of a work unit: an AssetObservation per partition it covered.
 
-Both the Slurm backend (``sacct`` after an array task ends) and the Kubernetes backend (the pod's running
-interval after it ends) bill a whole unit: ``Backend.accounting(handle)`` returns it as a :class:`UnitBill`
-and the settler (:mod:`dagster_gpu.executor.settle`) hands it to :class:`ObservationWriter`, the only code
-that writes scheduler bills into Dagster. :func:`write_unit_bill` splits that bill over the unit's
+The Slurm backend (``sacct`` after an array task ends), the Kubernetes backend (the pod's running interval
+after it ends) and the local backend (the worker process's interval) bill a whole unit:
+``Backend.accounting(handle)`` returns it as a :class:`UnitBill` and the settler
+(:mod:`dagster_gpu.executor.settle`) hands it to :class:`ObservationWriter`, the only code that writes
+scheduler bills into Dagster. :func:`write_unit_bill` splits that bill over the unit's
 partitions with :func:`dagster_gpu.billing.apportion.apportion_unit_bill` (materialized partitions in
 proportion to their measured GPU-seconds, what is left over to the partitions the unit did not finish)
 and writes one ``AssetObservation`` per partition into the Dagster instance named by the step's own
@@ -58,6 +59,11 @@ class UnitBill:
             it names the Dagster instance, run and step the observations belong to.
         empty: the scheduler billed nothing (the worker never ran, the backend has no scheduler accounting):
             no observation is written (:meth:`nothing`).
+        wall_seconds: set when no scheduler counted the unit's devices (the local backend's process
+            interval): the unit's GPU-seconds are then ``wall_seconds`` × the ``billing/devices`` its
+            materializations report (1 when it materialized nothing), and ``gpu_seconds`` is ignored.
+        device_type: the device type to price at when none of the unit's materializations reports one
+            (``cpu`` for a local unit on a host without GPUs); None: ``default``.
     """
 
     gpu_seconds: float
@@ -67,6 +73,8 @@ class UnitBill:
     rates: Mapping[str, float] | None = None
     env: Mapping[str, str] = field(default_factory=dict)
     empty: bool = False
+    wall_seconds: float | None = None
+    device_type: str | None = None
 
     @classmethod
     def nothing(cls, why: str) -> "UnitBill":
@@ -141,14 +149,22 @@ def write_unit_bill(
     if not materialized and not failed:
         failed = list(keys) or [""]
     measured = [(k, float(_value(md, "billing/gpu_seconds") or 0.0)) for k, (_, md) in materialized.items()]
-    parts = apportion_unit_bill(bill.gpu_seconds, measured, failed)
-    n = len(parts)
     first = next((md for _, md in materialized.values() if md.get("billing/device_type") is not None), {})
+    total = bill.gpu_seconds
+    if bill.wall_seconds is not None:  # no scheduler counted the devices: those the unit's materializations report
+        devices = _value(first, "billing/devices")
+        total = bill.wall_seconds * (float(devices) if devices is not None else 1.0)
+    parts = apportion_unit_bill(total, measured, failed)
+    n = len(parts)
     product = _value(first, "gpu/product_name")
-    rate = bill.rate_for(_value(first, "billing/device_type"), billed_device("cuda", str(product), 1, None)[1] if product else None)
+    rate = bill.rate_for(_value(first, "billing/device_type") or bill.device_type,
+                         billed_device("cuda", str(product), 1, None)[1] if product else None)
+    # a partition the unit did not materialize belongs to the run's asset (a run without an asset selection:
+    # the asset its other partitions materialized)
+    fallback = assets[0] if assets else next((ak for ak, _ in materialized.values()), None)
     observations: list[dg.AssetObservation] = []
     for key, share in parts:
-        asset_key, mat_md = materialized.get(key, (assets[0] if assets else None, {}))
+        asset_key, mat_md = materialized.get(key, (fallback, {}))
         if asset_key is None:
             continue
         md = {
@@ -156,7 +172,7 @@ def write_unit_bill(
             "billing/gpu_seconds": float(share),
             "billing/rate_usd_per_gpu_hour": rate,
             "billing/cost_usd": cost_usd(share, rate),
-            "billing/unit_gpu_seconds": float(bill.gpu_seconds),
+            "billing/unit_gpu_seconds": float(total),
             "billing/unit_partitions": n,
         }
         m = _value(mat_md, "billing/gpu_seconds")

@@ -44,7 +44,7 @@ def build_backend(name: str, config: Mapping[str, Any], default_log_dir: Path) -
     if name == "local":
         s = from_section(LocalSettings, config.get("local") or {})
         return LocalBackend(log_dir=s.log_dir or default_log_dir, cuda_visible_devices=s.cuda_visible_devices,
-                            terminate_grace_s=s.terminate_grace_seconds)
+                            terminate_grace_s=s.terminate_grace_seconds, settle_wait_s=s.settle_wait_seconds)
     if name not in REMOTE_BACKEND_MODULES:
         raise BackendNotConfigured(f"unknown backend {name!r}; expected local, slurm or kubernetes")
     section = config.get(name)

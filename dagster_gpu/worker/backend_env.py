@@ -5,6 +5,9 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+#: The local backend's name for a worker process (its unit): ``local/unit`` on the unit's materializations,
+#: matched by the process bill (``dagster_gpu.executor.backends.local``).
+LOCAL_UNIT_ENV = "DAGSTER_GPU_LOCAL_UNIT"
 
 def _int(v: str | None) -> int | None:
     try:
@@ -14,7 +17,8 @@ def _int(v: str | None) -> int | None:
 
 
 def backend_metadata(backend: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """``slurm/*`` from SLURM_* variables, ``k8s/*`` from the pod's downward-API variables.
+    """``slurm/*`` from SLURM_* variables, ``k8s/*`` from the pod's downward-API variables, ``local/unit``
+    from the local backend's :data:`LOCAL_UNIT_ENV`.
 
     Slurm sets SLURM_JOB_ID (this task's own job id), SLURM_ARRAY_JOB_ID and SLURM_ARRAY_TASK_ID for an
     array task. The Kubernetes backend sets DAGSTER_GPU_K8S_NAMESPACE / DAGSTER_GPU_K8S_POD via the
@@ -30,6 +34,8 @@ def backend_metadata(backend: str, env: Mapping[str, str] | None = None) -> dict
             md["slurm/array_task_id"] = at
         if e.get("SLURM_JOB_PARTITION"):
             md["slurm/slurm_partition"] = e["SLURM_JOB_PARTITION"]
+    if backend == "local" and e.get(LOCAL_UNIT_ENV):
+        md["local/unit"] = e[LOCAL_UNIT_ENV]
     if backend == "kubernetes":
         for key, var in (("k8s/namespace", "DAGSTER_GPU_K8S_NAMESPACE"), ("k8s/pod", "DAGSTER_GPU_K8S_POD")):
             if e.get(var):

@@ -21,7 +21,8 @@ A work unit's life on a backend, and who calls what:
       again on its next pass, or another process's settler does later (``unsettled``);
    c. ``release(handle) -> bool``: the end-of-unit cleanup that also decides who writes the bill: True
       for exactly one caller across processes (Kubernetes: the graceful delete of the pod with its UID
-      precondition; Slurm: an O_EXCL marker in the spool);
+      precondition; Slurm: an O_EXCL marker in the spool; local: the launching process, the only one
+      that can bill its worker);
    d. that caller writes the bill with :class:`dagster_gpu.executor.observations.ObservationWriter`
       (one AssetObservation per partition of the unit).
 

@@ -2,13 +2,21 @@
 
 The worker runs under ``dagster_gpu.worker.supervise``, which records the exit code in a status file,
 so health checks work after the orchestrating process restarts (no parent to ``wait()`` on) and a
-worker that dies without its step recording an outcome is reported with its exit code. No scheduler
-bills a local worker: ``accounting`` is the contract's default (nothing; the worker's measured bill is
-all there is).
+worker that dies without its step recording an outcome is reported with its exit code.
+
+No scheduler bills a local worker, so the process is its own bill (``billing/source: process``): once it
+ended, ``accounting`` gives its interval from creation to the exit recorded in the status file, priced by
+the observation writer at the devices and device type the unit's materializations report (``cpu`` on a
+host without GPUs when none does). Like ``sacct`` for a Slurm array task, that covers what the
+materializations' measured shares do not: a failed partition's time, and the unit's tail after its last
+partition. Only the launching process knows the step's arguments a bill is written with (kept in memory,
+never on disk), so a unit whose orchestrator restarted is not billed; the run worker waits at exit up to
+``settle_wait_seconds`` for its workers to end and be billed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -20,11 +28,14 @@ from pathlib import Path
 import dagster as dg
 import psutil
 
-from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerState, WorkerStatus
+from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus
+from dagster_gpu.executor.backends.step_args import ENV_VAR as STEP_ARGS_ENV
 from dagster_gpu.executor.settings import config_field as settings_config_field
 from dagster_gpu.executor.settings import setting
 from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
 from dagster_gpu.telemetry.nvml import list_gpus
+from dagster_gpu.worker.backend_env import LOCAL_UNIT_ENV as UNIT_ENV
+from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 from dagster_gpu.worker.supervise import read_status
 
 
@@ -36,6 +47,8 @@ class LocalSettings:
     log_dir: str | None = setting(None, "Worker logs and status files (default: <instance>/dagster_gpu/local-workers).")
     cuda_visible_devices: str | None = setting(None, "CUDA_VISIBLE_DEVICES exported to every worker (default: inherited).")
     terminate_grace_seconds: float = setting(10.0, "Seconds between SIGTERM and SIGKILL of a worker's process group.")
+    settle_wait_seconds: float = setting(30.0, "Seconds the run worker waits at exit for its workers to end and be "
+                                               "billed (0: no wait; a worker still running then is not billed).")
 
 
 def config_field() -> dg.Field:
@@ -56,11 +69,14 @@ class LocalBackend(Backend):
     workers_survive_orchestrator = False
 
     def __init__(self, log_dir: str | Path, cuda_visible_devices: str | None = None,
-                 terminate_grace_s: float = LocalSettings.terminate_grace_seconds):
+                 terminate_grace_s: float = LocalSettings.terminate_grace_seconds,
+                 settle_wait_s: float = LocalSettings.settle_wait_seconds):
         self.log_dir = Path(log_dir)
         self.cuda_visible_devices = cuda_visible_devices
         self.terminate_grace_s = terminate_grace_s
+        self.settle_wait_s = settle_wait_s
         self._children: dict[int, subprocess.Popen] = {}
+        self._bill_env: dict[str, dict[str, str]] = {}  # unit -> what its bill is written with (module doc)
 
     def launch(self, launch: StepLaunch) -> Handle:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -69,7 +85,7 @@ class LocalBackend(Backend):
         status_file = self.log_dir / f"{stem}.status.json"
         log_file = self.log_dir / f"{stem}.log"
         status_file.unlink(missing_ok=True)
-        env = {**os.environ, **launch.env}
+        env = {**os.environ, **launch.env, UNIT_ENV: stem}
         if self.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices
         with open(log_file, "ab") as log:
@@ -83,12 +99,14 @@ class LocalBackend(Backend):
                 close_fds=True,
             )
         self._children[proc.pid] = proc
+        self._bill_env[stem] = {k: launch.env[k] for k in (STEP_ARGS_ENV, STEP_CONTEXT_ENV) if k in launch.env}
         return {
             "pid": proc.pid,
             "create_time": psutil.Process(proc.pid).create_time(),
             "status_file": str(status_file),
             "log_file": str(log_file),
             "host": os.uname().nodename,
+            "unit": stem,
         }
 
     def state(self, handle: Handle) -> WorkerState:
@@ -133,6 +151,33 @@ class LocalBackend(Backend):
         if child is not None:
             child.wait(timeout=5)
 
+    def accounting(self, handle: Handle) -> UnitBill | None:
+        """The ended worker's process bill (module doc): its wall seconds from process creation to the exit
+        in its status file. None while it runs; ``UnitBill.nothing`` when another process launched it or it
+        left no exit time (killed with its supervisor)."""
+        env = self._bill_env.get(str(handle.get("unit", "")))
+        if env is None:
+            return UnitBill.nothing("launched by another process: the step's arguments are not known here")
+        status = read_status(Path(str(handle["status_file"])))
+        if status is None or "finished" not in status:
+            if _alive(int(handle["pid"]), float(handle["create_time"])):
+                return None
+            return UnitBill.nothing(f"worker process {handle['pid']} left no exit time")
+        wall = max(0.0, float(status["finished"]) - float(handle["create_time"]))
+        rates = json.loads(env.get(STEP_CONTEXT_ENV) or "{}").get("rates") or {"default": 0.0}
+        return UnitBill(
+            gpu_seconds=0.0, wall_seconds=wall, rate_usd_per_gpu_hour=None, rates=rates,
+            device_type=None if list_gpus() else "cpu",
+            metadata={"billing/source": "process", "dagster_gpu/backend": "local", "local/unit": str(handle["unit"]),
+                      "local/pid": int(handle["pid"]), "local/host": str(handle["host"]), "local/wall_seconds": wall,
+                      "local/exit_code": int(status.get("exit_code", -1))},
+            match=("local/unit", str(handle["unit"])), env=env,
+        )
+
+    def release(self, handle: Handle) -> bool:
+        """True once per unit, for this process (the only one that can bill it)."""
+        return self._bill_env.pop(str(handle.get("unit", "")), None) is not None
+
     def policy_state(self) -> LocalState:
         """This host as a ``LocalState``: one pool per GPU product NVML sees (free = total minus our running
         workers), none on a CPU-only host."""
@@ -150,7 +195,8 @@ class LocalBackend(Backend):
         return LocalState(pools=tuple(pools))
 
     def handle_metadata(self, handle: Handle):
-        return {"local/pid": int(handle["pid"]), "local/log_file": str(handle["log_file"]), "local/host": str(handle["host"])}
+        return {"local/pid": int(handle["pid"]), "local/log_file": str(handle["log_file"]), "local/host": str(handle["host"]),
+                **({"local/unit": str(handle["unit"])} if handle.get("unit") else {})}
 
 
 def _alive(pid: int, create_time: float) -> bool:
