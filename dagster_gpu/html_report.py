@@ -3,8 +3,9 @@ backfill or of an asset's last N materializations.
 
 Per partition: cost (USD) by backend, GPU-seconds, useful fraction, GPU utilization, texts/s against
 rows, the placement chosen and the policy's estimated cost against the measured one; totals per
-backend; each failed partition with its run and the reason. Sources: each materialization's metadata (keys in README "Metadata on each materialization")
-and each run's launch event (``STEP_WORKER_STARTING`` metadata ``dagster_gpu/placement``, whose
+backend; each failed partition with its run and the reason. Sources: each materialization's metadata
+(keys in README "Metadata on each materialization"), each failed run's step failure, and each run's
+launch event (``STEP_WORKER_STARTING`` metadata ``dagster_gpu/placement``, whose
 chosen alternative carries the estimate ``cost_usd``).
 
 Useful fraction = embedding seconds ÷ billed seconds (DESIGN.md): ``embedding/useful_fraction`` when the
@@ -134,8 +135,12 @@ def collect(instance: dg.DagsterInstance, asset_key: dg.AssetKey, *, backfill_id
         ids = list(dict.fromkeys(r.run_id for r in reversed(recs)))
         first = instance.get_run_record_by_id(ids[0]) if ids else None
         since = RunsFilter(statuses=list(bad), created_after=first.create_timestamp) if first else RunsFilter(statuses=list(bad))
-        failed_runs = [r.dagster_run for r in instance.get_run_records(since) if _plans(instance, r.dagster_run, asset_key)]
-        failed_runs = failed_runs if first else failed_runs[:last]
+        failed_runs = []
+        for r in instance.get_run_records(since):  # newest first
+            if _plans(instance, r.dagster_run, asset_key):
+                failed_runs.append(r.dagster_run)
+                if first is None and len(failed_runs) == last:
+                    break
         ids += [r.run_id for r in reversed(failed_runs) if r.run_id not in ids]
         runs = sorted((r for r in (instance.get_run_record_by_id(i) for i in ids) if r is not None), key=lambda r: r.create_timestamp)
         runs = [r.dagster_run for r in runs]
