@@ -321,24 +321,32 @@ def test_k8s_sweep_settles_ended_pods_of_any_process_after_the_grace():
 
 
 # -- local ------------------------------------------------------------------------------------------------
-def test_local_backend_bills_its_worker_process_once_and_only_in_the_launching_process(tmp_path):
+def _local_worker(backend: LocalBackend, seconds: float, ctx: str) -> tuple[dict, UnitBill | None]:
+    """Launch a worker that sleeps ``seconds``; (its handle, the accounting asked while it ran)."""
     import sys
 
     from dagster_gpu.contracts import StepLaunch
     from dagster_gpu.policy.placement import Placement
     from dagster_gpu.request import GpuRequest
+
+    h = backend.launch(StepLaunch(
+        run_id="r1", step_key="s", partition_key=None, attempt=0, argv=(sys.executable, "-c", f"import time; time.sleep({seconds})"),
+        env={"DAGSTER_GPU_STEP_CONTEXT": ctx, "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS": "x", "SECRET": "s3cr3t"},
+        request=GpuRequest(), placement=Placement(backend="local", reason="test")))
+    early = backend.accounting(h)
+    deadline = time.monotonic() + 60  # waiting for the process, not a speed assertion
+    while backend.state(h).status == WorkerStatus.RUNNING and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return h, early
+
+
+def test_local_backend_bills_its_worker_process_once_and_only_in_the_launching_process(tmp_path):
     from dagster_gpu.telemetry.nvml import list_gpus
 
     ctx = json.dumps({"rates": {"cpu": 0.05, "default": 1.0}})
     backend = LocalBackend(tmp_path)
-    h = backend.launch(StepLaunch(
-        run_id="r1", step_key="s", partition_key=None, attempt=0, argv=(sys.executable, "-c", "import time; time.sleep(1.5)"),
-        env={"DAGSTER_GPU_STEP_CONTEXT": ctx, "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS": "x", "SECRET": "s3cr3t"},
-        request=GpuRequest(), placement=Placement(backend="local", reason="test")))
-    assert backend.accounting(h) is None  # still running
-    deadline = time.monotonic() + 60  # waiting for the process, not a speed assertion
-    while backend.state(h).status == WorkerStatus.RUNNING and time.monotonic() < deadline:
-        time.sleep(0.05)
+    h, early = _local_worker(backend, 1.5, ctx)
+    assert early is None  # still running
     bill = backend.accounting(h)
     status = json.loads(Path(h["status_file"]).read_text())
     assert bill.wall_seconds == pytest.approx(status["finished"] - h["create_time"]) and bill.wall_seconds >= 1.5
@@ -348,6 +356,18 @@ def test_local_backend_bills_its_worker_process_once_and_only_in_the_launching_p
     assert backend.release(h) is True and backend.release(h) is False  # once
     assert backend.accounting(h).empty  # released: nothing left to bill here
     assert LocalBackend(tmp_path).accounting(h).empty  # another process cannot bill it
+
+
+@pytest.mark.parametrize("names, device_type", [
+    ([], "cpu"), (["NVIDIA H200"] * 2, "NVIDIA H200"), (["NVIDIA H200", "NVIDIA A100-SXM4-80GB"], None)])
+def test_a_local_process_bill_names_this_hosts_device_type_for_a_unit_that_materialized_nothing(tmp_path, names, device_type):
+    from tests.test_telemetry import FakeNvml
+
+    nvml = FakeNvml([{"uuid": f"GPU-{i}", "name": n, "util": [0], "mem_mib": [0]} for i, n in enumerate(names)])
+    backend = LocalBackend(tmp_path, nvml=nvml)
+    h, _ = _local_worker(backend, 0.1, json.dumps({"rates": {"default": 1.0}}))
+    assert backend.accounting(h).device_type == device_type
+    assert [p.device for p in backend.policy_state().pools] == sorted(set(names))
 
 
 def test_a_process_bill_is_priced_at_the_units_devices_and_split_over_its_partitions():

@@ -63,6 +63,8 @@ class LocalBackend(Backend):
         log_dir: where worker stdout/stderr and status files go (created).
         cuda_visible_devices: if set, exported to every worker (e.g. ``"0"``); else inherited.
         terminate_grace_s: seconds between SIGTERM and SIGKILL of the worker's process group.
+        settle_wait_s: seconds the run worker waits at exit for its workers to end and be billed.
+        nvml: the NVML module to ask for this host's GPUs (default ``pynvml``).
     """
 
     name = "local"
@@ -70,8 +72,9 @@ class LocalBackend(Backend):
 
     def __init__(self, log_dir: str | Path, cuda_visible_devices: str | None = None,
                  terminate_grace_s: float = LocalSettings.terminate_grace_seconds,
-                 settle_wait_s: float = LocalSettings.settle_wait_seconds):
+                 settle_wait_s: float = LocalSettings.settle_wait_seconds, nvml=None):
         self.log_dir = Path(log_dir)
+        self._nvml = nvml  # pynvml by default (tests inject one)
         self.cuda_visible_devices = cuda_visible_devices
         self.terminate_grace_s = terminate_grace_s
         self.settle_wait_s = settle_wait_s
@@ -167,12 +170,20 @@ class LocalBackend(Backend):
         rates = json.loads(env.get(STEP_CONTEXT_ENV) or "{}").get("rates") or {"default": 0.0}
         return UnitBill(
             gpu_seconds=0.0, wall_seconds=wall, rate_usd_per_gpu_hour=None, rates=rates,
-            device_type=None if list_gpus() else "cpu",
+            device_type=self._device_type(),
             metadata={"billing/source": "process", "dagster_gpu/backend": "local", "local/unit": str(handle["unit"]),
                       "local/pid": int(handle["pid"]), "local/host": str(handle["host"]), "local/wall_seconds": wall,
                       "local/exit_code": int(status.get("exit_code", -1))},
             match=("local/unit", str(handle["unit"])), env=env,
         )
+
+    def _device_type(self) -> str | None:
+        """What a unit that materialized nothing is priced as: ``cpu`` on a host without GPUs, the product on
+        a host with one GPU product, else None (the rate table's ``default``)."""
+        products = {g.product for g in list_gpus(self._nvml)}
+        if not products:
+            return "cpu"
+        return products.pop() if len(products) == 1 else None
 
     def release(self, handle: Handle) -> bool:
         """True once per unit, for this process (the only one that can bill it)."""
@@ -182,7 +193,7 @@ class LocalBackend(Backend):
         """This host as a ``LocalState``: one pool per GPU product NVML sees (free = total minus our running
         workers), none on a CPU-only host."""
         running = sum(1 for p in list(self._children.values()) if p.poll() is None)
-        gpus = list_gpus()
+        gpus = list_gpus(self._nvml)
         pools = []
         for product in sorted({g.product for g in gpus}):
             same = [g for g in gpus if g.product == product]
