@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.demo_backends import BACKENDS, ServiceError, executor_config, instance_yaml, start_services
+from pipelines.demo_backends import BACKENDS, ServiceError, browse_script, executor_config, instance_yaml, start_services
 
 REPO = Path(__file__).resolve().parents[1]
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
@@ -89,11 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     prepared = prepare_corpus(args.corpus, limit=args.limit)
     args.home.mkdir(parents=True, exist_ok=True)
     try:
-        os.environ.update(start_services(args.backend, args.home / "services.log"))
+        os.environ.update(start_services(args.backend, args.home))
     except (ServiceError, OSError) as e:
         print(f"demo: starting the services for --backend {args.backend} failed: {e}", file=sys.stderr)
         return 3
-    (args.home / "dagster.yaml").write_text(instance_yaml(args.backend, args.max_concurrent_runs))
+    (args.home / "dagster.yaml").write_text(instance_yaml(args.backend, args.max_concurrent_runs, args.home))
+    browse = browse_script(args.backend, args.home, REPO)
     os.environ["DAGSTER_HOME"] = str(args.home.resolve())
     os.environ["DAGSTER_GPU_CORPUS_URL"] = str(args.corpus.resolve())
     os.environ["DAGSTER_GPU_OUTPUT_URL"] = str(args.output.resolve())
@@ -133,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = [r for r in rows if not r.ok]
     if failed:
         console.print(f"[red]{len(failed)} partition(s) failed[/red]: see the list above, or the runs in the UI "
-                      f"(DAGSTER_HOME={args.home} .venv/bin/dagster dev -w workspace.yaml)")
+                      f"(bash {browse})")
         return 1
-    console.print(f"Outputs under {args.output}; browse them with: DAGSTER_HOME={args.home} .venv/bin/dagster dev -w workspace.yaml")
+    console.print(f"Outputs under {args.output}; browse them with: bash {browse}")
     return 0
 
 

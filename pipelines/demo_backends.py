@@ -14,7 +14,9 @@ the local Slurm cluster (``resources/slurm/cluster.sh``), the Kubernetes 1.34 co
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -23,7 +25,12 @@ BACKENDS = ("local", "slurm", "kubernetes", "auto")
 K8S_DIR = Path(os.environ.get("DAGSTER_GPU_K8S_DIR", "/tmp/dagster-gpu-k8s"))
 K8S_NAMESPACE = "dagster-gpu"
 PG_SECRET = "dagster-postgresql-secret"
-DEMO_DB = "dagster_gpu_demo"
+
+
+def demo_db(home: Path) -> str:
+    """The demo home's own PostgreSQL database (``dagster_gpu_demo_<sha256 of its path, 8 hex>``): homes and
+    checkouts never share partitions or runs. Only hex digits follow the fixed prefix (safe in SQL)."""
+    return f"dagster_gpu_demo_{hashlib.sha256(str(Path(home).resolve()).encode()).hexdigest()[:8]}"
 
 
 class ServiceError(RuntimeError):
@@ -49,16 +56,18 @@ def _exports(text: str) -> dict[str, str]:
     return out
 
 
-def start_services(backend: str, log: Path) -> dict[str, str]:
-    """Start (idempotently) what ``backend`` needs; returns environment variables to set."""
+def start_services(backend: str, home: Path) -> dict[str, str]:
+    """Start (idempotently) what ``backend`` needs, logging to ``home``/services.log, and create the home's
+    database (:func:`demo_db`); returns environment variables to set."""
     if backend == "local":
         return {}
+    log = home / "services.log"
     env: dict[str, str] = {}
     _script(["resources/postgres/postgres.sh", "start"], log)
     pg = _exports(_script(["resources/postgres/postgres.sh", "env"], log))
     env.update({k: v for k, v in pg.items() if k.startswith("DAGSTER_PG_")})
     env["DAGSTER_PG_PASSWORD"] = Path(pg["DAGSTER_PG_PASSWORD_FILE"]).read_text().strip()
-    _create_database(env)
+    _create_database(env, demo_db(home))
     if backend in ("slurm", "auto"):
         try:
             _script(["resources/slurm/cluster.sh", "status"], log)
@@ -71,7 +80,7 @@ def start_services(backend: str, log: Path) -> dict[str, str]:
     return env
 
 
-def _create_database(env: dict[str, str]) -> None:
+def _create_database(env: dict[str, str], db: str) -> None:
     import psycopg2
 
     conn = psycopg2.connect(host=env["DAGSTER_PG_HOST"], port=env["DAGSTER_PG_PORT"], user=env["DAGSTER_PG_USER"],
@@ -79,11 +88,30 @@ def _create_database(env: dict[str, str]) -> None:
     try:
         conn.autocommit = True
         cur = conn.cursor()
-        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (DEMO_DB,))
+        cur.execute("SELECT 1 FROM pg_database WHERE datname = %s", (db,))
         if cur.fetchone() is None:
-            cur.execute(f"CREATE DATABASE {DEMO_DB}")  # a constant name, never user input
+            cur.execute(f"CREATE DATABASE {db}")  # demo_db: a fixed prefix and hex digits, never user input
     finally:
         conn.close()
+
+
+def browse_script(backend: str, home: Path, repo: Path) -> Path:
+    """``<home>/dagster-dev.sh``: ``dagster dev`` on the demo's instance, with the environment its services
+    export (the PostgreSQL password read from its file when the script runs, never written into it).
+    Returns its path."""
+    q = shlex.quote
+    lines = ["#!/usr/bin/env bash", "# dagster dev on this demo home's instance (written by scripts/demo.sh)",
+             "set -euo pipefail", f"cd {q(str(repo))}"]
+    if backend != "local":
+        lines += ['eval "$(bash resources/postgres/postgres.sh env)"',
+                  'DAGSTER_PG_PASSWORD="$(cat "$DAGSTER_PG_PASSWORD_FILE")"', "export DAGSTER_PG_PASSWORD"]
+    if backend in ("slurm", "auto"):
+        lines.append('eval "$(bash resources/slurm/cluster.sh env)"')
+    lines += [f"export DAGSTER_HOME={q(str(Path(home).resolve()))}", 'exec .venv/bin/dagster dev -w workspace.yaml "$@"']
+    path = Path(home) / "dagster-dev.sh"
+    path.write_text("\n".join(lines) + "\n")
+    path.chmod(0o755)
+    return path
 
 
 def _k8s_secret(password: str) -> None:
@@ -101,8 +129,9 @@ def _k8s_secret(password: str) -> None:
         api.replace_namespaced_secret(PG_SECRET, K8S_NAMESPACE, secret)
 
 
-def instance_yaml(backend: str, max_runs: int) -> str:
-    """dagster.yaml: SQLite for ``local``; PostgreSQL (password by env reference) for the others."""
+def instance_yaml(backend: str, max_runs: int, home: Path) -> str:
+    """dagster.yaml: SQLite for ``local``; PostgreSQL (password by env reference, the home's own database) for
+    the others."""
     storage = "" if backend == "local" else f"""storage:
   postgres:
     postgres_db:
@@ -110,7 +139,7 @@ def instance_yaml(backend: str, max_runs: int) -> str:
       password: {{env: DAGSTER_PG_PASSWORD}}
       hostname: {{env: DAGSTER_PG_HOST}}
       port: {{env: DAGSTER_PG_PORT}}
-      db_name: {DEMO_DB}
+      db_name: {demo_db(home)}
       scheme: postgresql+psycopg2
 """
     return f"""# project-local Dagster instance for the demo ({'SQLite under this directory' if backend == 'local' else 'PostgreSQL'})

@@ -341,3 +341,24 @@ def test_slurm_single_daemon_subcommands_need_a_started_cluster(tmp_path):
                             env={**os.environ, "DAGSTER_GPU_SLURM_DIR": str(tmp_path / "none")}, timeout=60)  # fmt: skip
         assert cp.returncode == 1, sub
         assert f"no cluster under {tmp_path / 'none'}" in cp.stderr and f"FAILED at step '{sub}" in cp.stderr
+
+
+def test_each_demo_home_has_its_own_database_and_a_browse_script_that_sets_its_services_environment(tmp_path):
+    """Found by a new-user run: the demo's browse command failed for PostgreSQL homes (DAGSTER_PG_USER not
+    set), and every home shared one database."""
+    from pipelines.demo_backends import browse_script, demo_db, instance_yaml
+
+    a, b = tmp_path / "home $(touch pwned)", tmp_path / "other"
+    a.mkdir()
+    b.mkdir()
+    assert re.fullmatch(r"dagster_gpu_demo_[0-9a-f]{8}", demo_db(a)) and demo_db(a) != demo_db(b)
+    assert demo_db(a) == demo_db(tmp_path / "other" / ".." / a.name)  # the resolved path decides
+    assert f"db_name: {demo_db(a)}" in instance_yaml("kubernetes", 2, a)
+    script = browse_script("slurm", a, REPO)
+    text = script.read_text()
+    assert os.access(script, os.X_OK) and "resources/postgres/postgres.sh env" in text and "slurm/cluster.sh env" in text
+    assert "password" not in text.lower().replace("dagster_pg_password", "")  # read from its file when run, never written
+    p = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert f"export DAGSTER_HOME='{a.resolve()}'" in text and not (tmp_path / "pwned").exists()
+    assert "postgres.sh" not in browse_script("local", b, REPO).read_text()
