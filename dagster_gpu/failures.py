@@ -20,7 +20,9 @@ class FailureDetail:
         partition_key: the Dagster partition key. run_id: its latest run (None: never run).
         error: the first line of the step's error (or the run's status when no step failed).
         log: where the full log is: the worker's log file (local backend, Slurm array task), the pod's
-            ``kubectl logs`` command, or the run's page in the Dagster UI.
+            ``kubectl logs`` command (an ended pod is deleted unless ``delete_finished_pods: false``; its
+            termination message, the log's last lines, is in the step failure), or the run's page in the
+            Dagster UI.
     """
 
     partition_key: str
@@ -45,8 +47,9 @@ def log_location(launch_md: Mapping[str, Any], run_id: str | None) -> str:
         return str(v["local/log_file"])
     if v.get("slurm/log_file"):
         return str(v["slurm/log_file"])
-    if v.get("k8s/pod"):
-        return f"kubectl logs -n {v.get('k8s/namespace', 'default')} {v['k8s/pod']}"
+    if v.get("k8s/pod"):  # the settler deletes an ended pod (delete_finished_pods), its log with it
+        return (f"kubectl logs -n {v.get('k8s/namespace', 'default')} {v['k8s/pod']} while the pod exists; "
+                f"its last lines are in run {run_id}'s step failure")
     return f"run {run_id} in the Dagster UI (Runs → {run_id})" if run_id else "no run recorded"
 
 

@@ -124,7 +124,8 @@ def test_cli_registers_and_reports_nothing_to_do(setup, monkeypatch, capsys):
 def test_log_location_and_first_line():
     assert log_location({"local/log_file": dg.MetadataValue.text("/var/log/w.log")}, "r1") == "/var/log/w.log"
     assert log_location({"slurm/log_file": dg.MetadataValue.path("/spool/12_3.log")}, "r1") == "/spool/12_3.log"
-    assert log_location({"k8s/namespace": "embed", "k8s/pod": "step-abc"}, "r1") == "kubectl logs -n embed step-abc"
+    assert log_location({"k8s/namespace": "embed", "k8s/pod": "step-abc"}, "r1") == (
+        "kubectl logs -n embed step-abc while the pod exists; its last lines are in run r1's step failure")
     assert log_location({}, "r1") == "run r1 in the Dagster UI (Runs → r1)"
     assert first_line("\n  dagster._core.errors.Boom: bad\nTraceback ...") == "dagster._core.errors.Boom: bad"
     assert first_line("x" * 200, limit=10) == "x" * 9 + "…"

@@ -76,10 +76,14 @@ def test_mig_step_runs_and_reports_pod_interval(backend):
     assert backend.state(h).status == WorkerStatus.SUCCEEDED  # remembered after the pod is gone
 
 
-def test_failed_step_reports_exit_code(backend):
-    h = _start(backend, _launch(["sh", "-c", "exit 7"], GpuRequest(memory_gib=79)))
+def test_failed_step_reports_exit_code_and_the_last_lines_of_its_log(backend):
+    lines = "; ".join(f"echo line {i}" for i in range(100))  # more than the kubelet's 80-line cap
+    h = _start(backend, _launch(["sh", "-c", f"{lines}; echo 'ValueError: bad record' >&2; exit 7"], GpuRequest(memory_gib=79)))
     s = _wait_terminal(backend, h)
     assert s.status == WorkerStatus.FAILED and s.exit_code == 7
+    head, log = s.message.split("\n", 1)
+    assert head == f"pod {h['pod']} Failed (Error); termination message:"
+    assert log.splitlines() == [f"line {i}" for i in range(21, 100)] + ["ValueError: bad record"]
     assert backend.post_run_metadata(h)["k8s/allocated_devices"] in (
         "gpu.nvidia.com/gpu-node-0/gpu-0", "gpu.nvidia.com/gpu-node-0/gpu-1")
 

@@ -214,6 +214,16 @@ def test_container_context_is_merged_as_dagster_k8s_does():
     assert d["metadata"]["labels"]["team"] == "search" and d["metadata"]["annotations"]["owner"] == "search"
 
 
+def test_step_container_falls_back_to_its_log_for_the_termination_message_unless_the_user_says_otherwise():
+    """FallbackToLogsOnError: the kubelet puts a failed worker's last log lines in ``terminated.message``,
+    which the backend reads into the step failure; a user's own policy in container_context is kept."""
+    pod, _, _ = m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings())
+    assert validate(pod)["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    pod, _, _ = m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(container_context={
+        "run_k8s_config": {"container_config": {"termination_message_policy": "File"}}}))
+    assert validate(pod)["spec"]["containers"][0]["terminationMessagePolicy"] == "File"
+
+
 def test_a_bad_container_context_names_the_setting():
     with pytest.raises(m.ManifestError, match="container_context"):
         m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(container_context={"no_such_field": 1}))

@@ -28,11 +28,15 @@ def test_succeeded_pod_finishes_with_exit_code_0():
     assert terminated(p)["reason"] == "Completed"
 
 
-def test_failed_pod_finishes_with_its_exit_code_and_the_kubelet_reason():
-    p = pod("failed")
+def test_failed_pod_finishes_with_its_exit_code_the_kubelet_reason_and_its_logs_last_lines():
+    p = pod("failed")  # the worker logged two lines and exited 7; FallbackToLogsOnError made them its message
     v = pod_state(p, 5.0, T)
     assert (v.state.status, v.state.exit_code, v.action) == (WorkerStatus.FAILED, 7, "finish")
-    assert v.state.message == f"pod {p['metadata']['name']} Failed (Error)"
+    assert v.state.message == (f"pod {p['metadata']['name']} Failed (Error); termination message:\n"
+                               "embedding 3 partitions\n"
+                               "ValueError: corpus file bad.parquet: no text column")
+    del p["status"]["containerStatuses"][0]["state"]["terminated"]["message"]  # policy File, or an empty log
+    assert pod_state(p, 5.0, T).state.message == f"pod {p['metadata']['name']} Failed (Error)"
 
 
 def test_running_pod_is_running():

@@ -117,7 +117,9 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
     settings' overlaid with the user's, limits the user's; the step's own fields win: container name,
     ``command`` (the worker argv; no ``args``), the DRA claim, ``restartPolicy: Never``,
     ``terminationGracePeriodSeconds``, ``enableServiceLinks: false``, and the service account token is
-    mounted only for a named ServiceAccount. Labels: the user's, ``extra_labels``, then the step's.
+    mounted only for a named ServiceAccount. Labels: the user's, ``extra_labels``, then the step's. The
+    container's ``terminationMessagePolicy`` is ``FallbackToLogsOnError`` unless the user's sets one, so a
+    failed worker's last log lines are its termination message, readable after the pod is gone.
 
     Args:
         launch: the step (argv, env without secrets, request, run/step/partition for labels).
@@ -159,6 +161,7 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
         "env_from": container_cfg.get("env_from") or None,
         "volume_mounts": container_cfg.get("volume_mounts") or None,
         "resources": resources,
+        "termination_message_policy": container_cfg.get("termination_message_policy") or "FallbackToLogsOnError",
     }, "container")
 
     labels = {**dict(pod_meta.pop("labels", None) or {}), **dict(settings.extra_labels), **step_labels(launch)}

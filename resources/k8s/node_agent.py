@@ -14,7 +14,9 @@ It authenticates as ``system:node:<node>`` (Node authorizer + NodeRestriction ap
   named in ``DAGSTER_GPU_K8S_SA_DIR`` (a kubelet mounts them at the standard path), plus
   ``KUBERNETES_SERVICE_HOST``/``_PORT``;
 * reports phase Pending -> Running -> Succeeded/Failed with ``startTime``, conditions and
-  ``containerStatuses`` (``running.startedAt``; ``terminated.{exitCode, reason, startedAt, finishedAt}``);
+  ``containerStatuses`` (``running.startedAt``; ``terminated.{exitCode, reason, startedAt, finishedAt}``,
+  and for a failed container with ``terminationMessagePolicy: FallbackToLogsOnError`` a ``message`` with the
+  last lines of its log, capped as a kubelet caps it);
 * on pod deletion (``deletionTimestamp``) sends SIGTERM to the process group, SIGKILL after
   ``deletionGracePeriodSeconds`` (from ``terminationGracePeriodSeconds``), reports the exit, then removes
   the pod object (delete with grace 0 and a UID precondition), exactly as a kubelet finishes a graceful delete.
@@ -74,6 +76,26 @@ class Proc:
     start_error: str = ""
     next_start_try: float = 0.0
     pod: object = field(default=None, repr=False)
+
+
+#: A kubelet's caps on a termination message taken from the container's log (terminationMessagePolicy
+#: FallbackToLogsOnError): MaxContainerTerminationMessageLogLines / ...LogLength, pkg/kubelet/container/runtime.go.
+FALLBACK_LOG_LINES, FALLBACK_LOG_BYTES = 80, 2048
+
+
+def log_fallback_message(path: str) -> str:
+    """What a kubelet writes as a failed container's termination message under ``FallbackToLogsOnError`` when
+    the container wrote no message file (this agent mounts none): the last 80 lines of its log, of which the
+    last 2048 bytes (the kubelet reads the tail into a 2 KiB circular buffer)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 64 * 1024))
+            data = f.read()
+    except OSError:
+        return ""
+    tail = b"".join(data.splitlines(keepends=True)[-FALLBACK_LOG_LINES:])[-FALLBACK_LOG_BYTES:]
+    return tail.decode("utf-8", "replace")
 
 
 class NodeAgent:
@@ -314,7 +336,7 @@ class NodeAgent:
         self.procs[md.uid] = p
         p.pod = pod
         argv = list(c.command or []) + list(c.args or [])
-        logpath = os.path.join(self.state_dir, "logs", f"{md.namespace}_{md.name}.log")
+        logpath = self._log_path(md.namespace, md.name)
         if not argv:
             p.start_error = "container has no command; the node agent runs command+args, not image entrypoints"
         else:
@@ -361,6 +383,9 @@ class NodeAgent:
             }],
         })
 
+    def _log_path(self, namespace: str, name: str) -> str:
+        return os.path.join(self.state_dir, "logs", f"{namespace}_{name}.log")
+
     def report_exit(self, p: Proc, reason: str = "", message: str = "") -> None:
         code = p.exit_code if p.exit_code is not None else 137
         reason = reason or ("Completed" if code == 0 else "Error")
@@ -368,6 +393,9 @@ class NodeAgent:
                 "finishedAt": ts(p.finished or now())}
         if p.popen is not None:
             term["containerID"] = f"local-process://{p.popen.pid}"
+        if not message and code != 0 and \
+                getattr(p.pod.spec.containers[0], "termination_message_policy", None) == "FallbackToLogsOnError":
+            message = log_fallback_message(self._log_path(p.namespace, p.name))
         if message:
             term["message"] = message
         self._patch_pod_status(p, {

@@ -4,7 +4,12 @@ Input: the pod as the API server returns it (camelCase JSON, ``kubectl get pod -
 ``ApiClient().sanitize_for_serialization(V1Pod)``), its age (seconds since launch) and the timeouts. Rules:
 
 * ``Succeeded`` / ``Failed`` -> SUCCEEDED / FAILED with the container's exit code (``terminated``), and
-  action ``finish`` (the caller bills and deletes the pod).
+  action ``finish`` (the caller bills and deletes the pod). A failed pod's message is the kubelet's reason,
+  then the container's ``terminated.message`` when it has one: the step pod's ``terminationMessagePolicy:
+  FallbackToLogsOnError`` (:func:`dagster_gpu.k8s.pod.build_pod`) makes the kubelet fill it with the last 80
+  lines, at most 2 KiB, of the container's log (``MaxContainerTerminationMessageLogLines`` / ``...LogLength``
+  in ``pkg/kubelet/container/runtime.go``), so the step failure shows the worker's traceback after the pod is
+  gone; a container that could not start has the runtime's error there instead.
 * ``deletionTimestamp`` set -> RUNNING ("pod is terminating").
 * ``Running`` -> RUNNING.
 * Pending, not bound to a node (no ``spec.nodeName``): PENDING with the scheduler's message (the
@@ -80,12 +85,11 @@ def pod_state(pod: Mapping[str, Any], age_s: float, timeouts: PodTimeouts, sched
         if phase == "Succeeded":
             return PodVerdict(WorkerState(WorkerStatus.SUCCEEDED, exit_code=code if code is not None else 0,
                                           message=f"pod {meta.get('name')} Succeeded"), "finish")
-        if term is not None:
-            detail = f"{term.get('reason')}" + (f": {term['message']}" if term.get("message") else "")
-        else:
-            detail = st.get("reason") or ""
-        return PodVerdict(WorkerState(WorkerStatus.FAILED, exit_code=code, message=f"pod {meta.get('name')} Failed ({detail})"),
-                          "finish")
+        detail = (term.get("reason") if term is not None else st.get("reason")) or ""
+        message = f"pod {meta.get('name')} Failed ({detail})"
+        if term is not None and (term.get("message") or "").strip():
+            message += f"; termination message:\n{term['message'].rstrip()}"
+        return PodVerdict(WorkerState(WorkerStatus.FAILED, exit_code=code, message=message), "finish")
     if meta.get("deletionTimestamp"):
         return PodVerdict(WorkerState(WorkerStatus.RUNNING, message="pod is terminating"))
     if phase == "Running":

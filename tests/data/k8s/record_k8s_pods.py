@@ -3,7 +3,7 @@
 Run from the repository root with the cluster up: ``.venv/bin/python tests/data/k8s/record_k8s_pods.py``.
 Launches one step pod per case through the kubernetes backend (pods kept: no settler deletes them), waits
 for the case's phase, writes ``tests/data/k8s/pod_<case>.json`` (``managedFields`` dropped) and deletes what
-it made. Cases: succeeded (exit 0, MIG claim), failed (exit 7), running (sleeping), unschedulable (no device
+it made. Cases: succeeded (exit 0, MIG claim), failed (logs two lines, exit 7), running (sleeping), unschedulable (no device
 has 200 GiB), stuck (bound, its container waits on a missing Secret: CreateContainerConfigError).
 """
 
@@ -29,6 +29,10 @@ from tests.k8s_helpers import NAMESPACE, admin_api, executor_api, require_cluste
 OUT = Path(__file__).resolve().parent
 
 
+#: A worker that logs, prints an error to stderr and exits 7 (its termination message is its log's tail).
+FAILING_WORKER = "echo 'embedding 3 partitions'; echo 'ValueError: corpus file bad.parquet: no text column' >&2; exit 7"
+
+
 def _launch(argv, request):
     return StepLaunch(run_id=str(uuid.uuid4()), step_key="embeddings", partition_key="fortunes.txt", attempt=0,
                       argv=tuple(argv), env={"GREETING": "hi"}, request=request,
@@ -46,7 +50,7 @@ def main() -> int:
     b, b_stuck = KubernetesBackend(kube, plain, **kw), KubernetesBackend(kube, stuck, **kw)
     cases = {
         "succeeded": (b, ["sh", "-c", "sleep 1.2"], GpuRequest(mig_ok=True), lambda p: p.status.phase == "Succeeded"),
-        "failed": (b, ["sh", "-c", "exit 7"], GpuRequest(count=1), lambda p: p.status.phase == "Failed"),
+        "failed": (b, ["sh", "-c", FAILING_WORKER], GpuRequest(count=1), lambda p: p.status.phase == "Failed"),
         "running": (b, ["sleep", "30"], GpuRequest(count=1), lambda p: p.status.phase == "Running"),
         "unschedulable": (b, ["true"], GpuRequest(memory_gib=200), lambda p: any(
             c.type == "PodScheduled" and c.reason == "Unschedulable" for c in p.status.conditions or [])),
