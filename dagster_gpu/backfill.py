@@ -22,7 +22,8 @@ from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.storage.dagster_run import RunsFilter
 from dagster._core.utils import make_new_backfill_id
 
-from dagster_gpu.failures import partition_line, step_failure_message
+from dagster_gpu.billed import billed_share, unit_of
+from dagster_gpu.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.ranges import range_tags, run_partition_keys
 
 _DONE_BACKFILL = {
@@ -262,7 +263,13 @@ def wait_for_backfill(
 
 @dataclass(frozen=True)
 class PartitionSummary:
-    """One partition's outcome: its materialization figures, or the failure (with the run that failed it)."""
+    """One partition's outcome: its materialization figures, or the failure (with the run that failed it).
+
+    Units: seconds, USD. ``cost_usd`` is the measured cost on the materialization; ``billed_cost_usd`` the
+    partition's share of its unit's scheduler bill (``bill_source``: sacct, pod-interval, process), None
+    until that bill lands; a failed partition has a billed share too (the time its unit spent on it).
+    ``unit``: the (metadata key, value) naming the work unit that last ran it (:data:`dagster_gpu.billed.UNIT_KEYS`).
+    """
 
     partition_key: str
     ok: bool
@@ -276,6 +283,14 @@ class PartitionSummary:
     billed_seconds: float | None = None
     error: str | None = None
     run_id: str | None = None
+    billed_cost_usd: float | None = None
+    bill_source: str | None = None
+    unit: tuple[str, str] | None = None
+
+    @property
+    def bill_pending(self) -> bool:
+        """A work unit ran this partition and its scheduler bill has not landed yet."""
+        return self.unit is not None and self.billed_cost_usd is None
 
 
 def summarize_partitions(
@@ -286,7 +301,9 @@ def summarize_partitions(
     partitions_def_name: str | None = None,
 ) -> list[PartitionSummary]:
     """The latest materialization of each partition (or the failure of the backfill run that covered it:
-    the failed partition's own line of the run's failure message when the unit named it)."""
+    the failed partition's own line of the run's failure message when the unit named it), with the
+    partition's share of its unit's scheduler bill once that has landed (``billed_cost_usd``,
+    ``bill_source``: :func:`dagster_gpu.billed.billed_share`; a failed partition's share too)."""
     failures: dict[str, tuple[str, str]] = {}
     if backfill_id:
         messages: dict[str, str] = {}
@@ -296,14 +313,26 @@ def summarize_partitions(
             if run.run_id not in messages:
                 messages[run.run_id] = step_failure_message(instance, run.run_id) or run.status.value
             failures[key] = (partition_line(messages[run.run_id], key), run.run_id)
+    launches: dict[str, tuple[str, str] | None] = {}
+
+    def launched_unit(run_id: str | None) -> tuple[str, str] | None:
+        if run_id and run_id not in launches:
+            launches[run_id] = unit_of(launch_metadata(instance, run_id))
+        return launches.get(run_id) if run_id else None
+
     out = []
     for pk in partition_keys:
         recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[pk]), limit=1).records
         if pk in failures or not recs:
             error, run_id = failures.get(pk, ("not materialized", None))
-            out.append(PartitionSummary(pk, ok=False, error=error, run_id=run_id))
+            unit = launched_unit(run_id)
+            bill = billed_share(instance, asset_key, pk, unit)
+            out.append(PartitionSummary(pk, ok=False, error=error, run_id=run_id, unit=unit,
+                                        billed_cost_usd=bill.cost_usd if bill else None, bill_source=bill.source if bill else None))
             continue
         md = {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
+        unit = unit_of(md) or launched_unit(recs[0].run_id)
+        bill = billed_share(instance, asset_key, pk, unit)
         out.append(
             PartitionSummary(
                 pk,
@@ -317,9 +346,38 @@ def summarize_partitions(
                 useful_fraction=md.get("embedding/useful_fraction"),
                 billed_seconds=md.get("billing/wall_seconds"),
                 run_id=recs[0].run_id,
+                billed_cost_usd=bill.cost_usd if bill else None,
+                bill_source=bill.source if bill else None,
+                unit=unit,
             )
         )
     return out
+
+
+def wait_for_bills(
+    instance: dg.DagsterInstance,
+    asset_key: dg.AssetKey,
+    rows: Sequence[PartitionSummary],
+    backfill_id: str | None = None,
+    partitions_def_name: str | None = None,
+    *,
+    timeout_s: float = 60.0,
+    poll_s: float = 2.0,
+    on_wait: Callable[[int], None] | None = None,
+) -> list[PartitionSummary]:
+    """``rows`` with the partitions whose unit's bill was pending read again every ``poll_s`` seconds until
+    none is pending or ``timeout_s`` seconds passed. A unit's bill lands after the backfill's runs end: the run
+    worker bills its units at its exit (``settle_wait_seconds`` / ``reconcile_wait_seconds``) and the bills
+    sensor sweeps what it could not, so the daemon must still be running. ``on_wait(n)`` before each wait."""
+    by_key = {r.partition_key: r for r in rows}
+    deadline = time.monotonic() + timeout_s
+    while (pending := [k for k, r in by_key.items() if r.bill_pending]) and time.monotonic() < deadline:
+        if on_wait:
+            on_wait(len(pending))
+        time.sleep(poll_s)
+        for r in summarize_partitions(instance, asset_key, pending, backfill_id, partitions_def_name):
+            by_key[r.partition_key] = r
+    return [by_key[r.partition_key] for r in rows]
 
 
 def _runs_in_flight(instance: dg.DagsterInstance, backfill_id: str) -> bool:

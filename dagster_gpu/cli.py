@@ -39,6 +39,8 @@ def _backfill(argv: list[str]) -> int:
                     help="first delete the partitions whose corpus file is gone (their materializations stay)")
     ap.add_argument("-w", "--workspace", default="workspace.yaml", help="workspace the daemon loads")
     ap.add_argument("--timeout", type=float, default=24 * 3600.0)
+    ap.add_argument("--bills-wait", type=float, default=60.0,
+                    help="seconds to keep the daemon up after the runs end for the schedulers' bills (default 60)")
     args = ap.parse_args(argv)
     if args.partitions and (args.missing or args.failed):
         ap.error("--partitions cannot be combined with --missing/--failed")
@@ -98,7 +100,7 @@ def _backfill(argv: list[str]) -> int:
     rows = run_backfill_with_progress(
         instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout,
         partitions_def_name=asset.partitions_def.name,
-        console=console,
+        console=console, bills_wait_s=args.bills_wait,
     )
     return 1 if any(not r.ok for r in rows) else 0
 

@@ -53,7 +53,9 @@ def log_location(launch_md: Mapping[str, Any], run_id: str | None) -> str:
     return f"run {run_id} in the Dagster UI (Runs → {run_id})" if run_id else "no run recorded"
 
 
-def _launch_metadata(instance: dg.DagsterInstance, run_id: str) -> Mapping[str, Any]:
+def launch_metadata(instance: dg.DagsterInstance, run_id: str) -> Mapping[str, Any]:
+    """The metadata of the run's latest step launch (``STEP_WORKER_STARTING``: the backend's handle, e.g.
+    ``slurm/job_id``, ``k8s/pod``, ``local/unit``, the log file); {} when the run launched no worker."""
     recs = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING, ascending=False, limit=1).records
     for r in recs:
         ev = r.event_log_entry.dagster_event
@@ -64,7 +66,7 @@ def _launch_metadata(instance: dg.DagsterInstance, run_id: str) -> Mapping[str, 
 
 def failure_detail(instance: dg.DagsterInstance, partition_key: str, run_id: str | None, error: str | None) -> FailureDetail:
     """The detail of one failed partition; ``error`` is the message already known (its first line is kept)."""
-    log = log_location(_launch_metadata(instance, run_id) if run_id else {}, run_id)
+    log = log_location(launch_metadata(instance, run_id) if run_id else {}, run_id)
     return FailureDetail(partition_key, run_id, first_line(error) or "failed", log)
 
 

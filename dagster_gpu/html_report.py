@@ -1,7 +1,8 @@
 """``dagster-gpu report``: a self-contained HTML page (inline SVG charts, no server, no network) of a
 backfill or of an asset's last N materializations.
 
-Per partition: cost (USD) by backend, GPU-seconds, useful fraction, GPU utilization, texts/s against
+Per partition: cost (USD) by backend (as measured, and its share of its unit's scheduler bill:
+:func:`dagster_gpu.billed.billed_share`), GPU-seconds, useful fraction, GPU utilization, texts/s against
 rows, the placement chosen and the policy's estimated cost against the measured one; totals per
 backend; each failed partition with its run and the reason. Sources: each materialization's metadata
 (keys in README "Metadata on each materialization"), each failed run's step failure, and each run's
@@ -19,14 +20,15 @@ import argparse
 import html
 import io
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import dagster as dg
 
 from dagster_gpu.cli_common import instance_or_none
-from dagster_gpu.failures import partition_line, step_failure_message
+from dagster_gpu.billed import billed_share, unit_of
+from dagster_gpu.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.ranges import PartitionRangeError, run_partition_keys
 from dagster_gpu.worker.metadata import placement_from_metadata
 
@@ -48,6 +50,12 @@ class ReportRow:
     device: str | None
     estimated_cost_usd: float | None
     placement_reason: str
+    billed_cost_usd: float | None = None  # its share of its unit's scheduler bill; None until that lands
+    unit: tuple[str, str] | None = None  # (metadata key, value) of the work unit that ran it
+
+    @property
+    def bill_pending(self) -> bool:
+        return self.unit is not None and self.billed_cost_usd is None
 
 
 def _v(md: Mapping[str, Any], key: str) -> Any:
@@ -96,20 +104,20 @@ def row_from(partition: str, run_id: str, md: Mapping[str, Any], launch_md: Mapp
 
 
 # -- reading the instance ---------------------------------------------------------------------------
-def _launch_md(instance: dg.DagsterInstance, run_id: str) -> Mapping[str, Any]:
-    recs = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING, limit=1).records
-    ev = recs[0].event_log_entry.dagster_event if recs else None
-    return ev.engine_event_data.metadata if ev and ev.engine_event_data else {}
-
-
 def _rows_for_run(instance: dg.DagsterInstance, run_id: str, asset_key: dg.AssetKey) -> list[ReportRow]:
     mats = []
     for rec in instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION).records:
         m = rec.event_log_entry.asset_materialization
         if m is not None and m.asset_key == asset_key:
             mats.append(m)
-    launch = _launch_md(instance, run_id)
-    return [row_from(m.partition or "-", run_id, m.metadata, launch, len(mats)) for m in mats]
+    launch = launch_metadata(instance, run_id)
+    rows = []
+    for m in mats:
+        unit = unit_of(m.metadata) or unit_of(launch)
+        bill = billed_share(instance, asset_key, m.partition, unit) if m.partition else None
+        rows.append(replace(row_from(m.partition or "-", run_id, m.metadata, launch, len(mats)),
+                            unit=unit, billed_cost_usd=bill.cost_usd if bill else None))
+    return rows
 
 
 def collect(instance: dg.DagsterInstance, asset_key: dg.AssetKey, *, backfill_id: str | None = None,
@@ -240,17 +248,24 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
     for r in rows:
         per_backend.setdefault(r.backend, []).append(r)
     total = sum(r.cost_usd or 0 for r in rows)
+
+    def billed(rs: Sequence[ReportRow]) -> str:
+        pending = sum(1 for r in rs if r.bill_pending)
+        return f"{sum(r.billed_cost_usd or 0 for r in rs):.6f}" + (f" ({pending} pending)" if pending else "")
+
     parts = [f"<h1>{e(title)}</h1>",
              f"<p>{len(rows)} partition(s) materialized, {len(failed)} failed; measured cost "
-             f"<b>{total:.6f} USD</b>, {sum(r.gpu_seconds or 0 for r in rows):.1f} GPU-seconds.</p>"]
+             f"<b>{total:.6f} USD</b>, {sum(r.gpu_seconds or 0 for r in rows):.1f} GPU-seconds; billed by the "
+             f"schedulers (the materialized partitions' shares of their units' bills): <b>{billed(rows)} USD</b>.</p>"]
     parts.append("<h2>Per backend</h2><table><tr><th>backend</th><th>partitions</th><th>rows</th><th>GPU-seconds</th>"
-                 "<th>cost (USD)</th><th>estimated (USD)</th><th>mean useful fraction</th></tr>")
+                 "<th>cost (USD)</th><th>billed (USD)</th><th>estimated (USD)</th><th>mean useful fraction</th></tr>")
     for b, rs in sorted(per_backend.items()):
         uf = [r.useful_fraction for r in rs if r.useful_fraction is not None]
         est = [r.estimated_cost_usd for r in rs if r.estimated_cost_usd is not None]
         parts.append(f"<tr><td>{e(b)}</td><td>{len(rs)}</td><td>{sum(r.rows or 0 for r in rs)}</td>"
                      f"<td>{sum(r.gpu_seconds or 0 for r in rs):.1f}</td><td>{sum(r.cost_usd or 0 for r in rs):.6f}</td>"
-                     f"<td>{f'{sum(est):.6f}' if est else '–'}</td><td>{f'{sum(uf) / len(uf):.2f}' if uf else '–'}</td></tr>")
+                     f"<td>{billed(rs)}</td><td>{f'{sum(est):.6f}' if est else '–'}</td>"
+                     f"<td>{f'{sum(uf) / len(uf):.2f}' if uf else '–'}</td></tr>")
     parts.append("</table>")
     if rows:
         parts.append('<h2>Charts</h2><div class="charts">')
@@ -271,7 +286,7 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
                          "<code>dagster-gpu/backend</code> tag); with <code>backend: auto</code> each launch records "
                          "the estimated cost of every alternative.</p>")
     parts.append("<h2>Partitions</h2><table><tr><th>partition</th><th>run</th><th>backend</th><th>device</th><th>rows</th>"
-                 "<th>texts/s</th><th>utilization %</th><th>GPU-s</th><th>useful</th><th>cost USD</th><th>estimate USD</th>"
+                 "<th>texts/s</th><th>utilization %</th><th>GPU-s</th><th>useful</th><th>cost USD</th><th>billed USD</th><th>estimate USD</th>"
                  "<th>placement reason</th></tr>")
     f = lambda x, d: "–" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in rows:
@@ -279,6 +294,7 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
         parts.append(f"<tr><td>{e(r.partition)}</td><td><code>{e(r.run_id[:8])}</code></td><td>{e(r.backend)}</td>"
                      f"<td>{e(r.device or '')}</td><td>{r.rows if r.rows is not None else '–'}</td><td>{f(r.texts_per_second, 1)}</td>"
                      f"<td>{util}</td><td>{f(r.gpu_seconds, 2)}</td><td>{f(r.useful_fraction, 2)}</td><td>{f(r.cost_usd, 6)}</td>"
+                     f"<td>{'pending' if r.bill_pending else f(r.billed_cost_usd, 6)}</td>"
                      f"<td>{f(r.estimated_cost_usd, 6)}</td><td>{e(r.placement_reason)}</td></tr>")
     parts.append("</table>")
     if failed:

@@ -36,8 +36,18 @@ def useful_fraction(rows: Sequence[PartitionSummary]) -> float | None:
     return embed / billed if billed > 0 else None
 
 
+def billed_footer(rows: Sequence[PartitionSummary]) -> str:
+    """The billed column's total: the scheduler's bills over every partition, failed ones included, and how
+    many partitions' bills have not landed yet."""
+    total = sum(r.billed_cost_usd or 0.0 for r in rows)
+    pending = sum(1 for r in rows if r.bill_pending)
+    return f"{total:.6f}" + (f" ({pending} pending)" if pending else "")
+
+
 def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition summary") -> Table:
-    """Columns: partition, rows, seconds, texts/s, backend, GPU-seconds, cost (USD); failures in red."""
+    """Columns: partition, rows, seconds, texts/s, backend, GPU-seconds, cost (USD) as measured, useful
+    fraction, billed (USD): the partition's share of its unit's scheduler bill ("pending" until it lands;
+    failed partitions have one too). Failures in red."""
     t = Table(title=title, show_footer=True)
     ok = [r for r in rows if r.ok]
     t.add_column("partition", footer=f"{len(ok)}/{len(rows)} ok")
@@ -49,15 +59,17 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
     t.add_column("cost (USD)", justify="right", footer=f"{sum(r.cost_usd or 0 for r in ok):.6f}")
     uf = useful_fraction(rows)
     t.add_column("useful", justify="right", footer="" if uf is None else f"{uf:.2f}")
+    t.add_column("billed (USD)", justify="right", footer=billed_footer(rows))
     for r in rows:
+        billed = f"{r.billed_cost_usd:.6f}" if r.billed_cost_usd is not None else ("pending" if r.bill_pending else "")
         if r.ok:
             t.add_row(
                 r.partition_key, str(r.rows), f"{r.seconds or 0:.2f}", f"{r.texts_per_second or 0:.1f}", r.backend or "",
                 f"{r.gpu_seconds or 0:.2f}", f"{r.cost_usd or 0:.6f}",
-                "" if r.useful_fraction is None else f"{r.useful_fraction:.2f}",
+                "" if r.useful_fraction is None else f"{r.useful_fraction:.2f}", billed,
             )
         else:
-            t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", "", "", "", "", "")
+            t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", "", "", "", "", "", "", billed)
     return t
 
 
@@ -96,13 +108,17 @@ def run_backfill_with_progress(
     console: Console | None = None,
     partitions_def_name: str | None = None,
     run_config=None,
+    bills_wait_s: float = 60.0,
 ) -> list[PartitionSummary]:
     """Submit an asset backfill, run the daemon with a progress bar until it ends, print the summary.
 
     ``run_config`` applies to every run (e.g. ``{"execution": {"config": {"backend": "slurm", ...}}}``).
-    Returns the per-partition summary (see :func:`dagster_gpu.backfill.summarize_partitions`).
+    After the runs end the daemon keeps running up to ``bills_wait_s`` seconds, until every work unit's
+    scheduler bill has landed (:func:`dagster_gpu.backfill.wait_for_bills`); stopping it at once would stop
+    run workers still waiting for sacct. Returns the per-partition summary (see
+    :func:`dagster_gpu.backfill.summarize_partitions`).
     """
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
+    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills
 
     console = console or Console()
     backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title, run_config=run_config)
@@ -114,7 +130,16 @@ def run_backfill_with_progress(
             on_progress=lambda p: bar.update(task, completed=p.done, detail=progress_detail(p)),
             partitions_def_name=partitions_def_name,
         )
-    rows = summarize_partitions(instance, asset_key, partition_keys, backfill_id, partitions_def_name)
+        rows = summarize_partitions(instance, asset_key, partition_keys, backfill_id, partitions_def_name)
+        told: list[int] = []
+
+        def waiting(n: int) -> None:
+            if not told:
+                console.print(f"Waiting up to {bills_wait_s:.0f} s for the schedulers' bills of {n} partition(s)")
+            told.append(n)
+
+        rows = wait_for_bills(instance, asset_key, rows, backfill_id, partitions_def_name,
+                              timeout_s=bills_wait_s, on_wait=waiting)
     print_summary(console, instance, rows, title=f"Backfill {backfill_id}: {final.status.lower()} in {final.runs} run(s)")
     uf = useful_fraction(rows)
     if uf is not None:

@@ -50,9 +50,12 @@ def prepare_corpus(dest: Path, source: Path = FORTUNES_DIR, limit: int | None = 
 
 
 def where_table(instance, asset_key, keys):
-    """Where each partition ran (backend, scheduler id or process, device type) and what it cost (USD)."""
+    """Where each partition ran (backend, scheduler id or process, device type) and what it cost (USD): its
+    share of its unit's scheduler bill once that has landed, else the cost its step measured."""
     import dagster as dg
     from rich.table import Table
+
+    from dagster_gpu.billed import billed_share, unit_of
 
     t = Table(title="Where each partition ran")
     for col in ("partition", "backend", "where", "device type", "GPU-seconds", "cost (USD)", "billing source"):
@@ -64,8 +67,11 @@ def where_table(instance, asset_key, keys):
         md = {n: v.value for n, v in recs[0].asset_materialization.metadata.items()}
         where = (f"Slurm job {md['slurm/job_id']}" if "slurm/job_id" in md else
                  f"pod {md.get('k8s/namespace', '')}/{md['k8s/pod']}" if "k8s/pod" in md else "local process")
+        bill = billed_share(instance, asset_key, k, unit_of(md))
+        gpu_s, cost, source = ((bill.gpu_seconds, bill.cost_usd, bill.source) if bill else
+                               (md.get("billing/gpu_seconds", 0), md.get("billing/cost_usd", 0), md.get("billing/source", "")))
         t.add_row(k, str(md.get("dagster_gpu/backend", "")), where, str(md.get("billing/device_type", "")),
-                  f"{md.get('billing/gpu_seconds', 0):.2f}", f"{md.get('billing/cost_usd', 0):.6f}", str(md.get("billing/source", "")))
+                  f"{gpu_s:.2f}", f"{cost:.6f}", str(source))
     return t
 
 
@@ -128,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
             "partitions": len(rows), "ok": sum(r.ok for r in rows), "span_s": round(span, 1),
             "embedding_s": round(sum(r.seconds or 0 for r in rows if r.ok), 1),
             "billed_s": round(sum(r.billed_seconds or 0 for r in rows if r.ok), 1),
+            "measured_usd": sum(r.cost_usd or 0 for r in rows if r.ok),
+            "billed_usd": sum(r.billed_cost_usd or 0 for r in rows),
+            "bills_pending": sum(1 for r in rows if r.bill_pending),
             "useful_fraction": useful_fraction(rows), "per_run": fortune_embeddings.backfill_policy.max_partitions_per_run,
         }) + "\n")
     console.print(where_table(instance, fortune_embeddings.key, [r.partition_key for r in rows if r.ok]))

@@ -4,6 +4,7 @@ listing, on a real (SQLite) instance with runs in the states the daemon leaves t
 from __future__ import annotations
 
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -13,7 +14,8 @@ from dagster._core.events import EngineEventData
 from rich.console import Console
 
 from dagster_gpu import CorpusSource, TextFormat, asset_job, embedding_asset
-from dagster_gpu.backfill import PartitionSummary
+from dagster_gpu.backfill import PartitionSummary, summarize_partitions, wait_for_bills
+from dagster_gpu.billed import BilledShare, billed_share, unit_of
 from dagster_gpu.cli import main
 from dagster_gpu.failures import failure_detail, first_line, log_location
 from dagster_gpu.partitions import NoCorpus, corpus_of, register_corpus_files, select_partitions
@@ -145,8 +147,9 @@ def test_failed_partitions_are_listed_below_the_summary(setup, tmp_path):
         d = failure_detail(instance, "failed.txt", run.run_id, "partition 'failed.txt': undecodable\nmore lines")
         assert (d.partition_key, d.run_id, d.error, d.log) == ("failed.txt", run.run_id, "partition 'failed.txt': undecodable", str(log))
         rows = [PartitionSummary("done.txt", ok=True, rows=3, seconds=1.0, texts_per_second=3.0, backend="local",
-                                 gpu_seconds=2.0, cost_usd=0.0001),
-                PartitionSummary("failed.txt", ok=False, error="partition 'failed.txt': undecodable\nTraceback", run_id=run.run_id),
+                                 gpu_seconds=2.0, cost_usd=0.0001, billed_cost_usd=0.00015, bill_source="process"),
+                PartitionSummary("failed.txt", ok=False, error="partition 'failed.txt': undecodable\nTraceback", run_id=run.run_id,
+                                 unit=("local/unit", "u1")),
                 PartitionSummary("never.txt", ok=False, error="not materialized")]
         con = Console(record=True, width=200)
         print_summary(con, instance, rows, title="Backfill x")
@@ -154,10 +157,60 @@ def test_failed_partitions_are_listed_below_the_summary(setup, tmp_path):
         summary, failures = text.split("2 failed partition(s)")
         assert "undecodable" not in summary  # the error is no longer squeezed into the cost column
         assert "1/3 ok" in summary and "0.000100" in summary
+        # billed: done.txt's share of its unit's bill; failed.txt ran but its bill has not landed; never.txt never ran
+        assert "0.000150 (1 pending)" in summary and summary.count("pending") == 2
         lines = [ln for ln in failures.splitlines() if "failed.txt" in ln or "never.txt" in ln]
         assert run.run_id in lines[0] and "partition 'failed.txt': undecodable" in lines[0] and str(log) in lines[0]
         assert "not materialized" in lines[1] and "no run recorded" in lines[1]
         assert failures_table([d]).row_count == 1
+
+
+def test_a_partitions_billed_share_is_the_bill_of_the_unit_that_ran_it(setup):
+    _corpus, asset, _defs, _module = setup
+    with dg.instance_for_test() as instance:
+        for unit, cost in (("u-old", 0.5), ("u-new", 0.25)):  # the partition ran twice: one bill per unit
+            instance.report_runless_asset_event(dg.AssetObservation(asset.key, partition="p.txt", metadata={
+                "billing/source": "process", "billing/cost_usd": cost, "billing/gpu_seconds": cost * 100, "local/unit": unit}))
+        instance.report_runless_asset_event(dg.AssetObservation(asset.key, partition="p.txt", metadata={"other": 1}))
+        assert billed_share(instance, asset.key, "p.txt", ("local/unit", "u-old")) == BilledShare(0.5, 50.0, "process")
+        assert billed_share(instance, asset.key, "p.txt", ("local/unit", "u-new")) == BilledShare(0.25, 25.0, "process")
+        assert billed_share(instance, asset.key, "p.txt", ("slurm/job_id", "12_0")) is None  # not billed yet
+        assert billed_share(instance, asset.key, "other.txt", ("local/unit", "u-new")) is None
+        assert billed_share(instance, asset.key, "p.txt", None) is None
+    assert unit_of({"slurm/job_id": dg.MetadataValue.text("12_3"), "slurm/log_file": "/x"}) == ("slurm/job_id", "12_3")
+    assert unit_of({"k8s/pod": "dagster-gpu-ab-0"}) == ("k8s/pod", "dagster-gpu-ab-0")
+    assert unit_of({"local/log_file": "/x"}) is None
+
+
+def test_the_summary_waits_for_a_bill_that_lands_after_the_runs_ended(setup):
+    """A run worker bills its unit at exit, after the run's status is final: the summary re-reads the
+    partitions whose bill is pending (the daemon still up) instead of showing measured costs only."""
+    _corpus, asset, _defs, _module = setup
+
+    def bill(instance, key, unit, cost):
+        instance.report_runless_asset_event(dg.AssetObservation(asset.key, partition=key, metadata={
+            "billing/source": "process", "billing/cost_usd": cost, "billing/gpu_seconds": 1.0, "local/unit": unit}))
+
+    with dg.instance_for_test() as instance:
+        for key in ("a.txt", "b.txt"):
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition=key, metadata={
+                "local/unit": "u1", "billing/cost_usd": 0.001}))
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="inline.txt"))  # no unit
+        bill(instance, "a.txt", "u1", 0.002)
+        rows = summarize_partitions(instance, asset.key, ["a.txt", "b.txt", "inline.txt"])
+        assert [(r.billed_cost_usd, r.bill_pending) for r in rows] == [(0.002, False), (None, True), (None, False)]
+        late = threading.Timer(0.5, bill, (instance, "b.txt", "u1", 0.003))
+        late.start()
+        waits: list[int] = []
+        rows = wait_for_bills(instance, asset.key, rows, timeout_s=120, poll_s=0.1, on_wait=waits.append)
+        late.join()
+        assert [r.partition_key for r in rows] == ["a.txt", "b.txt", "inline.txt"]
+        assert [r.billed_cost_usd for r in rows] == [0.002, 0.003, None] and not any(r.bill_pending for r in rows)
+        assert waits and set(waits) == {1}
+        # a bill that never lands: the wait ends at its timeout with the partition still pending
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="c.txt", metadata={"local/unit": "u2"}))
+        rows = wait_for_bills(instance, asset.key, summarize_partitions(instance, asset.key, ["c.txt"]), timeout_s=0.3, poll_s=0.1)
+        assert rows[0].bill_pending
 
 
 def test_a_corpus_store_that_refuses_the_listing_is_one_line_naming_the_corpus(tmp_path, monkeypatch, capsys):

@@ -52,8 +52,12 @@ def test_report_of_real_materializations(tmp_path, monkeypatch):
             p = Placement("local", "forced", device="cpu", alternatives=(Alternative("local", device="cpu", cost_usd=est),))
             instance.report_dagster_event(
                 dg.DagsterEvent(event_type_value="STEP_WORKER_STARTING", job_name="__ephemeral_asset_job__", step_key="rep",
-                                event_specific_data=EngineEventData(metadata={"dagster_gpu/placement": dg.MetadataValue.json(p.to_json())})),
+                                event_specific_data=EngineEventData(metadata={"dagster_gpu/placement": dg.MetadataValue.json(p.to_json()),
+                                                                              "local/unit": f"u-{pk}"})),
                 run_ids[pk])
+        # the scheduler's bill of large's unit has landed (small's has not; medium ran in process: no unit)
+        instance.report_runless_asset_event(dg.AssetObservation(asset.key, partition="large", metadata={
+            "billing/source": "process", "billing/cost_usd": 0.0005, "billing/gpu_seconds": 36.0, "local/unit": "u-large"}))
         rows, failed = collect(instance, asset.key, last=10)
         assert [r.partition for r in rows] == ["small", "medium", "large"] and failed == []
         # a run that materialized nothing (its file is gone) is in the report too, with the partition and why
@@ -68,6 +72,10 @@ def test_report_of_real_materializations(tmp_path, monkeypatch):
         by = {r.partition: r for r in rows}
         assert {k: r.rows for k, r in by.items()} == sizes
         assert by["small"].estimated_cost_usd == 0.0001 and by["medium"].estimated_cost_usd is None
+        assert (by["large"].billed_cost_usd, by["large"].bill_pending) == (0.0005, False)
+        assert (by["small"].billed_cost_usd, by["small"].bill_pending) == (None, True)
+        assert (by["medium"].unit, by["medium"].bill_pending) == (None, False)
+        assert "<b>0.000500 (1 pending) USD</b>" in render_html(rows, failed, "t")
         assert all(r.backend == "local" and r.cost_usd > 0 and 0 < r.useful_fraction <= 1 for r in rows)
         assert all(r.utilization_percent is None and r.gpu_unavailable_reason.startswith("CPU-only") for r in rows)
         out = tmp_path / "report.html"

@@ -1,0 +1,67 @@
+"""What the scheduler billed a partition: its share of its work unit's bill, read back from the instance.
+
+I/O adapter over the event log. A unit's bill (sacct, the pod's running interval, the local worker's process
+interval) lands after the unit ends as one runless ``AssetObservation`` per partition the unit covered
+(:func:`dagster_gpu.executor.observations.write_unit_bill`), materialized or not. Each observation carries
+the key that names its unit, as do the unit's materializations and its launch event (``STEP_WORKER_STARTING``
+metadata): ``slurm/job_id`` (the array task), ``k8s/pod`` or ``local/unit``. A partition's billed share is
+the newest observation of that partition whose unit key matches the unit that last ran it; None while the
+bill has not landed (or the backend billed nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import dagster as dg
+
+#: The metadata keys naming a work unit, one per backend (``UnitBill.match`` of the Slurm, Kubernetes and
+#: local backends).
+UNIT_KEYS = ("slurm/job_id", "k8s/pod", "local/unit")
+
+#: Observations read per partition to find its unit's (a partition re-run many times has one per unit).
+OBSERVATIONS_PER_PARTITION = 20
+
+
+@dataclass(frozen=True)
+class BilledShare:
+    """A partition's share of its unit's scheduler bill.
+
+    Attributes:
+        cost_usd: USD. gpu_seconds: GPU-seconds. source: ``billing/source`` (``sacct``, ``pod-interval``,
+        ``process``).
+    """
+
+    cost_usd: float
+    gpu_seconds: float
+    source: str
+
+
+def _values(md: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: getattr(v, "value", v) for k, v in md.items()}
+
+
+def unit_of(md: Mapping[str, Any]) -> tuple[str, str] | None:
+    """The (key, value) naming the unit in materialization, launch or observation metadata; None without one."""
+    v = _values(md)
+    for key in UNIT_KEYS:
+        if v.get(key) not in (None, ""):
+            return key, str(v[key])
+    return None
+
+
+def billed_share(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition_key: str,
+                 unit: tuple[str, str] | None) -> BilledShare | None:
+    """The bill observation of ``partition_key`` written for ``unit`` (see the module doc), or None."""
+    if unit is None:
+        return None
+    recs = instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition_key]), limit=OBSERVATIONS_PER_PARTITION).records
+    for rec in recs:  # newest first
+        obs = rec.asset_observation
+        md = _values(obs.metadata) if obs is not None else {}
+        if md.get("billing/source") and md.get("billing/cost_usd") is not None and unit_of(md) == unit:
+            return BilledShare(float(md["billing/cost_usd"]), float(md.get("billing/gpu_seconds") or 0.0),
+                               str(md["billing/source"]))
+    return None
