@@ -22,7 +22,7 @@ from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.storage.dagster_run import RunsFilter
 from dagster._core.utils import make_new_backfill_id
 
-from dagster_gpu.billed import billed_share, unit_of
+from dagster_gpu.billed import PendingBill, billed_share, unit_of
 from dagster_gpu.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.ranges import range_tags, run_partition_keys
 
@@ -262,7 +262,7 @@ def wait_for_backfill(
 
 
 @dataclass(frozen=True)
-class PartitionSummary:
+class PartitionSummary(PendingBill):
     """One partition's outcome: its materialization figures, or the failure (with the run that failed it).
 
     Units: seconds, USD. ``cost_usd`` is the measured cost on the materialization; ``billed_cost_usd`` the
@@ -286,11 +286,6 @@ class PartitionSummary:
     billed_cost_usd: float | None = None
     bill_source: str | None = None
     unit: tuple[str, str] | None = None
-
-    @property
-    def bill_pending(self) -> bool:
-        """A work unit ran this partition and its scheduler bill has not landed yet."""
-        return self.unit is not None and self.billed_cost_usd is None
 
 
 def summarize_partitions(

@@ -12,7 +12,7 @@ bill has not landed (or the backend billed nothing).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import dagster as dg
 
@@ -36,6 +36,26 @@ class BilledShare:
     cost_usd: float
     gpu_seconds: float
     source: str
+
+
+class PendingBill:
+    """Mixin of a partition's row that has ``unit`` (the work unit that ran it, or None) and
+    ``billed_cost_usd`` (None until its bill lands)."""
+
+    unit: tuple[str, str] | None
+    billed_cost_usd: float | None
+
+    @property
+    def bill_pending(self) -> bool:
+        """A work unit ran this partition and its scheduler bill has not landed yet."""
+        return self.unit is not None and self.billed_cost_usd is None
+
+
+def billed_total(rows: Iterable[PendingBill]) -> str:
+    """The rows' billed USD added up (6 decimals), and ``" (N pending)"`` when N rows' bills have not landed."""
+    rows = list(rows)
+    pending = sum(1 for r in rows if r.bill_pending)
+    return f"{sum(r.billed_cost_usd or 0.0 for r in rows):.6f}" + (f" ({pending} pending)" if pending else "")
 
 
 def _values(md: Mapping[str, Any]) -> dict[str, Any]:

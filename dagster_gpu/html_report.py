@@ -27,14 +27,14 @@ from typing import Any, Mapping, Sequence
 import dagster as dg
 
 from dagster_gpu.cli_common import instance_or_none
-from dagster_gpu.billed import billed_share, unit_of
+from dagster_gpu.billed import PendingBill, billed_share, billed_total, unit_of
 from dagster_gpu.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.ranges import PartitionRangeError, run_partition_keys
 from dagster_gpu.worker.metadata import placement_from_metadata
 
 
 @dataclass(frozen=True)
-class ReportRow:
+class ReportRow(PendingBill):
     """One materialization (one partition of one run). Units: USD, seconds, percent, texts per second."""
 
     partition: str
@@ -52,10 +52,6 @@ class ReportRow:
     placement_reason: str
     billed_cost_usd: float | None = None  # its share of its unit's scheduler bill; None until that lands
     unit: tuple[str, str] | None = None  # (metadata key, value) of the work unit that ran it
-
-    @property
-    def bill_pending(self) -> bool:
-        return self.unit is not None and self.billed_cost_usd is None
 
 
 def _v(md: Mapping[str, Any], key: str) -> Any:
@@ -249,14 +245,10 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
         per_backend.setdefault(r.backend, []).append(r)
     total = sum(r.cost_usd or 0 for r in rows)
 
-    def billed(rs: Sequence[ReportRow]) -> str:
-        pending = sum(1 for r in rs if r.bill_pending)
-        return f"{sum(r.billed_cost_usd or 0 for r in rs):.6f}" + (f" ({pending} pending)" if pending else "")
-
     parts = [f"<h1>{e(title)}</h1>",
              f"<p>{len(rows)} partition(s) materialized, {len(failed)} failed; measured cost "
              f"<b>{total:.6f} USD</b>, {sum(r.gpu_seconds or 0 for r in rows):.1f} GPU-seconds; billed by the "
-             f"schedulers (the materialized partitions' shares of their units' bills): <b>{billed(rows)} USD</b>.</p>"]
+             f"schedulers (the materialized partitions' shares of their units' bills): <b>{billed_total(rows)} USD</b>.</p>"]
     parts.append("<h2>Per backend</h2><table><tr><th>backend</th><th>partitions</th><th>rows</th><th>GPU-seconds</th>"
                  "<th>cost (USD)</th><th>billed (USD)</th><th>estimated (USD)</th><th>mean useful fraction</th></tr>")
     for b, rs in sorted(per_backend.items()):
@@ -264,7 +256,7 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
         est = [r.estimated_cost_usd for r in rs if r.estimated_cost_usd is not None]
         parts.append(f"<tr><td>{e(b)}</td><td>{len(rs)}</td><td>{sum(r.rows or 0 for r in rs)}</td>"
                      f"<td>{sum(r.gpu_seconds or 0 for r in rs):.1f}</td><td>{sum(r.cost_usd or 0 for r in rs):.6f}</td>"
-                     f"<td>{billed(rs)}</td><td>{f'{sum(est):.6f}' if est else '–'}</td>"
+                     f"<td>{billed_total(rs)}</td><td>{f'{sum(est):.6f}' if est else '–'}</td>"
                      f"<td>{f'{sum(uf) / len(uf):.2f}' if uf else '–'}</td></tr>")
     parts.append("</table>")
     if rows:

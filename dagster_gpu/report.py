@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dagster_gpu.backfill import BackfillProgress, PartitionSummary
+from dagster_gpu.billed import billed_total
 from dagster_gpu.failures import FailureDetail
 
 
@@ -36,14 +37,6 @@ def useful_fraction(rows: Sequence[PartitionSummary]) -> float | None:
     return embed / billed if billed > 0 else None
 
 
-def billed_footer(rows: Sequence[PartitionSummary]) -> str:
-    """The billed column's total: the scheduler's bills over every partition, failed ones included, and how
-    many partitions' bills have not landed yet."""
-    total = sum(r.billed_cost_usd or 0.0 for r in rows)
-    pending = sum(1 for r in rows if r.bill_pending)
-    return f"{total:.6f}" + (f" ({pending} pending)" if pending else "")
-
-
 def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition summary") -> Table:
     """Columns: partition, rows, seconds, texts/s, backend, GPU-seconds, cost (USD) as measured, useful
     fraction, billed (USD): the partition's share of its unit's scheduler bill ("pending" until it lands;
@@ -59,7 +52,7 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
     t.add_column("cost (USD)", justify="right", footer=f"{sum(r.cost_usd or 0 for r in ok):.6f}")
     uf = useful_fraction(rows)
     t.add_column("useful", justify="right", footer="" if uf is None else f"{uf:.2f}")
-    t.add_column("billed (USD)", justify="right", footer=billed_footer(rows))
+    t.add_column("billed (USD)", justify="right", footer=billed_total(rows))  # failed partitions' shares too
     for r in rows:
         billed = f"{r.billed_cost_usd:.6f}" if r.billed_cost_usd is not None else ("pending" if r.bill_pending else "")
         if r.ok:
@@ -131,15 +124,10 @@ def run_backfill_with_progress(
             partitions_def_name=partitions_def_name,
         )
         rows = summarize_partitions(instance, asset_key, partition_keys, backfill_id, partitions_def_name)
-        told: list[int] = []
-
-        def waiting(n: int) -> None:
-            if not told:
-                console.print(f"Waiting up to {bills_wait_s:.0f} s for the schedulers' bills of {n} partition(s)")
-            told.append(n)
-
-        rows = wait_for_bills(instance, asset_key, rows, backfill_id, partitions_def_name,
-                              timeout_s=bills_wait_s, on_wait=waiting)
+        pending = sum(r.bill_pending for r in rows)
+        if pending and bills_wait_s > 0:
+            console.print(f"Waiting up to {bills_wait_s:.0f} s for the schedulers' bills of {pending} partition(s)")
+        rows = wait_for_bills(instance, asset_key, rows, backfill_id, partitions_def_name, timeout_s=bills_wait_s)
     print_summary(console, instance, rows, title=f"Backfill {backfill_id}: {final.status.lower()} in {final.runs} run(s)")
     uf = useful_fraction(rows)
     if uf is not None:
