@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -22,7 +22,7 @@ from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.storage.dagster_run import RunsFilter
 from dagster._core.utils import make_new_backfill_id
 
-from dagster_gpu.billed import PendingBill, billed_share, unit_of
+from dagster_gpu.billed import BilledShare, PendingBill, billed_share, unit_of
 from dagster_gpu.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.ranges import range_tags, run_partition_keys
 
@@ -265,9 +265,9 @@ def wait_for_backfill(
 class PartitionSummary(PendingBill):
     """One partition's outcome: its materialization figures, or the failure (with the run that failed it).
 
-    Units: seconds, USD. ``cost_usd`` is the measured cost on the materialization; ``billed_cost_usd`` the
-    partition's share of its unit's scheduler bill (``bill_source``: sacct, pod-interval, process), None
-    until that bill lands; a failed partition has a billed share too (the time its unit spent on it).
+    Units: seconds, USD. ``cost_usd`` is the measured cost on the materialization; ``bill`` the partition's
+    share of its unit's scheduler bill (``billed_cost_usd``, ``bill_source``: sacct, pod-interval, process),
+    None until that bill lands; a failed partition has a billed share too (the time its unit spent on it).
     ``unit``: the (metadata key, value) naming the work unit that last ran it (:data:`dagster_gpu.billed.UNIT_KEYS`).
     """
 
@@ -283,8 +283,7 @@ class PartitionSummary(PendingBill):
     billed_seconds: float | None = None
     error: str | None = None
     run_id: str | None = None
-    billed_cost_usd: float | None = None
-    bill_source: str | None = None
+    bill: BilledShare | None = None
     unit: tuple[str, str] | None = None
 
 
@@ -297,8 +296,8 @@ def summarize_partitions(
 ) -> list[PartitionSummary]:
     """The latest materialization of each partition (or the failure of the backfill run that covered it:
     the failed partition's own line of the run's failure message when the unit named it), with the
-    partition's share of its unit's scheduler bill once that has landed (``billed_cost_usd``,
-    ``bill_source``: :func:`dagster_gpu.billed.billed_share`; a failed partition's share too)."""
+    partition's share of its unit's scheduler bill once that has landed (``bill``:
+    :func:`dagster_gpu.billed.billed_share`; a failed partition's share too)."""
     failures: dict[str, tuple[str, str]] = {}
     if backfill_id:
         messages: dict[str, str] = {}
@@ -321,13 +320,11 @@ def summarize_partitions(
         if pk in failures or not recs:
             error, run_id = failures.get(pk, ("not materialized", None))
             unit = launched_unit(run_id)
-            bill = billed_share(instance, asset_key, pk, unit)
             out.append(PartitionSummary(pk, ok=False, error=error, run_id=run_id, unit=unit,
-                                        billed_cost_usd=bill.cost_usd if bill else None, bill_source=bill.source if bill else None))
+                                        bill=billed_share(instance, asset_key, pk, unit)))
             continue
         md = {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
         unit = unit_of(md) or launched_unit(recs[0].run_id)
-        bill = billed_share(instance, asset_key, pk, unit)
         out.append(
             PartitionSummary(
                 pk,
@@ -341,8 +338,7 @@ def summarize_partitions(
                 useful_fraction=md.get("embedding/useful_fraction"),
                 billed_seconds=md.get("billing/wall_seconds"),
                 run_id=recs[0].run_id,
-                billed_cost_usd=bill.cost_usd if bill else None,
-                bill_source=bill.source if bill else None,
+                bill=billed_share(instance, asset_key, pk, unit),
                 unit=unit,
             )
         )
@@ -353,26 +349,25 @@ def wait_for_bills(
     instance: dg.DagsterInstance,
     asset_key: dg.AssetKey,
     rows: Sequence[PartitionSummary],
-    backfill_id: str | None = None,
-    partitions_def_name: str | None = None,
     *,
     timeout_s: float = 60.0,
     poll_s: float = 2.0,
     on_wait: Callable[[int], None] | None = None,
 ) -> list[PartitionSummary]:
-    """``rows`` with the partitions whose unit's bill was pending read again every ``poll_s`` seconds until
-    none is pending or ``timeout_s`` seconds passed. A unit's bill lands after the backfill's runs end: the run
-    worker bills its units at its exit (``settle_wait_seconds`` / ``reconcile_wait_seconds``) and the bills
-    sensor sweeps what it could not, so the daemon must still be running. ``on_wait(n)`` before each wait."""
-    by_key = {r.partition_key: r for r in rows}
+    """``rows`` with the bills of those pending (:attr:`~dagster_gpu.billed.PendingBill.bill_pending`) read
+    again every ``poll_s`` seconds until none is pending or ``timeout_s`` seconds passed. A unit's bill lands
+    after the backfill's runs end: the run worker bills its units at its exit (``settle_wait_seconds`` /
+    ``reconcile_wait_seconds``) and the bills sensor sweeps what it could not, so the daemon must still be
+    running. ``on_wait(n)`` before each wait."""
+    rows = list(rows)
     deadline = time.monotonic() + timeout_s
-    while (pending := [k for k, r in by_key.items() if r.bill_pending]) and time.monotonic() < deadline:
+    while (pending := [i for i, r in enumerate(rows) if r.bill_pending]) and time.monotonic() < deadline:
         if on_wait:
             on_wait(len(pending))
         time.sleep(poll_s)
-        for r in summarize_partitions(instance, asset_key, pending, backfill_id, partitions_def_name):
-            by_key[r.partition_key] = r
-    return [by_key[r.partition_key] for r in rows]
+        for i in pending:
+            rows[i] = replace(rows[i], bill=billed_share(instance, asset_key, rows[i].partition_key, rows[i].unit))
+    return rows
 
 
 def _runs_in_flight(instance: dg.DagsterInstance, backfill_id: str) -> bool:

@@ -39,16 +39,25 @@ class BilledShare:
 
 
 class PendingBill:
-    """Mixin of a partition's row that has ``unit`` (the work unit that ran it, or None) and
-    ``billed_cost_usd`` (None until its bill lands)."""
+    """Mixin of a partition's row that has ``unit`` (the work unit that ran it, or None) and ``bill`` (its
+    :class:`BilledShare`, None until it lands); the bill's figures are read through it."""
 
     unit: tuple[str, str] | None
-    billed_cost_usd: float | None
+    bill: BilledShare | None
+
+    @property
+    def billed_cost_usd(self) -> float | None:
+        """USD; None until the bill lands."""
+        return self.bill.cost_usd if self.bill is not None else None
+
+    @property
+    def bill_source(self) -> str | None:
+        return self.bill.source if self.bill is not None else None
 
     @property
     def bill_pending(self) -> bool:
         """A work unit ran this partition and its scheduler bill has not landed yet."""
-        return self.unit is not None and self.billed_cost_usd is None
+        return self.unit is not None and self.bill is None
 
 
 def billed_total(rows: Iterable[PendingBill]) -> str:

@@ -27,7 +27,7 @@ from typing import Any, Mapping, Sequence
 import dagster as dg
 
 from dagster_gpu.cli_common import instance_or_none
-from dagster_gpu.billed import PendingBill, billed_share, billed_total, unit_of
+from dagster_gpu.billed import BilledShare, PendingBill, billed_share, billed_total, unit_of
 from dagster_gpu.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.ranges import PartitionRangeError, run_partition_keys
 from dagster_gpu.worker.metadata import placement_from_metadata
@@ -50,7 +50,7 @@ class ReportRow(PendingBill):
     device: str | None
     estimated_cost_usd: float | None
     placement_reason: str
-    billed_cost_usd: float | None = None  # its share of its unit's scheduler bill; None until that lands
+    bill: BilledShare | None = None  # its share of its unit's scheduler bill; None until that lands
     unit: tuple[str, str] | None = None  # (metadata key, value) of the work unit that ran it
 
 
@@ -110,9 +110,8 @@ def _rows_for_run(instance: dg.DagsterInstance, run_id: str, asset_key: dg.Asset
     rows = []
     for m in mats:
         unit = unit_of(m.metadata) or unit_of(launch)
-        bill = billed_share(instance, asset_key, m.partition, unit) if m.partition else None
-        rows.append(replace(row_from(m.partition or "-", run_id, m.metadata, launch, len(mats)),
-                            unit=unit, billed_cost_usd=bill.cost_usd if bill else None))
+        rows.append(replace(row_from(m.partition or "-", run_id, m.metadata, launch, len(mats)), unit=unit,
+                            bill=billed_share(instance, asset_key, m.partition, unit) if m.partition else None))
     return rows
 
 

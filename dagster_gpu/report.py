@@ -127,7 +127,7 @@ def run_backfill_with_progress(
         pending = sum(r.bill_pending for r in rows)
         if pending and bills_wait_s > 0:
             console.print(f"Waiting up to {bills_wait_s:.0f} s for the schedulers' bills of {pending} partition(s)")
-        rows = wait_for_bills(instance, asset_key, rows, backfill_id, partitions_def_name, timeout_s=bills_wait_s)
+        rows = wait_for_bills(instance, asset_key, rows, timeout_s=bills_wait_s)
     print_summary(console, instance, rows, title=f"Backfill {backfill_id}: {final.status.lower()} in {final.runs} run(s)")
     uf = useful_fraction(rows)
     if uf is not None:

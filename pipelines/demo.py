@@ -49,25 +49,24 @@ def prepare_corpus(dest: Path, source: Path = FORTUNES_DIR, limit: int | None = 
     return [dest / p.name for p in files]
 
 
-def where_table(instance, asset_key, keys):
-    """Where each partition ran (backend, scheduler id or process, device type) and what it cost (USD): its
-    share of its unit's scheduler bill once that has landed, else the cost its step measured."""
+def where_table(instance, asset_key, rows):
+    """Where each materialized partition of ``rows`` (the backfill's summary) ran (backend, scheduler id or
+    process, device type) and what it cost (USD): its share of its unit's scheduler bill once that has
+    landed, else the cost its step measured."""
     import dagster as dg
     from rich.table import Table
-
-    from dagster_gpu.billed import billed_share, unit_of
 
     t = Table(title="Where each partition ran")
     for col in ("partition", "backend", "where", "device type", "GPU-seconds", "cost (USD)", "billing source"):
         t.add_column(col, justify="right" if col in ("GPU-seconds", "cost (USD)") else "left")
-    for k in keys:
+    for row in (r for r in rows if r.ok):
+        k, bill = row.partition_key, row.bill
         recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[k]), limit=1).records
         if not recs:
             continue
         md = {n: v.value for n, v in recs[0].asset_materialization.metadata.items()}
         where = (f"Slurm job {md['slurm/job_id']}" if "slurm/job_id" in md else
                  f"pod {md.get('k8s/namespace', '')}/{md['k8s/pod']}" if "k8s/pod" in md else "local process")
-        bill = billed_share(instance, asset_key, k, unit_of(md))
         gpu_s, cost, source = ((bill.gpu_seconds, bill.cost_usd, bill.source) if bill else
                                (md.get("billing/gpu_seconds", 0), md.get("billing/cost_usd", 0), md.get("billing/source", "")))
         t.add_row(k, str(md.get("dagster_gpu/backend", "")), where, str(md.get("billing/device_type", "")),
@@ -139,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             "bills_pending": sum(1 for r in rows if r.bill_pending),
             "useful_fraction": useful_fraction(rows), "per_run": fortune_embeddings.backfill_policy.max_partitions_per_run,
         }) + "\n")
-    console.print(where_table(instance, fortune_embeddings.key, [r.partition_key for r in rows if r.ok]))
+    console.print(where_table(instance, fortune_embeddings.key, rows))
     failed = [r for r in rows if not r.ok]
     if failed:
         console.print(f"[red]{len(failed)} partition(s) failed[/red]: see the list above, or the runs in the UI "

@@ -147,7 +147,7 @@ def test_failed_partitions_are_listed_below_the_summary(setup, tmp_path):
         d = failure_detail(instance, "failed.txt", run.run_id, "partition 'failed.txt': undecodable\nmore lines")
         assert (d.partition_key, d.run_id, d.error, d.log) == ("failed.txt", run.run_id, "partition 'failed.txt': undecodable", str(log))
         rows = [PartitionSummary("done.txt", ok=True, rows=3, seconds=1.0, texts_per_second=3.0, backend="local",
-                                 gpu_seconds=2.0, cost_usd=0.0001, billed_cost_usd=0.00015, bill_source="process"),
+                                 gpu_seconds=2.0, cost_usd=0.0001, bill=BilledShare(0.00015, 10.8, "process")),
                 PartitionSummary("failed.txt", ok=False, error="partition 'failed.txt': undecodable\nTraceback", run_id=run.run_id,
                                  unit=("local/unit", "u1")),
                 PartitionSummary("never.txt", ok=False, error="not materialized")]
