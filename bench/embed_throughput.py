@@ -211,6 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-only", action="store_true", help="replace the model's forward by zero vectors on both sides")
     ap.add_argument("--launch-ops", type=int, default=160,
                     help="--host-only: tiny torch ops per forward, timed (an eager MiniLM-L6 forward dispatches ~160)")
+    ap.add_argument("--prompts", action="store_true",
+                    help="give the model e5-style prompts with the default 'document' ('passage: ', a copy in the "
+                         "workdir, tests/prompt_models.py): encode applies it by default, the encoder gets it "
+                         "from prompts.resolve_prompt")
     ap.add_argument("--json", dest="json_out", default=None, help="write the results as JSON to this file")
     ap.add_argument("--workdir", default=None, help="where the corpus and outputs go (default a temp dir)")
     args = ap.parse_args(argv)
@@ -236,9 +240,19 @@ def main(argv: list[str] | None = None) -> int:
     t_load = time.perf_counter()
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
+    prompt_dir = None
+    if args.prompts:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+        from prompt_models import make_prompt_model
+
+        prompt_dir = tempfile.TemporaryDirectory(prefix="embed-bench-prompt-", dir=args.workdir)
+        args.model = str(make_prompt_model(Path(prompt_dir.name) / "model"))
     lm = load_model(args.model, device=args.device, dtype=args.dtype)
     t_load = time.perf_counter() - t_load
     st = lm.model
+    from dagster_gpu.embedding.prompts import resolve_prompt
+
+    prompt = resolve_prompt(st)[0]
     stub = StubForward(st, lm.dim, args.launch_ops) if args.host_only else None
     fmt = TextFormat(format="text", record_separator_line="%")
 
@@ -265,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
     def pipeline(path: Path):
         out_i[0] += 1
         out = work / f"out-{out_i[0]}.parquet"
-        enc = Encoder(st, args.batch_size, tokenizer_threads=args.tokenizer_threads,
+        enc = Encoder(st, args.batch_size, tokenizer_threads=args.tokenizer_threads, prompt=prompt,
                       cpu_share=False if args.torch_threads else None)
         try:
             res = embed_partition(str(path), str(out), lm, fmt, batch_size=args.batch_size,
@@ -420,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "benchmark": "embed_throughput",
-        "model": lm.name, "device": lm.device, "gpu": gpu_name, "dim": lm.dim,
+        "model": lm.name, "device": lm.device, "gpu": gpu_name, "dim": lm.dim, "prompt": prompt,
         "python": platform.python_version(), "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "corpus": corpus_desc, "texts": len(texts), "corpus_bytes": corpus_bytes,
         "avg_chars": avg_chars, "batch_size": args.batch_size, "read_batch_rows": args.read_batch_rows,

@@ -10,6 +10,25 @@ Services are driven through their scripts' subcommands: ``resources/slurm/cluste
 stop-slurmdbd | start-slurmdbd``, ``resources/k8s/cluster.sh restart-apiserver | restart-etcd``,
 ``resources/postgres/postgres.sh restart``; each script's output goes to ``<log_dir>/<fault>.log``. When an
 act fails, the service's ``start`` (idempotent) is run so no service is left down.
+
+The two Kubernetes faults (``image_pull_fail``, ``dra_prepare_fail``) change no service: each picks the newest
+run still QUEUED (the farthest from being dequeued, so its worker reads what the fault wrote), adds run tags
+that force its step onto Kubernetes, and writes that run's overrides to the ``FAULTS_STATE`` file
+(bench/fault_state.py) that the pipeline's step handler re-reads at every launch. The fault lasts until the
+run ended; then its overrides are removed (the fault is over: a rerun gets the real settings) and the
+injector waits for the run's pods to be gone. The node agent (resources/k8s/node_agent.py) answers as a
+kubelet and the NVIDIA DRA driver do:
+
+* a missing image (it matches the agent's ``--missing-image-regex``, default ``does-not-exist``): Warning
+  ``Failed`` "Failed to pull image ...: ... not found", waiting ``ErrImagePull``, then ``ImagePullBackOff``
+  with the back-off doubling from 10 s to 300 s (kubernetes/kubernetes v1.34 ``pkg/kubelet/images/
+  image_manager.go`` ``EnsureImageExists`` and ``pkg/kubelet/images/types.go`` ``ErrImagePullBackOff``;
+  ``pkg/kubelet/kubelet.go`` ``flowcontrol.NewBackOff(backOffPeriod, MaxContainerBackOff)``);
+* a claim with a ``GpuConfig`` whose ``sharing.strategy`` is TimeSlicing while the driver's
+  ``TimeSlicingSettings`` gate is off (NVIDIA/k8s-dra-driver-gpu v25.12.0 ``pkg/featuregates/
+  featuregates.go``: alpha, off by default; ``api/nvidia.com/resource/v1beta1/sharing.go``: "invalid GPU
+  sharing settings"): NodePrepareResources fails, Warning ``FailedPrepareDynamicResources`` and the pod stays
+  ContainerCreating (``pkg/kubelet/cm/dra/manager.go``, kuberuntime_manager.go ``SyncPod``).
 """
 
 from __future__ import annotations
@@ -27,11 +46,25 @@ from typing import Callable
 import psutil
 
 from fault_plan import PREEMPTED_TASKS, SLURMDBD_DOWN_S, PlannedFault
+from fault_state import clear_run_override, set_run_override
 
 REPO = Path(__file__).resolve().parents[1]
 SLURM_SH = REPO / "resources" / "slurm" / "cluster.sh"
 K8S_SH = REPO / "resources" / "k8s" / "cluster.sh"
 PG_SH = REPO / "resources" / "postgres" / "postgres.sh"
+#: the image of ``image_pull_fail``: a tag nobody pushed (the node agent's registry does not have it)
+MISSING_IMAGE = "registry.example.com/ml/dagster-gpu:2026.12-does-not-exist"
+#: run tags of the run faults (dagster_gpu.request: run tags named dagster-gpu/* override the step's request)
+RUN_FAULT_TAGS = {
+    "image_pull_fail": {"dagster-gpu/backend": "kubernetes"},
+    "dra_prepare_fail": {"dagster-gpu/backend": "kubernetes", "dagster-gpu/shared-ok": "true"},
+}
+#: the per-run ``kubernetes`` overrides of the run faults (bench/fault_state.py)
+RUN_FAULT_OVERRIDES = {
+    "image_pull_fail": {"image": MISSING_IMAGE},
+    "dra_prepare_fail": {"sharing_strategy": "TimeSlicing"},
+}
+RUN_FAULT_TIMEOUT_S = 1800.0
 
 
 @dataclass
@@ -60,6 +93,13 @@ class InjectContext:
     say: Callable[[str], None]
     seed: int = 0
     stop: threading.Event = field(default_factory=threading.Event)
+    #: the run faults': newest-first ids of the backfill's QUEUED runs; add tags to a run; a run's status
+    #: name (e.g. ``FAILURE``); names of the pods labelled with a run; the FAULTS_STATE file
+    queued_run_ids: Callable[[], list[str]] | None = None
+    add_run_tags: Callable[[str, dict], None] | None = None
+    run_status: Callable[[str], str] | None = None
+    pods_of_run: Callable[[str], list[str]] | None = None
+    state_file: Path | None = None
 
 
 class Injector:
@@ -73,6 +113,7 @@ class Injector:
         self.records: list[dict] = []
         self._lock = threading.Lock()  # one act at a time
         self._rec_lock = threading.Lock()
+        self._targeted: set[str] = set()  # runs a run fault already took
         self._threads = [threading.Thread(target=self._run, args=(f,), name=f"fault-{f.label}", daemon=True) for f in plan]
 
     def start(self) -> None:
@@ -238,13 +279,72 @@ class Injector:
                 rec["detail"] = f"not injected: never {PREEMPTED_TASKS} running array tasks while the backfill ran"
                 return
 
+    def _image_pull_fail(self, f: PlannedFault, rec: dict) -> None:
+        self._run_fault(f, rec)
+
+    def _dra_prepare_fail(self, f: PlannedFault, rec: dict) -> None:
+        self._run_fault(f, rec)
+
+    def _run_fault(self, f: PlannedFault, rec: dict) -> None:
+        """Aim fault ``f.name`` at the newest QUEUED run (see the module doc); the outage lasts until that
+        run ended and its overrides were removed; ``pods_gone_s``: from then until it had no pod left."""
+        ctx = self.ctx
+        tags, overrides = RUN_FAULT_TAGS[f.name], RUN_FAULT_OVERRIDES[f.name]
+        while True:
+            try:
+                queued = [r for r in ctx.queued_run_ids() if r not in self._targeted]
+            except Exception:  # noqa: BLE001 - PostgreSQL restarting: try again
+                queued = []
+            if queued:
+                with self._lock:
+                    run_id = queued[0]
+                    self._targeted.add(run_id)
+                    fired = self._fired(rec)
+                    set_run_override(ctx.state_file, run_id, overrides)
+                    ctx.add_run_tags(run_id, tags)
+                    rec.update(run_id=run_id, tags=tags, overrides=overrides)
+                    ctx.say(f"fault {rec['fault']}: run {run_id[:8]} (queued) tagged {tags}, overrides {overrides}")
+                deadline = time.monotonic() + RUN_FAULT_TIMEOUT_S
+                status = ""
+                while time.monotonic() < deadline:
+                    try:
+                        status = ctx.run_status(run_id)
+                    except Exception:  # noqa: BLE001 - PostgreSQL restarting
+                        status = ""
+                    if status in ("SUCCESS", "FAILURE", "CANCELED"):
+                        break
+                    time.sleep(2)
+                clear_run_override(ctx.state_file, run_id)
+                ended = time.time()
+                pods: list[str] = []
+                while time.time() - ended < 120:
+                    try:
+                        pods = ctx.pods_of_run(run_id)
+                    except Exception:  # noqa: BLE001 - apiserver restarting
+                        pods = ["?"]
+                    if not pods:
+                        break
+                    time.sleep(2)
+                rec["run_status"] = status or "unknown"
+                rec["pods_gone_s"] = None if pods else round(time.time() - ended, 1)
+                gone = f"its pods gone {rec['pods_gone_s']} s later" if not pods else f"pods left after 120 s: {pods}"
+                rec["detail"] = (f"run {run_id[:8]} (queued) tagged {', '.join(f'{k}={v}' for k, v in tags.items())}, "
+                                 f"{', '.join(f'{k}: {v}' for k, v in overrides.items())}; it ended {rec['run_status']}, "
+                                 f"the override was removed; {gone}")
+                rec["back_at"], rec["outage_s"] = ended, round(ended - fired, 1)
+                ctx.say(f"fault {rec['fault']}: injected at {rec['at_s']} s, over after {rec['outage_s']} s; {rec['detail']}")
+                return
+            if not self._wait_more(2.0):
+                rec["detail"] = "not injected: no queued run while the backfill ran"
+                return
+
     # ------------------------------------------------------------------------------------- targets
     def _wait_more(self, s: float) -> bool:
         return not self.ctx.stop.wait(s) and self.ctx.active.is_set()
 
     def _workers(self) -> list[dict]:
         """Running step workers of this benchmark's runs (Slurm tasks and the node agent's pods both run here)."""
-        from dagster_gpu.executor.backends.step_args import step_args_from_env
+        from dagster_gpu.step_args import step_args_from_env
 
         try:
             ours = self.ctx.our_run_ids()
@@ -260,8 +360,8 @@ class Injector:
             except (psutil.AccessDenied, psutil.NoSuchProcess):
                 continue
             args = step_args_from_env(env)
-            if args is None or args.run_id not in ours:
-                continue
+            if args is None or args.run_id not in ours or args.run_id in self._targeted:
+                continue  # a run a run fault took is left to that fault, so each outcome has one cause
             backend = "slurm" if env.get("SLURM_JOB_ID") else "kubernetes"
             out.append({"pid": p.pid, "run_id": args.run_id, "backend": backend,
                         "age_s": round(time.time() - p.info["create_time"], 1)})

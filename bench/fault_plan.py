@@ -13,7 +13,20 @@ fired ``kills`` times (5 % of the backfill's work units, at least one):
 ``daemon_restart``    dagster-daemon SIGKILLed, a new one started (the backfill must go on)
 ``worker_sigkill``    one running step worker (a Slurm array task's or a pod's process) SIGKILLed
 ``slurm_preempt``     a high-QOS job that needs the GPUs of two running array tasks (both preempted, requeued)
+``image_pull_fail``   one queued run's pods name an image the registry does not have (ErrImagePull, then
+                      ImagePullBackOff); its unit is forced onto Kubernetes (``dagster-gpu/backend`` tag)
+``dra_prepare_fail``  one queued run's claim carries a TimeSlicing sharing config the DRA driver refuses at
+                      NodePrepareResources (its ``TimeSlicingSettings`` gate is off, as the driver ships):
+                      FailedPrepareDynamicResources, the pod stays ContainerCreating
 ==================== ==========================================================================
+
+The two Kubernetes faults aim at one run each (:data:`RUN_FAULTS`): a run still queued when the fault fires,
+so its step worker reads the fault's run tags and per-run overrides (bench/fault_state.py) when it starts.
+Their moments are drawn from the first half of the window, while the run queue still holds runs.
+:func:`run_fault_outcome` checks what a user must see: the step's attempt failed with an error naming the
+cause (not a timeout), and every partition of that run is materialized exactly once: by a retry the
+executor launched without the cause (a shared claim that failed to prepare is retried unshared), or by the
+rerun after the backfill left it failed with that reason and the fault was removed (the image).
 """
 
 from __future__ import annotations
@@ -25,7 +38,14 @@ from typing import Iterable, Mapping, Sequence
 
 SERVICE_FAULTS = ("slurmctld_restart", "slurmdbd_down", "apiserver_restart", "etcd_restart", "postgres_restart",
                   "daemon_restart")
-FAULTS = (*SERVICE_FAULTS, "worker_sigkill", "slurm_preempt")
+#: faults aimed at one queued run; each is drawn from the first half of the window (see plan_faults)
+RUN_FAULTS = ("image_pull_fail", "dra_prepare_fail")
+FAULTS = (*SERVICE_FAULTS, "worker_sigkill", "slurm_preempt", *RUN_FAULTS)
+#: what a failure of each run fault's partitions must say: every string of the first tuple, and one of the second
+RUN_FAULT_REASONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "image_pull_fail": ((), ("ErrImagePull", "ImagePullBackOff")),  # the image name is added by the driver
+    "dra_prepare_fail": (("FailedPrepareDynamicResources", "NodePrepareResources"), ()),
+}
 SLURMDBD_DOWN_S = 120.0
 KILL_FRACTION = 0.05
 PREEMPTED_TASKS = 2
@@ -55,7 +75,9 @@ def kills_for(units: int, fraction: float = KILL_FRACTION) -> int:
 def plan_faults(seed: int, window_s: float, kills: int, lead_s: float = 20.0,
                 faults: Sequence[str] = FAULTS) -> list[PlannedFault]:
     """Every fault of ``faults`` once (``worker_sigkill`` ``kills`` times), each at a moment drawn uniformly
-    from ``[lead_s, window_s]`` seconds after submission with ``random.Random(seed)``; sorted by time.
+    from ``[lead_s, window_s]`` seconds after submission with ``random.Random(seed)`` (a fault of
+    :data:`RUN_FAULTS` from ``[lead_s, (lead_s + window_s) / 2]``); sorted by time. The draws follow the
+    order of :data:`FAULTS`, so adding a fault at its end leaves the others' moments as they were.
 
     Raises:
         ValueError: ``window_s <= lead_s``, ``kills < 1``, or an unknown fault name.
@@ -70,8 +92,9 @@ def plan_faults(seed: int, window_s: float, kills: int, lead_s: float = 20.0,
     rng = random.Random(seed)
     out = []
     for name in faults:
+        end = (lead_s + window_s) / 2 if name in RUN_FAULTS else window_s
         for i in range(kills if name == "worker_sigkill" else 1):
-            out.append(PlannedFault(name, round(rng.uniform(lead_s, window_s), 1), i))
+            out.append(PlannedFault(name, round(rng.uniform(lead_s, end), 1), i))
     return sorted(out, key=lambda f: (f.at_s, f.name, f.index))
 
 
@@ -149,14 +172,90 @@ def first_after(timestamps: Sequence[float], t: float | None) -> float | None:
     return round(min(later) - t, 1) if later else None
 
 
-def summary_keys(injected: int, outcome: Outcome, leaked_objects: int) -> dict[str, int]:
-    """The four ``faults.*`` keys of bench/results/summary.json."""
-    return {
+def reason_names(fault: str, reason: str | None, must: Sequence[str] = ()) -> bool:
+    """True when ``reason`` says what :data:`RUN_FAULT_REASONS` requires for ``fault``, and contains every
+    string of ``must`` (e.g. the missing image's name)."""
+    if not reason:
+        return False
+    every, one_of = RUN_FAULT_REASONS[fault]
+    return all(s in reason for s in (*every, *must)) and (not one_of or any(s in reason for s in one_of))
+
+
+def run_fault_outcome(
+    fault: str,
+    run_id: str | None,
+    at_backfill_end: Mapping[str, tuple[str, str | None, str | None]],
+    materializations: Iterable[tuple[str, str]],
+    attempt_errors: Sequence[str] = (),
+    must: Sequence[str] = (),
+) -> dict:
+    """What a fault aimed at run ``run_id`` did to that run's partitions.
+
+    Args:
+        fault: one of :data:`RUN_FAULTS`.
+        run_id: the run it hit (None: not injected).
+        at_backfill_end: partition key -> ``(state, failure reason or None, run id)`` of the backfill run
+            that covered it last.
+        materializations: ``(partition key, run id)`` of every materialization event of the asset.
+        attempt_errors: the error message of each failed attempt of the run's step (retry requests and the
+            final failure), oldest first.
+        must: strings a reason must contain besides :data:`RUN_FAULT_REASONS` (the image's name).
+
+    Returns a dict: ``partitions`` (of that run); ``named_attempts`` (failed attempts whose error names the
+    cause); ``failed_with_named_reason`` (partitions the backfill left failed with such a reason);
+    ``materialized_once`` (partitions with exactly one materialization, by any run);
+    ``by_retry`` (those the faulted run materialized itself: a retry launched without the cause, as the
+    Kubernetes backend does after a shared claim failed to prepare) and ``by_rerun`` (those another run
+    materialized); ``reason`` (the first named error); and ``ok``: the fault hit (a named attempt), every
+    partition is materialized exactly once, and each one either by a retry of the faulted run or by a rerun
+    after the backfill left it failed with a reason naming the cause.
+    """
+    keys = sorted(k for k, (_st, _r, run) in at_backfill_end.items() if run_id and run == run_id)
+    by_key: dict[str, list[str]] = {}
+    for key, run in materializations:
+        by_key.setdefault(key, []).append(run)
+    named_errors = [e for e in attempt_errors if reason_names(fault, e, must)]
+    named = [k for k in keys if at_backfill_end[k][0] == "failed" and reason_names(fault, at_backfill_end[k][1], must)]
+    once = [k for k in keys if len(by_key.get(k, [])) == 1]
+    by_retry = [k for k in once if by_key[k][0] == run_id]
+    by_rerun = [k for k in once if by_key[k][0] != run_id and k in named]
+    return {"fault": fault, "run_id": run_id, "partitions": len(keys), "named_attempts": len(named_errors),
+            "attempts": len(attempt_errors), "failed_with_named_reason": len(named), "materialized_once": len(once),
+            "by_retry": len(by_retry), "by_rerun": len(by_rerun),
+            "reason": named_errors[0] if named_errors else next((at_backfill_end[k][1] for k in keys if at_backfill_end[k][1]), None),
+            "ok": bool(keys) and bool(named_errors) and len(once) == len(keys) == len(by_retry) + len(by_rerun)}
+
+
+def attempt_seconds(events: Sequence[tuple[str, float]]) -> list[float]:
+    """Seconds from each step-worker launch to the step's next failure or retry request (``events``:
+    ``(event type value, timestamp)`` of one step, any order: ``STEP_WORKER_STARTING``, ``STEP_FAILURE``,
+    ``STEP_UP_FOR_RETRY``; others are ignored). A launch with no failure after it is left out."""
+    out, started = [], None
+    for kind, t in sorted(events, key=lambda e: e[1]):
+        if kind == "STEP_WORKER_STARTING":
+            started = t
+        elif kind in ("STEP_FAILURE", "STEP_UP_FOR_RETRY") and started is not None:
+            out.append(round(t - started, 1))
+            started = None
+    return out
+
+
+def summary_keys(injected: int, outcome: Outcome, leaked_objects: int,
+                 run_faults: Sequence[Mapping] = ()) -> dict[str, int]:
+    """The ``faults.*`` keys of bench/results/summary.json: the four counts, plus for each fault of
+    ``run_faults`` (:func:`run_fault_outcome` dicts) ``faults.<fault>.named_attempts``,
+    ``faults.<fault>.failed_with_named_reason`` and ``faults.<fault>.materialized_once`` (partitions of the
+    faulted run)."""
+    out = {
         "faults.injected": int(injected),
         "faults.partitions_lost": outcome.partitions_lost,
         "faults.duplicates": len(outcome.duplicated),
         "faults.leaked_objects": int(leaked_objects),
     }
+    for r in run_faults:
+        for k in ("named_attempts", "failed_with_named_reason", "materialized_once"):
+            out[f"faults.{r['fault']}.{k}"] = int(r[k])
+    return out
 
 
 def _cell(v) -> str:

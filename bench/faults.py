@@ -12,13 +12,17 @@ bench/faults_pipeline.py (embedding asset, ``max_partitions_per_run=--per-run``,
 missing-partitions schedule), dagster-daemon, one asset backfill, and the injector (bench/fault_inject.py)
 firing each fault of bench/fault_plan.py once (the worker kill for 5 % of the work units) at a seeded random
 moment within ``--window-s`` seconds of submission. The services are shared: every fault brings its
-service back up; nothing is stopped at the end.
+service back up; nothing is stopped at the end. The two Kubernetes faults (an image the registry does not
+have; a claim the DRA driver refuses at NodePrepareResources) each take one queued run; for them the result
+says whether every partition of that run failed with a reason naming the cause and was materialized exactly
+once by the rerun (``run_faults``), how long each attempt took to fail and when the run's pods were gone.
 
 After the backfill ends: the missing-partitions schedule is started (``dagster schedule start``) and left
 to request runs for ``partitions_to_rerun`` every minute until nothing is left to rerun or
 ``--recovery-timeout-s`` passes; then it is stopped, bills are waited for, the daemon is stopped and
-leaks are counted. Writes ``--out`` (default bench/results/faults.json) and, for an injected run of 200
-partitions, the ``faults.*`` keys of bench/results/summary.json; prints a JSON line per phase and the tables.
+leaks are counted. Writes ``--out`` (default bench/results/faults.json) and, for a run with every fault, the
+``faults.*`` keys of bench/results/summary.json (``faults.partitions``: its size); prints a JSON line per
+phase and the tables.
 """
 
 from __future__ import annotations
@@ -46,7 +50,9 @@ from dagster._core.execution.backfill import BulkActionStatus  # noqa: E402
 from dagster_gpu.backfill import BackfillRuns, DaemonProcess, backfill_progress, submit_asset_backfill  # noqa: E402
 import k8s_backfill  # noqa: E402
 from fault_inject import InjectContext, Injector  # noqa: E402
-from fault_plan import FAULTS, fault_table, first_after, kills_for, plan_faults, summary_keys, tally  # noqa: E402
+from fault_inject import MISSING_IMAGE  # noqa: E402
+from fault_plan import (FAULTS, RUN_FAULTS, attempt_seconds, fault_table, first_after, kills_for, plan_faults,  # noqa: E402
+                        run_fault_outcome, summary_keys, tally)
 from make_corpus import make_corpus  # noqa: E402
 from summary import merge_summary  # noqa: E402
 
@@ -82,10 +88,15 @@ def make_home(pg: dict, max_runs: int) -> Path:
     return k8s_backfill.make_home(pg, max_runs, name="faults", pipeline=PIPELINE, extra_yaml=RUN_MONITORING)
 
 
+#: run monitoring on; the code server may take 10 min to start (on a 2-core host loaded by other work its
+#: imports took over Dagster's default 180 s; the backfill daemon then could not load the asset and failed
+#: the backfill, cancelling its runs)
 RUN_MONITORING = """run_monitoring:
   enabled: true
   start_timeout_seconds: 300
   poll_interval_seconds: 10
+code_servers:
+  local_startup_timeout: 600
 """
 
 
@@ -179,10 +190,40 @@ def failure_reason(instance: dg.DagsterInstance, run_id: str, key: str) -> str |
     return run
 
 
-def backfill_end_states(instance, bid: str, pdef: str) -> dict[str, tuple[str, str | None]]:
+def backfill_end_states(instance, bid: str, pdef: str) -> dict[str, tuple[str, str | None, str]]:
+    """partition key -> (state, failure reason or None, run id) of the backfill run that covered it last."""
     out = {}
     for key, (st, run) in BackfillRuns(instance, bid, pdef).partition_states().items():
-        out[key] = (st, failure_reason(instance, run.run_id, key) if st == "failed" else None)
+        out[key] = (st, failure_reason(instance, run.run_id, key) if st == "failed" else None, run.run_id)
+    return out
+
+
+def step_attempts(instance, run_id: str) -> tuple[list[float], list[str]]:
+    """Run ``run_id``'s step attempts: seconds from each step-worker launch to the step's failure or retry
+    request, and the error message of each failed attempt (oldest first)."""
+    kinds = {dg.DagsterEventType.STEP_WORKER_STARTING, dg.DagsterEventType.STEP_FAILURE,
+             dg.DagsterEventType.STEP_UP_FOR_RETRY}
+    recs = [r for r in instance.get_records_for_run(run_id, of_type=kinds).records if r.event_log_entry.dagster_event]
+    errors = []
+    for r in sorted(recs, key=lambda r: r.storage_id):
+        ev = r.event_log_entry.dagster_event
+        data = ev.step_failure_data if ev.event_type == dg.DagsterEventType.STEP_FAILURE else (
+            ev.event_specific_data if ev.event_type == dg.DagsterEventType.STEP_UP_FOR_RETRY else None)
+        if data is not None:
+            errors.append(data.error.message if getattr(data, "error", None) else (ev.message or ""))
+    secs = attempt_seconds([(r.event_log_entry.dagster_event.event_type_value, r.event_log_entry.timestamp) for r in recs])
+    return secs, errors
+
+
+def launched_backends(instance, run_id: str) -> list[str]:
+    """The backend of each step-worker launch of run ``run_id``, in order."""
+    recs = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING).records
+    out = []
+    for r in recs:
+        ev = r.event_log_entry.dagster_event
+        md = ev.engine_event_data.metadata if ev and ev.engine_event_data else {}
+        if "dagster_gpu/backend" in md:
+            out.append(md["dagster_gpu/backend"].value)
     return out
 
 
@@ -243,7 +284,7 @@ def leaks(instance, spool: Path, slurm, extra_job_ids: list[int]) -> dict[str, l
     """What this benchmark left behind: Slurm jobs not final (its job arrays and preemptor jobs), pods,
     ResourceClaims and ResourceClaimTemplates labelled with one of its runs, spool files (pending launches,
     unread results, job arrays never marked done) and step-worker processes of its runs."""
-    from dagster_gpu.executor.backends.step_args import step_args_from_env
+    from dagster_gpu.step_args import step_args_from_env
     from dagster_gpu.k8s import manifests as m
     from tests.k8s_helpers import executor_api, labelled
 
@@ -269,6 +310,15 @@ def leaks(instance, spool: Path, slurm, extra_job_ids: list[int]) -> dict[str, l
             "spool_pending": sorted(p.name for p in (spool / "pending").glob("*.json")),
             "spool_results": sorted(p.name for p in (spool / "results").glob("*.json")),
             "spool_batches_not_done": active, "worker_processes": procs}
+
+
+def pods_of_run(run_id: str) -> list[str]:
+    """Pods, ResourceClaims and ResourceClaimTemplates still labelled with run ``run_id``."""
+    from dagster_gpu.k8s import manifests as m
+    from tests.k8s_helpers import executor_api, labelled
+
+    with executor_api() as api:
+        return [n for names in labelled(api, m.run_selector(run_id)).values() for n in names]
 
 
 def preempted_tasks(slurm, array_ids: list[int]) -> list[str]:
@@ -302,6 +352,9 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
     ap.add_argument("--slurm-time-limit", default="00:20:00", help="sbatch --time of the array tasks")
     ap.add_argument("--slurm-throttle", type=int, default=0,
                     help="the slurm backend's array throttle, which the policy also respects (0: GPUs in the slurm partition)")
+    ap.add_argument("--create-timeout-s", type=float, default=60.0,
+                    help="the Kubernetes section's create_timeout_seconds (a bound pod whose container has not "
+                         "started: ErrImagePull / ImagePullBackOff fail the step after this)")
     ap.add_argument("--timeout-s", type=float, default=5400.0, help="longest wait for the backfill")
     ap.add_argument("--recovery-timeout-s", type=float, default=1500.0, help="longest wait for the recovery")
     ap.add_argument("--workdir", type=Path, default=None)
@@ -329,7 +382,8 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
            "DAGSTER_GPU_K8S_LOG": str(home / "k8s-backend.log"),
            "FAULTS_CORPUS": str(workdir / "corpus"), "FAULTS_OUTPUT": str(workdir / "out"),
            "FAULTS_PER_RUN": str(a.per_run), "FAULTS_RETRIES": str(a.retries), "FAULTS_DEADLINE_S": f"{a.deadline_s:g}",
-           "FAULTS_SLURM_TIME_LIMIT": a.slurm_time_limit,
+           "FAULTS_SLURM_TIME_LIMIT": a.slurm_time_limit, "FAULTS_STATE": str(home / "fault-state.json"),
+           "K8S_TEST_CREATE_TIMEOUT": f"{a.create_timeout_s:g}",
            "SLURM_TEST_WINDOW": "2", "SLURM_TEST_MAX_WINDOW": "10", "SLURM_TEST_TARGET": "0", "SLURM_TEST_POLL": "2",
            "SLURM_TEST_RECONCILE_WAIT": "60", "K8S_TEST_PENDING_TIMEOUT": "3600",
            "DAGSTER_GRPC_TIMEOUT_SECONDS": "300", "HF_HUB_OFFLINE": "1",
@@ -359,7 +413,12 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
     active.set()
     ctx = InjectContext(t0=t0, log_dir=home, slurm=slurm, our_array_job_ids=lambda: spool_array_ids(spool),
                         our_run_ids=lambda: {r.dagster_run.run_id for r in instance.get_run_records()},
-                        restart_daemon=daemons.kill_and_wait, active=active, say=say, seed=a.seed)
+                        restart_daemon=daemons.kill_and_wait, active=active, say=say, seed=a.seed,
+                        queued_run_ids=lambda: [r.dagster_run.run_id for r in instance.get_run_records(
+                            dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED], tags={"dagster/backfill": bid}))],
+                        add_run_tags=instance.add_run_tags,
+                        run_status=lambda run_id: instance.get_run_by_id(run_id).status.value,
+                        pods_of_run=pods_of_run, state_file=Path(env["FAULTS_STATE"]))
     injector = Injector(ctx, plan)
     injector.start()
 
@@ -453,7 +512,20 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
 
     # ------------------------------------------------------------------ count
     mats = materializations(instance, asset.key)
-    outcome = tally(keys, [(k, r) for k, r, _ in mats], end_states)
+    outcome = tally(keys, [(k, r) for k, r, _ in mats], {k: (st, why) for k, (st, why, _run) in end_states.items()})
+    run_faults = []
+    for r in injector.records:
+        name = r["fault"]
+        if name not in RUN_FAULTS:
+            continue
+        secs, errors = step_attempts(instance, r["run_id"]) if r.get("run_id") else ([], [])
+        res = run_fault_outcome(name, r.get("run_id"), end_states, [(k, run) for k, run, _ in mats], errors,
+                                must=(MISSING_IMAGE,) if name == "image_pull_fail" else ())
+        if r.get("run_id"):
+            res["attempt_s"], res["attempt_errors"] = secs, [e[:600] for e in errors]
+            res["backends"] = launched_backends(instance, r["run_id"])
+            res["pods_gone_s"] = r.get("pods_gone_s")
+        run_faults.append(res)
     stamps = sorted(t for _, _, t in mats)
     records = sorted(injector.records, key=lambda r: (r["at_s"] is None, r["at_s"] or r["planned_at_s"]))
     for r in records:
@@ -483,9 +555,10 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
         "preempted_tasks": preempted_tasks(slurm, spool_array_ids(spool)),
         "outcome": {**vars(outcome), "partitions_lost": outcome.partitions_lost},
         "recovery_s": None if recovery_s is None else round(recovery_s, 1), "recovery_runs": ticks,
+        "run_faults": run_faults,
         "leaks": left, "leaked_objects": leaked,
         "units": len(units), "units_without_bill": {u: units[u] for u in unbilled},
-        "summary": summary_keys(injected, outcome, leaked),
+        "summary": summary_keys(injected, outcome, leaked, run_faults),
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
@@ -497,10 +570,16 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
     print(f"| {injected} | {a.partitions} | {outcome.materialized_once} | {len(outcome.failed_with_reason)} → "
           f"{len(outcome.recovered)} | {outcome.partitions_lost} | {len(outcome.duplicated)} | {leaked} | {len(unbilled)} | "
           f"{makespan:.0f} | {'–' if recovery_s is None else f'{recovery_s:.0f}'} |")
+    for rf in run_faults:
+        print(f"{rf['fault']}: run {str(rf['run_id'])[:8]} on {rf.get('backends')}, {rf['partitions']} partitions; "
+              f"{rf['named_attempts']} of {rf['attempts']} failed attempts named the cause (after {rf.get('attempt_s')} s); "
+              f"{rf['failed_with_named_reason']} left failed naming it; {rf['materialized_once']} materialized once "
+              f"({rf['by_retry']} by a retry, {rf['by_rerun']} by the rerun); pods gone {rf.get('pods_gone_s')} s after; "
+              f"ok={rf['ok']}; reason: {(rf['reason'] or '')[:400]}")
     print(json.dumps(result["summary"]))
     say(f"wrote {a.out}")
-    if a.partitions == 200 and not a.no_inject and only == FAULTS:
-        merge_summary(result["summary"])
+    if not a.no_inject and only == FAULTS:
+        merge_summary({**result["summary"], "faults.partitions": a.partitions})
         say("merged the faults.* keys into bench/results/summary.json")
 
 

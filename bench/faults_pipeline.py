@@ -16,17 +16,31 @@ backfill over both clusters, which is what the fault benchmark needs.
 
 The Slurm and Kubernetes sections are those of tests/slurm_pipeline.py and tests/k8s_pipeline.py (their
 environment variables apply), with the executor's retries enabled and the local backend off.
+
+Per-run faults: the executor is gpu_executor with one change, its step handler (:class:`FaultStepHandler`)
+re-reads ``FAULTS_STATE`` (bench/fault_state.py) at every step launch and applies the overrides the injector
+wrote there for that run (the image, the sharing strategy) to the Kubernetes section, so a fault can give one
+run an image the registry does not have while every other run keeps the real one.
 """
 
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import dagster as dg
+from dagster._core.definitions.executor_definition import multiple_process_executor_requirements
+from dagster._core.execution.retries import RetryMode
 
 from dagster_gpu import CorpusSource, GpuRequest, TextFormat, asset_job, backfill_missing_schedule, embedding_asset, unit_bills_sensor
-from dagster_gpu.executor.executor import gpu_executor
+from dagster_gpu.executor.executor import GPU_EXECUTOR_CONFIG
+from dagster_gpu.executor.step_handler import GpuStepHandler
+from dagster_gpu.executor.user_terminate import GpuStepDelegatingExecutor
 from tests import k8s_pipeline, slurm_pipeline  # the code location's working directory is the repository
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ (a python_file code location adds only its working directory)
+from fault_state import merged_kubernetes, read_state  # noqa: E402
 
 ENV_PREFIX = "FAULTS_"
 RETRIES = int(os.environ.get("FAULTS_RETRIES", "2"))
@@ -69,6 +83,39 @@ def executor_config() -> dict:
     }
 
 
+class FaultStepHandler(GpuStepHandler):
+    """GpuStepHandler whose ``kubernetes`` section gets the run's ``FAULTS_STATE`` overrides, re-read at each
+    step launch (a handler serves one run: the Kubernetes backend is rebuilt when its settings change)."""
+
+    def __init__(self, config, default_log_dir):
+        super().__init__(config, default_log_dir)
+        self._base_k8s = dict(config.get("kubernetes") or {})
+
+    def launch_step(self, step_handler_context):
+        run_id = step_handler_context.dagster_run.run_id
+        k8s = merged_kubernetes(self._base_k8s, read_state(os.environ.get("FAULTS_STATE")), run_id)
+        with self._lock:
+            if k8s != self._config.get("kubernetes"):
+                self._config = {**self._config, "kubernetes": k8s}
+                self._backends.pop("kubernetes", None)
+        yield from super().launch_step(step_handler_context)
+
+
+
+@dg.executor(name="gpu_executor", config_schema=GPU_EXECUTOR_CONFIG, requirements=multiple_process_executor_requirements())
+def fault_gpu_executor(init_context: dg.InitExecutorContext) -> GpuStepDelegatingExecutor:
+    """gpu_executor (dagster_gpu.executor.executor) with :class:`FaultStepHandler`."""
+    cfg = dict(init_context.executor_config)
+    instance = init_context.instance
+    log_dir = Path(instance.root_directory if instance.is_persistent else os.getcwd()) / "dagster_gpu" / "local-workers"
+    handler = FaultStepHandler(cfg, log_dir)
+    return GpuStepDelegatingExecutor(
+        handler, retries=RetryMode.from_config(cfg["retries"]), sleep_seconds=cfg.get("sleep_seconds"),
+        check_step_health_interval_seconds=cfg["check_step_health_interval_seconds"],
+        max_concurrent=cfg.get("max_concurrent"), tag_concurrency_limits=cfg.get("tag_concurrency_limits"),
+        should_verify_step=True)
+
+
 defs = dg.Definitions(assets=[fault_embeddings], jobs=[fault_job], schedules=[missing_schedule],
                       sensors=[unit_bills_sensor(executor_config(), minimum_interval_seconds=30)],
-                      executor=gpu_executor.configured(executor_config()))
+                      executor=fault_gpu_executor.configured(executor_config()))

@@ -5,8 +5,9 @@
 The snapshot: Slurm with 10 A100 (throttle %10) and 3 other GPU types, Kubernetes with 10 A100, 8 H100
 and MIG pools (1g.10gb, 2g.20gb, 3g.40gb) — 8 pools in all — and a local GPU host. Each partition
 (sizes 10 MB-1 GB, deterministic) is decided on the snapshot left by the previous ones
-(``after_submit``), so pending counts climb to ~1,000. Prints p50/p99/max per decision in ms; the
-issue's budget is 10 ms.
+(``after_submit``), so pending counts climb to ~1,000. Prints p50/p99/max per decision in ms and the p99
+against the policy's budget (:data:`BUDGET_MS`, 10 ms per decision: a step's placement must not slow a
+backfill's launches; the bound a unit test used to assert, here where load on the host cannot fail a test).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dagster_gpu.policy import (  # noqa: E402
 )
 
 A100, H100 = "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
+BUDGET_MS = 10.0  # per decision
 
 
 def snapshot() -> Snapshot:
@@ -63,7 +65,7 @@ def main(argv=None) -> int:
     for label, xs in (("wall", sorted(times)), ("CPU (thread time)", sorted(cpu))):
         q = lambda f: xs[min(len(xs) - 1, int(f * len(xs)))]  # noqa: E731
         print(f"  {label} ms per decision: mean {statistics.fmean(xs):.3f}, p50 {statistics.median(xs):.3f}, "
-              f"p99 {q(0.99):.3f}, max {xs[-1]:.3f}")
+              f"p99 {q(0.99):.3f}, max {xs[-1]:.3f}; p99 / {BUDGET_MS:g} ms budget = {q(0.99) / BUDGET_MS:.3f}")
     print("placements:", dict(sorted(backends.items())))
     return 0
 

@@ -2,6 +2,12 @@
 
     eval "$(resources/slurm/cluster.sh env)"; resources/postgres/postgres.sh start
     .venv/bin/python bench/slurm_backfill.py [--partitions 200] [--max-runs 50] [--throttle 4]
+        [--slurm-version 22.05|24.11]
+
+``--slurm-version`` picks one of the local test clusters (tests/slurm_helpers.py ``CLUSTERS``) and takes its
+environment (SLURM_CONF, PATH with its client wrappers first, and for 24.11 ``DGPU_TEST_SLURM_PYTHON``, the
+interpreter its chrooted array tasks run; resources/slurm/README.md); without it the bench uses the cluster
+the environment names. The cluster's ``sinfo -V`` must print that version, else the bench exits.
 
 Runs the backfill three times, one after the other on the same host, through dagster-daemon with the run
 queue limited to ``--max-runs`` concurrent runs (one run per partition, no BackfillPolicy):
@@ -21,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -119,13 +126,20 @@ def main() -> None:
     ap.add_argument("--max-runs", type=int, default=50)
     ap.add_argument("--throttle", type=int, default=4)
     ap.add_argument("--only", choices=VARIANTS, action="append", help="run only these variants (repeatable)")
+    ap.add_argument("--slurm-version", choices=sorted(H.CLUSTERS), help="local test cluster to run on (default: the environment's)")
     a = ap.parse_args()
-    reason = H.cluster_unavailable_reason() or H.postgres_unavailable_reason()
+    cluster = H.CLUSTERS[a.slurm_version] if a.slurm_version else None
+    if cluster:
+        os.environ.update(cluster.env())
+    reason = H.cluster_unavailable_reason(cluster) or H.postgres_unavailable_reason()
     if reason:
         sys.exit(f"cannot run: {reason}")
     results = {}
+    version = subprocess.run(["sinfo", "-V"], capture_output=True, text=True, timeout=20).stdout.strip()
+    print(json.dumps({"slurm_version": version, "slurm_conf": H.slurm_conf()}), flush=True)
     for v in a.only or VARIANTS:
         results[v] = run_backfill(v, a.partitions, a.max_runs, a.throttle)
+        results[v]["slurm_version"] = version
         print(json.dumps(results[v]), flush=True)
     if "multiprocess" in results:
         base = results["multiprocess"]["makespan_s"]

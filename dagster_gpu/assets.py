@@ -1,5 +1,6 @@
 """The embedding asset factory: one dynamic partition per corpus file, one parquet file per partition."""
 
+import dataclasses
 import posixpath
 from typing import Any, Mapping, Sequence
 
@@ -7,6 +8,7 @@ import dagster as dg
 
 from dagster_gpu.checks import check_specs
 from dagster_gpu.corpus.listing import CorpusSource
+from dagster_gpu.embedding.fingerprint import config_fingerprint
 from dagster_gpu.request import TAG_ASSET_KEY, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.unit import UnitSpec, run_unit
 
@@ -43,6 +45,19 @@ def embedding_asset(
     key_prefix: Sequence[str] | None = None,
     retry_policy: dg.RetryPolicy | None = None,
     max_partitions_per_run: int = DEFAULT_PARTITIONS_PER_RUN,
+    prompt_name: str | None = None,
+    prompt: str | None = None,
+    chunking: Any = None,
+    id_column: str | None = None,
+    carry_columns: Sequence[str] | None = None,
+    include_text: bool = False,
+    normalize: bool = True,
+    truncate_dim: int | None = None,
+    output_dtype: str = "float32",
+    revision: str | None = None,
+    cache_folder: str | None = None,
+    trust_remote_code: bool = False,
+    reuse: bool = True,
 ) -> dg.AssetsDefinition:
     """Build a partitioned asset that embeds one corpus file per partition.
 
@@ -65,12 +80,46 @@ def embedding_asset(
         max_partitions_per_run: a backfill (and the sensor and schedule) makes runs of at most this many
             partitions (``BackfillPolicy.multi_run``); each run's step is one work unit that loads the model
             once and embeds its partitions back to back (see :mod:`dagster_gpu.worker.unit`).
+        prompt_name / prompt: the model's prompt to apply (sentence-transformers' rule: ``prompt`` beats
+            ``prompt_name``, else the model's ``default_prompt_name``; an unknown name fails the unit's partitions).
+        chunking: ``TokenChunks(max_tokens=…, overlap=…, boundary=…)`` cuts each record into windows of the model's
+            tokens, one output row each; None truncates each record at max_seq_length (counted).
+        id_column / carry_columns: override ``corpus.text_format``'s (parquet and JSON Lines corpora): the corpus's
+            own id as ``doc_id`` (else ``<partition key>/<record_id>``), columns copied into each row unchanged.
+        include_text: keep each row's text (its chunk) in a ``text`` column.
+        normalize: L2-normalize the vectors (recorded). truncate_dim: keep the first N dimensions (Matryoshka),
+            renormalized when ``normalize``. output_dtype: ``float32`` | ``float16`` (the vector column's type).
+        revision / cache_folder / trust_remote_code: a Hugging Face model id at a revision, resolved offline from
+            ``cache_folder`` (else HF_HOME / HF_HUB_CACHE); remote code only when opted in.
+        reuse: re-embedding a partition under the same fingerprint takes the previous output's vectors of the
+            records whose text is unchanged (chunked: the record's every chunk), so only new or changed text
+            reaches the device (:mod:`dagster_gpu.embedding.reuse`; ``embedding/reused_rows``); the partition's
+            measured GPU-seconds follow the shorter wall time. False embeds every record.
+
+    The asset's ``code_version`` is :func:`dagster_gpu.embedding.fingerprint.config_fingerprint` of the options
+    that change a vector and are known without loading the model, and each materialization carries it (tag
+    ``dagster/code_version``): after a change of model, prompt, chunking, dimension or dtype Dagster shows the
+    partitions embedded before as stale (their code version differs from the definition's).
 
     Each partition gets its own materialization. A missing or unreadable file, or a missing model, fails
     its partition(s) with ``dagster.Failure`` (no retry) naming the partition and file; the other partitions
     of the range are still embedded and materialized.
     """
     pdef = partitions_def or dg.DynamicPartitionsDefinition(name=f"{name}_files")
+    if id_column is not None or carry_columns is not None:
+        fmt = corpus.text_format
+        corpus = dataclasses.replace(corpus, text_format=dataclasses.replace(
+            fmt, id_column=id_column if id_column is not None else fmt.id_column,
+            carry_columns=tuple(carry_columns) if carry_columns is not None else fmt.carry_columns))
+    from dagster_gpu.embedding.writer import vector_type
+
+    vector_type(output_dtype)  # an unknown dtype fails at definition, naming the choices
+    if truncate_dim is not None and int(truncate_dim) < 1:
+        raise ValueError(f"embedding_asset {name!r}: truncate_dim must be >= 1, got {truncate_dim}")
+    code_version = config_fingerprint(
+        model=model, revision=revision, prompt_name=prompt_name, prompt=prompt, normalize=normalize,
+        truncate_dim=truncate_dim, output_dtype=output_dtype, max_seq_length=max_seq_length,
+        chunking=chunking.describe() if chunking is not None else None)
     spec = UnitSpec(
         corpus=corpus,
         output_uri_for=lambda key: output_uri_for(output_url, name, key),
@@ -82,6 +131,18 @@ def embedding_asset(
         telemetry_interval_s=telemetry_interval_s,
         dtype=dtype,
         output_storage_options=dict(output_storage_options or {}),
+        prompt_name=prompt_name,
+        prompt=prompt,
+        chunking=chunking,
+        include_text=include_text,
+        normalize=normalize,
+        truncate_dim=truncate_dim,
+        output_dtype=output_dtype,
+        revision=revision,
+        cache_folder=cache_folder,
+        trust_remote_code=trust_remote_code,
+        code_version=code_version,
+        reuse=reuse,
     )
 
     @dg.asset(
@@ -101,6 +162,7 @@ def embedding_asset(
         output_required=False,
         description=f"Sentence embeddings ({model}) of each file of corpus {corpus.url}, one parquet file per partition under {output_url}.",
         metadata={"dagster_gpu/corpus_url": corpus.url, "dagster_gpu/output_url": output_url},
+        code_version=code_version,
         check_specs=check_specs(dg.AssetKey([*(key_prefix or []), name]), pdef),
     )
     def _embed(context: dg.AssetExecutionContext):

@@ -23,6 +23,7 @@ from dagster._core.storage.dagster_run import RunsFilter
 from dagster._core.utils import make_new_backfill_id
 
 from dagster_gpu.billed import BilledShare, PendingBill, billed_share, unit_of
+from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, WALL_SECONDS
 from dagster_gpu.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.ranges import range_tags, run_partition_keys
 
@@ -333,10 +334,10 @@ def summarize_partitions(
                 seconds=md.get("embedding/seconds"),
                 texts_per_second=md.get("embedding/texts_per_second"),
                 backend=md.get("dagster_gpu/backend"),
-                gpu_seconds=md.get("billing/gpu_seconds"),
-                cost_usd=md.get("billing/cost_usd"),
+                gpu_seconds=md.get(GPU_SECONDS),
+                cost_usd=md.get(COST_USD),
                 useful_fraction=md.get("embedding/useful_fraction"),
-                billed_seconds=md.get("billing/wall_seconds"),
+                billed_seconds=md.get(WALL_SECONDS),
                 run_id=recs[0].run_id,
                 bill=billed_share(instance, asset_key, pk, unit),
                 unit=unit,
@@ -356,8 +357,8 @@ def wait_for_bills(
 ) -> list[PartitionSummary]:
     """``rows`` with the bills of those pending (:attr:`~dagster_gpu.billed.PendingBill.bill_pending`) read
     again every ``poll_s`` seconds until none is pending or ``timeout_s`` seconds passed. A unit's bill lands
-    after the backfill's runs end: the run worker bills its units at its exit (``settle_wait_seconds`` /
-    ``reconcile_wait_seconds``) and the bills sensor sweeps what it could not, so the daemon must still be
+    after the backfill's runs end: the run worker bills its units at its exit (each backend's
+    ``settle_wait_seconds``) and the bills sensor sweeps what it could not, so the daemon must still be
     running. ``on_wait(n)`` before each wait."""
     rows = list(rows)
     deadline = time.monotonic() + timeout_s

@@ -16,6 +16,8 @@ from typing import Any, Iterable, Mapping
 
 import dagster as dg
 
+from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, SOURCE
+
 #: The metadata keys naming a work unit, one per backend (``UnitBill.match`` of the Slurm, Kubernetes and
 #: local backends).
 UNIT_KEYS = ("slurm/job_id", "k8s/pod", "local/unit")
@@ -90,7 +92,7 @@ def billed_share(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition
     for rec in recs:  # newest first
         obs = rec.asset_observation
         md = _values(obs.metadata) if obs is not None else {}
-        if md.get("billing/source") and md.get("billing/cost_usd") is not None and unit_of(md) == unit:
-            return BilledShare(float(md["billing/cost_usd"]), float(md.get("billing/gpu_seconds") or 0.0),
-                               str(md["billing/source"]))
+        if md.get(SOURCE) and md.get(COST_USD) is not None and unit_of(md) == unit:
+            return BilledShare(float(md[COST_USD]), float(md.get(GPU_SECONDS) or 0.0),
+                               str(md[SOURCE]))
     return None

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import dagster as dg
 
-from dagster_gpu.executor.backends.base import Backend
+from dagster_gpu.contracts import Backend
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.executor.settle import Settler
 

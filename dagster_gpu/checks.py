@@ -5,10 +5,11 @@ fails any of them):
 
 ================================  ==================================================================
 ``output_readable``               the output file exists and its parquet footer and schema read
-``rows_match_records``            rows in the file = records read − records skipped as empty
-``vector_dim``                    the ``vector`` column's fixed size = the model's dimension
+``rows_match_records``            records with at least one row (chunk) = records read − records skipped
+``vector_dim``                    the ``vector`` column's fixed size = the output dimension (truncate_dim if set)
 ``vectors_finite``                no NaN or ±inf component in any vector
-``hash_per_record_id``            each ``record_id`` appears once, with a 64-hex-digit ``text_sha256``
+``hash_per_record_id``            each (``doc_id``, ``chunk_index``) appears once, with a 64-hex-digit
+                                  ``text_sha256`` (= sha256 of the row's ``text`` when the file keeps it)
 ================================  ==================================================================
 
 Dagster 1.13.27 facts this module relies on (read in ``dagster/_core``, checked with a real instance):
@@ -48,7 +49,7 @@ import dagster as dg
 import numpy as np
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 
-from dagster_gpu.embedding.writer import HASH_COLUMN, ID_COLUMN, VECTOR_COLUMN
+from dagster_gpu.embedding.writer import CHUNK_COLUMN, DOC_ID_COLUMN, HASH_COLUMN, ID_COLUMN, TEXT_COLUMN, VECTOR_COLUMN
 
 OUTPUT_READABLE = "output_readable"
 ROWS_MATCH_RECORDS = "rows_match_records"
@@ -59,10 +60,10 @@ HASH_PER_RECORD_ID = "hash_per_record_id"
 #: Check name -> description shown in the UI's Checks tab.
 CHECKS: dict[str, str] = {
     OUTPUT_READABLE: "The partition's parquet output exists and its footer and schema read.",
-    ROWS_MATCH_RECORDS: "Rows in the output = records read − empty records skipped.",
-    VECTOR_DIM: "The vector column's dimension equals the model's embedding dimension.",
+    ROWS_MATCH_RECORDS: "Records with at least one row (chunk) in the output = records read − records skipped.",
+    VECTOR_DIM: "The vector column's dimension equals the output dimension (the model's, or truncate_dim).",
     VECTORS_FINITE: "No vector has a NaN or infinite component.",
-    HASH_PER_RECORD_ID: "Each record_id appears once, with a 64-hex-digit text_sha256.",
+    HASH_PER_RECORD_ID: "Each (doc_id, chunk_index) appears once, with a 64-hex-digit text_sha256 (of the row's text when kept).",
 }
 
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -83,18 +84,21 @@ class OutputFacts:
     """What reading the output found (None = could not be read; ``error`` says why).
 
     Attributes:
-        rows: rows in the file. dim: the vector column's fixed size (None if not a fixed-size list).
+        rows: rows in the file (chunks). records: distinct record ids (None = as many as rows).
+        dim: the vector column's fixed size (None if not a fixed-size list).
         nonfinite_vectors: vectors with at least one NaN/inf component.
-        duplicate_ids: record ids seen more than once (count of extra rows). bad_hashes: hashes not 64 hex digits.
-        first_duplicate_id, first_nonfinite_id: an example record id for the description, None if none.
+        duplicate_ids: rows whose (doc_id, chunk_index) an earlier row has (``record_id`` and chunk 0 in a file
+            without those columns). bad_hashes: hashes not 64 hex digits, or not the sha256 of the row's text.
+        first_duplicate_id: an example duplicated doc id; first_nonfinite_id: an example record id; None if none.
     """
 
     rows: int | None = None
+    records: int | None = None
     dim: int | None = None
     nonfinite_vectors: int = 0
     first_nonfinite_id: int | None = None
     duplicate_ids: int = 0
-    first_duplicate_id: int | None = None
+    first_duplicate_id: int | str | None = None
     bad_hashes: int = 0
     error: str | None = None
 
@@ -112,8 +116,10 @@ def check_specs(asset_key: dg.AssetKey, partitions_def: dg.PartitionsDefinition 
 def read_facts(output_uri: str, storage_options: Mapping[str, Any] | None = None, batch_rows: int = 65536) -> OutputFacts:
     """Read ``output_uri`` (local path or fsspec URL) batch by batch; never raises for a bad file.
 
-    Memory: one record batch of ``batch_rows`` rows plus 8 bytes per record id.
+    Memory: one record batch of ``batch_rows`` rows plus each row's (doc_id, chunk_index) and record id.
     """
+    import hashlib
+
     import fsspec
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -129,15 +135,27 @@ def read_facts(output_uri: str, storage_options: Mapping[str, Any] | None = None
                 return OutputFacts(rows=pf.metadata.num_rows, error=f"{output_uri}: columns {missing} missing")
             vtype = schema.field(VECTOR_COLUMN).type
             dim = vtype.list_size if isinstance(vtype, pa.FixedSizeListType) else None
+            has_doc, has_chunk, has_text = (c in schema.names for c in (DOC_ID_COLUMN, CHUNK_COLUMN, TEXT_COLUMN))
+            cols = [ID_COLUMN, HASH_COLUMN, VECTOR_COLUMN] + [c for c, has in (
+                (DOC_ID_COLUMN, has_doc), (CHUNK_COLUMN, has_chunk), (TEXT_COLUMN, has_text)) if has]
             ids: list[np.ndarray] = []
+            keys: list[pa.Table] = []
             nonfinite = bad_hashes = 0
             first_nonfinite = None
-            for batch in pf.iter_batches(batch_size=batch_rows, columns=[ID_COLUMN, HASH_COLUMN, VECTOR_COLUMN]):
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
                 bid = batch.column(ID_COLUMN).to_numpy(zero_copy_only=False)
                 ids.append(bid)
+                doc = batch.column(DOC_ID_COLUMN) if has_doc else batch.column(ID_COLUMN)
+                chunk = batch.column(CHUNK_COLUMN) if has_chunk else pa.array(np.zeros(len(bid), np.int32))
+                keys.append(pa.table({"d": doc, "c": chunk}))
                 hashes = batch.column(HASH_COLUMN)
                 ok = pc.match_substring_regex(hashes, _HEX64.pattern)
                 bad_hashes += len(hashes) - pc.sum(pc.fill_null(ok, False)).as_py() if len(hashes) else 0
+                if has_text:
+                    bad_hashes += sum(
+                        1 for t, h in zip(batch.column(TEXT_COLUMN).to_pylist(), hashes.to_pylist())
+                        if t is not None and h is not None and _HEX64.match(h)
+                        and hashlib.sha256(t.encode("utf-8")).hexdigest() != h)
                 vec = batch.column(VECTOR_COLUMN)
                 if dim and len(vec):
                     flat = vec.flatten().to_numpy(zero_copy_only=False).reshape(len(vec), dim)
@@ -147,15 +165,23 @@ def read_facts(output_uri: str, storage_options: Mapping[str, Any] | None = None
                         first_nonfinite = int(bid[np.argmax(bad)])
                     nonfinite += n
             all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
-            uniq, counts = np.unique(all_ids, return_counts=True)
-            dup = counts > 1
+            rows = pf.metadata.num_rows
+            duplicates, first_dup = 0, None
+            if keys:
+                kt = pa.concat_tables(keys)
+                counts = kt.group_by(["d", "c"]).aggregate([([], "count_all")])
+                dup = counts.filter(pc.greater(counts.column("count_all"), 1))
+                duplicates = int(pc.sum(dup.column("count_all")).as_py() or 0) - dup.num_rows
+                if dup.num_rows:
+                    first_dup = dup.column("d")[0].as_py()
             return OutputFacts(
-                rows=pf.metadata.num_rows,
+                rows=rows,
+                records=int(len(np.unique(all_ids))),
                 dim=dim,
                 nonfinite_vectors=nonfinite,
                 first_nonfinite_id=first_nonfinite,
-                duplicate_ids=int((counts[dup] - 1).sum()),
-                first_duplicate_id=int(uniq[dup][0]) if dup.any() else None,
+                duplicate_ids=duplicates,
+                first_duplicate_id=first_dup,
                 bad_hashes=int(bad_hashes),
             )
     except FileNotFoundError as e:
@@ -176,17 +202,19 @@ def evaluate(facts: OutputFacts, *, expected_dim: int, records_read: int, skippe
         ]
     expected_rows = records_read - skipped_empty_rows
     rows = int(facts.rows or 0)
+    records = rows if facts.records is None else int(facts.records)
+    chunks = f"{records} records in {rows} rows" if records != rows else f"{rows} rows"
     return [
         CheckOutcome(OUTPUT_READABLE, True, f"{rows} rows readable", {"rows": rows}),
         CheckOutcome(
-            ROWS_MATCH_RECORDS, rows == expected_rows,
-            f"{rows} rows; {records_read} records read − {skipped_empty_rows} skipped = {expected_rows}",
-            {"rows": rows, "records_read": records_read, "skipped_empty_rows": skipped_empty_rows,
+            ROWS_MATCH_RECORDS, records == expected_rows,
+            f"{chunks}; {records_read} records read − {skipped_empty_rows} skipped = {expected_rows}",
+            {"rows": rows, "records": records, "records_read": records_read, "skipped_empty_rows": skipped_empty_rows,
              "expected_rows": expected_rows},
         ),
         CheckOutcome(
             VECTOR_DIM, facts.dim == expected_dim,
-            f"vector dimension {facts.dim if facts.dim is not None else 'not a fixed-size list'}; the model's is {expected_dim}",
+            f"vector dimension {facts.dim if facts.dim is not None else 'not a fixed-size list'}; expected {expected_dim}",
             {"expected_dim": expected_dim, **({"dim": facts.dim} if facts.dim is not None else {})},
         ),
         CheckOutcome(
@@ -197,8 +225,8 @@ def evaluate(facts: OutputFacts, *, expected_dim: int, records_read: int, skippe
         ),
         CheckOutcome(
             HASH_PER_RECORD_ID, facts.duplicate_ids == 0 and facts.bad_hashes == 0,
-            "one hash per record_id" if facts.duplicate_ids == 0 and facts.bad_hashes == 0 else
-            f"{facts.duplicate_ids} duplicate record_id row(s)"
+            "one hash per (doc_id, chunk_index)" if facts.duplicate_ids == 0 and facts.bad_hashes == 0 else
+            f"{facts.duplicate_ids} duplicate (doc_id, chunk_index) row(s)"
             + (f" (first: {facts.first_duplicate_id})" if facts.first_duplicate_id is not None else "")
             + f", {facts.bad_hashes} malformed text_sha256",
             {"duplicate_ids": facts.duplicate_ids, "bad_hashes": facts.bad_hashes},
@@ -294,7 +322,7 @@ RECHECK = "output_recheck"
 
 def recheck_outcomes(md: Mapping[str, Any], storage_options: Mapping[str, Any] | None = None) -> list[CheckOutcome]:
     """Verify again the output a materialization's metadata names (``embedding/output_uri``), against its
-    own ``embedding/dim``, ``embedding/records_read`` and ``embedding/skipped_empty_rows``.
+    own ``embedding/dim`` (the output dimension), ``embedding/records_read`` and ``embedding/skipped_empty_rows``.
 
     Raises KeyError naming the missing key when the metadata is not an embedding materialization's.
     """

@@ -1,12 +1,16 @@
 """``dagster-gpu``: command-line tools.
 
-    dagster-gpu backfill -m pipelines.definitions -a fortune_embeddings [--missing] [--failed]
+    dagster-gpu backfill -m pipelines.definitions -a fortune_embeddings [--missing] [--failed] [--stale]
             [--partitions a,b] [--no-register] [--prune] [-w workspace.yaml]
         register the asset's corpus files as partitions (those not yet registered), submit an asset
         backfill of the selected partitions (all registered by default; --missing: never materialized;
-        --failed: latest run failed or canceled; --prune first deletes the partitions of files no longer
-        in the corpus) to $DAGSTER_HOME's instance, run the Dagster daemon
-        until it ends, show progress, the per-partition summary and the failed partitions.
+        --failed: latest run failed or canceled; --stale: file or fingerprint changed, as `stale` lists them;
+        --prune first deletes the partitions of files no longer in the corpus, their output parquet files
+        and their rows in the vector indexes that follow the asset) to $DAGSTER_HOME's instance, run the
+        Dagster daemon until it ends, show progress, the per-partition summary and the failed partitions.
+    dagster-gpu stale -m MODULE -a ASSET [--json]
+        list the partitions whose file (source version) or embedding fingerprint (the asset's code version)
+        changed since their latest materialization, with why; never materialized ones are "missing".
     dagster-gpu whatif (CORPUS [--pattern GLOB] [--recursive] | -m MODULE -a ASSET) [--snapshot snap.json |
             --save-snapshot snap.json] [...]
         print the cost policy's plan for a backfill without launching anything (live backend state
@@ -16,6 +20,9 @@
         write a self-contained HTML report (cost, GPU-seconds, useful fraction, utilization,
         throughput, placements, estimate vs measured cost, failed partitions and why) of a backfill,
         or of the asset's last N materializations and its failed runs since.
+    dagster-gpu search -m MODULE -a ASSET "text" [-k 10] [--fingerprint FP] [--json]
+        the nearest rows of a vector index asset (or of the index following an embedding asset): the
+        query embedded with the rows' model and options and the model's query prompt.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dagster_gpu.code_module import import_code_module
+from dagster_gpu.code_module import load_definitions
 
 
 def _backfill(argv: list[str]) -> int:
@@ -34,34 +41,31 @@ def _backfill(argv: list[str]) -> int:
     ap.add_argument("--partitions", default=None, help="comma-separated partition keys (default: all registered)")
     ap.add_argument("--missing", action="store_true", help="only partitions never materialized")
     ap.add_argument("--failed", action="store_true", help="only partitions whose latest run failed or was canceled")
+    ap.add_argument("--stale", action="store_true", help="only partitions whose file or fingerprint changed (dagster-gpu stale)")
     ap.add_argument("--no-register", action="store_true", help="do not add the corpus files as partitions first")
     ap.add_argument("--prune", action="store_true",
-                    help="first delete the partitions whose corpus file is gone (their materializations stay)")
+                    help="first delete the partitions whose corpus file is gone, their outputs and index rows "
+                         "(their materializations stay)")
     ap.add_argument("-w", "--workspace", default="workspace.yaml", help="workspace the daemon loads")
     ap.add_argument("--timeout", type=float, default=24 * 3600.0)
     ap.add_argument("--bills-wait", type=float, default=60.0,
                     help="seconds to keep the daemon up after the runs end for the schedulers' bills (default 60)")
     args = ap.parse_args(argv)
-    if args.partitions and (args.missing or args.failed):
-        ap.error("--partitions cannot be combined with --missing/--failed")
+    if args.partitions and (args.missing or args.failed or args.stale):
+        ap.error("--partitions cannot be combined with --missing/--failed/--stale")
 
     import dagster as dg
 
     from dagster_gpu.cli_common import console as make_console, instance_or_none
     from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
-    from dagster_gpu.partitions import NoCorpus, corpus_of, prune_deleted_files, register_corpus_files, select_partitions
+    from dagster_gpu.partitions import NoCorpus, corpus_of, indexes_following, prune_partitions, register_corpus_files, select_partitions
     from dagster_gpu.report import run_backfill_with_progress
 
     console = make_console()
-    try:
-        module = import_code_module(args.module)
-    except ImportError as e:
-        print(f"dagster-gpu backfill: cannot import -m {args.module}: {e}", file=sys.stderr)
+    loaded = load_definitions(args.module, args.attribute, "dagster-gpu backfill")
+    if loaded is None:
         return 2
-    defs = getattr(module, args.attribute, None)
-    if not isinstance(defs, dg.Definitions):
-        print(f"dagster-gpu backfill: {args.module}.{args.attribute} is not a dagster Definitions (--attribute)", file=sys.stderr)
-        return 2
+    module, defs = loaded
     key = dg.AssetKey.from_user_string(args.asset)
     keys_defined = defs.resolve_all_asset_keys()
     if key not in keys_defined:
@@ -75,14 +79,18 @@ def _backfill(argv: list[str]) -> int:
     if args.prune or not args.no_register:
         try:
             corpus = corpus_of(asset, module)
-            pruned = prune_deleted_files(instance, asset, corpus) if args.prune else []
+            done = prune_partitions(instance, asset, corpus, delete_outputs=True,
+                                    indexes=indexes_following(defs.resolve_asset_graph().assets_defs, key)) if args.prune else []
+            pruned = [p.partition_key for p in done if p.error is None]
             added = [] if args.no_register else register_corpus_files(instance, asset, corpus)
-        except (NoCorpus, CorpusNotFound, CorpusUnreadable, TypeError) as e:
+        except (NoCorpus, CorpusNotFound, CorpusUnreadable, TypeError, ValueError) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
             return 2
         if args.prune:
             console.print(f"Corpus {corpus.url}: {len(pruned)} partition(s) of deleted files removed"
                           + (f": {', '.join(pruned)}" if pruned else ""), soft_wrap=True)
+            for p in done:
+                console.print(f"  {p.describe()}", soft_wrap=True, markup=False)
         if not args.no_register:
             console.print(f"Corpus {corpus.url}: {len(added)} new partition(s) registered", soft_wrap=True)
     if args.partitions:
@@ -92,11 +100,17 @@ def _backfill(argv: list[str]) -> int:
             print(f"dagster-gpu backfill: partitions not registered for {args.asset}: {', '.join(unknown)}", file=sys.stderr)
             return 2
     else:
-        keys = select_partitions(instance, asset, missing=args.missing, failed=args.failed)
+        try:
+            keys = select_partitions(instance, asset, missing=args.missing, failed=args.failed, stale=args.stale,
+                                     corpus=corpus_of(asset, module) if args.stale else None)
+        except (NoCorpus, CorpusNotFound, CorpusUnreadable) as e:
+            print(f"dagster-gpu backfill: {e}", file=sys.stderr)
+            return 2
     if not keys:
-        what = " and ".join(w for w, on in (("missing", args.missing), ("failed", args.failed)) if on) or "registered"
+        flags = (("missing", args.missing), ("failed", args.failed), ("stale", args.stale))
+        what = " and ".join(w for w, on in flags if on) or "registered"
         print(f"no {what} partitions of {args.asset} to backfill", file=sys.stderr)
-        return 0 if (args.missing or args.failed) else 2
+        return 0 if (args.missing or args.failed or args.stale) else 2
     rows = run_backfill_with_progress(
         instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout,
         partitions_def_name=asset.partitions_def.name,
@@ -113,14 +127,22 @@ def main(argv: list[str] | None = None) -> int:
     cmd, rest = argv[0], argv[1:]
     if cmd == "backfill":
         return _backfill(rest)
+    if cmd == "stale":
+        from dagster_gpu.stale_cli import stale_main
+
+        return stale_main(rest)
     if cmd == "whatif":
-        from dagster_gpu.policy.whatif import whatif_main
+        from dagster_gpu.commands.whatif import whatif_main
 
         return whatif_main(rest)
     if cmd == "report":
         from dagster_gpu.html_report import report_main
 
         return report_main(rest)
+    if cmd == "search":
+        from dagster_gpu.index.search import search_main
+
+        return search_main(rest)
     print(f"dagster-gpu: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
     return 2
 

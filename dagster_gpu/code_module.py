@@ -20,3 +20,21 @@ def import_code_module(name: str) -> ModuleType:
     if cwd not in sys.path and "" not in sys.path:
         sys.path.insert(0, cwd)
     return importlib.import_module(name)
+
+
+def load_definitions(module: str, attribute: str, prog: str):
+    """``(the imported module, the dagster.Definitions at module.attribute)`` (see :func:`import_code_module`), or None after
+    printing one line to stderr saying why (``prog: cannot import -m …`` or ``… is not a dagster Definitions``),
+    for a command to exit 2."""
+    import dagster as dg
+
+    try:
+        mod = import_code_module(module)
+    except ImportError as e:
+        print(f"{prog}: cannot import -m {module}: {e}", file=sys.stderr)
+        return None
+    defs = getattr(mod, attribute, None)
+    if not isinstance(defs, dg.Definitions):
+        print(f"{prog}: {module}.{attribute} is not a dagster Definitions (--attribute)", file=sys.stderr)
+        return None
+    return mod, defs

@@ -26,6 +26,7 @@ from typing import Any, Mapping, Sequence
 
 import dagster as dg
 
+from dagster_gpu.billing.keys import COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS, WALL_SECONDS
 from dagster_gpu.cli_common import instance_or_none
 from dagster_gpu.billed import BilledShare, PendingBill, billed_share, billed_total, unit_of
 from dagster_gpu.failures import launch_metadata, partition_line, step_failure_message
@@ -65,9 +66,9 @@ def useful_fraction(md: Mapping[str, Any]) -> float | None:
     if isinstance(given, (int, float)):
         return max(0.0, min(1.0, float(given)))
     emb = _v(md, "embedding/seconds")
-    billed = _v(md, "billing/wall_seconds")
+    billed = _v(md, WALL_SECONDS)
     if not isinstance(billed, (int, float)):
-        gs, dev = _v(md, "billing/gpu_seconds"), _v(md, "billing/devices")
+        gs, dev = _v(md, GPU_SECONDS), _v(md, DEVICES)
         billed = gs / dev if isinstance(gs, (int, float)) and isinstance(dev, (int, float)) and dev > 0 else gs
     if not isinstance(emb, (int, float)) or not isinstance(billed, (int, float)) or billed <= 0:
         return None
@@ -90,11 +91,11 @@ def row_from(partition: str, run_id: str, md: Mapping[str, Any], launch_md: Mapp
     return ReportRow(
         partition=partition, run_id=run_id, backend=str(_v(md, "dagster_gpu/backend") or "?"),
         rows=int(rows) if isinstance(rows, (int, float)) else None,
-        texts_per_second=num("embedding/texts_per_second"), cost_usd=num("billing/cost_usd"),
-        gpu_seconds=num("billing/gpu_seconds"), useful_fraction=useful_fraction(md),
+        texts_per_second=num("embedding/texts_per_second"), cost_usd=num(COST_USD),
+        gpu_seconds=num(GPU_SECONDS), useful_fraction=useful_fraction(md),
         utilization_percent=num("gpu/utilization_mean_percent"),
         gpu_unavailable_reason=_v(md, "gpu/unavailable_reason"),
-        device=str(_v(md, "billing/device_type") or (placement.device if placement else "") or ""),
+        device=str(_v(md, DEVICE_TYPE) or (placement.device if placement else "") or ""),
         estimated_cost_usd=est, placement_reason=placement.reason if placement else "",
     )
 

@@ -8,18 +8,27 @@
 - :func:`select_partitions`: all registered, or the ``missing`` (never materialized) and/or ``failed``
   (latest run failed; a canceled run leaves them missing) ones, as ``backfill_missing_schedule`` computes them
   (:func:`dagster_gpu.sensors.partition_status`, as the UI's partitions view shows them; partitions in
-  progress are left out).
+  progress are left out), and/or the ``stale`` ones (:func:`partition_staleness`, :mod:`dagster_gpu.stale`).
+- :func:`prune_partitions`: deletes the partitions of files gone from the corpus, and with ``delete_outputs``
+  their output parquet files and their rows in every vector index following the asset.
 """
 
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from types import ModuleType
+from typing import Any, Iterable, Mapping
 
 import dagster as dg
 
-from dagster_gpu.corpus.listing import CorpusSource
+from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
 from dagster_gpu.request import TAG_CORPUS_URL
 from dagster_gpu.sensors import dynamic_partitions_def, partition_status
+from dagster_gpu.source_versions import recorded_versions
+from dagster_gpu.stale import Staleness, find_stale
+
+log = logging.getLogger(__name__)
 
 
 class NoCorpus(ValueError):
@@ -60,35 +69,151 @@ def register_corpus_files(instance: dg.DagsterInstance, asset: dg.AssetsDefiniti
 
 def prune_deleted_files(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource) -> list[str]:
     """Delete the dynamic partitions of ``asset`` whose corpus file is gone (deleted or renamed), except
-    those with a run in progress; returns the keys deleted. Their materializations and outputs stay.
+    those with a run in progress; returns the keys deleted. Their materializations and outputs stay
+    (:func:`prune_partitions` with ``delete_outputs`` removes the outputs too).
 
     Raises CorpusNotFound when the corpus URL does not exist, TypeError when the asset's partitions
     are not dynamic.
     """
+    return [p.partition_key for p in prune_partitions(instance, asset, corpus) if p.error is None]
+
+
+@dataclass(frozen=True)
+class Pruned:
+    """One partition of a deleted file: the outputs deleted (URIs), the index rows deleted (index
+    description -> rows), and the error that kept it registered (None: its dynamic partition was deleted)."""
+
+    partition_key: str
+    outputs: tuple[str, ...] = ()
+    index_rows: tuple[tuple[str, int], ...] = ()
+    error: str | None = None
+
+    def describe(self) -> str:
+        """``partition 'k': output s3://…/k.parquet deleted, 12 row(s) deleted from VectorIndex(…)`` (one line)."""
+        if self.error:
+            return f"partition {self.partition_key!r}: kept: {self.error}"
+        done = [f"output {u} deleted" for u in self.outputs]
+        done += [f"{n} row(s) deleted from {ix}" for ix, n in self.index_rows]
+        return f"partition {self.partition_key!r}: " + (", ".join(done) if done else "no output") + "; partition removed"
+
+
+def indexes_following(assets: Iterable[dg.AssetsDefinition], asset_key: dg.AssetKey) -> list[Any]:
+    """The vector indexes (:class:`dagster_gpu.index.lance.VectorIndex`) of the index assets that follow
+    ``asset_key`` (their ``dagster_gpu/embeddings_asset`` metadata), opened as ``dagster-gpu search`` opens
+    them (object-store credentials from the environment)."""
+    from dagster_gpu.index.asset import META_EMBEDDINGS, META_TABLE, META_URI
+    from dagster_gpu.index.lance import VectorIndex
+
+    out, seen = [], set()
+    for a in assets:
+        for k, md in a.metadata_by_key.items():
+            md = {n: getattr(v, "value", v) for n, v in md.items()}
+            if md.get(META_EMBEDDINGS) == asset_key.to_user_string() and (md[META_URI], md[META_TABLE]) not in seen:
+                seen.add((md[META_URI], md[META_TABLE]))
+                out.append(VectorIndex(md[META_URI], md[META_TABLE]))
+    return out
+
+
+def prune_partitions(
+    instance: dg.DagsterInstance,
+    asset: dg.AssetsDefinition,
+    corpus: CorpusSource,
+    *,
+    delete_outputs: bool = False,
+    indexes: Iterable[Any] = (),
+    output_storage_options: Mapping[str, Any] | None = None,
+    files: Iterable[CorpusFile] | None = None,
+) -> list[Pruned]:
+    """Delete the dynamic partitions of ``asset`` whose corpus file is gone, except those with a run in
+    progress; with ``delete_outputs``, first each one's rows in ``indexes`` (``VectorIndex.delete_partition``)
+    and its output parquet file(s) (:func:`dagster_gpu.outputs.locate_output` under the asset's
+    ``dagster_gpu/output_url``, either naming rule; fsspec with ``output_storage_options``). Nothing of any
+    other partition is touched. A partition whose deletion fails stays registered (``Pruned.error``), so the
+    next prune tries again; the others go on. ``files``: the corpus listing when the caller has just made it.
+
+    Raises CorpusNotFound when the corpus URL does not exist, CorpusUnreadable when its store refuses,
+    TypeError when the asset's partitions are not dynamic, ValueError when ``delete_outputs`` and the asset
+    has no ``dagster_gpu/output_url`` metadata.
+    """
     pdef = dynamic_partitions_def(asset)
-    present = {f.key for f in corpus.list_files()}
+    present = {f.key for f in (corpus.list_files() if files is None else files)}
     gone = [k for k in instance.get_dynamic_partitions(pdef.name) if k not in present]
     if gone:
         in_progress = partition_status(instance, asset)[2]
         gone = [k for k in gone if k not in in_progress]
+    output_url = _output_url(asset) if delete_outputs and gone else None
+    indexes = list(indexes) if delete_outputs else []
+    out: list[Pruned] = []
     for k in gone:
+        outputs: list[str] = []
+        rows: list[tuple[str, int]] = []
+        try:
+            for ix in indexes:
+                rows.append((repr(ix), int(ix.delete_partition(k))))
+            if output_url is not None:
+                outputs = _delete_outputs(output_url, asset.key.path[-1], k, output_storage_options)
+        except Exception as e:  # noqa: BLE001 - this partition stays registered; the others are pruned
+            out.append(Pruned(k, tuple(outputs), tuple(rows), f"{type(e).__name__}: {e}"))
+            log.warning("partition %r of %s not pruned: %s", k, asset.key.to_user_string(), e)
+            continue
         instance.delete_dynamic_partition(pdef.name, k)
-    return gone
+        out.append(Pruned(k, tuple(outputs), tuple(rows)))
+    return out
+
+
+def _output_url(asset: dg.AssetsDefinition) -> str:
+    md = asset.metadata_by_key.get(asset.key, {})
+    url = md.get("dagster_gpu/output_url")
+    if url is None:
+        raise ValueError(f"asset {asset.key.to_user_string()} has no dagster_gpu/output_url metadata: not made by embedding_asset")
+    return str(getattr(url, "value", url))
+
+
+def _delete_outputs(output_url: str, asset_name: str, key: str, storage_options: Mapping[str, Any] | None) -> list[str]:
+    """Delete the partition's output file(s) (the current name, then an earlier ``<key>.parquet``); their URIs."""
+    import fsspec
+
+    from dagster_gpu.outputs import locate_output
+
+    deleted: list[str] = []
+    opts = dict(storage_options or {})
+    while (uri := locate_output(output_url, asset_name, key, opts)) is not None and uri not in deleted:
+        fs, path = fsspec.core.url_to_fs(uri, **opts)
+        fs.rm_file(path)
+        deleted.append(uri)
+    return deleted
+
+
+def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource) -> Staleness:
+    """:func:`dagster_gpu.stale.find_stale` of ``asset``'s registered partitions: the corpus listing's source
+    versions, each partition's latest materialization (:func:`dagster_gpu.source_versions.recorded_versions`),
+    the asset's code version, the partitions in progress. Raises CorpusNotFound / CorpusUnreadable for the
+    corpus, TypeError when the asset's partitions are not dynamic."""
+    pdef = dynamic_partitions_def(asset)
+    keys = list(instance.get_dynamic_partitions(pdef.name))
+    current = {f.key: f.version for f in corpus.list_files()}
+    recorded = recorded_versions(instance, asset.key)
+    in_progress = partition_status(instance, asset)[2]
+    return find_stale(keys, current, recorded, asset.code_versions_by_key.get(asset.key), in_progress)
 
 
 def select_partitions(
-    instance: dg.DagsterInstance, asset: dg.AssetsDefinition, *, missing: bool = False, failed: bool = False
+    instance: dg.DagsterInstance, asset: dg.AssetsDefinition, *, missing: bool = False, failed: bool = False,
+    stale: bool = False, corpus: CorpusSource | None = None,
 ) -> list[str]:
-    """Registered partition keys of ``asset`` (in registration order): all of them when neither flag is
+    """Registered partition keys of ``asset`` (in registration order): all of them when no flag is
     set; else those never materialized (``missing``) and/or failed as the UI's partitions view shows them
-    (``failed``: their latest run failed without materializing them; a canceled run leaves them missing),
+    (``failed``: their latest run failed without materializing them; a canceled run leaves them missing)
+    and/or stale (``stale``: :func:`partition_staleness` against ``corpus``, default :func:`corpus_of`),
     none in progress."""
     keys = list(instance.get_dynamic_partitions(asset.partitions_def.name))
-    if not (missing or failed):
+    if not (missing or failed or stale):
         return keys
     materialized, failed_keys, in_progress = partition_status(instance, asset)
+    stale_keys = set(partition_staleness(instance, asset, corpus or corpus_of(asset)).stale_keys) if stale else set()
     return [
         k for k in keys
-        if k not in in_progress and ((missing and k not in materialized) or (failed and k in failed_keys))
+        if k not in in_progress
+        and ((missing and k not in materialized) or (failed and k in failed_keys) or k in stale_keys)
     ]
 

@@ -56,15 +56,6 @@ def run_partition_keys(
     return keys_in_range(store.get_dynamic_partitions(partitions_def_name), *r)
 
 
-def describe(keys: Sequence[str]) -> str:
-    """``partition 'a'`` / ``3 partitions 'a'…'c'`` / ``unpartitioned run``, for messages."""
-    if not keys:
-        return "unpartitioned run"
-    if len(keys) == 1:
-        return f"partition {keys[0]!r}"
-    return f"{len(keys)} partitions {keys[0]!r}…{keys[-1]!r}"
-
-
 def contiguous_ranges(all_keys: Sequence[str], selected: Sequence[str] | set[str], max_per_run: int) -> list[tuple[str, ...]]:
     """The ``selected`` keys as runs of consecutive keys of ``all_keys`` (the definition's order), each at
     most ``max_per_run`` long (pure). A key between two selected ones that is not selected ends a range,

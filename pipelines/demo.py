@@ -6,10 +6,17 @@
   2. points DAGSTER_HOME at a project-local instance (SQLite, queued run coordinator);
   3. registers the dynamic partitions, submits an asset backfill of every partition, runs the Dagster
      daemon until the backfill ends, with a progress display;
-  4. prints the per-partition summary (rows, seconds, texts/s, backend, GPU-seconds, cost).
+  4. prints the per-partition summary (rows, seconds, texts/s, backend, GPU-seconds, cost);
+  5. loads the embedded partitions into the LanceDB index (``fortune_embeddings_index``, a second backfill,
+     ranged runs through gpu_executor on a CPU) and prints its rows (``--no-index`` skips it); then
+     ``dagster-gpu search -m pipelines.definitions -a fortune_embeddings "..."`` queries it.
+Before the backfill it records each file's source version as an observation of the corpus asset
+(``fortune_embeddings_corpus``: what the corpus sensor records each tick), so the UI shows the corpus
+upstream of the embeddings with a data version per partition, and a file changed later as "Unsynced".
 With ``--backend slurm|kubernetes|auto`` it first starts what that backend needs (PostgreSQL, the
-local Slurm cluster, the Kubernetes control plane: ``pipelines/demo_backends.py``), keeps the instance
-on PostgreSQL (home ``.dagster_home_<backend>``), runs the same backfill there and prints where each
+local Slurm cluster, the Kubernetes control plane: ``pipelines/demo_backends.py``; ``--slurm-version 24.11``
+the Slurm 24.11 cluster instead of 22.05), keeps the instance on PostgreSQL (home ``.dagster_home_<backend>``,
+``.dagster_home_<backend>-24.11`` for Slurm 24.11), runs the same backfill there and prints where each
 partition ran (Slurm job id, pod, or local process) and what it cost.
 Exit code 1 if any partition failed, 3 if a service could not be started (the message names the log).
 """
@@ -24,7 +31,8 @@ import sys
 import time
 from pathlib import Path
 
-from pipelines.demo_backends import BACKENDS, ServiceError, browse_script, executor_config, instance_yaml, start_services
+from pipelines.demo_backends import (BACKENDS, DEFAULT_SLURM_VERSION, SLURM_SCRIPTS, WORKER_PYTHON_ENV, ServiceError,
+                                     browse_script, executor_config, instance_yaml, start_services)
 
 REPO = Path(__file__).resolve().parents[1]
 FORTUNES_DIR = Path("/usr/share/games/fortunes")
@@ -74,10 +82,25 @@ def where_table(instance, asset_key, rows):
     return t
 
 
+def default_home(backend: str, slurm_version: str = DEFAULT_SLURM_VERSION) -> str:
+    """The demo home's name under the checkout: ``.dagster_home`` (local), ``.dagster_home_<backend>``, and
+    ``.dagster_home_<backend>-<version>`` for slurm/auto on another Slurm than the default (each cluster's
+    job ids and bills stay in their own instance)."""
+    if backend == "local":
+        return ".dagster_home"
+    if backend in ("slurm", "auto") and slurm_version != DEFAULT_SLURM_VERSION:
+        return f".dagster_home_{backend}-{slurm_version}"
+    return f".dagster_home_{backend}"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pipelines.demo", description=__doc__.splitlines()[0])
     ap.add_argument("--backend", choices=BACKENDS, default="local", help="where the steps run (default: local)")
-    ap.add_argument("--home", type=Path, default=None, help="DAGSTER_HOME (default: .dagster_home, .dagster_home_<backend>)")
+    ap.add_argument("--slurm-version", choices=tuple(SLURM_SCRIPTS), default=DEFAULT_SLURM_VERSION,
+                    help="the local Slurm cluster for --backend slurm|auto (default: 22.05, resources/slurm/cluster.sh; "
+                         "24.11: resources/slurm/trixie.sh)")
+    ap.add_argument("--home", type=Path, default=None,
+                    help="DAGSTER_HOME (default: .dagster_home, .dagster_home_<backend>, .dagster_home_<backend>-24.11)")
     ap.add_argument("--corpus", type=Path, default=REPO / ".demo" / "corpus")
     ap.add_argument("--output", type=Path, default=REPO / ".demo" / "embeddings")
     ap.add_argument("--limit", type=int, default=None, help="only the first N fortune files")
@@ -86,39 +109,44 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-run", type=int, default=None,
                     help="partitions per run (the asset's max_partitions_per_run; default 50: one work unit embeds up to 50 files)")
     ap.add_argument("--summary-json", type=Path, default=None, help="also write the backfill's span and totals here")
+    ap.add_argument("--no-index", action="store_true", help="do not load the outputs into the LanceDB index afterwards")
     args = ap.parse_args(argv)
     if args.per_run is not None:
         os.environ["DAGSTER_GPU_DEMO_PER_RUN"] = str(args.per_run)
 
-    args.home = args.home or REPO / (".dagster_home" if args.backend == "local" else f".dagster_home_{args.backend}")
+    args.home = args.home or REPO / default_home(args.backend, args.slurm_version)
     prepared = prepare_corpus(args.corpus, limit=args.limit)
     args.home.mkdir(parents=True, exist_ok=True)
     try:
-        os.environ.update(start_services(args.backend, args.home))
+        os.environ.update(start_services(args.backend, args.home, args.slurm_version))
     except (ServiceError, OSError) as e:
         print(f"demo: starting the services for --backend {args.backend} failed: {e}", file=sys.stderr)
         return 3
     (args.home / "dagster.yaml").write_text(instance_yaml(args.backend, args.max_concurrent_runs, args.home))
-    browse = browse_script(args.backend, args.home, REPO)
+    browse = browse_script(args.backend, args.home, REPO, args.slurm_version)
     os.environ["DAGSTER_HOME"] = str(args.home.resolve())
     os.environ["DAGSTER_GPU_CORPUS_URL"] = str(args.corpus.resolve())
     os.environ["DAGSTER_GPU_OUTPUT_URL"] = str(args.output.resolve())
-    run_config = None if args.backend == "local" else {"execution": {"config": executor_config(args.backend, args.home.resolve())}}
+    run_config = None if args.backend == "local" else {"execution": {"config": executor_config(
+        args.backend, args.home.resolve(), os.environ.get(WORKER_PYTHON_ENV) if args.slurm_version != DEFAULT_SLURM_VERSION else None)}}
 
     import dagster as dg
     from dagster_gpu.cli_common import console as make_console
     from dagster_gpu.report import run_backfill_with_progress
-    from pipelines.definitions import defs, fortune_corpus, fortune_embeddings
+    from pipelines.definitions import defs, fortune_corpus, fortune_embeddings, fortune_index
 
     console = make_console()
     instance = dg.DagsterInstance.get()
     # the files this run prepared (--limit N: the first N), not every file already in the corpus directory
     names = {p.name for p in prepared}
-    keys = [f.key for f in fortune_corpus.list_files() if f.relative_name in names]
+    listed = [f for f in fortune_corpus.list_files() if f.relative_name in names]
+    keys = [f.key for f in listed]
     pdef_name = fortune_embeddings.partitions_def.name
     known = set(instance.get_dynamic_partitions(pdef_name))
     instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])
-    console.print(f"Embedding {len(keys)} fortune files through gpu_executor on {args.backend} (DAGSTER_HOME={args.home})")
+    observe_corpus(instance, listed)
+    on = f"{args.backend} (Slurm {args.slurm_version})" if args.backend in ("slurm", "auto") else args.backend
+    console.print(f"Embedding {len(keys)} fortune files through gpu_executor on {on} (DAGSTER_HOME={args.home})")
     t0 = time.time()
     rows = run_backfill_with_progress(
         instance, defs, fortune_embeddings.key, keys, REPO / "workspace.yaml",
@@ -144,8 +172,51 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]{len(failed)} partition(s) failed[/red]: see the list above, or the runs in the UI "
                       f"(bash {browse})")
         return 1
+    if not args.no_index and index_backfill(instance, defs, fortune_index, [r.partition_key for r in rows], args,
+                                            run_config, console):
+        console.print(f"[red]the index backfill failed for some partitions[/red]: see its runs in the UI (bash {browse})")
+        return 1
     console.print(f"Outputs under {args.output}; browse them with: bash {browse}")
     return 0
+
+
+def observe_corpus(instance, files) -> int:
+    """Record one observation of the corpus asset per file whose source version differs from the one last
+    observed (as a corpus sensor tick does: :func:`dagster_gpu.source_versions.observations`); returns how many."""
+    from dagster_gpu.source_versions import corpus_asset_key, observations, observed_versions
+    from pipelines.definitions import fortune_embeddings
+
+    key = corpus_asset_key(fortune_embeddings.key)
+    events = observations(key, files, observed_versions(instance, key))
+    for ev in events:
+        instance.report_runless_asset_event(ev)
+    return len(events)
+
+
+def index_backfill(instance, defs, index_asset, keys, args, run_config, console) -> int:
+    """A backfill of ``index_asset`` over ``keys`` (the embedded partitions), the daemon running until it ends;
+    prints the index's rows and the backfill's outcome. Returns the number of partitions not indexed."""
+    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
+    from dagster_gpu.index.asset import META_EMBEDDINGS, META_TABLE, META_URI
+    from dagster_gpu.index.lance import VectorIndex
+
+    t0 = time.time()
+    backfill_id = submit_asset_backfill(instance, defs, index_asset.key, keys, title=f"fortunes index: {len(keys)} partitions",
+                                        run_config=run_config)
+    console.print(f"Backfill [bold]{backfill_id}[/bold]: {len(keys)} partitions of {index_asset.key.to_user_string()}")
+    with DaemonProcess(REPO / "workspace.yaml", log_file=args.home / "daemon-index.log") as daemon:
+        final = wait_for_backfill(instance, backfill_id, len(keys), timeout_s=args.timeout, daemon=daemon,
+                                  partitions_def_name=index_asset.partitions_def.name)
+    md = {k: str(getattr(v, "value", v)) for k, v in index_asset.metadata_by_key[index_asset.key].items()}
+    ix = VectorIndex(md[META_URI], md[META_TABLE])
+    try:
+        rows = ix.count_rows()
+    except Exception as e:  # no partition loaded: the table may not exist
+        rows = f"no table ({type(e).__name__})"
+    console.print(f"Index {ix!r}: {rows} rows; {final.succeeded}/{len(keys)} partitions loaded, backfill {final.status.lower()} "
+                  f"in {final.runs} run(s), {time.time() - t0:.0f} s; search it with: .venv/bin/dagster-gpu search "
+                  f"-m pipelines.definitions -a {md[META_EMBEDDINGS]} \"some text\"")
+    return len(keys) - final.succeeded
 
 
 if __name__ == "__main__":

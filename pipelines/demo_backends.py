@@ -1,11 +1,13 @@
 """What ``python -m pipelines.demo --backend slurm|kubernetes|auto`` starts and how it configures the runs.
 
 The same services and settings the end-to-end tests use: PostgreSQL (``resources/postgres/postgres.sh``),
-the local Slurm cluster (``resources/slurm/cluster.sh``), the Kubernetes 1.34 control plane
-(``resources/k8s/cluster.sh``). Each script is called with ``status``/``start`` only; nothing is stopped.
+the local Slurm cluster (``resources/slurm/cluster.sh``, Slurm 22.05; or ``resources/slurm/trixie.sh``, Slurm
+24.11: :data:`SLURM_SCRIPTS`), the Kubernetes 1.34 control plane (``resources/k8s/cluster.sh``). Each script is
+called with ``status``/``start``/``env`` only; nothing is stopped.
 
 - :func:`start_services` runs the scripts the backend needs and returns the environment they export
-  (``SLURM_CONF``, ``DAGSTER_PG_*``; the PostgreSQL password is read from its 0600 file into the
+  (``SLURM_CONF``, ``DAGSTER_PG_*``; for 24.11 also ``PATH`` with its client wrappers first and
+  ``DAGSTER_GPU_SLURM_WORKER_PYTHON``, the interpreter its array tasks run; the PostgreSQL password is read from its 0600 file into the
   process environment, never written into a file of ours).
 - :func:`instance_yaml` is the demo instance on PostgreSQL (Slurm tasks and pods write their events to it).
 - :func:`executor_config` is gpu_executor's ``execution: config:`` for the backend, passed as the
@@ -25,6 +27,21 @@ BACKENDS = ("local", "slurm", "kubernetes", "auto")
 K8S_DIR = Path(os.environ.get("DAGSTER_GPU_K8S_DIR", "/tmp/dagster-gpu-k8s"))
 K8S_NAMESPACE = "dagster-gpu"
 PG_SECRET = "dagster-postgresql-secret"
+#: ``--slurm-version`` -> the script that starts that local Slurm cluster and prints its environment
+#: (resources/slurm/README.md: 22.05 from Debian bookworm, 24.11 from a Debian trixie root beside it).
+SLURM_SCRIPTS = {"22.05": "resources/slurm/cluster.sh", "24.11": "resources/slurm/trixie.sh"}
+DEFAULT_SLURM_VERSION = "22.05"
+#: Set by ``trixie.sh env``: an interpreter path that exists where the 24.11 cluster's array tasks run.
+WORKER_PYTHON_ENV = "DAGSTER_GPU_SLURM_WORKER_PYTHON"
+
+
+def slurm_script(version: str = DEFAULT_SLURM_VERSION) -> str:
+    """The resources/ script (relative to the repository) of the local Slurm cluster of ``version``.
+    Raises ValueError naming the versions there are."""
+    try:
+        return SLURM_SCRIPTS[version]
+    except KeyError:
+        raise ValueError(f"no local Slurm cluster of version {version!r}: choose one of {', '.join(SLURM_SCRIPTS)}") from None
 
 
 def demo_db(home: Path) -> str:
@@ -56,9 +73,12 @@ def _exports(text: str) -> dict[str, str]:
     return out
 
 
-def start_services(backend: str, home: Path) -> dict[str, str]:
+def start_services(backend: str, home: Path, slurm_version: str = DEFAULT_SLURM_VERSION) -> dict[str, str]:
     """Start (idempotently) what ``backend`` needs, logging to ``home``/services.log, and create the home's
-    database (:func:`demo_db`); returns environment variables to set."""
+    database (:func:`demo_db`); for slurm/auto the cluster of ``slurm_version`` (:func:`slurm_script`).
+    Returns environment variables to set. Raises ServiceError (a script failed) or ValueError (no such
+    Slurm version)."""
+    slurm = slurm_script(slurm_version)
     if backend == "local":
         return {}
     log = home / "services.log"
@@ -70,10 +90,10 @@ def start_services(backend: str, home: Path) -> dict[str, str]:
     _create_database(env, demo_db(home))
     if backend in ("slurm", "auto"):
         try:
-            _script(["resources/slurm/cluster.sh", "status"], log)
+            _script([slurm, "status"], log)
         except ServiceError:
-            _script(["resources/slurm/cluster.sh", "start"], log)
-        env.update(_exports(_script(["resources/slurm/cluster.sh", "env"], log)))
+            _script([slurm, "start"], log)
+        env.update(_exports(_script([slurm, "env"], log)))
     if backend in ("kubernetes", "auto"):
         _script(["resources/k8s/cluster.sh", "start"], log)
         _k8s_secret(env["DAGSTER_PG_PASSWORD"])
@@ -95,10 +115,12 @@ def _create_database(env: dict[str, str], db: str) -> None:
         conn.close()
 
 
-def browse_script(backend: str, home: Path, repo: Path) -> Path:
+def browse_script(backend: str, home: Path, repo: Path, slurm_version: str = DEFAULT_SLURM_VERSION) -> Path:
     """``<home>/dagster-dev.sh``: ``dagster dev`` on the demo's instance, with the environment its services
-    export (the PostgreSQL password read from its file when the script runs, never written into it).
-    Returns its path."""
+    export (the PostgreSQL password read from its file when the script runs, never written into it; for
+    slurm/auto that of the Slurm cluster of ``slurm_version``). Returns its path. Raises ValueError (no such
+    Slurm version)."""
+    slurm = slurm_script(slurm_version)
     q = shlex.quote
     lines = ["#!/usr/bin/env bash", "# dagster dev on this demo home's instance (written by scripts/demo.sh)",
              "set -euo pipefail", f"cd {q(str(repo))}"]
@@ -106,7 +128,7 @@ def browse_script(backend: str, home: Path, repo: Path) -> Path:
         lines += ['eval "$(bash resources/postgres/postgres.sh env)"',
                   'DAGSTER_PG_PASSWORD="$(cat "$DAGSTER_PG_PASSWORD_FILE")"', "export DAGSTER_PG_PASSWORD"]
     if backend in ("slurm", "auto"):
-        lines.append('eval "$(bash resources/slurm/cluster.sh env)"')
+        lines.append(f'eval "$(bash {slurm} env)"')
     lines += [f"export DAGSTER_HOME={q(str(Path(home).resolve()))}", 'exec .venv/bin/dagster dev -w workspace.yaml "$@"']
     path = Path(home) / "dagster-dev.sh"
     path.write_text("\n".join(lines) + "\n")
@@ -157,11 +179,17 @@ telemetry:
 """
 
 
-def executor_config(backend: str, home: Path) -> dict:
-    """gpu_executor's config for ``backend`` (the local Slurm cluster's account, the test namespace)."""
+def executor_config(backend: str, home: Path, slurm_worker_python: str | None = None) -> dict:
+    """gpu_executor's config for ``backend`` (the local Slurm cluster's account, the test namespace).
+
+    ``slurm_worker_python`` (``DAGSTER_GPU_SLURM_WORKER_PYTHON`` from ``trixie.sh env``): the interpreter that
+    exists where the Slurm array tasks run, set as the slurm section's ``python`` (the job script's) and
+    ``worker_python`` (the step worker's); only that section, so pods keep their image's python."""
     cfg: dict = {"backend": backend, "retries": {"disabled": {}}}
     if backend in ("slurm", "auto"):
         cfg["slurm"] = {"account": "research", "spool_dir": str(home / "slurm-spool")}
+        if slurm_worker_python:
+            cfg["slurm"].update(python=slurm_worker_python, worker_python=slurm_worker_python)
     if backend in ("kubernetes", "auto"):
         passed = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_GPU_CORPUS_URL", "DAGSTER_GPU_OUTPUT_URL")
         env_vars = [f"{k}={os.environ[k]}" for k in passed if k in os.environ]

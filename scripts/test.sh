@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine: set up, start every service the tests need, run pytest.
-#   PostgreSQL (Dagster instance), a single-host Slurm cluster (slurm-wlm + slurmdbd + MariaDB),
+#   PostgreSQL (Dagster instance), two single-host Slurm clusters (slurm-wlm + slurmdbd + MariaDB: 22.05 from
+#   Debian bookworm on the host, 24.11 from a Debian trixie root in a chroot, resources/slurm/trixie.sh),
 #   a Kubernetes 1.34 control plane (kube-apiserver/scheduler/controller-manager built from Go
 #   modules, etcd) with a fake DRA GPU node, and moto's S3 server (started by the tests themselves).
 # Extra arguments go to pytest. Services are left running; stop them with their scripts' `stop`.
@@ -22,10 +23,18 @@ dg_step "PostgreSQL (resources/postgres/postgres.sh start)" "${DAGSTER_GPU_PG_DI
 bash resources/postgres/postgres.sh start
 dg_step "Slurm cluster (resources/slurm/cluster.sh start)" "${DAGSTER_GPU_SLURM_DIR:-/tmp/dagster-gpu-slurm}/log" notail
 bash resources/slurm/cluster.sh start
+# The Slurm 24.11 cluster (a debootstrapped Debian trixie root, cached under ~/.cache/dagster-gpu) starts in
+# the background from here, after the last apt-get of the steps above, while the control plane is built.
+TRIXIE_LOG=$(mktemp /tmp/dagster-gpu-slurm-trixie.XXXXXX.log)
+bash resources/slurm/trixie.sh start >"$TRIXIE_LOG" 2>&1 &
+TRIXIE_PID=$!
 dg_step "Kubernetes binaries (resources/k8s/build.sh, in the background since the start)" "$K8S_BUILD_LOG"
 wait "$K8S_BUILD_PID"
 cat "$K8S_BUILD_LOG"
 dg_step "Kubernetes control plane (resources/k8s/cluster.sh start)" "${DAGSTER_GPU_K8S_DIR:-/tmp/dagster-gpu-k8s}/logs" notail
 bash resources/k8s/cluster.sh start
+dg_step "Slurm 24.11 cluster (resources/slurm/trixie.sh start, in the background since the Slurm 22.05 cluster)" "$TRIXIE_LOG"
+wait "$TRIXIE_PID"
+cat "$TRIXIE_LOG"
 dg_step "pytest"
 exec .venv/bin/python -m pytest -q -ra "$@"

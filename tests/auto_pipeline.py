@@ -35,6 +35,7 @@ def executor_config() -> dict:
         "retries": {"disabled": {}},
         "sleep_seconds": 0.5,
         "check_step_health_interval_seconds": 2,
+        **{k: slurm[k] for k in ("worker_python",) if k in slurm},  # the 24.11 test cluster's (chroot) interpreter
     }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import uuid
 from contextlib import contextmanager
@@ -10,12 +11,24 @@ from typing import Iterator
 
 import pytest
 
+from tests import slurm_helpers as SH
+
 # Under CI=true (and in scripts/test.sh) a skipped end-to-end test fails the session (tests/strict_e2e.py).
 pytest_plugins = ["strict_e2e"]
 
 REPO = Path(__file__).resolve().parents[1]
 PG_SCRIPT = REPO / "resources" / "postgres" / "postgres.sh"
 FORTUNES = Path("/usr/share/games/fortunes")
+
+
+def fortune_records(name: str, n: int) -> list[str]:
+    """The first ``n`` non-empty records of the Debian fortune file ``name`` (package fortunes, which
+    scripts/setup.sh installs). Fails under CI=true when the package is missing, else skips."""
+    if not (FORTUNES / name).is_file():
+        if os.environ.get("CI") == "true":
+            pytest.fail("the Debian fortunes package is not installed (scripts/setup.sh installs it)")
+        pytest.skip("the Debian fortunes package is not installed")
+    return [r for r in (FORTUNES / name).read_text(errors="replace").split("\n%\n") if r.strip()][:n]
 
 
 def pg_settings() -> dict[str, str]:
@@ -30,6 +43,23 @@ def pg_settings() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def pg() -> dict[str, str]:
     return pg_settings()
+
+
+@pytest.fixture(params=SH.tested_versions(), ids=lambda v: f"slurm-{v}")
+def slurm_cluster(request, monkeypatch) -> SH.SlurmCluster:
+    """Each local Slurm cluster in turn (22.05 from resources/slurm/cluster.sh, 24.11 from
+    resources/slurm/trixie.sh; ``DAGSTER_GPU_SLURM_VERSIONS=22.05`` limits it to those named): sets SLURM_CONF, PATH (the 24.11 client wrappers first) and the worker
+    interpreter for the test and the processes it starts. Skips with the reason when that cluster does not
+    answer as its version (a failure under CI=true or DAGSTER_GPU_REQUIRE_SERVICES=1, tests/strict_e2e.py)."""
+    cluster = SH.CLUSTERS[request.param]
+    reason = SH.cluster_unavailable_reason(cluster)
+    if reason:
+        pytest.skip(f"Slurm {cluster.version}: {reason}")
+    for k, v in cluster.env().items():
+        monkeypatch.setenv(k, v)
+    if not cluster.worker_python:
+        monkeypatch.delenv(SH.WORKER_PYTHON_ENV, raising=False)
+    return cluster
 
 
 def instance_yaml(db: str, max_runs: int = 2) -> str:
@@ -106,3 +136,13 @@ def expected_records(path: Path, separator_line: str = "%") -> list[tuple[int, s
     if cur:
         records.append("\n".join(cur))
     return [(i, r) for i, r in enumerate(records) if r.strip()]
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """The session's S3 endpoint: moto's threaded server (tests/s3_helpers.py), fake AWS credentials in the
+    environment while it runs. One backend per process: each test module creates buckets of its own names."""
+    from tests.s3_helpers import threaded_moto_s3
+
+    with threaded_moto_s3() as endpoint:
+        yield endpoint

@@ -3,7 +3,9 @@
 Settings come from the environment so every process (test, daemon, run workers, pods) agrees:
 ``DAGSTER_GPU_K8S_KUBECONFIG`` (the executor ServiceAccount's kubeconfig, from resources/k8s/cluster.sh env),
 ``DAGSTER_PG_HOST/PORT/USER`` (handed to pods as plain env; the password only as a Secret reference),
-``K8S_TEST_PENDING_TIMEOUT`` (s). Each asset sleeps ``test/sleep`` seconds (a run tag) and returns its
+``K8S_TEST_PENDING_TIMEOUT`` / ``K8S_TEST_CREATE_TIMEOUT`` (s), ``K8S_TEST_IMAGE`` (the node agent pulls
+``*slow-pull*`` images slowly and fails ``*does-not-exist*`` ones), ``K8S_TEST_SHARING`` (the sharing strategy of
+shared-ok steps; the node's driver refuses it: its feature gates are off). Each asset sleeps ``test/sleep`` seconds (a run tag) and returns its
 partition key plus the Kubernetes metadata the worker can see (``k8s/namespace``, ``k8s/pod``) and the
 devices the node made visible (``NVIDIA_VISIBLE_DEVICES``).
 
@@ -11,6 +13,7 @@ Assets (same partitions):
   k8s_mig         one MIG 1g.10gb slice (``mig-ok``) -> DeviceClass mig.nvidia.com
   k8s_gpu         one whole A100 with >= 79 GiB        -> DeviceClass gpu.nvidia.com (2 on the fake node)
   k8s_impossible  one GPU with >= 200 GiB              -> never schedulable
+  k8s_shared      one GPU, shared-ok                   -> K8S_TEST_SHARING's opaque GpuConfig on the claim
 """
 
 from __future__ import annotations
@@ -36,12 +39,13 @@ def executor_config() -> dict:
         "kubernetes": {
             "kubeconfig": os.environ.get("DAGSTER_GPU_K8S_KUBECONFIG", "/tmp/dagster-gpu-k8s/executor.kubeconfig"),
             "namespace": NAMESPACE,
-            "image": "dagster-gpu:dev",
+            "image": os.environ.get("K8S_TEST_IMAGE", "dagster-gpu:dev"),
             "postgres_password_secret": {"name": PG_SECRET, "key": "postgresql-password", "env": "DAGSTER_PG_PASSWORD"},
             "container_context": {"env_vars": env_vars, "labels": {"dagster-gpu/test": "e2e"},
                                   "service_account_name": "dagster-gpu-worker"},
             "pending_timeout_seconds": float(os.environ.get("K8S_TEST_PENDING_TIMEOUT", "300")),
-            "create_timeout_seconds": 60.0,
+            "create_timeout_seconds": float(os.environ.get("K8S_TEST_CREATE_TIMEOUT", "60")),
+            "sharing_strategy": os.environ.get("K8S_TEST_SHARING") or None,
             "termination_grace_period_seconds": 10,
         },
         "retries": {"disabled": {}},
@@ -52,7 +56,7 @@ def executor_config() -> dict:
 
 def _body(context) -> dg.MaterializeResult:
     from dagster_gpu.worker.backend_env import backend_metadata
-    from dagster_gpu.worker.k8s_claim import claim_metadata
+    from dagster_gpu.k8s.claim import claim_metadata
 
     time.sleep(float(context.run.tags.get("test/sleep", "0")))
     md = {**backend_metadata("kubernetes"), **claim_metadata()}  # as the embedding asset does
@@ -78,6 +82,11 @@ def k8s_impossible(context):
     return _body(context)
 
 
+@dg.asset(partitions_def=partitions, op_tags={"dagster-gpu/gpu-count": "1", "dagster-gpu/shared-ok": "true"})
+def k8s_shared(context):
+    return _body(context)
+
+
 #: ``K8S_TEST_EXECUTOR=multiprocess`` swaps in Dagster's multiprocess executor (the bench's baseline).
 _EXECUTOR = (
     dg.multiprocess_executor
@@ -85,9 +94,9 @@ _EXECUTOR = (
     else gpu_executor.configured(executor_config())
 )
 defs = dg.Definitions(
-    assets=[k8s_mig, k8s_gpu, k8s_impossible],
+    assets=[k8s_mig, k8s_gpu, k8s_impossible, k8s_shared],
     jobs=[dg.define_asset_job(f"{a.key.path[-1]}_job", selection=[a])
-          for a in (k8s_mig, k8s_gpu, k8s_impossible)],
+          for a in (k8s_mig, k8s_gpu, k8s_impossible, k8s_shared)],
     executor=_EXECUTOR,
 )
 
@@ -106,3 +115,7 @@ def get_gpu_job() -> dg.JobDefinition:
 
 def get_impossible_job() -> dg.JobDefinition:
     return get_job("k8s_impossible_job")
+
+
+def get_shared_job() -> dg.JobDefinition:
+    return get_job("k8s_shared_job")

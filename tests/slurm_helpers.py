@@ -1,4 +1,5 @@
-"""Helpers for the Slurm end-to-end tests and bench: cluster detection, a PostgreSQL-backed Dagster home
+"""Helpers for the Slurm end-to-end tests and bench: the two local clusters (Slurm 22.05 from
+resources/slurm/cluster.sh, 24.11 from resources/slurm/trixie.sh) and their detection, a PostgreSQL-backed Dagster home
 (a fresh database per call on the server of resources/postgres/postgres.sh), and run-worker processes."""
 
 from __future__ import annotations
@@ -10,30 +11,90 @@ import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SH = REPO / "resources" / "slurm" / "cluster.sh"
+TRIXIE_SH = REPO / "resources" / "slurm" / "trixie.sh"
 PIPELINE = Path(__file__).resolve().parent / "slurm_pipeline.py"
 PG_DIR = Path(os.environ.get("DAGSTER_GPU_PG_DIR", "/tmp/dagster-gpu-pg"))
 PG_PORT = int(os.environ.get("DAGSTER_GPU_PG_PORT", "55432"))
+
+
+#: Test-only variable naming the interpreter array tasks run (tests/slurm_pipeline.py puts it in the
+#: executor's ``slurm.python`` and ``worker_python``): set for the 24.11 cluster, whose tasks run in a chroot.
+WORKER_PYTHON_ENV = "DGPU_TEST_SLURM_PYTHON"
+
+
+@dataclass(frozen=True)
+class SlurmCluster:
+    """One of the local test clusters: ``version`` (what ``sinfo -V`` must print, e.g. ``24.11``), the
+    script that runs it, its state dir, the directory of client wrappers to put first on PATH (None: the
+    host's own Slurm commands) and the interpreter its array tasks run (None: this one)."""
+
+    version: str
+    script: Path
+    state_dir: Path
+    bin_dir: Path | None = None
+    worker_python: str | None = None
+
+    @property
+    def conf(self) -> str:
+        return str(self.state_dir / "etc" / "slurm.conf")
+
+    def env(self, base: dict[str, str] | None = None) -> dict[str, str]:
+        """The variables a process needs to use this cluster (SLURM_CONF, PATH, the worker interpreter)."""
+        base = dict(os.environ if base is None else base)
+        out = {"SLURM_CONF": self.conf}
+        path = [p for p in base.get("PATH", os.defpath).split(os.pathsep) if p and p not in WRAPPER_DIRS]
+        out["PATH"] = os.pathsep.join(([str(self.bin_dir)] if self.bin_dir else []) + path)
+        if self.worker_python:
+            out[WORKER_PYTHON_ENV] = self.worker_python
+        return out
+
+
+#: resources/slurm/cluster.sh: Debian 12 bookworm's Slurm 22.05 on the host.
+SLURM_22_05 = SlurmCluster("22.05", CLUSTER_SH, Path(os.environ.get("DAGSTER_GPU_SLURM_DIR", "/tmp/dagster-gpu-slurm")))
+_TRIXIE_DIR = Path(os.environ.get("DAGSTER_GPU_SLURM_TRIXIE_DIR", "/tmp/dagster-gpu-slurm-2411"))
+#: resources/slurm/trixie.sh: Debian 13 trixie's Slurm 24.11 in a chroot, its commands through wrappers.
+SLURM_24_11 = SlurmCluster("24.11", TRIXIE_SH, _TRIXIE_DIR, _TRIXIE_DIR / "bin", str(_TRIXIE_DIR / "bin" / "worker-python"))
+CLUSTERS = {c.version: c for c in (SLURM_22_05, SLURM_24_11)}
+WRAPPER_DIRS = frozenset(str(c.bin_dir) for c in CLUSTERS.values() if c.bin_dir)
+
+
+def tested_versions(env: dict[str, str] | None = None) -> list[str]:
+    """The versions the ``slurm_cluster`` fixture runs each test on: ``DAGSTER_GPU_SLURM_VERSIONS``
+    (comma-separated, e.g. ``22.05``), default all of :data:`CLUSTERS`. Raises ValueError naming an unknown one."""
+    raw = (os.environ if env is None else env).get("DAGSTER_GPU_SLURM_VERSIONS", "").strip()
+    versions = [v.strip() for v in raw.split(",") if v.strip()] if raw else sorted(CLUSTERS)
+    unknown = [v for v in versions if v not in CLUSTERS]
+    if unknown:
+        raise ValueError(f"DAGSTER_GPU_SLURM_VERSIONS names {unknown}; the local clusters are {sorted(CLUSTERS)}")
+    return versions
 
 
 def slurm_conf() -> str:
     return os.environ.get("SLURM_CONF") or str(Path(os.environ.get("DAGSTER_GPU_SLURM_DIR", "/tmp/dagster-gpu-slurm")) / "etc" / "slurm.conf")
 
 
-def cluster_unavailable_reason() -> str | None:
-    """None when the local Slurm cluster answers, else why not (for pytest.skip)."""
-    if shutil.which("sbatch") is None:
-        return "Slurm is not installed (run resources/slurm/cluster.sh start)"
-    conf = slurm_conf()
+def cluster_unavailable_reason(cluster: SlurmCluster | None = None) -> str | None:
+    """None when the local Slurm cluster answers, else why not (for pytest.skip). ``cluster`` None: the one
+    the environment names (SLURM_CONF, PATH); else that cluster, whose ``sinfo -V`` must be its version."""
+    start = f"run {cluster.script.relative_to(REPO) if cluster else 'resources/slurm/cluster.sh'} start"
+    env = {**os.environ, **(cluster.env() if cluster else {"SLURM_CONF": slurm_conf()})}
+    if shutil.which("sbatch", path=env["PATH"]) is None:
+        return f"Slurm is not installed ({start})"
+    conf = env["SLURM_CONF"]
     if not Path(conf).exists():
-        return f"no Slurm cluster config at {conf} (run resources/slurm/cluster.sh start)"
-    env = {**os.environ, "SLURM_CONF": conf}
+        return f"no Slurm cluster config at {conf} ({start})"
+    if cluster:
+        cp = subprocess.run(["sinfo", "-V"], capture_output=True, text=True, env=env, timeout=20)
+        if not cp.stdout.strip().endswith(f" {cluster.version}") and f" {cluster.version}." not in cp.stdout:
+            return f"sinfo -V says {cp.stdout.strip() or cp.stderr.strip()!r}, not Slurm {cluster.version} ({start})"
     cp = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, env=env, timeout=20)
     if "is UP" not in cp.stdout:
-        return f"the Slurm controller is not running (scontrol ping: {cp.stdout.strip() or cp.stderr.strip()}); run resources/slurm/cluster.sh start"
+        return f"the Slurm controller is not running (scontrol ping: {cp.stdout.strip() or cp.stderr.strip()}); {start}"
     cp = subprocess.run(["sinfo", "--noheader", "-o", "%T"], capture_output=True, text=True, env=env, timeout=20)
     if not any(s.strip().rstrip("*~") in ("idle", "mixed", "allocated", "completing") for s in cp.stdout.splitlines()):
         return f"no usable Slurm node (sinfo: {cp.stdout.strip()})"

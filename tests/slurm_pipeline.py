@@ -4,7 +4,8 @@ Settings come from the environment so every process (test, daemon, run workers, 
 ``SLURM_TEST_THROTTLE`` (array %T), ``SLURM_TEST_WINDOW`` / ``SLURM_TEST_MAX_WINDOW`` (coalescing, s),
 ``SLURM_TEST_BACKLOG`` / ``SLURM_TEST_TARGET`` (coalesce_backlog_tasks / coalesce_target_tasks; 0 turns
 that hold off),
-``DAGSTER_GPU_SLURM_SPOOL`` (spool dir), ``SLURM_TEST_RETRIES=1`` (the executor's retries on: the asset's
+``DAGSTER_GPU_SLURM_SPOOL`` (spool dir), ``DGPU_TEST_SLURM_PYTHON`` (the interpreter array tasks run: see
+:func:`worker_python_config`), ``SLURM_TEST_RETRIES=1`` (the executor's retries on: the asset's
 RetryPolicy(max_retries=1) applies). The asset sleeps ``test/sleep`` seconds (a run tag) and returns its
 partition key; the first attempt of a partition listed in ``DGPU_TEST_SLOW_FIRST`` (comma-separated)
 writes its pid to ``$DGPU_TEST_PID_DIR/<partition>.pid`` and sleeps 300 s instead (time to kill it). (Not
@@ -36,7 +37,7 @@ def executor_config() -> dict:
         "coalesce_max_window_seconds": float(os.environ.get("SLURM_TEST_MAX_WINDOW", "15")),
         "poll_interval_seconds": float(os.environ.get("SLURM_TEST_POLL", "1")),
         "vanish_grace_seconds": 60.0,
-        "reconcile_wait_seconds": float(os.environ.get("SLURM_TEST_RECONCILE_WAIT", "30")),
+        "settle_wait_seconds": float(os.environ.get("SLURM_TEST_RECONCILE_WAIT", "30")),
     }
     if os.environ.get("SLURM_TEST_BACKLOG"):
         slurm["coalesce_backlog_tasks"] = int(os.environ["SLURM_TEST_BACKLOG"])
@@ -55,7 +56,19 @@ def executor_config() -> dict:
         "retries": {"enabled": {}} if os.environ.get("SLURM_TEST_RETRIES") == "1" else {"disabled": {}},
         "sleep_seconds": 0.5,
         "check_step_health_interval_seconds": 2,
+        **worker_python_config(slurm),
     }
+
+
+def worker_python_config(slurm: dict) -> dict:
+    """``DGPU_TEST_SLURM_PYTHON`` (the 24.11 test cluster's worker-python, whose array tasks run in a
+    chroot; resources/slurm/README.md): the interpreter of the job script (``slurm.python``, set in
+    ``slurm``) and of the step worker (executor ``worker_python``, returned). Empty when unset."""
+    py = os.environ.get("DGPU_TEST_SLURM_PYTHON")
+    if not py:
+        return {}
+    slurm["python"] = py
+    return {"worker_python": py}
 
 
 @dg.asset(partitions_def=partitions, op_tags={"dagster-gpu/gpu-count": "1"}, retry_policy=dg.RetryPolicy(max_retries=1))

@@ -6,7 +6,7 @@ import pytest
 
 from dagster_gpu.billing.apportion import apportion_unit_bill, partition_wall_seconds, split_by_shares, startup_shares
 from dagster_gpu.corpus.listing import CorpusNotFound, CorpusSource
-from dagster_gpu.ranges import PartitionRangeError, describe, keys_in_range, run_partition_keys
+from dagster_gpu.ranges import PartitionRangeError, keys_in_range, run_partition_keys
 
 
 def test_startup_shares_follow_file_sizes_and_sum_to_one():
@@ -77,7 +77,6 @@ def test_run_partition_keys_single_range_and_unpartitioned():
         keys_in_range(["a", "b"], "a", "zz")
     with pytest.raises(PartitionRangeError, match="before"):
         keys_in_range(["a", "b"], "b", "a")
-    assert describe(("a", "b", "c")) == "3 partitions 'a'…'c'" and describe(("a",)) == "partition 'a'"
 
 
 def test_files_for_keys_resolves_without_listing_per_key(tmp_path, monkeypatch):

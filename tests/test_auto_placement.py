@@ -8,7 +8,7 @@ import types
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.executor.auto import gather_snapshot, step_size
-from dagster_gpu.executor.backends.local import LocalBackend
+from dagster_gpu.local.backend import LocalBackend
 from dagster_gpu.policy import choose_placement
 from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
 from dagster_gpu.request import TAG_CORPUS_URL, GpuRequest

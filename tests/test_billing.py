@@ -71,13 +71,13 @@ def test_mig_rate_is_a_seventh_of_the_parent(card):
 
 @pytest.mark.parametrize(
     "profile,fraction",
-    [("1g.10gb", 1 / 7), ("mig-1g.10gb", 1 / 7), ("2g.20gb", 2 / 7), ("3g.40gb", 3 / 7), ("4g.40gb", 4 / 7), ("7g.80gb", 1.0)],
+    [("1g.10gb", 1 / 7), ("mig-1g.10gb", 1 / 7), ("1g.10gb+me", 1 / 7), ("2g.20gb", 2 / 7), ("3g.40gb", 3 / 7), ("4g.40gb", 4 / 7), ("7g.80gb", 1.0)],
 )
 def test_mig_fraction(profile, fraction):
     assert mig_fraction(profile) == pytest.approx(fraction)
 
 
-@pytest.mark.parametrize("bad", ["1g", "gpu", "1g.10gb+me", "mig-", "g.10gb"])
+@pytest.mark.parametrize("bad", ["1g", "gpu", "1g.10gb+", "mig-", "g.10gb"])
 def test_mig_fraction_rejects(bad):
     with pytest.raises(RateCardError, match="not a MIG profile"):
         mig_fraction(bad)
@@ -235,7 +235,7 @@ def test_a_mig_slice_is_priced_the_same_by_the_policy_the_worker_and_the_pod_int
     from kubernetes.client import V1ObjectMeta
 
     from dagster_gpu.contracts import StepLaunch
-    from dagster_gpu.executor.backends.kubernetes_billing import pod_interval_metadata
+    from dagster_gpu.k8s.billing import pod_interval_metadata
     from dagster_gpu.k8s import manifests as m
     from dagster_gpu.policy import DeviceGroup, GpuRequest, KubernetesState, RuntimeModel, Snapshot, StepSize, decide
 
@@ -255,7 +255,7 @@ def test_a_mig_slice_is_priced_the_same_by_the_policy_the_worker_and_the_pod_int
     assert (worker.device_type, worker.rate_usd_per_gpu_hour) == ("mig-1g.10gb", 3.90)
     assert worker.cost_usd == pytest.approx(expected, rel=1e-12)
 
-    launch = StepLaunch(run_id="r", step_key="embed", partition_key="a.txt", attempt=0, argv=("python",), env={},
+    launch = StepLaunch(run_id="r", step_key="embed", partition_keys=("a.txt",), attempt=0, argv=("python",), env={},
                         request=GpuRequest(mig_ok=True, memory_gib=10), placement=placement)
     pod, _, _ = m.step_objects(launch, m.K8sSettings(secret_env=()))
     pod.metadata = V1ObjectMeta(**{**pod.metadata.to_dict(), "uid": "u1", "namespace": "ns",

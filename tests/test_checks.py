@@ -21,17 +21,21 @@ from dagster_gpu.checks import (
     OutputFacts, check_evaluations, check_outputs, check_specs, evaluate, read_facts, recheck_asset_check,
     verify_output,
 )
-from dagster_gpu.embedding.writer import AtomicParquetWriter, output_schema
+from dagster_gpu.embedding.writer import AtomicParquetWriter, output_schema, output_table
 
 DIM = 4
 
 
-def write_output(path, ids, vectors, hashes=None, dim=DIM):
-    hashes = hashes or [hashlib.sha256(str(i).encode()).hexdigest() for i in ids]
-    flat = pa.array(np.asarray(vectors, dtype=np.float32).reshape(-1), pa.float32())
-    table = pa.table([pa.array(ids, pa.int64()), pa.array(hashes, pa.string()),
-                      pa.FixedSizeListArray.from_arrays(flat, dim)], schema=output_schema(dim))
-    with AtomicParquetWriter(str(path), output_schema(dim)) as w:
+def write_output(path, ids, vectors, hashes=None, dim=DIM, chunks=None, texts=None, doc_ids=None):
+    n = len(ids)
+    texts_or = texts or [str(i) for i in ids]
+    hashes = hashes or [hashlib.sha256(t.encode()).hexdigest() for t in texts_or]
+    schema = output_schema(dim, include_text=texts is not None)
+    table = output_table(
+        schema, doc_ids=doc_ids or [f"p/{i}" for i in ids], record_ids=ids, chunk_index=chunks or [0] * n,
+        char_start=[0] * n, char_end=[len(t) for t in texts_or], token_count=[3] * n, hashes=hashes,
+        vectors=np.asarray(vectors, dtype=np.float32).reshape(n, dim), texts=texts)
+    with AtomicParquetWriter(str(path), schema) as w:
         w.write(table)
     return str(path)
 
@@ -62,12 +66,53 @@ def test_each_defect_fails_its_own_check(tmp_path):
     out = {o.name: o for o in verify_output(uri, expected_dim=8, records_read=3, skipped_empty_rows=0)}
     assert verdicts(out.values()) == {OUTPUT_READABLE: True, ROWS_MATCH_RECORDS: False, VECTOR_DIM: False,
                                       VECTORS_FINITE: False, HASH_PER_RECORD_ID: False}
-    assert out[VECTOR_DIM].description == "vector dimension 4; the model's is 8"
-    assert out[HASH_PER_RECORD_ID].description == "1 duplicate record_id row(s) (first: 7), 0 malformed text_sha256"
+    assert out[VECTOR_DIM].description == "vector dimension 4; expected 8"
+    assert out[HASH_PER_RECORD_ID].description == "1 duplicate (doc_id, chunk_index) row(s) (first: p/7), 0 malformed text_sha256"
 
     uri = write_output(tmp_path / "hash.parquet", [0, 1], np.ones((2, DIM)), hashes=["abc", "Z" * 64])
     out = {o.name: o for o in verify_output(uri, expected_dim=DIM, records_read=2, skipped_empty_rows=0)}
     assert not out[HASH_PER_RECORD_ID].passed and "2 malformed text_sha256" in out[HASH_PER_RECORD_ID].description
+
+
+def test_chunked_rows_count_records_with_at_least_one_chunk(tmp_path):
+    # record 0 in three chunks, record 2 in one; record 1 was empty (skipped)
+    uri = write_output(tmp_path / "c.parquet", [0, 0, 0, 2], np.ones((4, DIM)), chunks=[0, 1, 2, 0])
+    out = {o.name: o for o in verify_output(uri, expected_dim=DIM, records_read=3, skipped_empty_rows=1)}
+    assert all(o.passed for o in out.values()), out
+    assert out[ROWS_MATCH_RECORDS].description == "2 records in 4 rows; 3 records read − 1 skipped = 2"
+    assert out[ROWS_MATCH_RECORDS].metadata["records"] == 2 and out[ROWS_MATCH_RECORDS].metadata["rows"] == 4
+    # a record that lost its chunks is missing: 1 record with a chunk, 2 expected
+    uri = write_output(tmp_path / "lost.parquet", [0, 0], np.ones((2, DIM)), chunks=[0, 1])
+    out = {o.name: o for o in verify_output(uri, expected_dim=DIM, records_read=3, skipped_empty_rows=1)}
+    assert not out[ROWS_MATCH_RECORDS].passed
+
+
+def test_a_chunk_index_repeated_within_a_doc_id_fails_the_hash_check(tmp_path):
+    uri = write_output(tmp_path / "d.parquet", [0, 0, 1], np.ones((3, DIM)), chunks=[0, 0, 0],
+                       doc_ids=["gpl-3", "gpl-3", "mit"])
+    out = {o.name: o for o in verify_output(uri, expected_dim=DIM, records_read=2, skipped_empty_rows=0)}
+    assert not out[HASH_PER_RECORD_ID].passed
+    assert out[HASH_PER_RECORD_ID].description.startswith("1 duplicate (doc_id, chunk_index) row(s) (first: gpl-3)")
+
+
+def test_kept_text_must_hash_to_text_sha256(tmp_path):
+    good = write_output(tmp_path / "g.parquet", [0, 1], np.ones((2, DIM)), texts=["alpha", "beta"])
+    assert all(o.passed for o in verify_output(good, expected_dim=DIM, records_read=2, skipped_empty_rows=0))
+    wrong = [hashlib.sha256(b"alpha").hexdigest(), hashlib.sha256(b"not beta").hexdigest()]
+    bad = write_output(tmp_path / "b.parquet", [0, 1], np.ones((2, DIM)), texts=["alpha", "beta"], hashes=wrong)
+    out = {o.name: o for o in verify_output(bad, expected_dim=DIM, records_read=2, skipped_empty_rows=0)}
+    assert not out[HASH_PER_RECORD_ID].passed and "1 malformed text_sha256" in out[HASH_PER_RECORD_ID].description
+
+
+def test_an_output_without_doc_id_and_chunk_columns_is_checked_by_record_id(tmp_path):
+    """Outputs written before doc_id/chunk_index existed (record_id, text_sha256, vector) still recheck."""
+    p = tmp_path / "old.parquet"
+    h = hashlib.sha256(b"x").hexdigest()
+    pq.write_table(pa.table({"record_id": pa.array([0, 1, 1], pa.int64()), "text_sha256": [h] * 3,
+                             "vector": pa.array([[1.0] * DIM] * 3, pa.list_(pa.float32(), DIM))}), p)
+    out = {o.name: o for o in verify_output(str(p), expected_dim=DIM, records_read=2, skipped_empty_rows=0)}
+    assert out[ROWS_MATCH_RECORDS].passed and not out[HASH_PER_RECORD_ID].passed
+    assert out[HASH_PER_RECORD_ID].description.startswith("1 duplicate (doc_id, chunk_index) row(s) (first: 1)")
 
 
 def test_missing_and_unreadable_outputs(tmp_path):
@@ -98,7 +143,7 @@ def test_wrong_schema_and_empty_output(tmp_path):
 def test_evaluate_is_pure_on_facts():
     out = evaluate(OutputFacts(rows=10, dim=384), expected_dim=384, records_read=12, skipped_empty_rows=1)
     assert verdicts(out)[ROWS_MATCH_RECORDS] is False
-    assert out[1].metadata == {"rows": 10, "records_read": 12, "skipped_empty_rows": 1, "expected_rows": 11}
+    assert out[1].metadata == {"rows": 10, "records": 10, "records_read": 12, "skipped_empty_rows": 1, "expected_rows": 11}
 
 
 def test_specs_are_blocking_and_partitioned():
@@ -149,7 +194,7 @@ def test_materialization_records_checks_and_a_corrupt_output_fails_its_recheck(t
         t = pq.read_table(path)
         vec = t.column("vector").combine_chunks().flatten().to_numpy().copy().reshape(3, -1)
         vec[2, 0] = np.nan
-        t = t.set_column(2, "vector", pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1), pa.float32()), vec.shape[1]))
+        t = t.set_column(t.schema.get_field_index("vector"), "vector", pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1), pa.float32()), vec.shape[1]))
         pq.write_table(t, path)
 
         verdict = {}

@@ -230,3 +230,80 @@ def test_a_corpus_store_that_refuses_the_listing_is_one_line_naming_the_corpus(t
     err = capsys.readouterr().err
     assert err.strip() == ("dagster-gpu backfill: corpus 's3://corp/corpus' cannot be listed: EndpointConnectionError: "
                            'Could not connect to the endpoint URL: "http://127.0.0.1:9/corp/corpus"')
+
+
+def test_stale_lists_why_and_prune_deletes_the_output_of_the_deleted_file_only(setup, tmp_path, monkeypatch, capsys):
+    import json
+    import os
+    import time
+
+    corpus, asset, defs, module = setup
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    cv = asset.code_versions_by_key[asset.key]
+    out = tmp_path / "out" / "c_embeddings"
+    out.mkdir(parents=True)
+    with dg.instance_for_test() as instance:
+        register_corpus_files(instance, asset, corpus)
+        v = {f.key: f.version for f in corpus.list_files()}
+        for pk in ("done.txt", "failed.txt", "running.txt", "canceled.txt"):
+            (out / f"{pk}.parquet").write_bytes(b"PAR1")
+            instance.report_runless_asset_event(dg.AssetMaterialization(
+                asset.key, partition=pk, metadata={"corpus/source_version": v[pk]},
+                tags={"dagster/code_version": "cfg1-0000000000000000" if pk == "canceled.txt" else cv}))
+        Path(corpus.url, "done.txt").write_text("a record, edited\n")
+        os.utime(Path(corpus.url, "done.txt"), (time.time() + 5, time.time() + 5))
+        edited = corpus.file_for_key("done.txt").version
+
+        assert main(["stale", "-m", "cli_test_defs", "-a", "c_embeddings", "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert [(s["partition_key"], s["reasons"]) for s in got["stale"]] == [
+            ("canceled.txt", [f"fingerprint changed: cfg1-0000000000000000 → {cv}"]),
+            ("done.txt", [f"source changed: {v['done.txt']} → {edited}"])]
+        assert got["missing"] == ["never.txt"] and got["gone"] == [] and got["in_progress"] == []
+        assert main(["stale", "-m", "cli_test_defs", "-a", "c_embeddings"]) == 0
+        text = capsys.readouterr().out
+        assert "Stale partitions of c_embeddings: 2" in text and "1 missing (never materialized), 0 gone" in text
+
+        # failed.txt deleted: --prune removes its partition and its output, and says so; nothing else goes
+        Path(corpus.url, "failed.txt").unlink()
+        with pytest.raises(SystemExit) as usage:  # --partitions with --stale: argparse's usage error
+            main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--stale", "--partitions", "x"])
+        assert usage.value.code == 2 and "--partitions cannot be combined with --missing/--failed/--stale" in capsys.readouterr().err
+        _run(instance, defs, asset, "done.txt", dg.DagsterRunStatus.STARTED)  # in flight: not backfilled again
+        _run(instance, defs, asset, "canceled.txt", dg.DagsterRunStatus.STARTED)
+        _run(instance, defs, asset, "never.txt", dg.DagsterRunStatus.STARTED)
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--prune", "--stale", "--missing"]) == 0
+        res = capsys.readouterr()
+        lines = res.out.replace("\n ", " ")
+        assert "1 partition(s) of deleted files removed: failed.txt" in lines
+        assert f"partition 'failed.txt': output {out / 'failed.txt.parquet'} deleted; partition removed" in lines
+        assert "no missing and stale partitions of c_embeddings to backfill" in res.err
+        assert sorted(p.name for p in out.iterdir()) == ["canceled.txt.parquet", "done.txt.parquet", "running.txt.parquet"]
+        assert "failed.txt" not in instance.get_dynamic_partitions("c_embeddings_files")
+
+
+def test_a_partition_whose_index_rows_cannot_be_deleted_stays_registered_with_its_output(setup, tmp_path):
+    from dagster_gpu.index.lance import VectorIndex
+    from dagster_gpu.partitions import prune_partitions
+
+    corpus, asset, _defs, _module = setup
+    out = tmp_path / "out" / "c_embeddings"
+    out.mkdir(parents=True)
+    (out / "never.txt.parquet").write_bytes(b"PAR1")
+    (out / "done.txt.parquet").write_bytes(b"PAR1")
+    broken = tmp_path / "lance-is-a-file"
+    broken.write_text("not a LanceDB directory\n")
+    with dg.instance_for_test() as instance:
+        register_corpus_files(instance, asset, corpus)
+        Path(corpus.url, "never.txt").unlink()
+        (p,) = prune_partitions(instance, asset, corpus, delete_outputs=True, indexes=[VectorIndex(str(broken), "t")])
+        assert p.partition_key == "never.txt" and p.error.startswith("FileExistsError") and p.outputs == ()
+        assert p.describe().startswith("partition 'never.txt': kept: FileExistsError")
+        assert "never.txt" in instance.get_dynamic_partitions("c_embeddings_files")
+        assert sorted(x.name for x in out.iterdir()) == ["done.txt.parquet", "never.txt.parquet"]
+        # the next prune, with an index that works (none yet: 0 rows), removes it and only it
+        ok = VectorIndex(str(tmp_path / "lance"), "c_embeddings")
+        (p,) = prune_partitions(instance, asset, corpus, delete_outputs=True, indexes=[ok])
+        assert (p.error, p.outputs, p.index_rows) == (None, (str(out / "never.txt.parquet"),), ((repr(ok), 0),))
+        assert sorted(x.name for x in out.iterdir()) == ["done.txt.parquet"]
+        assert "never.txt" not in instance.get_dynamic_partitions("c_embeddings_files")

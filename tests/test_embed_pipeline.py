@@ -72,7 +72,13 @@ def test_embed_fortune_file(tmp_path, model):
     t, vec = read_vectors(out, 384)
     assert t.schema.equals(output_schema(384))
     assert t.column("record_id").to_pylist() == KEPT_IDS
-    assert t.column("text_sha256").to_pylist() == [hashlib.sha256(x.encode("utf-8")).hexdigest() for x in KEPT_TEXTS]
+    spans = list(zip(t.column("char_start").to_pylist(), t.column("char_end").to_pylist()))
+    assert t.column("text_sha256").to_pylist() == [
+        hashlib.sha256(x[a:b].encode("utf-8")).hexdigest() for x, (a, b) in zip(KEPT_TEXTS, spans)]
+    # records within max_seq_length are hashed whole; a truncated one up to where the tokenizer cut it
+    assert [spans[i] for i in (0, 1, 3, 5, 6)] == [(0, len(KEPT_TEXTS[i])) for i in (0, 1, 3, 5, 6)]
+    assert t.column("doc_id").to_pylist() == [f"fortunes/{i}" for i in KEPT_IDS]
+    assert t.column("chunk_index").to_pylist() == [0] * 7
 
     direct = model.model.encode(KEPT_TEXTS, normalize_embeddings=True, convert_to_numpy=True)
     cos = np.sum(vec * direct, axis=1) / (np.linalg.norm(vec, axis=1) * np.linalg.norm(direct, axis=1))
@@ -129,7 +135,7 @@ def test_bad_utf8_with_no_earlier_output_leaves_nothing(tmp_path, model):
     with pytest.raises(CorpusReadError):
         embed_partition(str(bad), str(out), model, TextFormat(format="text"))
     assert not out.exists()
-    assert list(out.parent.iterdir()) == []
+    assert not out.parent.exists() or list(out.parent.iterdir()) == []
 
 
 def test_one_encoder_and_prefetched_sources_across_partitions(tmp_path, model):

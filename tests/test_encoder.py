@@ -194,7 +194,7 @@ def test_default_tokenizer_threads():
 
 
 def test_preprocess_fallback_for_a_model_without_fast_tokenizer(model, reference, one_thread, monkeypatch):
-    monkeypatch.setattr(FastTokenizer, "for_model", classmethod(lambda cls, st: None))
+    monkeypatch.setattr(FastTokenizer, "for_model", classmethod(lambda cls, st, prompt="": None))
     with Encoder(model.model, 8, tokenizer_threads=4, cpu_share=one_thread) as enc:
         assert enc.mode == "preprocess" and enc.tokenizer_threads == 1
         r = enc.encode(TEXTS)

@@ -9,7 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from fault_plan import FAULTS, fault_table, first_after, kills_for, plan_faults, summary_keys, tally  # noqa: E402
+from fault_plan import (FAULTS, RUN_FAULTS, attempt_seconds, fault_table, first_after, kills_for, plan_faults,  # noqa: E402
+                        reason_names, run_fault_outcome, summary_keys, tally)
 
 
 def test_kills_are_five_percent_of_the_units_and_at_least_one():
@@ -65,3 +66,74 @@ def test_first_materialization_after_a_fault_and_the_table():
     table = fault_table([{"fault": "etcd_restart", "at_s": 41.23, "outage_s": 3.0, "next_materialization_s": None,
                           "detail": "a|b"}])
     assert table.splitlines()[2] == "| etcd_restart | 41.2 | 3.0 | – | a/b |"
+
+
+def test_run_faults_fire_in_the_first_half_and_leave_the_other_moments_as_they_were():
+    before = plan_faults(seed=1, window_s=300, kills=1, faults=FAULTS[:-len(RUN_FAULTS)])
+    after = plan_faults(seed=1, window_s=300, kills=1)
+    assert [f for f in after if f.name not in RUN_FAULTS] == before
+    assert sorted(f.name for f in after if f.name in RUN_FAULTS) == sorted(RUN_FAULTS)
+    for seed in range(20):
+        assert all(20 <= f.at_s <= 160 for f in plan_faults(seed, 300, 1) if f.name in RUN_FAULTS)
+
+
+# The errors below are those the executor recorded in the fault campaign of 2026-12-02 (bench/faults.py
+# against resources/k8s/node_agent.py playing kubelet v1.34 + NVIDIA DRA driver v25.12.0), cut short.
+IMAGE = "registry.example.com/ml/dagster-gpu:2026.12-does-not-exist"
+PULL = ("Step fault_embeddings failed health check: kubernetes worker of step fault_embeddings (2 partitions "
+        "'f00000.txt'…'f00001.txt') ended (failed: pod dagster-gpu/dagster-gpu-76b2c4326b49f995-2 bound to gpu-node-0 "
+        f'but not started after 31s (> create_timeout_seconds=30): ImagePullBackOff: Back-off pulling image "{IMAGE}": '
+        f'ErrImagePull: rpc error: code = NotFound desc = failed to pull and unpack image "{IMAGE}": failed to resolve '
+        f'reference "{IMAGE}": {IMAGE}: not found; kubelet events: BackOff: Back-off pulling image "{IMAGE}" | ...')
+PREPARE = ("Step fault_embeddings failed health check: kubernetes worker of step fault_embeddings (5 partitions "
+           "'f00000.txt'…'f00004.txt') ended (failed: pod dagster-gpu/dagster-gpu-19a7487dfd4425fb-0 bound to gpu-node-0 "
+           "but its DRA devices could not be prepared (the kubelet retries, the pod would stay ContainerCreating); "
+           "kubelet events: FailedPrepareDynamicResources: Failed to prepare dynamic resources: NodePrepareResources "
+           "failed for claim dagster-gpu/dagster-gpu-19a7487dfd4425fb-0-gpu-n9fxj: error preparing devices for claim "
+           "...: prepare devices failed: error applying GPU config: invalid GPU sharing settings: "
+           "&{TimeSlicing 0xc000a1c0f0 <nil>}) without the step recording success or failure; handle {...}")
+KILLED = ("Step fault_embeddings failed health check: kubernetes worker of step fault_embeddings (5 partitions "
+          "'f00000.txt'…'f00004.txt') ended (failed: pod dagster-gpu-19a7487dfd4425fb-1 Failed (Error), exit code 137)")
+
+
+def test_reason_names_the_cause_of_each_run_fault():
+    assert reason_names("image_pull_fail", PULL, must=(IMAGE,))
+    assert not reason_names("image_pull_fail", PULL, must=("other:image",))
+    assert not reason_names("image_pull_fail", KILLED, must=(IMAGE,))
+    assert reason_names("dra_prepare_fail", PREPARE)
+    assert not reason_names("dra_prepare_fail", KILLED) and not reason_names("dra_prepare_fail", None)
+
+
+def test_image_fault_needs_every_partition_failed_naming_the_image_then_rerun_once():
+    end = {"a": ("failed", PULL, "r1"), "b": ("failed", PULL, "r1"), "c": ("ok", None, "r2")}
+    mats = [("c", "r2"), ("a", "r9"), ("b", "r9")]
+    out = run_fault_outcome("image_pull_fail", "r1", end, mats, [PULL, PULL, PULL], must=(IMAGE,))
+    assert (out["partitions"], out["named_attempts"], out["failed_with_named_reason"]) == (2, 3, 2)
+    assert (out["materialized_once"], out["by_rerun"], out["by_retry"], out["ok"]) == (2, 2, 0, True)
+    assert out["reason"] == PULL
+    # one partition left failed for another reason, one rematerialized twice: not ok
+    end2 = {**end, "b": ("failed", KILLED, "r1")}
+    out2 = run_fault_outcome("image_pull_fail", "r1", end2, [*mats, ("a", "r10")], [PULL], must=(IMAGE,))
+    assert (out2["failed_with_named_reason"], out2["materialized_once"], out2["ok"]) == (1, 1, False)
+    # no attempt named the image (the fault did not hit that run): not ok
+    assert run_fault_outcome("image_pull_fail", "r1", end, mats, [KILLED], must=(IMAGE,))["ok"] is False
+    assert run_fault_outcome("image_pull_fail", None, end, mats)["ok"] is False  # not injected
+
+
+def test_prepare_fault_may_be_materialized_by_the_retry_launched_without_the_sharing_config():
+    # recorded: attempt 1 FailedPrepareDynamicResources, attempt 2 (unshared) SIGKILLed, attempt 3 succeeded
+    end = {"a": ("ok", None, "r1"), "b": ("ok", None, "r1"), "c": ("ok", None, "r2")}
+    mats = [("a", "r1"), ("b", "r1"), ("c", "r2")]
+    out = run_fault_outcome("dra_prepare_fail", "r1", end, mats, [PREPARE, KILLED])
+    assert (out["named_attempts"], out["attempts"], out["by_retry"], out["by_rerun"], out["ok"]) == (1, 2, 2, 0, True)
+    assert run_fault_outcome("dra_prepare_fail", "r1", end, [*mats, ("a", "r3")], [PREPARE])["ok"] is False  # doubled
+    assert run_fault_outcome("dra_prepare_fail", "r1", end, mats, [])["ok"] is False  # the claim was never refused
+    keys = summary_keys(10, tally(["a"], [("a", "r1")], {"a": ("ok", None)}), 0, [out])
+    assert (keys["faults.dra_prepare_fail.named_attempts"], keys["faults.dra_prepare_fail.materialized_once"],
+            keys["faults.dra_prepare_fail.failed_with_named_reason"], keys["faults.injected"]) == (1, 2, 0, 10)
+
+
+def test_attempt_seconds_pairs_each_launch_with_the_failure_after_it():
+    evs = [("STEP_UP_FOR_RETRY", 170.0), ("STEP_WORKER_STARTING", 100.0), ("STEP_WORKER_STARTING", 175.0),
+           ("STEP_FAILURE", 238.4), ("STEP_WORKER_STARTING", 240.0), ("ASSET_MATERIALIZATION", 250.0)]
+    assert attempt_seconds(evs) == [70.0, 63.4]  # the last launch has no failure after it

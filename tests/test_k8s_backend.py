@@ -13,8 +13,8 @@ import uuid
 
 import pytest
 
-from dagster_gpu.executor.backends.base import StepLaunch, WorkerStatus
-from dagster_gpu.executor.backends.kubernetes import KubernetesBackend
+from dagster_gpu.contracts import StepLaunch, WorkerStatus
+from dagster_gpu.k8s.backend import KubernetesBackend
 from dagster_gpu.executor.settle import Settler
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import KubeClient
@@ -45,7 +45,7 @@ def backend():
 
 
 def _launch(argv, request=GpuRequest(), device=None, run_id=None, pk="p-0") -> StepLaunch:
-    return StepLaunch(run_id=run_id or str(uuid.uuid4()), step_key="embeddings", partition_key=pk, attempt=0,
+    return StepLaunch(run_id=run_id or str(uuid.uuid4()), step_key="embeddings", partition_keys=(pk,), attempt=0,
                       argv=tuple(argv), env={"GREETING": "hi"}, request=request,
                       placement=Placement(backend="kubernetes", reason="test", device=device))
 

@@ -12,8 +12,8 @@ import time
 from kubernetes.client import (V1ContainerState, V1ContainerStateWaiting, V1ContainerStatus, V1ObjectMeta, V1Pod,
                                V1PodSpec, V1PodStatus)
 
-from dagster_gpu.executor.backends.base import WorkerStatus
-from dagster_gpu.executor.backends.kubernetes import KubernetesBackend
+from dagster_gpu.contracts import WorkerStatus
+from dagster_gpu.k8s.backend import KubernetesBackend
 from dagster_gpu.executor.settle import Settler
 from dagster_gpu.k8s import manifests as m
 
@@ -49,6 +49,9 @@ class _Kube:
             hook, self.on_read = self.on_read, None
             hook()
         return self.pod
+
+    def pod_events(self, name):
+        return []  # a kubelet that recorded nothing for the pod
 
     def delete_pod(self, name, uid=None):
         gone = self.pod is None
@@ -112,3 +115,48 @@ def test_a_pod_deleted_by_someone_else_still_fails_with_a_clear_message():
     s = b.state(h)
     assert s.status == WorkerStatus.FAILED and "does not exist" in s.message and UID in s.message
     assert not s.abandoned
+
+
+class _PreparedKube(_Kube):
+    """A pod the kubelet could not prepare (recorded: tests/data/k8s/pod_prepare_failed.json and its events)."""
+
+    def __init__(self):
+        super().__init__()
+        import json
+        from pathlib import Path
+
+        data = Path(__file__).resolve().parent / "data" / "k8s"
+        self.body = json.loads((data / "pod_prepare_failed.json").read_text())
+        self.events = json.loads((data / "events_prepare_failed.json").read_text())
+        from kubernetes.client import ApiClient
+
+        self.pod = ApiClient()._ApiClient__deserialize(self.body, "V1Pod")
+
+    def pod_events(self, name):
+        return self.events
+
+    def inventory(self, label_selector):
+        return [], [], []
+
+
+def test_a_shared_claim_that_failed_to_prepare_stops_shared_placements_on_its_pool():
+    from dagster_gpu.policy.sharing_failures import SharingFailures
+
+    kube, memory = _PreparedKube(), SharingFailures(None)
+    b = KubernetesBackend(kube, m.K8sSettings(namespace="dagster-gpu", secret_env=()), create_timeout_s=120,
+                          rates={"default": 1.0}, sharing_failures=memory)
+    b.claims = _NoWatch()
+    pod = kube.body["metadata"]
+    handle = {"namespace": "dagster-gpu", "pod": pod["name"], "pod_uid": pod["uid"], "template": pod["name"],
+              "sharing": "TimeSlicing", "placement_device": "NVIDIA A100-SXM4-80GB", "launched_at": time.time() - 3}
+    s = b.state(handle)
+    assert s.status == WorkerStatus.FAILED and s.abandoned and "FailedPrepareDynamicResources" in s.message
+    assert list(memory.blocked()) == ["NVIDIA A100-SXM4-80GB"]
+    assert "invalid GPU sharing settings" in memory.blocked()["NVIDIA A100-SXM4-80GB"]
+    assert b.policy_state().no_sharing == ("NVIDIA A100-SXM4-80GB",)
+    # an unshared claim that failed to prepare says nothing about sharing
+    memory2 = SharingFailures(None)
+    b2 = KubernetesBackend(_PreparedKube(), m.K8sSettings(namespace="dagster-gpu", secret_env=()),
+                           rates={"default": 1.0}, sharing_failures=memory2)
+    b2.claims = _NoWatch()
+    assert b2.state({**handle, "sharing": ""}).status == WorkerStatus.FAILED and memory2.blocked() == {}

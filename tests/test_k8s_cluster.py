@@ -40,7 +40,10 @@ def _template(name: str, labels: dict, device_class: str, expr: str | None) -> d
 
 def _pod(name: str, labels: dict, template: str | None, command: list[str], env=None, grace: int = 30) -> dict:
     c = {"name": "main", "image": "local", "command": command, "env": env or []}
-    spec = {"restartPolicy": "Never", "terminationGracePeriodSeconds": grace, "containers": [c]}
+    # the namespace enforces Pod Security "restricted" (resources/k8s/manifests/00-namespace.yaml)
+    c["securityContext"] = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+    spec = {"restartPolicy": "Never", "terminationGracePeriodSeconds": grace, "containers": [c],
+            "securityContext": {"runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"}}}
     if template:
         spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
         c["resources"] = {"claims": [{"name": "gpu"}]}
@@ -134,7 +137,7 @@ def test_claim_from_template_is_allocated_by_scheduler_and_released(apis, tmp_pa
         claim_name = pod.status.resource_claim_statuses[0].resource_claim_name
         assert claim_name.startswith(f"{name}-gpu-")
         pw, uuids, podname = out.read_text().strip().split("|")
-        assert pw == "s3cret" and podname == name and uuids.startswith("MIG-")
+        assert pw == "s3cret" and podname == name and uuids == "void"  # the driver's CDI spec: NVIDIA_VISIBLE_DEVICES=void
         # The resourceclaim controller deletes the generated claim once the pod is done.
         wait_for(lambda: not labelled(ex, f"dagster-gpu/test={name}")["claims"] and
                  not [c for c in res.list_namespaced_resource_claim(NAMESPACE).items if c.metadata.name == claim_name],

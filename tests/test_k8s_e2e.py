@@ -64,7 +64,7 @@ def _leftovers(run_ids) -> dict[str, list[str]]:
 def _sweep() -> int:
     """What the next orchestrating process's settler does: bill and delete pods whose run worker exited before
     they ended."""
-    from dagster_gpu.executor.backends.kubernetes import KubernetesBackend
+    from dagster_gpu.k8s.backend import KubernetesBackend
     from dagster_gpu.executor.settle import Settler
     from dagster_gpu.k8s import manifests as m
     from dagster_gpu.k8s.client import KubeClient
@@ -78,6 +78,15 @@ def _observation(instance, asset_key, pk):
     recs = instance.fetch_observations(dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[pk]), limit=5).records
     obs = [{k: v.value for k, v in r.asset_observation.metadata.items()} for r in recs]
     return [o for o in obs if o.get("billing/source") == "pod-interval"]
+
+
+def _billed(instance, asset_key, pk):
+    """``_observation`` after a sweep, as the next orchestrating process's settler sweeps every 5 s: the daemon
+    stops with the backfill, so a run worker still in its exit wait is stopped with it, and its pod is billed by
+    a sweep only once the node agent reports the pod ended (one sweep right after the backfill can be too early
+    on a loaded host)."""
+    _sweep()
+    return _observation(instance, asset_key, pk)
 
 
 def _backfill(instance, asset, keys, tmp_path, sleep_s, timeout_s=600, on_running=None):
@@ -110,9 +119,10 @@ def test_backfill_10_partitions_mig_claims(k8s_instance, tmp_path):
         md = {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
         assert md["test/partition_key"] == pk
         assert md["k8s/namespace"] == NAMESPACE and md["k8s/pod"].startswith("dagster-gpu-")
-        assert md["test/nvidia_visible_devices"].startswith("MIG-")  # the node exposed the allocated MIG device
+        # as NVIDIA's driver does (its CDI spec): NVIDIA_VISIBLE_DEVICES=void, the devices come from the claim
+        assert md["test/nvidia_visible_devices"] == "void"
         assert md["test/pg_password_set"] is True  # from the Secret reference
-        obs = wait_for(lambda: _observation(instance, p.k8s_mig.key, pk), 30, what=f"observation of {pk}")
+        obs = wait_for(lambda: _billed(instance, p.k8s_mig.key, pk), 30, interval=1.0, what=f"observation of {pk}")
         assert len(obs) == 1
         o = obs[0]
         assert o["k8s/pod"] == md["k8s/pod"] and o["k8s/resource_claim"].startswith(md["k8s/pod"] + "-gpu-")
@@ -144,7 +154,7 @@ def test_more_steps_than_devices_wait_then_run(k8s_instance, tmp_path):
     print(f"pods settled by the sweep, not by their own run worker: {_sweep()}")
     spans = []
     for pk in keys:
-        o = wait_for(lambda: _observation(instance, p.k8s_gpu.key, pk), 30, what=f"observation of {pk}")[0]
+        o = wait_for(lambda: _billed(instance, p.k8s_gpu.key, pk), 30, interval=1.0, what=f"observation of {pk}")[0]
         assert o["k8s/allocated_devices"] in ("gpu.nvidia.com/gpu-node-0/gpu-0", "gpu.nvidia.com/gpu-node-0/gpu-1")
         assert o["gpu/device_fraction"] == 1.0
         spans.append((o["k8s/started_at"], o["k8s/finished_at"], o["k8s/allocated_devices"]))
@@ -253,3 +263,64 @@ def test_killed_run_worker_is_resumed_and_reattaches_to_its_pod(k8s_instance, tm
     obs = wait_for(lambda: _observation(instance, p.k8s_mig.key, key), 30, what="pod-interval observation")
     assert obs[0]["k8s/pod"] == handle["pod"] and obs[0]["k8s/running_seconds"] >= 20
     assert wait_for(lambda: _leftovers([run.run_id]) == {"pods": [], "claims": [], "templates": []}, 60, what="cleanup")
+
+
+def test_a_slow_image_pull_is_progress_not_a_stuck_pod(k8s_instance, monkeypatch):
+    """The node's first pull of the step image takes 8 s (the node agent pulls ``*slow-pull*`` images that long,
+    emitting the kubelet's Pulling/Pulled events) while create_timeout_seconds is 4: the step waits for the
+    pull and succeeds."""
+    import importlib
+    import uuid
+
+    from tests import k8s_pipeline as p
+
+    monkeypatch.setenv("K8S_TEST_IMAGE", f"registry.example.com/slow-pull/dagster-gpu:{uuid.uuid4().hex[:12]}")
+    monkeypatch.setenv("K8S_TEST_CREATE_TIMEOUT", "4")
+    importlib.reload(p)
+    t0 = time.monotonic()
+    from dagster._core.definitions.reconstruct import ReconstructableJob
+
+    result = dg.execute_job(ReconstructableJob.for_file(str(PIPELINE), "get_mig_job"), instance=k8s_instance,
+                            tags={"dagster/partition": p.KEYS[60]})
+    elapsed = time.monotonic() - t0
+    failures = [e.step_failure_data.error.message for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert result.success, failures
+    assert elapsed > 8, elapsed  # it did wait for the pull
+    pod = next(e for e in result.all_events if e.event_type == dg.DagsterEventType.ASSET_MATERIALIZATION) \
+        .event_specific_data.materialization.metadata["k8s/pod"].value
+    reasons = [e.reason for e in client.CoreV1Api(admin_api()).list_namespaced_event(
+        NAMESPACE, field_selector=f"involvedObject.name={pod}").items]
+    assert reasons.index("Pulling") < reasons.index("Pulled") < reasons.index("Started"), reasons
+    obs = wait_for(lambda: _observation(k8s_instance, p.k8s_mig.key, p.KEYS[60]), 30, what="pod-interval observation")
+    assert obs[0]["k8s/pod"] == pod  # billed and settled before the instance goes away
+    wait_for(lambda: _leftovers([result.run_id]) == {"pods": [], "claims": [], "templates": []}, 30, what="cleanup")
+
+
+def test_a_sharing_config_the_driver_refuses_fails_at_once_with_the_kubelets_message(k8s_instance, monkeypatch):
+    """A TimeSlicing GpuConfig while the driver's TimeSlicingSettings feature gate is off (as NVIDIA's driver
+    ships, pkg/featuregates/featuregates.go): the kubelet reports FailedPrepareDynamicResources and the pod
+    would stay ContainerCreating; the step fails at once with that message, long before create_timeout_seconds."""
+    import importlib
+
+    from tests import k8s_pipeline as p
+
+    monkeypatch.setenv("K8S_TEST_SHARING", "TimeSlicing")
+    monkeypatch.setenv("K8S_TEST_CREATE_TIMEOUT", "120")
+    importlib.reload(p)
+    t0 = time.monotonic()
+    result = dg.execute_job(dg.reconstructable(p.get_shared_job), instance=k8s_instance,
+                            tags={"dagster/partition": p.KEYS[61]})
+    elapsed = time.monotonic() - t0
+    assert not result.success
+    failures = [e.step_failure_data.error.message for e in result.all_events if e.event_type == dg.DagsterEventType.STEP_FAILURE]
+    assert len(failures) == 1
+    msg = failures[0]
+    assert "its DRA devices could not be prepared" in msg and "FailedPrepareDynamicResources: Failed to prepare " \
+        "dynamic resources: NodePrepareResources failed for claim dagster-gpu/" in msg, msg
+    assert "invalid GPU sharing settings: &{TimeSlicing" in msg, msg
+    assert elapsed < 60, elapsed  # not the 120 s create timeout
+    from dagster_gpu.policy.sharing_failures import SharingFailures, default_path
+
+    blocked = SharingFailures(default_path()).blocked()  # the instance's memory: no more shared placements there
+    assert blocked and all("invalid GPU sharing settings" in r for r in blocked.values()), blocked
+    wait_for(lambda: _leftovers([result.run_id]) == {"pods": [], "claims": [], "templates": []}, 30, what="cleanup")

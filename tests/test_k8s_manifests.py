@@ -10,7 +10,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from dagster_gpu.executor.backends.base import StepLaunch
+from dagster_gpu.contracts import StepLaunch
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s import names
 from dagster_gpu.policy.placement import Placement
@@ -24,7 +24,7 @@ def _launch(request: GpuRequest, device: str | None = None, pk: str | None = "do
     return StepLaunch(
         run_id="0b5c3c5e-8a8e-4f5b-9d7e-1c2d3e4f5a6b",
         step_key="embeddings",
-        partition_key=pk,
+        partition_keys=(pk,) if pk is not None else (),
         attempt=attempt,
         argv=("/opt/venv/bin/python", "-m", "dagster", "api", "execute_step"),
         env={"DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS": "eJx...", "DAGSTER_GPU_STEP_CONTEXT": "{}"},
@@ -70,12 +70,13 @@ def test_every_manifest_validates_against_1_34(case, sharing):
     assert pod_d["spec"]["resourceClaims"] == [{"name": "gpu", "resourceClaimTemplateName": template.metadata.name}]
     assert pod_d["spec"]["containers"][0]["resources"]["claims"] == [{"name": "gpu"}]
     reqs = t["spec"]["spec"]["devices"]["requests"]
-    assert len(reqs) == 1 and set(reqs[0]) == {"name", "exactly"}
+    assert len(reqs) == 1 and set(reqs[0]) == {"name", "firstAvailable" if choice.alternatives else "exactly"}
     cfg = t["spec"]["spec"]["devices"].get("config")
     if sharing and req.shared_ok:
-        params = cfg[0]["opaque"]["parameters"]
-        assert cfg[0]["opaque"]["driver"] == "gpu.nvidia.com" and params["sharing"]["strategy"] == sharing
-        assert params["kind"] == ("MigDeviceConfig" if choice.mig_profile else "GpuConfig")
+        for c, alt in zip(cfg, choice.alternatives or (choice,)):
+            params = c["opaque"]["parameters"]
+            assert c["opaque"]["driver"] == "gpu.nvidia.com" and params["sharing"]["strategy"] == sharing
+            assert params["kind"] == ("MigDeviceConfig" if alt.mig_profile else "GpuConfig")
     else:
         assert cfg is None
 
@@ -86,9 +87,9 @@ def test_selectors_and_fractions():
     assert c.device_class == "gpu.nvidia.com" and c.device_fraction == 1.0
     assert c.selectors == (
         "device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA A100')",
-        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('80896Mi')) >= 0",
+        "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('75233Mi')) >= 0",  # 93 % of 79 GiB
     )
-    mig = m.device_choice(GpuRequest(count=1, mig_ok=True), None, s)
+    mig = m.device_choice(GpuRequest(count=1, mig_ok=True), "mig-1g.10gb", s)
     assert mig.device_class == "mig.nvidia.com" and mig.mig_profile == "1g.10gb"
     assert mig.device_fraction == pytest.approx(1 / 7) and mig.device_type == "mig-1g.10gb"
     assert mig.selectors == ("device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",)
@@ -199,11 +200,15 @@ def test_container_context_is_merged_as_dagster_k8s_does():
     pod, template, _ = m.step_objects(_launch(GpuRequest(count=1)), settings)
     d = validate(pod)
     spec, (step, sidecar) = d["spec"], d["spec"]["containers"]
-    assert spec["nodeSelector"] == {"gpu": "a100"} and spec["tolerations"] == [{"key": "gpu", "operator": "Exists"}]
+    assert spec["nodeSelector"] == {"gpu": "a100"}
+    assert spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                   {"key": "gpu", "operator": "Exists"}]  # the GPU taint's, then the user's
     assert spec["priorityClassName"] == "batch" and spec["restartPolicy"] == "Never"
     assert sidecar == {"name": "sidecar", "image": "busybox"}
     assert step["name"] == "step" and step["command"][:3] == ["/opt/venv/bin/python", "-m", "dagster"] and "args" not in step
-    assert step["securityContext"] == {"runAsNonRoot": True} and step["workingDir"] == "/work"
+    assert step["securityContext"] == {"runAsNonRoot": True, "allowPrivilegeEscalation": False,
+                                       "capabilities": {"drop": ["ALL"]}}  # the user's key on the defaults
+    assert step["workingDir"] == "/work"
     assert step["resources"] == {"requests": {"cpu": "100m", "memory": "2Gi"}, "limits": {"memory": "4Gi"},
                                  "claims": [{"name": "gpu"}]}
     env = {e["name"]: e for e in step["env"]}
@@ -248,3 +253,32 @@ def test_partition_labels_stay_valid_and_distinct():
     assert names.partition_label(("doc-001.txt",)) == "doc-001.txt"  # a single valid key stays readable
     with pytest.raises(ValueError):
         names.partition_label(())
+
+
+def test_step_pod_is_pod_security_restricted_compliant_by_default():
+    """The fields k8s.io/pod-security-admission's restricted checks read (check_runAsNonRoot.go,
+    check_allowPrivilegeEscalation.go, check_capabilities_restricted.go, check_seccompProfile_restricted.go,
+    check_runAsUser.go); the test namespace enforces the profile, so an e2e pod proves admission too."""
+    d = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings())[0])
+    assert d["spec"]["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
+                                            "seccompProfile": {"type": "RuntimeDefault"}}
+    assert d["spec"]["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False,
+                                                             "capabilities": {"drop": ["ALL"]}}
+    own = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(run_as_user=None, container_context={
+        "run_k8s_config": {"pod_spec_config": {"security_context": {"fs_group": 2000, "run_as_user": 4242}}}}))[0])
+    assert own["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
+                                              "fsGroup": 2000, "runAsUser": 4242}
+    off = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(restricted=False))[0])
+    assert "securityContext" not in off["spec"] and "securityContext" not in off["spec"]["containers"][0]
+    with pytest.raises(m.ManifestError, match="run_as_user"):
+        m.K8sSettings(run_as_user=0)
+
+
+def test_gpu_steps_tolerate_the_gpu_taint_cpu_steps_do_not_and_tolerations_are_configurable():
+    gpu = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings())[0])
+    assert gpu["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    cpu = validate(m.step_objects(_launch(GpuRequest(count=0)), m.K8sSettings())[0])
+    assert "tolerations" not in cpu["spec"]
+    mine = ({"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoExecute", "tolerationSeconds": 60},)
+    own = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(tolerations=mine))[0])
+    assert own["spec"]["tolerations"] == list(mine)  # camelCase as in YAML, replacing the default

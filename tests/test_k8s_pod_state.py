@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
+import time
 from pathlib import Path
 
 import pytest
 
 from dagster_gpu.contracts import WorkerStatus
-from dagster_gpu.executor.backends.kubernetes_pod_state import (
-    PodTimeouts, needs_scheduler_events, pod_state, terminated, unschedulable_message,
+from dagster_gpu.k8s.pod_state import (
+    PodTimeouts, event_time, kubelet_warnings, needs_events, needs_scheduler_events, pod_events, pod_state,
+    pull_in_progress, terminated, unschedulable_message,
 )
 
 DATA = Path(__file__).resolve().parent / "data" / "k8s"
@@ -61,7 +64,10 @@ def test_unschedulable_without_a_condition_message_uses_the_event():
     p = pod("unschedulable")
     p["status"]["conditions"] = []
     assert needs_scheduler_events(p)
-    v = pod_state(p, 10.0, T, scheduler_message="0/1 nodes are available: from the event")
+    ev = {"reason": "FailedScheduling", "type": "Warning", "message": "0/1 nodes are available: from the event",
+          "involvedObject": {"kind": "Pod", "name": p["metadata"]["name"], "uid": p["metadata"]["uid"]},
+          "lastTimestamp": "2026-12-01T07:28:09Z"}
+    v = pod_state(p, 10.0, T, [ev])
     assert v.state.message == "0/1 nodes are available: from the event"
     assert pod_state(p, 400.0, T).state.message.endswith("FailedScheduling: the scheduler has not placed the pod")
 
@@ -83,3 +89,99 @@ def test_a_terminating_pod_is_running_until_it_is_gone(case):
     p["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     v = pod_state(p, 10_000.0, T)
     assert (v.state.status, v.state.message, v.action) == (WorkerStatus.RUNNING, "pod is terminating", "none")
+
+
+# -- kubelet events (recorded with the pods from the node agent, which copies the kubelet's reasons and
+# messages: kubernetes/kubernetes v1.34 pkg/kubelet/events/event.go, pkg/kubelet/images/image_manager.go,
+# pkg/kubelet/kuberuntime/kuberuntime_manager.go; NVIDIA/k8s-dra-driver-gpu v25.12.0 sharing.go) ----------
+
+
+def events(case: str) -> list[dict]:
+    return json.loads((DATA / f"events_{case}.json").read_text())
+
+
+def _at(evs: list[dict], reason: str) -> float:
+    return max(event_time(e) for e in evs if e["reason"] == reason)
+
+
+def test_a_pod_pulling_its_image_is_progress_not_stuck():
+    p, evs = pod("pulling"), events("pulling")
+    assert p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ContainerCreating"
+    assert needs_events(p)
+    t0 = _at(evs, "Pulling")
+    # 10 minutes into the first pull of a multi-GB image, far past create_timeout_seconds: still pending
+    v = pod_state(p, 600.0, T, evs, now=t0 + 590)
+    assert (v.state.status, v.action) == (WorkerStatus.PENDING, "none")
+    assert v.state.message.startswith('Pulling: Pulling image "registry.example.com/slow-pull/dagster-gpu:')
+    # without its events (what the code did before) the same pod failed as stuck
+    assert pod_state(p, 600.0, T).state.status == WorkerStatus.FAILED
+    # a pull that runs past image_pull_timeout_seconds fails
+    late = pod_state(p, 2000.0, T, evs, now=t0 + 1801)
+    assert (late.state.status, late.action) == (WorkerStatus.FAILED, "give_up")
+    assert "image pull has run 1801s (> image_pull_timeout_seconds=1800)" in late.state.message
+
+
+def test_the_create_clock_starts_again_when_the_image_is_pulled():
+    p, evs = pod("pulling"), events("pulling")
+    t0 = _at(evs, "Pulling")
+    pulled = {**evs[0], "reason": "Pulled", "message": "Successfully pulled image in 5m0s", "firstTimestamp": None,
+              "lastTimestamp": dt.datetime.fromtimestamp(t0 + 300, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    evs = evs + [pulled]
+    assert pod_state(p, 400.0, T, evs, now=t0 + 400).state.status == WorkerStatus.PENDING  # 100 s after Pulled
+    late = pod_state(p, 421.0, T, evs, now=t0 + 421)
+    assert (late.state.status, late.action) == (WorkerStatus.FAILED, "give_up")
+    assert "but not started 121s after its image was pulled (> create_timeout_seconds=120): ContainerCreating" \
+        in late.state.message
+
+
+def test_a_missing_image_fails_after_the_create_timeout_with_the_kubelets_pull_error():
+    p, evs = pod("image_missing"), events("image_missing")
+    assert p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ImagePullBackOff"
+    now = _at(evs, "BackOff")
+    assert pod_state(p, 30.0, T, evs, now=now).state.message == "ImagePullBackOff"
+    # a retried pull (a newer Pulling event) does not extend a pod stuck in ImagePullBackOff
+    retry = {**evs[0], "lastTimestamp": dt.datetime.fromtimestamp(now + 100, dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    late = pod_state(p, 121.0, T, evs + [retry], now=now + 101)
+    assert (late.state.status, late.action) == (WorkerStatus.FAILED, "give_up")
+    name = p["metadata"]["name"]
+    assert late.state.message.startswith(
+        f"pod dagster-gpu/{name} bound to gpu-node-0 but not started after 121s (> create_timeout_seconds=120): "
+        'ImagePullBackOff: Back-off pulling image "registry.example.com/does-not-exist/dagster-gpu:1"')
+    # the kubelet's warnings, newest first: the back-off and the registry's answer ("Error: ErrImagePull" /
+    # "Error: ImagePullBackOff" only repeat the waiting reason)
+    image = "registry.example.com/does-not-exist/dagster-gpu:1"
+    assert late.state.message.endswith(
+        f'; kubelet events: BackOff: Back-off pulling image "{image}" | Failed: Failed to pull image "{image}": '
+        f'rpc error: code = NotFound desc = failed to pull and unpack image "{image}": failed to resolve reference '
+        f'"{image}": {image}: not found')
+    assert kubelet_warnings(pod_events(p, evs), limit=1) == [f'BackOff: Back-off pulling image "{image}"']
+
+
+def test_a_dra_prepare_failure_fails_at_once_with_the_kubelets_message():
+    p, evs = pod("prepare_failed"), events("prepare_failed")
+    assert p["status"]["containerStatuses"][0]["state"]["waiting"]["reason"] == "ContainerCreating"
+    v = pod_state(p, 3.0, T, evs, now=_at(evs, "FailedPrepareDynamicResources") + 1)
+    assert (v.state.status, v.action) == (WorkerStatus.FAILED, "give_up")
+    name = p["metadata"]["name"]
+    assert v.state.message.startswith(f"pod dagster-gpu/{name} bound to gpu-node-0 but its DRA devices could not be "
+                                      "prepared")
+    assert "; kubelet events: FailedPrepareDynamicResources: Failed to prepare dynamic resources: " \
+           f"NodePrepareResources failed for claim dagster-gpu/{name}-gpu-" in v.state.message
+    assert v.state.message.endswith("invalid GPU sharing settings: &{TimeSlicing 0xc000a1c0f0 <nil>}")
+    # before (no events read) the pod only failed after create_timeout_seconds, as "ContainerCreating: None"
+    assert pod_state(p, 3.0, T).state.status == WorkerStatus.PENDING
+
+
+def test_events_of_an_earlier_pod_with_the_same_name_are_ignored():
+    p, evs = pod("prepare_failed"), events("prepare_failed")
+    other = [{**e, "involvedObject": {**e["involvedObject"], "uid": "00000000-0000-0000-0000-000000000000"}} for e in evs]
+    assert pod_events(p, other) == []
+    assert pod_state(p, 3.0, T, other, now=time.time()).state.status == WorkerStatus.PENDING
+
+
+def test_a_running_pod_after_a_pull_has_the_kubelets_normal_events():
+    evs = events("running")
+    assert [e["reason"] for e in pod_events(pod("running"), evs) if e["source"].get("component") == "kubelet"] == [
+        "Pulling", "Pulled", "Created", "Started"]
+    assert kubelet_warnings(evs) == []
+    assert pull_in_progress(pod_events(pod("running"), evs)) is None

@@ -318,3 +318,25 @@ def test_request_errors_name_the_tag(tag, value):
         GpuRequest.from_tags({tag: value})
     assert repr(tag) in str(e.value)
     assert value.strip() in str(e.value)
+
+
+def test_chunk_and_lineage_metadata():
+    lineage = {"fingerprint": "fp1-0123456789abcdef", "model_revision": "sha256:00ff", "prompt": "passage: ",
+               "prompt_name": "document", "normalize": False, "truncate_dim": 128, "output_dtype": "float16",
+               "max_seq_length": 256, "chunking": {"max_tokens": 128, "overlap": 16, "boundary": "token"},
+               "pooling": {"pooling_mode_mean_tokens": True, "include_prompt": False}}
+    md = cpu_metadata(result=result(rows=30, records_embedded=10, tokens=3500, record_tokens=3000, covered_tokens=2970,
+                                    reused_rows=12), lineage=lineage)
+    assert (md["embedding/chunks"], md["embedding/records_embedded"], md["embedding/tokens"]) == (30, 10, 3500)
+    assert md["embedding/reused_rows"] == 12 and cpu_metadata()["embedding/reused_rows"] == 0
+    assert md["embedding/token_coverage"] == 0.99
+    assert md["embedding/fingerprint"] == "fp1-0123456789abcdef" and md["embedding/model_revision"] == "sha256:00ff"
+    assert md["embedding/prompt"] == "document"  # the name when there is one
+    assert md["embedding/normalize"] is False and md["embedding/truncate_dim"] == 128
+    assert md["embedding/output_dtype"] == "float16" and md["embedding/max_seq_length"] == 256
+    assert md["embedding/chunking"].data == lineage["chunking"] and md["embedding/pooling"].data == lineage["pooling"]
+    text_only = cpu_metadata(lineage={**lineage, "prompt_name": None, "truncate_dim": None, "chunking": None})
+    assert text_only["embedding/prompt"] == "passage: "
+    assert "embedding/truncate_dim" not in text_only and "embedding/chunking" not in text_only
+    assert "embedding/fingerprint" not in cpu_metadata()
+    assert cpu_metadata()["embedding/token_coverage"] == 1.0  # 0 of 0 tokens

@@ -8,7 +8,8 @@ import pytest
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.corpus import CorpusSource
 from dagster_gpu.policy import DeviceGroup, KubernetesState, RuntimeModel, SlurmState, Snapshot
-from dagster_gpu.policy.whatif import list_partitions, plan, whatif_main
+from dagster_gpu.commands.whatif import list_partitions, whatif_main
+from dagster_gpu.policy.whatif import plan, totals
 from dagster_gpu.request import GpuRequest
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -99,6 +100,23 @@ def test_plan_queues_behind_earlier_partitions(corpus, snapfile):
     # with a 300 s deadline, auto sends what Slurm cannot finish in time to Kubernetes
     auto = plan(parts, GpuRequest(deadline_s=400), sn, model, "auto")
     assert [r.placement.backend for r in auto] == ["slurm", "kubernetes", "kubernetes"]
+
+
+def test_totals_of_a_plan(corpus, snapfile):
+    """A mode's totals: the partitions' costs summed, per-backend counts, misses of the unit's deadline, and
+    for a mode that cannot place a partition the count and its reason (no total)."""
+    _p, sn = snapfile
+    parts = list_partitions(CorpusSource(url=str(corpus)))
+    model = RuntimeModel(texts_per_second=10.0)
+    t = totals(plan(parts, GpuRequest(deadline_s=400), sn, model, "auto"))
+    assert t.cost_usd == pytest.approx(sum(r.cost_usd for r in plan(parts, GpuRequest(deadline_s=400), sn, model, "auto")))
+    assert (t.infeasible, t.backends, t.first_error) == (0, {"slurm": 1, "kubernetes": 2}, "")
+    slurm = totals(plan(parts, GpuRequest(deadline_s=400), sn, model, "slurm"))
+    # one Slurm GPU: the second and third queue past 400 s (start 225 s + 220 s, 645 s + 320 s)
+    assert (slurm.deadline_misses, slurm.last_finish_s) == (2, pytest.approx(5.0 + 2 * 320.0 + 320.0))
+    none = totals(plan(parts, GpuRequest.from_tags({"dagster-gpu/gpu-count": "9"}), sn, model, "kubernetes"))
+    assert (none.infeasible, none.backends, none.cost_usd) == (3, {}, 0.0)
+    assert none.first_error.startswith("no feasible placement") and len(none.first_error) <= 80
 
 
 def test_a_backfill_is_planned_in_runs_of_its_partitions_per_run_each_one_work_unit(corpus, snapfile, capsys):

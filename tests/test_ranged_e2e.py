@@ -39,7 +39,7 @@ def make_corpus(d: Path, n: int = N, records: int = 30) -> list[str]:
 
 def _worker_pids(run_id: str) -> list[int]:
     """Step-worker processes of ``run_id`` on this host (Slurm tasks and the node agent's pods run here)."""
-    from dagster_gpu.executor.backends.step_args import step_args_from_env
+    from dagster_gpu.step_args import step_args_from_env
 
     out = []
     for p in psutil.process_iter(["cmdline"]):
@@ -138,7 +138,10 @@ def check_outcome(instance, res: dict, backend: str, log: Path) -> dict[str, lis
     assert all(by_key[k][0][0] == killed["run_id"] for k in killed_range)
     killed_unit = {by_key[k][0][1][unit_key] for k in killed["materialized_before"]}
     assert len(killed_unit) == 1, killed_unit
-    retry_units = {by_key[k][0][1][unit_key] for k in killed_range if k not in killed["materialized_before"]}
+    # the kill lands a moment after the unit was seen with 2 done: on a loaded host it may have finished another
+    by_killed = {k for k in killed_range if by_key[k][0][1][unit_key] in killed_unit}
+    assert set(killed["materialized_before"]) <= by_killed < set(killed_range), (killed, by_killed)
+    retry_units = {by_key[k][0][1][unit_key] for k in killed_range if k not in by_killed}
     assert len(retry_units) == 1 and not retry_units & killed_unit, (killed_unit, retry_units)
     units: dict[str, list[dict]] = {}
     for k, run_id, md in mats:
@@ -211,7 +214,7 @@ def test_ranged_backfill_on_slurm(tmp_path, monkeypatch):
 @pytest.mark.postgres
 @pytest.mark.e2e
 def test_ranged_backfill_on_kubernetes(pg, tmp_path, monkeypatch):
-    from tests.k8s_helpers import NAMESPACE, executor_api, k8s_dagster_instance, labelled, wait_for
+    from tests.k8s_helpers import executor_api, k8s_dagster_instance, labelled, wait_for
 
     env_extra = {"RANGED_TEST_BACKEND": "kubernetes", "RANGED_TEST_CORPUS": str(tmp_path / "corpus"),
                  "RANGED_TEST_OUTPUT": str(tmp_path / "out"), "RANGED_TEST_PER_RUN": str(PER_RUN),
@@ -231,4 +234,3 @@ def test_ranged_backfill_on_kubernetes(pg, tmp_path, monkeypatch):
 
         for run_id in runs:
             wait_for(lambda: not any(labelled(api, m.run_selector(run_id)).values()), 60, what=f"cleanup of run {run_id}")
-    assert NAMESPACE

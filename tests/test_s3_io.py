@@ -4,33 +4,21 @@ from __future__ import annotations
 
 import io
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.corpus.readers import TextFormat
-from dagster_gpu.embedding.writer import AtomicParquetWriter, output_schema
+from dagster_gpu.embedding.writer import AtomicParquetWriter, output_schema, output_table
+from tests.s3_helpers import moto_s3_process
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory):
-    import os
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint)
-    client.create_bucket(Bucket="dgpu-test")
-    yield endpoint, client
-    server.stop()
+@pytest.fixture(scope="module", autouse=True)
+def _bucket(s3):
+    """This module's bucket ``dgpu-test`` on the session's moto endpoint (tests/conftest.py ``s3``)."""
+    s3.bucket("dgpu-test")
 
 
 def _keys(client, prefix):
@@ -63,7 +51,8 @@ def test_failed_s3_write_leaves_previous_object_and_no_temp(s3):
     schema = output_schema(2)
     with pytest.raises(RuntimeError, match="boom"):
         with AtomicParquetWriter("s3://dgpu-test/keep/x.parquet", schema, opts) as w:
-            w.write(pa.table({"record_id": [1], "text_sha256": ["h"], "vector": pa.array([[1.0, 2.0]], pa.list_(pa.float32(), 2))}, schema=schema))
+            w.write(output_table(schema, doc_ids=["x/1"], record_ids=[1], chunk_index=[0], char_start=[0], char_end=[1],
+                                 token_count=[3], hashes=["h"], vectors=np.array([[1.0, 2.0]], np.float32)))
             raise RuntimeError("boom")
     assert _keys(client, "keep/") == ["keep/x.parquet"]
     assert client.get_object(Bucket="dgpu-test", Key="keep/x.parquet")["Body"].read() == b"previous"
@@ -79,36 +68,12 @@ def test_an_output_bucket_that_does_not_exist_is_an_error_never_created(s3):
 
 
 @pytest.fixture(scope="module")
-def s3_output(s3):
-    """A second S3 endpoint with its own state: moto's server in another process (the threaded servers of one
+def s3_output():
+    """A second S3 endpoint with its own state (moto's server in another process: the threaded servers of one
     process share one backend, so a bucket made on one appears on the other), with bucket ``dgpu-out``."""
-    import socket
-    import subprocess
-    import sys
-    import time
-
-    import boto3
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    endpoint = f"http://127.0.0.1:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.create_bucket(Bucket="dgpu-out")
-            break
-        except Exception:  # noqa: BLE001 - not listening yet
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()
-                raise RuntimeError(f"moto server on port {port} did not start (exit {proc.poll()})")
-            time.sleep(0.2)
-    yield endpoint, client
-    proc.terminate()
-    proc.wait(timeout=30)
+    with moto_s3_process() as s3:
+        s3.bucket("dgpu-out")
+        yield s3
 
 
 def test_asset_writes_and_checks_outputs_with_the_output_storage_options(s3, s3_output):

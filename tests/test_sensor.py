@@ -141,16 +141,21 @@ def _finish(instance, run, status):
     )
 
 
-def test_schedule_requests_missing_and_failed_partitions_in_ranges(tmp_path):
+def _scheduled_asset(tmp_path, max_partitions_per_run: int):
+    """An embedding asset over an empty corpus directory, its missing-partitions schedule and its job."""
     d = tmp_path / "corpus"
     d.mkdir()
     corpus = CorpusSource(url=str(d))
     asset = embedding_asset(name="s_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu",
-                            max_partitions_per_run=2)
+                            max_partitions_per_run=max_partitions_per_run)
     job = asset_job(asset)
     schedule = backfill_missing_schedule(asset, job=job)
     defs = dg.Definitions(assets=[asset], jobs=[job], schedules=[schedule])
-    job_def = defs.resolve_job_def("s_embeddings_job")
+    return asset, schedule, defs.resolve_job_def("s_embeddings_job")
+
+
+def test_schedule_requests_missing_and_failed_partitions_in_ranges(tmp_path):
+    asset, schedule, job_def = _scheduled_asset(tmp_path, max_partitions_per_run=2)
     keys = ["done", "bad", "ok2", "never1", "never2", "never3", "running", "after"]
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("s_embeddings_files", keys)
@@ -173,3 +178,103 @@ def test_schedule_requests_missing_and_failed_partitions_in_ranges(tmp_path):
             (None, dg.PartitionKeyRange("never1", "never2"), "never1..never2"),
             ("never3", None, "never3..never3"),
         ]
+
+
+def test_schedule_leaves_out_partitions_of_runs_in_flight_that_the_status_cache_misses(tmp_path, monkeypatch):
+    """A rerun over a failed range, queued or running, must not be requested again. Dagster's status cache
+    counts a partition in progress from a per-partition planned event; with planned events that carry the
+    run's partition subset (DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS, dagster/_core/storage/event_log/
+    base.py) it sees none, and the schedule requested the range again (the fault campaign's duplicates were the
+    same symptom: a partition materialized twice by a rerun and the schedule's next tick)."""
+    monkeypatch.setenv("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")
+    asset, schedule, job_def = _scheduled_asset(tmp_path, max_partitions_per_run=4)
+    keys = ["f0", "f1", "f2", "f3", "f4", "f5"]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("s_embeddings_files", keys)
+        # the whole asset job's run (no asset selection, as a schedule launches it) over f1..f3, queued
+        queued = instance.create_run_for_job(job_def, tags=range_run_tags(["f1", "f2", "f3"]))
+        assert queued.asset_selection is None
+        single = instance.create_run_for_job(job_def, tags={"dagster/partition": "f5"})
+        _finish(instance, single, dg.DagsterRunStatus.STARTED)
+        from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
+        from dagster_gpu.sensors import dynamic_partitions_def, partitions_in_flight
+
+        cache = get_and_update_asset_status_cache_value(instance, asset.key, dynamic_partitions_def(asset))
+        assert cache is None or not cache.serialized_in_progress_partition_subset or \
+            not cache.deserialize_in_progress_partition_subsets(dynamic_partitions_def(asset)).get_partition_keys()
+        assert partitions_in_flight(instance, asset) == {"f1", "f2", "f3", "f5"}
+        assert partition_status(instance, asset)[2] == {"f1", "f2", "f3", "f5"}
+        assert partitions_to_rerun(instance, asset) == ["f0", "f4"]
+        reqs = schedule(dg.build_schedule_context(instance=instance))
+        assert [(r.partition_key, r.run_key) for r in reqs] == [("f0", "f0..f0"), ("f4", "f4..f4")]
+        # once the runs end, their partitions count again (the ranged run failed, the single one succeeded)
+        _finish(instance, queued, dg.DagsterRunStatus.FAILURE)
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="f5"))
+        _finish(instance, single, dg.DagsterRunStatus.SUCCESS)
+        assert partitions_in_flight(instance, asset) == set()
+        assert partitions_to_rerun(instance, asset) == ["f0", "f1", "f2", "f3", "f4"]
+
+
+def _materialized(instance, asset, pk, version, code_version=None):
+    """A materialization of ``pk`` as the unit records it: the source version it read, its code version."""
+    tags = {"dagster/code_version": code_version} if code_version else None
+    instance.report_runless_asset_event(dg.AssetMaterialization(
+        asset.key, partition=pk, metadata={"corpus/source_version": version}, tags=tags))
+
+
+def test_changed_files_are_requested_once_per_version_and_not_while_in_progress(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (d / name).write_text(f"{name}\n")
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
+    asset, sensor, _, defs = _defs(corpus, str(tmp_path / "out"))
+    job_def = defs.resolve_job_def("s_embeddings_job")
+    with dg.instance_for_test() as instance:
+        first = _tick(sensor, instance, defs, None)
+        for f in corpus.list_files():
+            _materialized(instance, asset, f.key, f.version)
+        assert _tick(sensor, instance, defs, first.cursor).run_requests == []
+        later = time.time() + 5
+        for name in ("a.txt", "b.txt", "d.txt"):
+            (d / name).write_text(f"{name} edited\n")
+            os.utime(d / name, (later, later))
+        # d.txt's run is in progress: left alone; a.txt..b.txt are consecutive: one ranged run
+        running = instance.create_run_for_job(job_def, tags={"dagster/partition": "d.txt"}, asset_selection=frozenset({asset.key}))
+        _finish(instance, running, dg.DagsterRunStatus.STARTED)
+        changed = _tick(sensor, instance, defs, first.cursor)
+        assert [r.partition_key_range for r in changed.run_requests] == [dg.PartitionKeyRange("a.txt", "b.txt")]
+        assert not changed.dynamic_partitions_requests
+        assert _tick(sensor, instance, defs, first.cursor).run_requests[0].run_key == changed.run_requests[0].run_key
+        _finish(instance, running, dg.DagsterRunStatus.SUCCESS)
+        after = _tick(sensor, instance, defs, first.cursor)
+        assert [r.run_key.split(":", 1)[1] for r in after.run_requests] == ["a.txt..b.txt", "d.txt..d.txt"]
+        # a.txt re-embedded at its new version: only b.txt and d.txt remain
+        _materialized(instance, asset, "a.txt", corpus.file_for_key("a.txt").version)
+        assert [r.run_key.split(":", 1)[1] for r in _tick(sensor, instance, defs, first.cursor).run_requests] == [
+            "b.txt..b.txt", "d.txt..d.txt"]
+        # changed=False: new files only
+        only_new = corpus_sensor(asset, corpus, changed=False, name="only_new")
+        assert only_new(dg.build_sensor_context(instance=instance, definitions=defs)).run_requests == []
+
+
+def test_schedule_with_stale_also_requests_changed_and_refingerprinted_partitions(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for name in ("fresh.txt", "edited.txt", "never.txt", "old_fp.txt"):
+        (d / name).write_text("x\n")
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
+    asset = embedding_asset(name="s_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+    cv = asset.code_versions_by_key[asset.key]
+    plain = backfill_missing_schedule(asset)
+    with_stale = backfill_missing_schedule(asset, stale=True, corpus=corpus, name="with_stale")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("s_embeddings_files", ["fresh.txt", "edited.txt", "never.txt", "old_fp.txt"])
+        v = {f.key: f.version for f in corpus.list_files()}
+        _materialized(instance, asset, "fresh.txt", v["fresh.txt"], cv)
+        _materialized(instance, asset, "edited.txt", "size:1,mtime:1.0", cv)
+        _materialized(instance, asset, "old_fp.txt", v["old_fp.txt"], "cfg1-0000000000000000")
+        assert [r.partition_key for r in plain(dg.build_schedule_context(instance=instance))] == ["never.txt"]
+        reqs = with_stale(dg.build_schedule_context(instance=instance))
+        assert [(r.partition_key, r.partition_key_range) for r in reqs] == [
+            (None, dg.PartitionKeyRange("edited.txt", "old_fp.txt"))]

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dagster_gpu.executor.backends.base import WorkerStatus
+from dagster_gpu.contracts import WorkerStatus
 from dagster_gpu.slurm import parse as P
 from dagster_gpu.slurm.client import gpu_count
 from dagster_gpu.slurm.ids import BadJobId, format_array_spec, parse_array_task_field, parse_job_id
@@ -493,7 +493,7 @@ def test_running_is_not_a_wait_and_limits_are_validated():
 def test_wait_limits_from_the_executor_config():
     from dagster._config import process_config
 
-    from dagster_gpu.executor.backends.slurm import SlurmSettings, config_field
+    from dagster_gpu.slurm.backend import SlurmSettings, config_field
 
     ok = process_config(config_field().config_type, {"wait_limits_seconds": {"held": 60, "pending": 0}})
     assert ok.success
@@ -501,3 +501,64 @@ def test_wait_limits_from_the_executor_config():
     assert SlurmSettings().wait_limits == WaitLimits()
     bad = process_config(config_field().config_type, {"wait_limits_seconds": {"hold": 60}})
     assert not bad.success and 'unexpected config entry "hold"' in bad.errors[0].message
+
+
+# ------------------------------------------------------------------------------------------ requeue and slurmdbd lag
+REQUEUE = DATA / "requeue"  # a real preemption with requeue on Slurm 22.05: see requeue/README.md
+REQUEUED_ARRAY = 795
+
+
+def _requeue(name: str) -> str:
+    return (REQUEUE / name).read_text()
+
+
+def test_recorded_rerun_is_billed_only_once_sacct_has_its_record():
+    from dagster_gpu.slurm.status import sacct_caught_up
+
+    done_q = P.parse_squeue(_requeue("squeue_rerun_completed.txt"))
+    lagging = records_for(REQUEUED_ARRAY, 0, done_q, P.parse_sacct(_requeue("sacct_preempted_only.txt")))
+    # squeue: the rerun COMPLETED; sacct (lagging): only the PREEMPTED attempt, which looks final
+    assert lagging.queue.state.name == "COMPLETED" and [str(r.state) for r in lagging.acct] == ["PREEMPTED"]
+    assert not sacct_caught_up(lagging.queue, lagging.acct)
+    full = records_for(REQUEUED_ARRAY, 0, done_q, P.parse_sacct(_requeue("sacct_rerun_completed.txt")))
+    assert sacct_caught_up(full.queue, full.acct)
+    figures = sacct_figures(full.acct, shards_per_gpu=8)
+    assert figures["slurm/attempts"] == 2 and figures["slurm/attempt_states"] == "PREEMPTED,COMPLETED"
+    assert figures["slurm/elapsed_seconds"] == 1 + 10 and figures["billing/gpu_seconds"] == 11.0
+    # the other tasks ran once: caught up
+    for tid in (1, 2, 3):
+        other = records_for(REQUEUED_ARRAY, tid, done_q, P.parse_sacct(_requeue("sacct_preempted_only.txt")))
+        assert sacct_caught_up(other.queue, other.acct)
+    # while the rerun is pending squeue's %S is its expected start; no record of it in sacct yet is "not caught up"
+    # only for a started attempt: a pending row is never billed (it is not terminal)
+    assert sacct_caught_up(None, lagging.acct) and not sacct_caught_up(done_q[0], ())
+
+
+def _spool_with_array(tmp_path, tasks: int):
+    from dagster_gpu.slurm.spool import Spool, write_json
+
+    sp = Spool(tmp_path / "spool")
+    bdir = sp.batch_dir("b1")
+    bdir.mkdir(parents=True)
+    submitted = datetime(2026, 12, 1, 23, 55, 2).timestamp()
+    write_json(bdir / "submitted.json", {"array_job_id": REQUEUED_ARRAY, "tasks": tasks, "submitted_at": submitted})
+    return sp, bdir
+
+
+@pytest.mark.parametrize(
+    "squeue_file,sacct_file,done",
+    [
+        ("squeue_rerun_completed.txt", "sacct_preempted_only.txt", False),  # slurmdbd lags the rerun
+        ("squeue_rerun_completed.txt", "sacct_rerun_pending.txt", False),  # the rerun's record is not final
+        ("squeue_preempted_pending.txt", "sacct_preempted_only.txt", False),  # squeue: the rerun is pending
+        ("squeue_rerun_completed.txt", "sacct_rerun_completed.txt", True),
+    ],
+)
+def test_recorded_requeue_marks_the_array_done_only_when_every_attempt_is_recorded(tmp_path, squeue_file, sacct_file, done):
+    from dagster_gpu.slurm.poller import Poll, SharedPoller
+
+    sp, bdir = _spool_with_array(tmp_path, 4)
+    snap = Poll(started_at=0.0, ids=frozenset({REQUEUED_ARRAY}), queue=tuple(P.parse_squeue(_requeue(squeue_file))),
+                acct=tuple(P.parse_sacct(_requeue(sacct_file))))  # fmt: skip
+    SharedPoller(sp, client=None)._mark_done(snap)  # type: ignore[arg-type]
+    assert (bdir / "done").exists() is done

@@ -138,7 +138,7 @@ def test_group_shared_spool_is_opt_in_and_still_checks_what_it_acts_on(tmp_path,
 def test_a_launch_planted_by_another_member_is_never_submitted(tmp_path, other_uid, caplog):
     sp = Spool(tmp_path / "shared", shared_group=TEAM)
     req = TaskRequest(options=("--account=research",), throttle=0, argv=("touch", str(tmp_path / "pwned")), env={},
-                      run_id="r", step_key="s", partition_key="p")  # fmt: skip
+                      run_id="r", step_key="s", partition_keys=("p",))  # fmt: skip
     doc = {**req.__dict__, "options": list(req.options), "argv": list(req.argv), "env": {}}
     planted = sp.pending / f"{time.time_ns():020d}-{req.launch_id}.json"
     planted.write_text(json.dumps(doc))
@@ -153,7 +153,7 @@ def test_a_launch_planted_by_another_member_is_never_submitted(tmp_path, other_u
 
 
 def test_default_spool_is_never_a_predictable_tmp_name(monkeypatch, tmp_path, caplog):
-    from dagster_gpu.executor.backends.slurm import default_spool_dir
+    from dagster_gpu.slurm.backend import default_spool_dir
 
     for k in ("DAGSTER_GPU_SLURM_SPOOL", "DAGSTER_HOME", "XDG_RUNTIME_DIR"):
         monkeypatch.delenv(k, raising=False)
@@ -308,7 +308,7 @@ def test_slurm_array_task_refuses_a_swapped_manifest_and_logs_are_private(tmp_pa
             marker = tmp_path / f"{name}.ran"
             argv = (sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write('ran')", str(marker))
             req = TaskRequest(options=("--account=research", "--hold"), throttle=0, argv=argv, env={},
-                              run_id=name, step_key="s", partition_key=name)  # fmt: skip
+                              run_id=name, step_key="s", partition_keys=(name,))  # fmt: skip
             doc = {**req.__dict__, "options": list(req.options), "argv": list(req.argv), "env": {}}
             write_json(sp.pending / f"{time.time_ns():020d}-{req.launch_id}.json", doc)
             with sp.lock():
@@ -340,10 +340,10 @@ def test_slurm_array_task_refuses_a_swapped_manifest_and_logs_are_private(tmp_pa
         assert sub["job_script_sha256"] == JOB_SCRIPT_SHA256 and len(sub["manifest_sha256"]) == 64
     assert _mode(sp.batch_dir(kept.batch) / "manifest.json") == 0o600 and _mode(sp.batch_dir(kept.batch)) == 0o700
     # the step fails with the task's reason: the backend's state carries the refusal from the log
-    from dagster_gpu.executor.backends.base import WorkerStatus
-    from dagster_gpu.executor.backends.slurm import SlurmBackend, SlurmSettings
+    from dagster_gpu.contracts import WorkerStatus
+    from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
 
-    backend = SlurmBackend(SlurmSettings(slurm_conf=H.slurm_conf(), spool_dir=str(sp.root), reconcile_wait_seconds=0))
+    backend = SlurmBackend(SlurmSettings(slurm_conf=H.slurm_conf(), spool_dir=str(sp.root), settle_wait_seconds=0))
     handle = {"array_job_id": swapped.array_job_id, "array_task_id": 0, "submitted_at": swapped.submitted_at,
               "log_file": swapped.log_file}  # fmt: skip
     st = backend.state(handle)

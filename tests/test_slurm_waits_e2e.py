@@ -2,12 +2,14 @@
 after its wait limit and is cancelled (by the settler); a job submitted to a named cluster (``sbatch --parsable`` prints
 ``<id>;<cluster>``) is polled and cancelled with ``-M <cluster>``.
 
-Needs ``resources/slurm/cluster.sh start`` (cluster ``dagstergpu``). The tasks request no GPU, so they do
+Needs ``resources/slurm/cluster.sh start`` and ``resources/slurm/trixie.sh start`` (both name their cluster
+``dagstergpu``); each test runs on both (22.05 and 24.11). The tasks request no GPU, so they do
 not hold the GPUs other tests use; every job they submit is cancelled at the end.
 """
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -17,11 +19,10 @@ from tests import slurm_helpers as H
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _require_cluster():
-    reason = H.cluster_unavailable_reason()
-    if reason:
-        pytest.skip(reason)
+@pytest.fixture(autouse=True)
+def _cluster(slurm_cluster):
+    """Every test on each local cluster (22.05 and 24.11; tests/conftest.py)."""
+    return slurm_cluster
 
 
 def _spy_client():
@@ -40,22 +41,23 @@ def _spy_client():
 
 
 def _backend(tmp_path, client, **kw):
-    from dagster_gpu.executor.backends.slurm import SlurmBackend, SlurmSettings
+    from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
 
     settings = SlurmSettings(
-        slurm_conf=H.slurm_conf(), account="research", spool_dir=str(tmp_path / "spool"), reconcile_wait_seconds=0,
-        coalesce_window_seconds=0.2, coalesce_max_window_seconds=1.0, poll_interval_seconds=0.5, **kw,
+        slurm_conf=H.slurm_conf(), account="research", spool_dir=str(tmp_path / "spool"), settle_wait_seconds=0,
+        coalesce_window_seconds=0.2, coalesce_max_window_seconds=1.0, poll_interval_seconds=0.5,
+        python=os.environ.get(H.WORKER_PYTHON_ENV), **kw,  # the 24.11 cluster's tasks run in a chroot
     )  # fmt: skip
     return SlurmBackend(settings, client=client)
 
 
 def _launch(key: str, argv: tuple[str, ...]):
-    from dagster_gpu.executor.backends.base import StepLaunch
+    from dagster_gpu.contracts import StepLaunch
     from dagster_gpu.policy.placement import Placement
     from dagster_gpu.request import GpuRequest
 
     return StepLaunch(
-        run_id=f"waits-{key}", step_key="trivial", partition_key=key, attempt=0, argv=argv, env={},
+        run_id=f"waits-{key}", step_key="trivial", partition_keys=(key,), attempt=0, argv=argv, env={},
         request=GpuRequest(count=0), placement=Placement(backend="slurm", reason="test"),
     )  # fmt: skip
 
@@ -73,7 +75,7 @@ def _until(backend, handle, pred, timeout_s, what):
 
 
 def test_special_exit_task_fails_its_step_after_the_held_limit_and_is_cancelled(tmp_path):
-    from dagster_gpu.executor.backends.base import WorkerStatus
+    from dagster_gpu.contracts import WorkerStatus
     from dagster_gpu.executor.settle import Settler
 
     client = _spy_client()
@@ -107,10 +109,10 @@ def test_special_exit_task_fails_its_step_after_the_held_limit_and_is_cancelled(
 
 
 def test_job_on_a_named_cluster_is_polled_and_cancelled_with_dash_m(tmp_path):
-    from dagster_gpu.executor.backends.base import WorkerStatus
+    from dagster_gpu.contracts import WorkerStatus
 
     client = _spy_client()
-    cluster = "dagstergpu"  # resources/slurm/cluster.sh's ClusterName: sbatch -M prints "<id>;dagstergpu"
+    cluster = "dagstergpu"  # cluster.sh's and trixie.sh's ClusterName: sbatch -M prints "<id>;dagstergpu"
     backend = _backend(tmp_path, client, extra_sbatch_args=(f"--clusters={cluster}",))
     h = backend.launch(_launch("m", ("/bin/sleep", "300")))
     label = f"{h['array_job_id']}_{h['array_task_id']}"

@@ -77,8 +77,8 @@ class RecordingClient:
 def _queue(spool: Spool, options: tuple[str, ...], created: float, key: str, to_come: int | None = None,
            partitions: int = 1) -> None:
     req = TaskRequest(
-        options=options, throttle=4, argv=("true",), env={}, run_id="r", step_key="s", partition_key=key, launches_to_come=to_come,
-        partitions=partitions,
+        options=options, throttle=4, argv=("true",), env={}, run_id="r", step_key="s", launches_to_come=to_come,
+        partition_keys=(key, *(f"{key}-{i}" for i in range(1, partitions))),
     )
     doc = {**req.__dict__, "options": list(options), "argv": ["true"], "env": {}, "created": created}
     write_json(spool.pending / f"{time.time_ns():020d}-{req.launch_id}.json", doc)

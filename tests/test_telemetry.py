@@ -356,3 +356,128 @@ def test_mig_not_supported_reason_memory_and_billing(uuid):
         assert md[key] == with_util[key]
     assert md["billing/gpu_seconds"] == pytest.approx(10.0)
     assert md["billing/cost_usd"] == pytest.approx(10.0 * 2.4 / 3600)
+
+
+# -- DRA pods: the claim names the devices; a GPU in MIG mode stands for its MIG devices ---------------------
+# No GPU (let alone MIG) on CI: the real pynvml cannot run, so this fake answers the NVML calls the sampler
+# makes the way nvidia-ml-py 13 does (nvmlDeviceGetMigMode -> [current, pending], NVML_DEVICE_MIG_ENABLE = 1,
+# nvmlDeviceGetMigDeviceHandleByIndex raising NVMLError_NotFound for an empty index, NotSupported from
+# nvmlDeviceGetUtilizationRates on a MIG handle, names "<parent> MIG <profile>").
+class MigHostNvml:
+    NVML_DEVICE_MIG_ENABLE = 1
+
+    def __init__(self, gpus):
+        """``gpus``: dicts with uuid, name, util, mem_mib and, for a GPU in MIG mode, ``migs`` (index -> dict)."""
+        self.gpus = gpus
+        self.opened = []
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        pass
+
+    def nvmlDeviceGetCount(self):
+        return len(self.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return self.gpus[i]
+
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        for g in self.gpus:
+            for d in (g, *g.get("migs", {}).values()):
+                if d["uuid"] == uuid:
+                    self.opened.append(uuid)
+                    return d
+        import pynvml
+
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+
+    def nvmlDeviceGetMigMode(self, h):
+        import pynvml
+
+        if h.get("is_mig"):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return [1 if "migs" in h else 0, 1 if "migs" in h else 0]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h):
+        return 7
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, i):
+        import pynvml
+
+        if i not in h["migs"]:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return h["migs"][i]
+
+    def nvmlDeviceIsMigDeviceHandle(self, h):
+        return bool(h.get("is_mig"))
+
+    def nvmlDeviceGetUUID(self, h):
+        return h["uuid"]
+
+    def nvmlDeviceGetName(self, h):
+        return h["name"]
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        import pynvml
+
+        if h.get("is_mig"):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return SimpleNamespace(gpu=h["util"], memory=0)
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        return SimpleNamespace(used=int(h["mem_mib"] * MIB), total=80 * 1024 * MIB)
+
+
+PARENT = "GPU-3f1e9a52-7c4d-4b8e-9a61-2d5c8e0f1a02"
+MIG0 = "MIG-8b2d4f60-1a3c-5e7f-9b0d-2f4a6c8e0b10"  # tests/data/k8s/slices_static_mig.json: gpu-1-mig-1g10gb-19-0
+
+
+def _mig_parent(*mig_indices):
+    return {"uuid": PARENT, "name": "NVIDIA A100-SXM4-80GB", "util": 0, "mem_mib": 0, "migs": {
+        i: {"uuid": MIG0 if i == 0 else f"MIG-8b2d4f60-0000-0000-0000-00000000000{i}", "is_mig": True,
+            "name": "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "util": 0, "mem_mib": 700 + i} for i in mig_indices}}
+
+
+def test_a_dra_mig_pod_samples_its_mig_device_not_the_parent():
+    """NVIDIA_VISIBLE_DEVICES=void and no CUDA_VISIBLE_DEVICES (the driver's container env): NVML shows the
+    parent GPU, in MIG mode, and the MIG device the container may use."""
+    fake = MigHostNvml([_mig_parent(0)])
+    with NvmlSampler(LONG, nvml=fake, env={"NVIDIA_VISIBLE_DEVICES": "void"}) as s:
+        s.sample_once()
+    sm = s.summary()
+    assert sm.device_uuids == (MIG0,) and sm.product_name == "NVIDIA A100-SXM4-80GB MIG 1g.10gb"
+    assert sm.memory_peak_mib == 700.0 and sm.samples == 0
+    assert sm.unavailable_reason.startswith(f"MIG device {MIG0}: nvmlDeviceGetUtilizationRates is not supported")
+
+
+def test_the_claims_devices_are_sampled_and_nothing_else():
+    h100s = [{"uuid": f"GPU-h100-{i}", "name": "NVIDIA H100 80GB HBM3", "util": 10 * (i + 1), "mem_mib": 100 * (i + 1)} for i in range(3)]
+    fake = MigHostNvml(h100s)
+    with NvmlSampler(LONG, nvml=fake, env={}, device_uuids=lambda: ["GPU-h100-1"]) as s:
+        pass
+    sm = s.summary()
+    assert sm.device_uuids == ("GPU-h100-1",) and sm.utilization_mean_percent == 20.0 and sm.memory_peak_mib == 200.0
+    # a MIG UUID from the claim opens that MIG device directly
+    fake = MigHostNvml([_mig_parent(0, 1)])
+    with NvmlSampler(LONG, nvml=fake, env={}, device_uuids=[MIG0]) as s:
+        pass
+    assert s.summary().device_uuids == (MIG0,) and fake.opened == [MIG0]
+
+
+def test_a_dynamic_mig_claim_gives_the_parent_whose_mig_device_is_sampled():
+    fake = MigHostNvml([_mig_parent(3)])  # the placement-3 MIG device the driver created at prepare
+    with NvmlSampler(LONG, nvml=fake, env={}, device_uuids=[PARENT]) as s:
+        pass
+    assert s.summary().device_uuids == ("MIG-8b2d4f60-0000-0000-0000-000000000003",)
+
+
+def test_a_claim_that_cannot_be_read_falls_back_to_what_nvml_sees():
+    def unreadable():
+        raise RuntimeError("HTTP 403")
+
+    fake = MigHostNvml([{"uuid": "GPU-only", "name": "NVIDIA L4", "util": 55, "mem_mib": 10}])
+    with NvmlSampler(LONG, nvml=fake, env={}, device_uuids=unreadable) as s:
+        pass
+    assert s.summary().device_uuids == ("GPU-only",) and s.summary().utilization_mean_percent == 55.0

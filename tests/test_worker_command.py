@@ -14,8 +14,8 @@ import dagster as dg
 from dagster._core.definitions.reconstruct import reconstructable
 from dagster._grpc.types import ExecuteStepArgs
 
-from dagster_gpu.executor.backends.base import StepLaunch, WorkerStatus
-from dagster_gpu.executor.backends.local import LocalBackend
+from dagster_gpu.contracts import StepLaunch, WorkerStatus
+from dagster_gpu.local.backend import LocalBackend
 from dagster_gpu.executor.command import WORKER_FIXED_ENV, worker_argv, worker_env
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.request import GpuRequest
@@ -65,7 +65,7 @@ def test_a_local_worker_does_not_inherit_torch_or_tokenizer_state(tmp_path):
         assert [e.ids for e in tok.encode_batch(["a b"] * 64)][0] == [0, 1]
         torch.ones(64, 64) @ torch.ones(64, 64)
         backend = LocalBackend(tmp_path)
-        launch = StepLaunch(run_id="run-1", step_key="noop", partition_key=None, attempt=0,
+        launch = StepLaunch(run_id="run-1", step_key="noop", partition_keys=(), attempt=0,
                             argv=(sys.executable, "-c", CHILD), env=worker_env(step_args(), "noop_job", "noop"),
                             request=GpuRequest(), placement=Placement(backend="local", reason="test"))
         handle = backend.launch(launch)
@@ -94,3 +94,32 @@ def test_no_backend_or_worker_code_forks_without_exec():
             elif isinstance(node, ast.Attribute) and node.attr in ("fork", "forkpty") and getattr(node.value, "id", None) == "os":
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno} calls os.{node.attr}")
     assert offenders == []
+
+
+def test_worker_python_is_per_backend_the_image_path_on_kubernetes_the_code_locations_elsewhere():
+    from dagster_gpu.executor.command import worker_python_for
+
+    args = step_args()
+    # nothing configured: kubernetes runs the image's python from PATH, local/slurm the code location's
+    assert worker_argv(args, worker_python_for("kubernetes", {}))[0] == "python"
+    for backend in ("local", "slurm"):
+        assert worker_argv(args, worker_python_for(backend, {}))[0] == args.job_origin.executable_path == sys.executable
+    # the executor-wide worker_python is the fallback for every backend
+    wide = {"worker_python": "/shared/venv/bin/python"}
+    assert {b: worker_python_for(b, wide) for b in ("kubernetes", "local", "slurm")} == dict.fromkeys(
+        ("kubernetes", "local", "slurm"), "/shared/venv/bin/python")
+    # a backend's own setting beats it
+    both = {**wide, "kubernetes": {"worker_python": "/opt/venv/bin/python"}, "slurm": {"partition": "gpu"}}
+    assert (worker_python_for("kubernetes", both), worker_python_for("slurm", both)) == (
+        "/opt/venv/bin/python", "/shared/venv/bin/python")
+
+
+def test_the_kubernetes_section_accepts_worker_python():
+    from dagster._config import process_config
+
+    from dagster_gpu.k8s.settings import KubernetesSettings, config_field
+
+    r = process_config(config_field().config_type, {"worker_python": "/opt/venv/bin/python"})
+    assert r.success, r.errors
+    assert KubernetesSettings.from_section(r.value).worker_python == "/opt/venv/bin/python"
+    assert KubernetesSettings.from_section({}).worker_python is None

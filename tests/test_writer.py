@@ -7,31 +7,55 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dagster_gpu.embedding.writer import AtomicParquetWriter, output_schema
+from dagster_gpu.embedding.writer import (
+    AtomicParquetWriter, lineage_metadata, output_schema, output_table, read_lineage, vector_type,
+)
 
 
 def table(ids, dim, schema, seed=0):
     rng = np.random.default_rng(seed)
     vec = rng.standard_normal((len(ids), dim)).astype(np.float32)
-    return pa.table(
-        [
-            pa.array(ids, pa.int64()),
-            pa.array([f"{i:064x}" for i in ids], pa.string()),
-            pa.FixedSizeListArray.from_arrays(pa.array(vec.reshape(-1), pa.float32()), dim),
-        ],
-        schema=schema,
+    n = len(ids)
+    return output_table(
+        schema, doc_ids=[f"p/{i}" for i in ids], record_ids=ids, chunk_index=[0] * n, char_start=[0] * n,
+        char_end=[5] * n, token_count=[7] * n, hashes=[f"{i:064x}" for i in ids], vectors=vec,
     ), vec
 
 
 def test_output_schema():
     s = output_schema(384)
-    assert s.names == ["record_id", "text_sha256", "vector"]
-    assert s.field("record_id").type == pa.int64()
-    assert s.field("text_sha256").type == pa.string()
+    assert s.names == ["doc_id", "record_id", "chunk_index", "char_start", "char_end", "token_count", "text_sha256",
+                       "vector"]
+    assert [str(f.type) for f in s][:7] == ["string", "int64", "int32", "int64", "int64", "int32", "string"]
     assert s.field("vector").type == pa.list_(pa.float32(), 384)
     assert pa.types.is_fixed_size_list(s.field("vector").type)
     assert s.field("vector").type.list_size == 384
     assert not any(f.nullable for f in s)
+
+
+def test_output_schema_with_carried_columns_text_and_float16():
+    s = output_schema(8, carried=[pa.field("title", pa.string()), pa.field("at", pa.timestamp("ms"))],
+                      include_text=True, output_dtype="float16")
+    assert s.names[6:] == ["text_sha256", "title", "at", "text", "vector"]
+    assert s.field("at").type == pa.timestamp("ms") and s.field("at").nullable
+    assert s.field("vector").type == pa.list_(pa.float16(), 8)
+    with pytest.raises(ValueError, match=r"output_dtype 'bfloat16': expected one of \['float16', 'float32'\]"):
+        vector_type("bfloat16")
+
+
+def test_lineage_is_in_the_parquet_key_value_metadata(tmp_path):
+    out = tmp_path / "p.parquet"
+    kv = lineage_metadata(fingerprint="fp1-0123456789abcdef", model="org/name", model_revision="abc123",
+                          lineage={"prompt": "passage: ", "truncate_dim": 128, "chunking": {"max_tokens": 64}})
+    schema = output_schema(4, metadata=kv)
+    t, _ = table([0, 1], 4, schema)
+    with AtomicParquetWriter(str(out), schema) as w:
+        w.write(t)
+    assert pq.ParquetFile(out).schema_arrow.metadata[b"dagster_gpu.fingerprint"] == b"fp1-0123456789abcdef"
+    assert read_lineage(str(out)) == {
+        "fingerprint": "fp1-0123456789abcdef", "model": "org/name", "model_revision": "abc123",
+        "lineage": {"prompt": "passage: ", "truncate_dim": 128, "chunking": {"max_tokens": 64}},
+    }
 
 
 def test_file_appears_only_on_exit(tmp_path):

@@ -14,26 +14,28 @@ from typing import Mapping
 
 import yaml
 
+from dagster_gpu.billing.mig import slice_fraction
+
 DEFAULT_RATE_CARD = Path(__file__).resolve().parents[1] / "data" / "ratecard.yaml"
 
-_MIG_PROFILE = re.compile(r"^mig-(\d+)g\.(\d+)gb$")
-#: Compute slices of a full GPU for MIG on A100/H100/H200 (NVIDIA MIG User Guide, "Supported MIG Profiles").
-MIG_COMPUTE_SLICES = 7
+_MIG_PROFILE = re.compile(r"^mig-(\d+)g\.(\d+)gb(?:\+me)?$")  # a MIG rate-card device type: mig-<profile>
 
 
 class RateCardError(ValueError):
     """The rate card file is malformed or has no rate for a (backend, device); the message names both."""
 
 
-def mig_fraction(profile: str) -> float:
-    """Compute fraction of a MIG profile: ``1g.10gb`` -> 1/7, ``3g.40gb`` -> 3/7, ``7g.80gb`` -> 1.
+def mig_fraction(profile: str, parent_product: str | None = None) -> float:
+    """Compute fraction of a MIG profile of its parent GPU (:func:`dagster_gpu.billing.mig.slice_fraction`):
+    ``1g.10gb`` -> 1/7, ``3g.40gb`` -> 3/7, ``7g.80gb`` -> 1; an A30's ``1g.6gb`` -> 1/4, ``2g.12gb`` -> 2/4
+    (4 slices: by ``parent_product`` when given, else by the A30-only profile name).
 
     Accepts ``1g.10gb`` or ``mig-1g.10gb``. Raises RateCardError for anything else.
     """
-    m = _MIG_PROFILE.match(profile if profile.startswith("mig-") else f"mig-{profile}")
-    if not m:
+    fraction = slice_fraction(profile[4:] if profile.startswith("mig-") else profile, parent_product)
+    if fraction is None:
         raise RateCardError(f"not a MIG profile: {profile!r} (expected e.g. '1g.10gb')")
-    return min(1.0, int(m.group(1)) / MIG_COMPUTE_SLICES)
+    return fraction
 
 
 @dataclass(frozen=True)
@@ -129,4 +131,4 @@ def rate_from_table(
     """USD per hour of one device of ``device_type``: :func:`gpu_hour_rate` × :func:`mig_fraction` for a MIG
     slice, the GPU-hour rate for anything else (see :meth:`RateCard.rate`)."""
     rate = gpu_hour_rate(table, device_type, parent_product, where)
-    return rate * mig_fraction(device_type) if _MIG_PROFILE.match(device_type) else rate
+    return rate * mig_fraction(device_type, parent_product) if _MIG_PROFILE.match(device_type) else rate

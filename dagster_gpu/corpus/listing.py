@@ -27,6 +27,8 @@ class CorpusFile:
         relative_name: path relative to the corpus root.
         size_bytes: size in bytes.
         mtime: last modification, seconds since the epoch (0.0 when the store does not say).
+        version: the file's source version as the listing reports it (:func:`source_version`): changes
+            whenever the file is rewritten; "" when not known.
     """
 
     key: str
@@ -34,6 +36,7 @@ class CorpusFile:
     relative_name: str
     size_bytes: int
     mtime: float = 0.0
+    version: str = ""
 
 
 class CorpusNotFound(FileNotFoundError):
@@ -94,7 +97,7 @@ class CorpusSource:
             if not fnmatch.fnmatchcase(base, self.pattern):
                 continue
             key = partition_key_for(rel)
-            out[key] = CorpusFile(key=key, uri=_uri(fs, path), relative_name=rel, size_bytes=int(info.get("size") or 0), mtime=_mtime(info))
+            out[key] = _file(fs, path, key, rel, info)
         return [out[k] for k in sorted(out)]
 
     def file_for_key(self, key: str) -> CorpusFile:
@@ -148,7 +151,42 @@ class CorpusSource:
             raise _unreadable(f"corpus {self.url!r} cannot be read", e) from e
         if info.get("type") != "file":
             return None
-        return CorpusFile(key=key, uri=_uri(fs, path), relative_name=key, size_bytes=int(info.get("size") or 0), mtime=_mtime(info))
+        return _file(fs, path, key, key, info)
+
+    def current_version(self, file: CorpusFile) -> str:
+        """``file``'s source version now (one ``info`` call: a stat, an S3 HEAD), read right before the file
+        is read so that the version recorded is never newer than the bytes read. Raises CorpusNotFound
+        naming the partition and the file when it is gone, CorpusUnreadable when the store refuses."""
+        fs, _root = self.filesystem()
+        path = fs._strip_protocol(file.uri)
+        try:
+            fs.invalidate_cache(path)  # an object store's listing cache (s3fs) would answer with the listed version
+            return source_version(fs.info(path))
+        except FileNotFoundError as e:
+            raise CorpusNotFound(f"partition {file.key!r}: file {file.uri!r} is gone") from e
+        except Exception as e:  # noqa: BLE001 - as in list_files
+            raise _unreadable(f"partition {file.key!r}: file {file.uri!r} cannot be read", e) from e
+
+
+def source_version(info: Mapping[str, Any]) -> str:
+    """A file's version from its fsspec ``info``/listing entry (pure).
+
+    ``versionid:<id>`` when the store reports an object version (S3 ``VersionId``, listed by a
+    ``version_aware`` s3fs on a versioned bucket; GCS ``generation``), else ``etag:<etag>`` (S3 ``ETag`` without
+    its quotes: the MD5 of a single-part upload, so rewriting identical bytes keeps it; GCS/Azure ``etag``),
+    else ``size:<bytes>,mtime:<seconds>`` (a local or other file system's stat). Two versions of one file are
+    equal exactly when these strings are.
+    """
+    for key, prefix in (("VersionId", "versionid"), ("generation", "versionid"), ("ETag", "etag"), ("etag", "etag")):
+        v = info.get(key)
+        if v not in (None, "", "null"):
+            return f"{prefix}:{str(v).strip(chr(34))}"
+    return f"size:{int(info.get('size') or 0)},mtime:{_mtime(info)!r}"
+
+
+def _file(fs, path: str, key: str, rel: str, info: Mapping[str, Any]) -> CorpusFile:
+    return CorpusFile(key=key, uri=_uri(fs, path), relative_name=rel, size_bytes=int(info.get("size") or 0),
+                      mtime=_mtime(info), version=source_version(info))
 
 
 def _unreadable(what: str, e: Exception) -> CorpusUnreadable:

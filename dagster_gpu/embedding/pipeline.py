@@ -6,6 +6,11 @@ thread drives the device through ``encoder.Encoder`` (tokenizer threads ahead of
 host asynchronously); a writer thread takes each batch's vectors as they reach the host, hashes the texts
 and appends to the atomic parquet writer. The calling thread does nothing but launch the model.
 
+Each model row (a record, or one chunk of it with ``chunking``) is one output row; the row's ``doc_id`` is the
+record's ``id_column`` value, else ``<partition key>/<record_id>`` (a pure function of the partition key and the
+record's ordinal in its file: the same on a re-run, in another range and on a retry). Columns and key-value
+metadata: :mod:`dagster_gpu.embedding.writer`.
+
 A worker that embeds several partitions passes one ``Encoder`` to every call (threads, tokenizer copies,
 CUDA stream and a batch size reduced by an out-of-memory error carry over) and may pass a started
 ``BatchPrefetcher`` so the next file is read while the current one encodes.
@@ -14,9 +19,12 @@ CUDA stream and a batch size reduced by an out-of-memory error carry over) and m
 from __future__ import annotations
 
 import hashlib
+import inspect
+import posixpath
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -27,14 +35,20 @@ from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.corpus.readers import RecordBatch, TextFormat
 from dagster_gpu.embedding.encoder import Encoder, PendingEncoded
 from dagster_gpu.embedding.model import LoadedModel
-from dagster_gpu.embedding.writer import AtomicParquetWriter, output_schema
+from dagster_gpu.embedding.reuse import ReuseMap, load_previous, merge, plan
+from dagster_gpu.embedding.writer import (AtomicParquetWriter, RECORD_HASH_COLUMN, lineage_metadata, output_schema,
+                                          output_table)
 
 @dataclass(frozen=True)
 class EmbeddingResult:
     """What one partition produced.
 
     Attributes:
-        rows: rows written (= records kept).
+        rows: rows written: chunks (= records kept without chunking).
+        records_embedded: records with at least one row in the output (= records kept).
+        tokens: tokens the model saw, over every row (prompt and special tokens included).
+        record_tokens / covered_tokens: tokens of the records' own texts, and how many of them reached the
+            model in at least one row (see :attr:`token_coverage`).
         records: records read, including skipped empty ones.
         skipped_empty_rows: empty/whitespace/null records not embedded.
         truncated_rows: kept records longer than the model's max sequence length (tokens).
@@ -49,6 +63,9 @@ class EmbeddingResult:
         tokenization: ``fast`` (per-thread Rust tokenizers, token-count order) or ``preprocess``.
         replaced_rows / skipped_undecodable_rows: records whose undecodable bytes were replaced (embedded) or
             that were left out, under ``TextFormat.decode_errors`` ``replace`` / ``skip``.
+        reused_rows: output rows whose vector was taken from the previous output (its text unchanged, same
+            fingerprint: :mod:`dagster_gpu.embedding.reuse`), not embedded; ``tokens``, ``record_tokens`` and
+            ``covered_tokens`` count the embedded rows/records only.
     """
 
     rows: int
@@ -67,6 +84,17 @@ class EmbeddingResult:
     tokenization: str = ""
     replaced_rows: int = 0
     skipped_undecodable_rows: int = 0
+    records_embedded: int = 0
+    tokens: int = 0
+    record_tokens: int = 0
+    covered_tokens: int = 0
+    output_dtype: str = "float32"
+    reused_rows: int = 0
+
+    @property
+    def token_coverage(self) -> float:
+        """covered_tokens / record_tokens: the share of the records' tokens that reached the model (1.0 for 0/0)."""
+        return self.covered_tokens / self.record_tokens if self.record_tokens else 1.0
 
     @property
     def texts_per_second(self) -> float:
@@ -74,13 +102,84 @@ class EmbeddingResult:
         return self.rows / self.seconds if self.rows and self.seconds > 0 else 0.0
 
 
-def _to_table(batch: RecordBatch, vectors: np.ndarray, dim: int, schema: pa.Schema) -> pa.Table:
-    hashes = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in batch.texts]
-    flat = pa.array(np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1), type=pa.float32())
-    return pa.table(
-        [pa.array(batch.ids, pa.int64()), pa.array(hashes, pa.string()), pa.FixedSizeListArray.from_arrays(flat, dim)],
-        schema=schema,
+@dataclass
+class _Counts:
+    truncated: int = 0
+    records: int = 0
+    tokens: int = 0
+    record_tokens: int = 0
+    covered_tokens: int = 0
+    reused: int = 0
+
+
+def rows_of(batch: RecordBatch, r, doc_id_prefix: str, schema: pa.Schema, include_text: bool,
+            record_hashes: list[str] | None = None) -> tuple[pa.Table, _Counts]:
+    """The output rows of one read batch and its encoder result ``r`` (``Encoded``), and the batch's counts.
+
+    ``r``'s per-row fields (record_index, chunk_index, char_start, char_end) say which record and which part
+    of its text each vector is; an ``Encoded`` without them is one row per record, its whole text.
+    ``record_hashes``: sha256 of each of the batch's texts, when known (the ``record_sha256`` column's source)."""
+    n, m = len(batch), len(r.vectors)
+    ri = np.asarray(getattr(r, "record_index", None) if getattr(r, "record_index", None) is not None else np.arange(n), np.int64)
+    ci = getattr(r, "chunk_index", None)
+    ci = np.zeros(m, np.int64) if ci is None else np.asarray(ci, np.int64)
+    cs = getattr(r, "char_start", None)
+    cs = np.zeros(m, np.int64) if cs is None else np.asarray(cs, np.int64)
+    ce = getattr(r, "char_end", None)
+    ce = np.array([len(batch.texts[i]) for i in ri], np.int64) if ce is None else np.asarray(ce, np.int64)
+    if not (len(ri) == len(ci) == len(cs) == len(ce) == m):
+        raise AssertionError(f"encoder returned {m} vectors for {len(ri)} row indices")
+    texts = [batch.texts[i][a:b] for i, a, b in zip(ri.tolist(), cs.tolist(), ce.tolist())]
+    if batch.doc_ids is not None:
+        doc_ids = [batch.doc_ids[i] for i in ri.tolist()]
+    else:
+        doc_ids = [f"{doc_id_prefix}/{batch.ids[i]}" for i in ri.tolist()]
+    rh = None
+    if RECORD_HASH_COLUMN in schema.names:
+        if record_hashes is None:
+            record_hashes = [hashlib.sha256(t.encode("utf-8")).hexdigest() for t in batch.texts]
+        rh = [record_hashes[i] for i in ri.tolist()]
+    take = pa.array(ri)
+    table = output_table(
+        schema, doc_ids=doc_ids, record_ids=np.asarray(batch.ids, np.int64)[ri] if m else [], chunk_index=ci,
+        char_start=cs, char_end=ce, token_count=np.asarray(r.tokens, np.int64),
+        hashes=[hashlib.sha256(t.encode("utf-8")).hexdigest() for t in texts], vectors=np.asarray(r.vectors).reshape(m, schema.field("vector").type.list_size),
+        carried={c: a.take(take) for c, a in batch.columns.items()}, texts=texts if include_text else None,
+        record_hashes=rh,
     )
+    rt, cov = getattr(r, "record_tokens", None), getattr(r, "covered_tokens", None)
+    counts = _Counts(
+        truncated=int(r.truncated_rows), records=int(len(np.unique(ri))), tokens=int(np.sum(r.tokens)),
+        record_tokens=int(np.sum(rt)) if rt is not None else 0, covered_tokens=int(np.sum(cov)) if cov is not None else 0,
+        reused=int(getattr(r, "reused_rows", 0)),
+    )
+    counts.tokens -= int(getattr(r, "reused_tokens", 0))
+    return table, counts
+
+
+def _to_table(batch: RecordBatch, vectors: np.ndarray, dim: int, schema: pa.Schema, doc_id_prefix: str = "") -> pa.Table:
+    """One output row per record of ``batch`` (its whole text, ``token_count`` 0: not counted) from ``vectors``
+    [n, dim] computed elsewhere (bench/worker_rss.py's in-memory baseline)."""
+    from types import SimpleNamespace
+
+    r = SimpleNamespace(vectors=np.asarray(vectors).reshape(len(batch), dim), tokens=np.zeros(len(batch), np.int64),
+                        truncated_rows=0)
+    return rows_of(batch, r, doc_id_prefix, schema, include_text=False)[0]
+
+
+def make_encoder(st, batch_size: int = 64, **options) -> Encoder:
+    """``Encoder(st, batch_size, **options)``, passing only the options that differ from the Encoder's defaults
+    (an encoder that predates an option still builds when it is left at its default). Raises ValueError (e.g.
+    a chunk window with no room for the prompt) and TypeError for an option the Encoder does not have."""
+    params = inspect.signature(Encoder).parameters
+    given = {k: v for k, v in options.items()
+             if not (k in params and params[k].default is not inspect.Parameter.empty and v == params[k].default)
+             and not (k not in params and k in _ENCODER_DEFAULTS and v == _ENCODER_DEFAULTS[k])}
+    return Encoder(st, batch_size, **given)
+
+
+#: The Encoder's option defaults (dagster_gpu.embedding.encoder.Encoder).
+_ENCODER_DEFAULTS = {"normalize": True, "prompt": "", "truncate_dim": None, "output_dtype": "float32", "chunking": None}
 
 
 def embed_partition(
@@ -97,6 +196,12 @@ def embed_partition(
     on_batch: Callable[[int], None] | None = None,
     encoder: Encoder | None = None,
     output_storage_options: Mapping[str, Any] | None = None,
+    partition_key: str | None = None,
+    include_text: bool = False,
+    output_dtype: str = "float32",
+    lineage: Mapping[str, Any] | None = None,
+    encoder_options: Mapping[str, Any] | None = None,
+    reuse: bool = True,
 ) -> EmbeddingResult:
     """Embed every kept record of ``source`` into ``output_uri`` (parquet, atomic).
 
@@ -105,11 +210,23 @@ def embed_partition(
     ``text_format`` may be None); it is closed on return. ``output_storage_options``: fsspec options for
     ``output_uri`` when the output lives on another store than the source (None = the source's:
     ``storage_options``, else the prefetcher's own). ``encoder``: reuse one across calls (not closed
-    here; its batch size rules); None = an ``Encoder(model.model, batch_size, normalize=...)`` for this
-    call only. ``batch_size`` is texts per forward pass. ``on_batch(rows_done)`` is called after each I/O
-    batch is encoded. Raises CorpusReadError naming the file on bad input, ValueError when ``source`` is a
-    URI without ``text_format``, EncoderOutOfMemory when one text does not fit the device; on any error
-    no output appears and an earlier output at ``output_uri`` is kept.
+    here; its batch size and options rule); None = ``make_encoder(model.model, batch_size, normalize=...,
+    output_dtype=..., **encoder_options)`` for this call only. ``batch_size`` is texts per forward pass.
+    ``on_batch(rows_done)`` is called after each I/O batch is encoded (records, not chunks).
+
+    ``partition_key``: the ``doc_id`` prefix when the corpus has no id column (None = the source file's
+    name). ``include_text``: keep each row's text. ``output_dtype``: the vector column's type (``float32`` |
+    ``float16``). ``lineage``: ``{"fingerprint", "model", "model_revision", ...}`` written as the file's
+    key-value metadata (:func:`dagster_gpu.embedding.writer.lineage_metadata`); None = none.
+
+    ``reuse``: when the output at ``output_uri`` was written under ``lineage["fingerprint"]``, records whose text
+    is unchanged take its vectors (and chunks) instead of the encoder's (:mod:`dagster_gpu.embedding.reuse`):
+    only new or changed texts reach the device; rows and their order are those of a full embed. No lineage
+    fingerprint, another fingerprint, or no readable previous output: everything is embedded.
+
+    Raises CorpusReadError naming the file on bad input, ValueError when ``source`` is a URI without
+    ``text_format``, EncoderOutOfMemory when one text does not fit the device; on any error no output
+    appears and an earlier output at ``output_uri`` is kept.
     """
     if isinstance(source, BatchPrefetcher):
         reader = source
@@ -122,35 +239,78 @@ def embed_partition(
         out_options = output_storage_options
     else:
         out_options = storage_options if storage_options is not None or reader is not source else reader.storage_options
-    schema = output_schema(model.dim)
-    truncated = 0
+    prefix = partition_key if partition_key is not None else posixpath.basename(reader.uri.rstrip("/"))
+    kv = None
+    if lineage is not None:
+        rest = {k: v for k, v in lineage.items() if k not in ("fingerprint", "model", "model_revision")}
+        kv = lineage_metadata(fingerprint=str(lineage.get("fingerprint", "")), model=str(lineage.get("model", model.name)),
+                              model_revision=str(lineage.get("model_revision", getattr(model, "revision", ""))),
+                              lineage={**rest, "partition_key": prefix, "source": reader.uri})
+    total = _Counts()
     done = 0
     own_encoder = encoder is None
     t0 = time.perf_counter()
     reader.start()
     try:
-        enc = encoder if encoder is not None else Encoder(model.model, batch_size, normalize=normalize)
+        enc = encoder if encoder is not None else make_encoder(
+            model.model, batch_size, normalize=normalize, output_dtype=output_dtype, **dict(encoder_options or {}))
+        dim = int(enc.dim)
         retries_before = enc.oom_retries
         batch_size_initial = enc.batch_size
+        writer: AtomicParquetWriter | None = None
+        chunked = getattr(enc, "chunking", None) is not None
+        previous = ReuseMap(reason="reuse off")
+        if reuse and lineage is not None:
+            previous = load_previous(output_uri, str(lineage.get("fingerprint", "")), chunked=chunked,
+                                     max_seq_length=getattr(enc, "max_seq_length", None), dim=dim,
+                                     output_dtype=output_dtype, storage_options=out_options)
 
-        def finish(batch: RecordBatch, pending: PendingEncoded) -> int:
-            """Writer thread: wait for the vectors, hash, write; returns the truncated count."""
-            r = pending.result()
-            writer.write(_to_table(batch, r.vectors, model.dim, schema))
-            return r.truncated_rows
+        def schema_for(batch: RecordBatch | None) -> pa.Schema:
+            types = {c: a.type for c, a in batch.columns.items()} if batch is not None else dict(reader.stats.carried_types)
+            carried = [pa.field(c, types.get(c, pa.string())) for c in reader.text_format.carry_columns]
+            return output_schema(dim, carried=carried, include_text=include_text, output_dtype=output_dtype, metadata=kv,
+                                 record_hash=chunked)
+
+        def finish(batch, pending: PendingEncoded) -> _Counts:
+            """Writer thread: wait for the vectors, hash, write; returns the batch's counts."""
+            if len(previous):  # batch is a reuse.Planned: merge the embedded texts' rows with the reused ones
+                table, counts = rows_of(batch.batch, merge(batch, pending.result(), previous), prefix, writer.schema,
+                                        include_text, batch.hashes)
+            else:
+                table, counts = rows_of(batch, pending.result(), prefix, writer.schema, include_text)
+            writer.write(table)
+            return counts
+
+        def add(c: _Counts) -> None:
+            total.truncated += c.truncated
+            total.records += c.records
+            total.tokens += c.tokens
+            total.record_tokens += c.record_tokens
+            total.covered_tokens += c.covered_tokens
+            total.reused += c.reused
 
         try:
-            with AtomicParquetWriter(output_uri, schema, out_options) as writer, ThreadPoolExecutor(1) as wpool:
+            with ExitStack() as stack:
+                wpool = stack.enter_context(ThreadPoolExecutor(1))
                 writes: deque = deque()
-                for batch, pending in enc.encode_stream(reader):
-                    writes.append(wpool.submit(finish, batch, pending))
+                if len(previous):
+                    stream = enc.encode_stream((plan(b, previous) for b in reader), texts=lambda p: p.embed_texts)
+                else:
+                    stream = enc.encode_stream(reader)
+                for item, pending in stream:
+                    batch = item.batch if len(previous) else item
+                    if writer is None:  # the carried columns' types are those of the first batch
+                        writer = stack.enter_context(AtomicParquetWriter(output_uri, schema_for(batch), out_options))
+                    writes.append(wpool.submit(finish, item, pending))
                     while len(writes) > 2:  # bounded: at most 2 batches wait for the host/writer
-                        truncated += writes.popleft().result()
+                        add(writes.popleft().result())
                     done += len(batch)
                     if on_batch:
                         on_batch(done)
                 while writes:
-                    truncated += writes.popleft().result()
+                    add(writes.popleft().result())
+                if writer is None:  # no record kept: a valid file with no rows
+                    writer = stack.enter_context(AtomicParquetWriter(output_uri, schema_for(None), out_options))
         finally:
             if own_encoder:
                 enc.close()
@@ -162,8 +322,8 @@ def embed_partition(
         rows=writer.rows,
         records=stats.records,
         skipped_empty_rows=stats.skipped_empty,
-        truncated_rows=truncated,
-        dim=model.dim,
+        truncated_rows=total.truncated,
+        dim=dim,
         seconds=seconds,
         output_uri=output_uri,
         dtype=enc.dtype,
@@ -175,4 +335,10 @@ def embed_partition(
         tokenization=enc.mode,
         replaced_rows=stats.replaced_rows,
         skipped_undecodable_rows=stats.skipped_undecodable_rows,
+        records_embedded=total.records,
+        tokens=total.tokens,
+        record_tokens=total.record_tokens,
+        covered_tokens=total.covered_tokens,
+        output_dtype=output_dtype,
+        reused_rows=total.reused,
     )

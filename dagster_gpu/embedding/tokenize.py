@@ -12,6 +12,16 @@ and ``Encoding.overflowing`` says exactly which texts were truncated.
 ``SentenceTransformer.preprocess`` gives (ids, attention mask, token types); for a model where it does
 not (another input module, a slow tokenizer, left padding, token types other than 0) it returns None and
 the encoder uses ``preprocess`` itself.
+
+A prompt (``for_model(st, prompt)``) is prepended to every text before the Rust tokenizer, as
+``SentenceTransformer.preprocess(texts, prompt=...)`` does (``Transformer.preprocess`` ->
+``prepend_prompt_to_texts`` in sentence-transformers 6.2, ``sentence_transformers/base/modules/transformer.py``),
+and the probe check compares against ``preprocess(PROBE_TEXTS, prompt=prompt)``; its ``prompt_length``
+(what a Pooling with ``include_prompt=False`` leaves out) is kept in ``extras`` and handed to the model with
+every batch, as ``encode`` does.
+
+``Layout`` says which record and which characters each row came from and how many of each record's own
+tokens reached the model (``encode_records``; ``chunking.cut_windows`` builds the chunked layout).
 """
 
 from __future__ import annotations
@@ -38,6 +48,40 @@ PROBE_TEXTS = (
 )
 
 _TENSOR_KEYS = {"input_ids", "attention_mask", "token_type_ids"}
+
+
+@dataclass
+class Layout:
+    """Where each row of a read batch came from, and how much of each record reached the model.
+
+    Attributes (rows m, records n):
+        record_index: int64 [m], index of the row's record, non-decreasing.
+        chunk_index: int64 [m], 0, 1, ... within its record.
+        char_start, char_end: int64 [m], the row's characters in its record's text (prompt excluded), [start, end).
+        record_tokens: int64 [n], tokens of the record's text alone (no prompt, no special tokens, untruncated).
+        covered_tokens: int64 [n], how many of those reached the model in at least one row.
+    """
+
+    record_index: np.ndarray
+    chunk_index: np.ndarray
+    char_start: np.ndarray
+    char_end: np.ndarray
+    record_tokens: np.ndarray
+    covered_tokens: np.ndarray
+
+    @staticmethod
+    def concat(parts: Sequence["Layout"]) -> "Layout":
+        """The layouts of consecutive slices of one read batch (record indices shifted to the whole batch)."""
+        if not parts:
+            z = np.zeros(0, np.int64)
+            return Layout(z, z, z, z, z, z)
+        shifted, base = [], 0
+        for p in parts:
+            shifted.append(p.record_index + base)
+            base += len(p.record_tokens)
+        cat = lambda k: np.concatenate([getattr(p, k) for p in parts])  # noqa: E731
+        return Layout(np.concatenate(shifted), cat("chunk_index"), cat("char_start"), cat("char_end"),
+                      cat("record_tokens"), cat("covered_tokens"))
 
 
 @dataclass
@@ -94,17 +138,36 @@ class FastTokenizer:
     ``pad(tokenized)`` builds the model's input tensors for one batch (right padding, int64).
     """
 
-    def __init__(self, template, max_length: int, pad_id: int, keys: tuple[str, ...], extras: dict[str, Any]):
+    def __init__(self, template, max_length: int, pad_id: int, keys: tuple[str, ...], extras: dict[str, Any],
+                 prompt: str = ""):
         self._template = template
         self.max_length = max_length
         self.pad_id = pad_id
         self.keys = keys
         self.extras = extras
+        self.prompt = prompt
         self._local = threading.local()
+        # The whole-text tokenizer: no truncation, no special tokens (record token counts, offsets, windows).
+        self._whole_template = copy.deepcopy(template)
+        self._whole_template.no_truncation()
+        #: Special-token ids before / after a sequence (None: the post-processor does more than frame it,
+        #: so windows of a record's ids cannot be framed; chunking refuses such a model).
+        self.frame = _special_frame(self._whole_template)
+        self.prompt_ids = np.asarray(self._whole_template.encode(prompt, add_special_tokens=False).ids if prompt else [],
+                                     dtype=np.int64)
+        #: Tokens of a row that are not the record's own: the special tokens and the prompt's.
+        self.overhead = len(self._whole_template.encode(prompt, add_special_tokens=True).ids)
+
+    @property
+    def prompt_length(self) -> int | None:
+        """``prompt_length`` as sentence-transformers hands it to the Pooling (None without a prompt)."""
+        v = self.extras.get("prompt_length")
+        return None if v is None else int(v)
 
     @classmethod
-    def for_model(cls, st) -> "FastTokenizer | None":
-        """A FastTokenizer equivalent to ``st.preprocess`` for plain texts, or None (see the module docstring)."""
+    def for_model(cls, st, prompt: str = "") -> "FastTokenizer | None":
+        """A FastTokenizer equivalent to ``st.preprocess(texts, prompt=prompt)`` for plain texts, or None
+        (see the module docstring)."""
         try:
             hf = st.tokenizer
             backend = getattr(hf, "backend_tokenizer", None)
@@ -117,7 +180,10 @@ class FastTokenizer:
             template.enable_truncation(max_length, strategy=trunc.get("strategy", "longest_first"),
                                        direction=trunc.get("direction", "right"))
             pad_id = hf.pad_token_id if hf.pad_token_id is not None else 0
-            probe = (getattr(st, "preprocess", None) or st.tokenize)(list(PROBE_TEXTS))
+            if prompt:
+                probe = st.preprocess(list(PROBE_TEXTS), prompt=prompt)
+            else:
+                probe = (getattr(st, "preprocess", None) or st.tokenize)(list(PROBE_TEXTS))
         except Exception:
             return None
         tensor_keys = {k for k, v in probe.items() if hasattr(v, "shape")}
@@ -125,8 +191,8 @@ class FastTokenizer:
             return None
         keys = tuple(k for k in ("input_ids", "attention_mask", "token_type_ids") if k in tensor_keys)
         extras = {k: v for k, v in probe.items() if k not in tensor_keys}
-        fast = cls(template, max_length, int(pad_id), keys, extras)
         try:
+            fast = cls(template, max_length, int(pad_id), keys, extras, prompt)
             tok = fast.encode(list(PROBE_TEXTS))
             mine = fast.pad(tok)
         except Exception:
@@ -143,11 +209,39 @@ class FastTokenizer:
             tok = self._local.tok = copy.deepcopy(self._template)
         return tok
 
+    def whole_tokenizer(self):
+        """This thread's copy of the tokenizer without truncation (``encode(text, add_special_tokens=False)``
+        gives a record's own tokens with character offsets)."""
+        tok = getattr(self._local, "whole", None)
+        if tok is None:
+            tok = self._local.whole = copy.deepcopy(self._whole_template)
+        return tok
+
     def encode(self, texts: Sequence[str]) -> Tokenized:
-        """Unpadded ids of ``texts`` (this thread's tokenizer copy; the GIL is released while encoding)."""
+        """Unpadded ids of the prompt + each of ``texts``, truncated to ``max_length`` (this thread's
+        tokenizer copy; the GIL is released while encoding)."""
         tok = self._tokenizer()
         fn = getattr(tok, "encode_batch_fast", None) or tok.encode_batch
-        return Tokenized.from_encodings(fn(list(texts)))
+        p = self.prompt
+        return Tokenized.from_encodings(fn([p + t for t in texts] if p else list(texts)))
+
+    def encode_records(self, texts: Sequence[str]) -> tuple[Tokenized, Layout]:
+        """``encode(texts)`` and its layout: one row per text; a truncated text is tokenized once more,
+        whole and with offsets, for its exact token count and where the truncation cut it (``char_end``)."""
+        tok = self.encode(texts)
+        n = len(texts)
+        covered = np.maximum(tok.lengths - self.overhead, 0)
+        record_tokens = covered.copy()
+        char_end = np.fromiter((len(t) for t in texts), dtype=np.int64, count=n)
+        cut = np.flatnonzero(tok.truncated)
+        if len(cut):
+            encs = self.whole_tokenizer().encode_batch([texts[i] for i in cut], add_special_tokens=False)
+            for i, e in zip(cut, encs):
+                record_tokens[i] = len(e.ids)
+                covered[i] = min(int(covered[i]), len(e.ids))
+                char_end[i] = e.offsets[covered[i] - 1][1] if covered[i] else 0
+        idx = np.arange(n, dtype=np.int64)
+        return tok, Layout(idx, np.zeros(n, np.int64), np.zeros(n, np.int64), char_end, record_tokens, covered)
 
     def pad(self, tok: Tokenized) -> dict[str, np.ndarray]:
         """int64 arrays [len(tok), max(tok.lengths)] for the model's input keys (right padding, token type 0)."""
@@ -159,3 +253,22 @@ class FastTokenizer:
         if "token_type_ids" in self.keys:
             out["token_type_ids"] = np.zeros(mask.shape, dtype=np.int64)
         return out
+
+
+def _special_frame(tok) -> tuple[np.ndarray, np.ndarray] | None:
+    """The special-token ids the tokenizer's post-processor puts before and after a single sequence
+    (``[CLS]`` / ``[SEP]`` for BERT's TemplateProcessing, ``<s>`` / ``</s>`` for RoBERTa's), found by
+    post-processing a known encoding (``tokenizers.Tokenizer.post_process``) and locating its ids.
+
+    None when the post-processor does more than frame the sequence with token type 0.
+    """
+    content = tok.encode("hello world", add_special_tokens=False)
+    ids = list(content.ids)
+    framed = tok.post_process(content)
+    out = list(framed.ids)
+    for i in range(len(out) - len(ids) + 1):
+        if out[i : i + len(ids)] == ids:
+            if any(framed.type_ids):
+                break
+            return np.asarray(out[:i], np.int64), np.asarray(out[i + len(ids):], np.int64)
+    return None

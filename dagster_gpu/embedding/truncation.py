@@ -20,3 +20,14 @@ def count_truncated(tokenizer, texts: Sequence[str], max_seq_length: int) -> int
         return 0
     enc = tokenizer(candidates, add_special_tokens=True, truncation=False, return_attention_mask=False)
     return sum(1 for ids in enc["input_ids"] if len(ids) > max_seq_length)
+
+
+def record_token_counts(tokenizer, texts: Sequence[str], add_special_tokens: bool = False):
+    """Tokens of each of ``texts`` alone, untruncated (a ``transformers`` tokenizer), int64 [len(texts)]."""
+    import numpy as np
+
+    if not texts:
+        return np.zeros(0, np.int64)
+    enc = tokenizer(list(texts), add_special_tokens=add_special_tokens, truncation=False,
+                    return_attention_mask=False, verbose=False)
+    return np.asarray([len(ids) for ids in enc["input_ids"]], np.int64)

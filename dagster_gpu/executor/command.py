@@ -11,7 +11,28 @@ cannot deadlock either; the worker's encoder parallelises tokenization with its 
 
 from __future__ import annotations
 
+from typing import Any, Mapping
+
 from dagster._grpc.types import ExecuteStepArgs
+
+#: The worker interpreter per backend when neither the backend's section nor the executor names one. On
+#: Kubernetes the image's ``python`` from PATH: the code location's interpreter path rarely exists in an
+#: image, and dagster-k8s likewise starts steps from the image's PATH (dagster_k8s/executor.py
+#: K8sStepHandler runs ``ExecuteStepArgs.get_command_args()``, whose entry point is the code location's
+#: ``entry_point``, ``["dagster"]`` for a code server: dagster/_grpc/types.py ``_get_entry_point``).
+#: Elsewhere None: the code location's own interpreter (``job_origin.executable_path``), which exists on
+#: the same host or, for Slurm, on the cluster's shared filesystem.
+DEFAULT_WORKER_PYTHON = {"kubernetes": "python"}
+
+
+def worker_python_for(backend: str, executor_config: Mapping[str, Any]) -> str | None:
+    """The worker interpreter for a step placed on ``backend``: the backend section's ``worker_python``
+    (e.g. ``kubernetes: {worker_python: /opt/venv/bin/python}``), else the executor-wide ``worker_python``
+    (kept as a fallback for every backend), else :data:`DEFAULT_WORKER_PYTHON` (None: the code location's
+    interpreter, see :func:`worker_argv`)."""
+    section = executor_config.get(backend)
+    explicit = section.get("worker_python") if isinstance(section, Mapping) else None
+    return explicit or executor_config.get("worker_python") or DEFAULT_WORKER_PYTHON.get(backend)
 
 
 def worker_argv(args: ExecuteStepArgs, python: str | None = None) -> tuple[str, ...]:

@@ -4,10 +4,12 @@ Run config (``execution: config:``)::
 
     backend: auto | local | slurm | kubernetes      # default auto (the cost policy, or the only backend)
     rate_card: /path/to/ratecard.yaml              # default: the packaged dagster_gpu/data/ratecard.yaml
-    worker_python: /opt/venv/bin/python            # default: the code location's interpreter
+    worker_python: /opt/venv/bin/python            # fallback for every backend; a backend's own worker_python wins
+                                                   # (default: kubernetes the image's python, else the code
+                                                   # location's interpreter)
     local: {log_dir: ..., cuda_visible_devices: "0", terminate_grace_seconds: 10, enabled: true}
-    slurm: {...}                                   # see dagster_gpu.executor.backends.slurm
-    kubernetes: {...}                              # see dagster_gpu.executor.backends.kubernetes
+    slurm: {...}                                   # see dagster_gpu.slurm.backend
+    kubernetes: {...}                              # see dagster_gpu.k8s.backend
     retries: {enabled: {}} | {disabled: {}}
     max_concurrent: N                              # steps in flight per run
     tag_concurrency_limits: [...]
@@ -29,7 +31,7 @@ from dagster._core.execution.retries import RetryMode, get_retries_config
 from dagster._core.execution.tags import get_tag_concurrency_limits_config
 from dagster._core.executor.step_delegating import StepDelegatingExecutor
 
-from dagster_gpu.executor.backends.local import config_field as local_config_field
+from dagster_gpu.local.backend import config_field as local_config_field
 from dagster_gpu.executor.registry import REMOTE_BACKEND_MODULES, remote_backend_module
 from dagster_gpu.executor.step_handler import GpuStepHandler
 
@@ -50,7 +52,7 @@ GPU_EXECUTOR_CONFIG = {
         description="Where steps run: a fixed backend, or auto (cost policy over the configured backends).",
     ),
     "rate_card": dg.Field(dg.StringSource, is_required=False, description="Rate card YAML (USD per GPU-hour)."),
-    "worker_python": dg.Field(dg.StringSource, is_required=False, description="Python interpreter for step workers."),
+    "worker_python": dg.Field(dg.StringSource, is_required=False, description="Python interpreter for step workers of every backend whose section sets no worker_python (default: on kubernetes the image's python from PATH, elsewhere the code location's interpreter)."),
     "local": local_config_field(),
     **_remote_fields(),
     "retries": get_retries_config(),

@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import dagster as dg
@@ -24,9 +23,14 @@ from dagster._grpc.types import ExecuteStepArgs
 from dagster._serdes import serialize_value
 
 from dagster_gpu.billing.apportion import apportion_unit_bill
+from dagster_gpu.billing.keys import (
+    COST_USD, DEVICE_TYPE, DEVICES, DIFFERENCE_GPU_SECONDS, GPU_SECONDS, MEASURED_GPU_SECONDS, NOTE, RATE_USD_PER_GPU_HOUR,
+    SOURCE, UNIT_GPU_SECONDS, UNIT_PARTITIONS,
+)
 from dagster_gpu.billing.metering import cost_usd
 from dagster_gpu.billing.ratecard import gpu_hour_rate
-from dagster_gpu.executor.backends.step_args import step_args_from_env
+from dagster_gpu.contracts import UnitBill
+from dagster_gpu.step_args import step_args_from_env
 from dagster_gpu.ranges import run_partition_keys
 from dagster_gpu.worker.billing import billed_device
 from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
@@ -39,55 +43,17 @@ def _value(md: Mapping[str, Any], key: str) -> Any:
     return getattr(v, "value", v)
 
 
-@dataclass(frozen=True)
-class UnitBill:
-    """What the scheduler billed one unit.
-
-    Attributes:
-        gpu_seconds: the unit's GPU-seconds by the scheduler's accounting (sacct, pod interval).
-        rate_usd_per_gpu_hour: USD per GPU-hour the unit is charged at; None: looked up in ``rates`` (the
-            backend's rate table) with the one pricing rule (:func:`dagster_gpu.billing.ratecard.gpu_hour_rate`)
-            for the device type and parent product the unit's materializations report (``default`` when none).
-        metadata: the scheduler's own figures (``slurm/*``, ``k8s/*``, ``billing/source``…), put on every
-            partition's observation as they are.
-        match: (metadata key, value) that the unit's own materializations carry (``slurm/job_id`` of the
-            array task, ``k8s/pod``): materializations of the same step by an earlier unit (a retry) are
-            not this unit's; a materialization without that key counts as this unit's. None: every
-            materialization of the step in the run.
-        rates: the backend's rate table (USD per GPU-hour by device type) when ``rate_usd_per_gpu_hour`` is None.
-        env: the unit's worker environment (``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS``, ``DAGSTER_GPU_STEP_CONTEXT``):
-            it names the Dagster instance, run and step the observations belong to.
-        empty: the scheduler billed nothing (the worker never ran, the backend has no scheduler accounting):
-            no observation is written (:meth:`nothing`).
-        wall_seconds: set when no scheduler counted the unit's devices (the local backend's process
-            interval): the unit's GPU-seconds are then ``wall_seconds`` × the ``billing/devices`` its
-            materializations report (1 when it materialized nothing), and ``gpu_seconds`` is ignored.
-        device_type: the device type to price at when none of the unit's materializations reports one
-            (``cpu`` for a local unit on a host without GPUs); None: ``default``.
-    """
-
-    gpu_seconds: float
-    rate_usd_per_gpu_hour: float | None
-    metadata: Mapping[str, Any]
-    match: tuple[str, str] | None = None
-    rates: Mapping[str, float] | None = None
-    env: Mapping[str, str] = field(default_factory=dict)
-    empty: bool = False
-    wall_seconds: float | None = None
-    device_type: str | None = None
-
-    @classmethod
-    def nothing(cls, why: str) -> "UnitBill":
-        """The bill of a unit the scheduler did not bill (``why`` is for logs); writes no observation."""
-        return cls(gpu_seconds=0.0, rate_usd_per_gpu_hour=0.0, metadata={"billing/note": why}, empty=True)
-
-    def rate_for(self, device_type: str | None, parent_product: str | None = None) -> float:
-        if self.rate_usd_per_gpu_hour is not None:
-            return float(self.rate_usd_per_gpu_hour)
-        try:
-            return gpu_hour_rate(self.rates or {}, device_type or "default", parent_product)
-        except Exception:  # noqa: BLE001 - a rate table without default: bill at 0 rather than not at all
-            return 0.0
+def unit_rate(bill: UnitBill, device_type: str | None, parent_product: str | None = None) -> float:
+    """USD per GPU-hour ``bill`` is charged at: its own ``rate_usd_per_gpu_hour`` when set, else the rate of
+    ``device_type`` (``default`` when None) and ``parent_product`` in its rate table by the one pricing rule
+    (:func:`dagster_gpu.billing.ratecard.gpu_hour_rate`); 0.0 when the table has neither that rate nor a
+    ``default`` (a unit is billed at 0 rather than not at all)."""
+    if bill.rate_usd_per_gpu_hour is not None:
+        return float(bill.rate_usd_per_gpu_hour)
+    try:
+        return gpu_hour_rate(bill.rates or {}, device_type or "default", parent_product)
+    except Exception:  # noqa: BLE001 - a rate table without default: bill at 0 rather than not at all
+        return 0.0
 
 
 class ObservationWriter:
@@ -148,17 +114,17 @@ def write_unit_bill(
     failed = [k for k in keys if k not in done_in_run]
     if not materialized and not failed:
         failed = list(keys) or [""]
-    measured = [(k, float(_value(md, "billing/gpu_seconds") or 0.0)) for k, (_, md) in materialized.items()]
-    first = next((md for _, md in materialized.values() if md.get("billing/device_type") is not None), {})
+    measured = [(k, float(_value(md, GPU_SECONDS) or 0.0)) for k, (_, md) in materialized.items()]
+    first = next((md for _, md in materialized.values() if md.get(DEVICE_TYPE) is not None), {})
     total = bill.gpu_seconds
     if bill.wall_seconds is not None:  # no scheduler counted the devices: those the unit's materializations report
-        devices = _value(first, "billing/devices")
+        devices = _value(first, DEVICES)
         total = bill.wall_seconds * (float(devices) if devices is not None else 1.0)
     parts = apportion_unit_bill(total, measured, failed)
     n = len(parts)
     product = _value(first, "gpu/product_name")
-    rate = bill.rate_for(_value(first, "billing/device_type") or bill.device_type,
-                         billed_device("cuda", str(product), 1, None)[1] if product else None)
+    rate = unit_rate(bill, _value(first, DEVICE_TYPE) or bill.device_type,
+                     billed_device("cuda", str(product), 1, None)[1] if product else None)
     # a partition the unit did not materialize belongs to the run's asset (a run without an asset selection:
     # the asset its other partitions materialized)
     fallback = assets[0] if assets else next((ak for ak, _ in materialized.values()), None)
@@ -169,21 +135,21 @@ def write_unit_bill(
             continue
         md = {
             **bill.metadata,
-            "billing/gpu_seconds": float(share),
-            "billing/rate_usd_per_gpu_hour": rate,
-            "billing/cost_usd": cost_usd(share, rate),
-            "billing/unit_gpu_seconds": float(total),
-            "billing/unit_partitions": n,
+            GPU_SECONDS: float(share),
+            RATE_USD_PER_GPU_HOUR: rate,
+            COST_USD: cost_usd(share, rate),
+            UNIT_GPU_SECONDS: float(total),
+            UNIT_PARTITIONS: n,
         }
-        m = _value(mat_md, "billing/gpu_seconds")
+        m = _value(mat_md, GPU_SECONDS)
         if isinstance(m, (int, float)):
-            md["billing/measured_gpu_seconds"] = float(m)
-            md["billing/difference_gpu_seconds"] = float(share) - float(m)
+            md[MEASURED_GPU_SECONDS] = float(m)
+            md[DIFFERENCE_GPU_SECONDS] = float(share) - float(m)
         if key not in materialized:
-            md["billing/note"] = "not materialized by this unit: its share of the unit's time not accounted to materialized partitions"
+            md[NOTE] = "not materialized by this unit: its share of the unit's time not accounted to materialized partitions"
         observations.append(dg.AssetObservation(asset_key=asset_key, partition=key or None, metadata=md))
     store_observations(instance, observations)
-    log.info("run %s step %s: %d observation(s) of %s", run_id, step_key, len(observations), bill.metadata.get("billing/source"))
+    log.info("run %s step %s: %d observation(s) of %s", run_id, step_key, len(observations), bill.metadata.get(SOURCE))
     return len(observations)
 
 

@@ -12,13 +12,13 @@ import importlib
 from pathlib import Path
 from typing import Any, Mapping
 
-from dagster_gpu.executor.backends.base import Backend, BackendNotConfigured
-from dagster_gpu.executor.backends.local import LocalBackend, LocalSettings
-from dagster_gpu.executor.settings import from_section
+from dagster_gpu.contracts import Backend, BackendNotConfigured
+from dagster_gpu.settings import from_section
+from dagster_gpu.local.backend import LocalBackend, LocalSettings
 
 REMOTE_BACKEND_MODULES = {
-    "slurm": "dagster_gpu.executor.backends.slurm",
-    "kubernetes": "dagster_gpu.executor.backends.kubernetes",
+    "slurm": "dagster_gpu.slurm.backend",
+    "kubernetes": "dagster_gpu.k8s.backend",
 }
 
 

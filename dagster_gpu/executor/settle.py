@@ -1,7 +1,7 @@
 """Settling a work unit after its worker ended: the one place a scheduler's bill reaches Dagster.
 
 A backend's ``state(handle)`` only reads. What happens once a unit's worker ended is done here, through
-the backend contract (``dagster_gpu.executor.backends.base``), in this order:
+the backend contract (``dagster_gpu.contracts``), in this order:
 
 1. the state is terminal (``Backend.state``); an ``abandoned`` worker (the backend gave up on it while
    its scheduler still holds it) is terminated first (``Backend.terminate``), once;
@@ -34,9 +34,8 @@ import threading
 import time
 from typing import Callable
 
-from dagster_gpu.contracts import TERMINAL, Handle
-from dagster_gpu.executor.backends.base import Backend
-from dagster_gpu.executor.observations import ObservationWriter, UnitBill
+from dagster_gpu.contracts import TERMINAL, Backend, Handle, UnitBill
+from dagster_gpu.executor.observations import ObservationWriter
 
 log = logging.getLogger(__name__)
 

@@ -32,11 +32,11 @@ from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHa
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.connections import hold_storage_connections
+from dagster_gpu.contracts import Backend, Handle, StepLaunch, WorkerStatus, describe_partitions
 from dagster_gpu.executor.auto import auto_placement
-from dagster_gpu.executor.backends.base import Backend, Handle, StepLaunch, WorkerStatus
 from dagster_gpu.executor.backfill_hint import launches_to_come
-from dagster_gpu.executor.command import worker_argv, worker_env
-from dagster_gpu.ranges import describe, run_partition_keys
+from dagster_gpu.executor.command import worker_argv, worker_env, worker_python_for
+from dagster_gpu.ranges import run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.executor.run_tags import tag_launch
 from dagster_gpu.executor.settle import Settler
@@ -148,27 +148,26 @@ class GpuStepHandler(StepHandler):
         launch = StepLaunch(
             run_id=run.run_id,
             step_key=step_key,
-            partition_key=keys[0] if len(keys) == 1 else None,
+            partition_keys=keys,
             attempt=attempt,
-            argv=worker_argv(args, self._config.get("worker_python")),
+            argv=worker_argv(args, worker_python_for(placement.backend, self._config)),
             env={**worker_env(args, run.job_name, step_key), **self.step_context(placement, request, pdef).to_env()},
             request=request,
             placement=placement,
             tags=dict(run.tags),
             launches_to_come=self._launches_to_come(ctx) if backend.coalesces_launches else None,
-            partition_keys=keys,
         )
         try:
             handle = backend.launch(launch)
         except Exception as e:
-            raise RuntimeError(f"{backend.name} backend could not launch step {step_key!r} ({describe(keys)}): {e}") from e
+            raise RuntimeError(f"{backend.name} backend could not launch step {step_key!r} ({describe_partitions(keys)}): {e}") from e
         with self._lock:
             self._launched[(run.run_id, step_key, attempt)] = (backend.name, handle, None)
         self.settler.track(backend, handle)
         tag_launch(ctx.instance, run.run_id, backend.name, placement.device)  # Runs page: where it ran
         yield DagsterEvent.step_worker_starting(
             ctx.get_step_context(step_key),
-            message=f"Launching step {step_key} ({describe(keys)}) on {backend.name}: {placement.reason}",
+            message=f"Launching step {step_key} ({describe_partitions(keys)}) on {backend.name}: {placement.reason}",
             metadata={
                 BACKEND_KEY: MetadataValue.text(backend.name),
                 HANDLE_KEY: MetadataValue.json(dict(handle)),
@@ -224,7 +223,7 @@ class GpuStepHandler(StepHandler):
         step_key = self._step_key(ctx)
         found = self._find_launch(ctx, step_key)
         if found is None:
-            where = describe(self.partition_keys(ctx, step_key))
+            where = describe_partitions(self.partition_keys(ctx, step_key))
             return CheckStepHealthResult.unhealthy(f"no launch of step {step_key} ({where}) was recorded")
         name, handle, launched_at = found
         state = self.backend(name).state(handle)
@@ -233,7 +232,7 @@ class GpuStepHandler(StepHandler):
         if self._outcome_recorded(ctx, step_key, launched_at):
             return CheckStepHealthResult.healthy()
         code = "" if state.exit_code is None else f", exit code {state.exit_code}"
-        where = describe(self.partition_keys(ctx, step_key))
+        where = describe_partitions(self.partition_keys(ctx, step_key))
         return CheckStepHealthResult.unhealthy(
             f"{name} worker of step {step_key} ({where}) ended ({state.status.value}: "
             f"{state.message}{code}) without the step recording success or failure; handle {json.dumps(dict(handle))}"

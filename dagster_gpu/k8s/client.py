@@ -9,6 +9,7 @@ discovered once (v1 on Kubernetes 1.34; v1beta2/v1beta1 where only those are ser
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from typing import Any, Callable
@@ -18,7 +19,7 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from dagster_gpu.k8s.manifests import allocated_devices, claim_template_for_version, served_version, to_dict
+from dagster_gpu.k8s.manifests import allocated_devices, allocated_requests, claim_template_for_version, served_version, to_dict
 
 TIMEOUT = (5, 30)  # connect, read (seconds)
 
@@ -150,18 +151,32 @@ class KubeClient:
                 return False
             raise
 
-    def scheduling_events(self, pod_name: str) -> list[client.CoreV1Event]:
-        """``FailedScheduling`` events of the pod, newest last."""
+    def pod_events(self, pod_name: str) -> list[dict]:
+        """The core/v1 Events about the pod (scheduler and kubelet: ``FailedScheduling``, ``Pulling``,
+        ``Pulled``, ``Failed``, ``BackOff``, ``FailedMount``, ``FailedPrepareDynamicResources``...) as API JSON
+        dicts, oldest first. The executor's Role grants ``list`` on ``events``."""
         evs = self._read(self.core.list_namespaced_event, self.namespace,
                          field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod_name}").items
-        evs = [e for e in evs if e.reason == "FailedScheduling"]
-        return sorted(evs, key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
+        evs = sorted(evs, key=lambda e: (e.last_timestamp or e.event_time or e.metadata.creation_timestamp))
+        return [self.api.sanitize_for_serialization(e) for e in evs]
+
+    def scheduling_events(self, pod_name: str) -> list[dict]:
+        """``FailedScheduling`` events of the pod (API JSON), oldest first."""
+        return [e for e in self.pod_events(pod_name) if e.get("reason") == "FailedScheduling"]
 
     # -- DRA -----------------------------------------------------------------------------------------
     def create_claim_template(self, template_v1: dict) -> Any:
-        """Create a ResourceClaimTemplate given in the v1 shape (converted to the served version)."""
+        """Create a ResourceClaimTemplate given in the v1 shape (converted to the served version).
+
+        Sent as YAML (compact JSON is YAML), which the API server converts to canonical JSON: the opaque
+        config's ``parameters`` are a ``runtime.RawExtension`` kept byte for byte, and the python client's JSON
+        (``json.dumps`` with ", " separators) would store them with spaces that any later patch re-encodes
+        without, so the owner-reference patch (:meth:`set_template_owner`) failed with 422 "spec: field is
+        immutable" for a template with a sharing config (measured on kube-apiserver v1.34.12)."""
         body = claim_template_for_version(template_v1, self.resource_api_version)
-        return self._write(self._res().create_namespaced_resource_claim_template, self.namespace, body)
+        text = json.dumps(body if isinstance(body, dict) else to_dict(body), separators=(",", ":"), sort_keys=True)
+        return self._write(self._res().create_namespaced_resource_claim_template, self.namespace, text,
+                           _headers={"Content-Type": "application/yaml"})
 
     def set_template_owner(self, name: str, owner_patch: dict) -> None:
         """Merge-patch the template's ownerReferences (see ``manifests.owner_reference``)."""
@@ -210,7 +225,8 @@ class ClaimWatcher:
     read after the pod finished usually finds nothing; the watch sees the allocation when the scheduler
     writes it. Runs in a daemon thread, relisting after any error; :meth:`get` is thread-safe.
 
-    Entries: ``{"claim": name, "devices": ["driver/pool/device", ...], "allocated_at": epoch s}``.
+    Entries: ``{"claim": name, "devices": ["driver/pool/device", ...], "requests": [result's request, ...],
+    "allocated_at": epoch s}`` (a request is ``gpu``, or ``gpu/<subrequest>`` for a firstAvailable claim).
     """
 
     def __init__(self, kube: KubeClient, label_selector: str):
@@ -251,7 +267,7 @@ class ClaimWatcher:
             for o in owners:
                 if o["uid"] not in self._by_pod:
                     self._by_pod[o["uid"]] = {"claim": d["metadata"]["name"], "devices": devices,
-                                              "allocated_at": time.time()}
+                                              "requests": allocated_requests(d), "allocated_at": time.time()}
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -4,14 +4,25 @@ A step's :class:`~dagster_gpu.request.GpuRequest` becomes one DRA device request
 
 * a whole GPU: DeviceClass ``gpu.nvidia.com`` with CEL selectors for the product-name prefix
   (``device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA A100')``) and the minimum memory
-  (``device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40960Mi')) >= 0``), ``count`` devices;
-* a MIG slice: DeviceClass ``mig.nvidia.com`` with ``profile == '1g.10gb'`` (plus the same product and
-  memory selectors), when the placement's device is ``mig-<profile>`` or the request has ``mig_ok`` and
-  the settings give a ``mig_profile``;
+  (``device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('76185Mi')) >= 0`` for ``memory_gib: 80``:
+  the marketed-size rule of :mod:`dagster_gpu.device_memory`), ``count`` devices;
+* a MIG slice: DeviceClass ``mig.nvidia.com`` with ``profile == '1g.10gb'`` plus the same product and
+  memory selectors, the memory judged against the slice's own capacity (a 1g.10gb slice publishes 9728Mi);
+* the request follows the policy's placement exactly: a ``mig-<profile>`` placement asks for that slice, a
+  product placement (a whole-GPU pool) for a whole GPU. Without a placement device (a forced backend), a
+  ``mig_ok`` count-1 request with ``settings.mig_profile`` set becomes a ``firstAvailable`` request
+  (DRAPrioritizedList, beta and on by default in Kubernetes 1.34): subrequest ``mig`` (the slice, when its
+  profile can hold the memory asked for) else subrequest ``gpu`` (a whole GPU). The scheduler records which
+  one it allocated in ``status.allocation.devices.results[].request`` (``gpu/mig`` or ``gpu/gpu``;
+  :meth:`DeviceChoice.resolve`);
 * a sharing strategy (``TimeSlicing`` or ``MPS``) when the request is ``shared_ok`` and the settings enable
   one: an opaque ``resource.nvidia.com/v1beta1`` ``GpuConfig`` (``MigDeviceConfig`` for MIG) for driver
   ``gpu.nvidia.com``. Note that DRA never gives one device to two claims: the strategy governs how the
   containers that share *this* claim use the device.
+
+Request shapes: kubernetes/api v0.34.0 ``resource/v1/types.go`` (``DeviceRequest``: exactly one of
+``exactly`` / ``firstAvailable``; ``DeviceSubRequest``: name, deviceClassName, selectors, allocationMode,
+count; at most 8 subrequests; config and results name a subrequest ``<request>/<subrequest>``).
 
 Objects are built with the kubernetes client's models (``V1ResourceClaimTemplate``,
 ``V1ExactDeviceRequest``...) for ``resource.k8s.io/v1``; :func:`claim_template_for_version` converts the
@@ -22,17 +33,16 @@ directly on the request) for clusters that serve only those.
 from __future__ import annotations
 
 import json
-import math
 import re
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 
 from kubernetes import client
 
 from dagster_gpu.billing.ratecard import mig_fraction
+from dagster_gpu.device_memory import min_memory_mib
 
 if TYPE_CHECKING:
-    from dagster_gpu.k8s.pod import K8sSettings
     from dagster_gpu.request import GpuRequest
 
 DRIVER = "gpu.nvidia.com"
@@ -42,7 +52,24 @@ REQUEST_NAME = "gpu"  # the device request in the template, and the pod's claim 
 SHARING_STRATEGIES = ("TimeSlicing", "MPS")
 RESOURCE_API_VERSIONS = ("v1", "v1beta2", "v1beta1")  # preference order
 
-_PROFILE = re.compile(r"^\d+g\.\d+gb$")
+#: a MIG profile name as the driver publishes it (``1g.10gb``, ``3g.40gb``): ``<slices>g.<GB>gb``
+MIG_PROFILE = re.compile(r"^(\d+)g\.(\d+)gb$")
+MIG_SUBREQUEST = "mig"  # firstAvailable subrequest names (results[].request is "gpu/mig" or "gpu/gpu")
+GPU_SUBREQUEST = "gpu"
+
+
+def is_mig_profile(name: str) -> bool:
+    """Whether ``name`` looks like a MIG profile (``1g.10gb``)."""
+    return bool(MIG_PROFILE.match(name))
+
+
+class DeviceSettings(Protocol):
+    """What :func:`device_choice` reads of the backend's settings (``dagster_gpu.k8s.pod.K8sSettings``
+    has both): the MIG profile for ``mig_ok`` requests (None: whole GPUs only) and the sharing strategy
+    (``TimeSlicing``/``MPS``, None: no sharing config)."""
+
+    mig_profile: str | None
+    sharing_strategy: str | None
 
 
 class ManifestError(ValueError):
@@ -63,6 +90,12 @@ class DeviceChoice:
         fraction_per_device: 1.0 for a whole GPU, :func:`mig_fraction` of the profile for MIG.
         product: the GPU product asked for (a MIG slice's parent), from the request or the placement, or
             None (the rate card's ``default`` prices it).
+        alternatives: for a ``firstAvailable`` request, its subrequests in order of preference (each a
+            DeviceChoice with ``subrequest`` set: the MIG slice, then the whole GPU); the other fields are then
+            the slice's (what the scheduler allocates whenever one is free) until :meth:`resolve` names the one
+            the claim was allocated (``status.allocation.devices.results[].request``). Empty for an ``exactly``
+            request.
+        subrequest: this alternative's subrequest name (``mig``/``gpu``), None for the request itself.
     """
 
     device_class: str
@@ -73,6 +106,14 @@ class DeviceChoice:
     device_type: str
     fraction_per_device: float
     product: str | None = None
+    alternatives: tuple["DeviceChoice", ...] = ()
+    subrequest: str | None = None
+
+    def resolve(self, allocated_request: str | None) -> "DeviceChoice":
+        """The alternative a claim was allocated: ``allocated_request`` is a result's ``request``
+        (``gpu/mig``); self for an ``exactly`` request or an unknown/None name."""
+        name = (allocated_request or "").partition("/")[2]
+        return next((a for a in self.alternatives if a.subrequest == name), self)
 
     @property
     def device_fraction(self) -> float:
@@ -80,9 +121,14 @@ class DeviceChoice:
         return self.count * self.fraction_per_device
 
     def to_json(self) -> dict:
-        return {"deviceClassName": self.device_class, "count": self.count, "selectors": list(self.selectors),
-                "migProfile": self.mig_profile, "sharing": self.sharing, "deviceFraction": self.device_fraction,
-                "deviceType": self.device_type, "product": self.product}
+        out = {"deviceClassName": self.device_class, "count": self.count, "selectors": list(self.selectors),
+               "migProfile": self.mig_profile, "sharing": self.sharing, "deviceFraction": self.device_fraction,
+               "deviceType": self.device_type, "product": self.product}
+        if self.subrequest:
+            out["subrequest"] = self.subrequest
+        if self.alternatives:
+            out["firstAvailable"] = [a.to_json() for a in self.alternatives]
+        return out
 
 
 def _cel_string(s: str) -> str:
@@ -90,10 +136,13 @@ def _cel_string(s: str) -> str:
 
 
 def memory_selector(gib: float) -> str:
-    """CEL: the device's ``memory`` capacity is at least ``gib`` GiB (rounded up to whole MiB)."""
-    if not math.isfinite(gib) or gib < 0:
-        raise ManifestError(f"memory_gib must be finite and >= 0, got {gib!r}")
-    mib = math.ceil(gib * 1024)
+    """CEL: the device's ``memory`` capacity satisfies ``memory_gib: gib`` by the marketed-size rule
+    (:func:`dagster_gpu.device_memory.min_memory_mib`: at least 93 % of ``gib`` GiB, so an "80GB" H100's
+    81559Mi matches 80). Raises ManifestError for a negative or non-finite ``gib``."""
+    try:
+        mib = min_memory_mib(gib)
+    except ValueError as e:
+        raise ManifestError(str(e)) from None
     return f"device.capacity[{_cel_string(DRIVER)}].memory.compareTo(quantity('{mib}Mi')) >= 0"
 
 
@@ -106,45 +155,69 @@ def profile_selector(profile: str) -> str:
     return f"device.attributes[{_cel_string(DRIVER)}].profile == {_cel_string(profile)}"
 
 
-def device_choice(request: GpuRequest, placement_device: str | None, settings: K8sSettings,
-                  placement_product: str | None = None) -> DeviceChoice | None:
+def _profile_gib(profile: str) -> int:
+    """The marketed memory of a MIG profile, from its name (``1g.10gb`` -> 10)."""
+    return int(MIG_PROFILE.match(profile).group(2))
+
+
+def device_choice(request: GpuRequest, placement_device: str | None, settings: DeviceSettings,
+                  placement_product: str | None = None, shared: bool | None = None) -> DeviceChoice | None:
     """The DRA request for ``request`` (None for a CPU-only step, ``count == 0``).
 
-    MIG is used when ``placement_device`` is ``mig-<profile>``, or when the request is ``mig_ok``,
-    asks for one device, and ``settings.mig_profile`` is set. ``placement_device`` naming a product
-    (``NVIDIA A100-SXM4-80GB``) narrows the product selector when the request has none.
+    ``placement_device`` is the policy's pool: ``mig-<profile>`` asks for that MIG slice; a product name
+    (``NVIDIA A100-SXM4-80GB``) asks for a whole GPU and narrows the product selector when the request has
+    none. With no placement device (None, ``default``, ``cpu``), a ``mig_ok`` request for one device with
+    ``settings.mig_profile`` set gets ``alternatives`` (``firstAvailable``): the slice first, when the
+    profile's marketed memory holds ``memory_gib``, else a whole GPU; any other request a whole GPU.
     ``placement_product`` (the policy's product of the chosen pool, a MIG slice's parent) only names the
-    product billed (:attr:`DeviceChoice.product`), it adds no selector.
+    product billed (:attr:`DeviceChoice.product`), it adds no selector. ``shared`` is the placement's
+    :attr:`~dagster_gpu.policy.placement.Placement.shared`: False drops the sharing config (a shared claim
+    failed to prepare on that pool); None or True leave it to ``request.shared_ok`` and
+    ``settings.sharing_strategy``.
     Raises ManifestError for a malformed MIG device name.
     """
     if request.count <= 0:
         return None
-    profile = None
-    if placement_device and placement_device.startswith("mig-"):
-        profile = placement_device[4:]
-        if not _PROFILE.match(profile):
-            raise ManifestError(f"placement device {placement_device!r} is not a MIG profile like 'mig-1g.10gb'")
-    elif request.mig_ok and request.count == 1 and settings.mig_profile:
-        profile = settings.mig_profile
-    product = request.product
-    if not product and placement_device and not placement_device.startswith("mig-") and placement_device not in ("cpu", "default"):
-        product = placement_device
-    selectors: list[str] = []
-    if profile:
-        selectors.append(profile_selector(profile))
+    placed = placement_device if placement_device not in (None, "", "cpu", "default") else None
+    sharing = settings.sharing_strategy if request.shared_ok and shared is not False else None
+    billed_product = placement_product if placement_product not in (None, "", "cpu", "default") else None
+    if placed and placed.startswith("mig-"):
+        profile = placed[4:]
+        if not MIG_PROFILE.match(profile):
+            raise ManifestError(f"placement device {placed!r} is not a MIG profile like 'mig-1g.10gb'")
+        return _mig_choice(request, profile, sharing, billed_product)
+    product = request.product or placed
+    gpu = _gpu_choice(request, product, sharing, billed_product)
+    profile = settings.mig_profile
+    if placed or not (request.mig_ok and request.count == 1 and profile):
+        return gpu
+    if request.memory_gib is not None and _profile_gib(profile) < request.memory_gib:
+        return gpu  # the slice cannot hold it: no point offering it
+    mig = replace(_mig_choice(request, profile, sharing, billed_product), subrequest=MIG_SUBREQUEST)
+    return replace(mig, subrequest=None, alternatives=(mig, replace(gpu, subrequest=GPU_SUBREQUEST)))
+
+
+def _selectors(request: GpuRequest, product: str | None, profile: str | None = None) -> tuple[str, ...]:
+    out = [profile_selector(profile)] if profile else []
     if product:
-        selectors.append(product_selector(product))
+        out.append(product_selector(product))
     if request.memory_gib is not None:
-        selectors.append(memory_selector(request.memory_gib))
-    sharing = settings.sharing_strategy if request.shared_ok else None
-    billed = product or (placement_product if placement_product not in (None, "", "cpu", "default") else None)
-    if profile:
-        return DeviceChoice(MIG_CLASS, request.count, tuple(selectors), profile, sharing, f"mig-{profile}",
-                            mig_fraction(profile), billed)
-    return DeviceChoice(GPU_CLASS, request.count, tuple(selectors), None, sharing, product or "default", 1.0, billed)
+        out.append(memory_selector(request.memory_gib))
+    return tuple(out)
 
 
-def _opaque_config(choice: DeviceChoice) -> client.V1DeviceClaimConfiguration | None:
+def _mig_choice(request: GpuRequest, profile: str, sharing: str | None, billed_product: str | None) -> DeviceChoice:
+    return DeviceChoice(MIG_CLASS, request.count, _selectors(request, request.product, profile), profile, sharing,
+                        f"mig-{profile}", mig_fraction(profile, request.product or billed_product),
+                        request.product or billed_product)
+
+
+def _gpu_choice(request: GpuRequest, product: str | None, sharing: str | None, billed_product: str | None) -> DeviceChoice:
+    return DeviceChoice(GPU_CLASS, request.count, _selectors(request, product), None, sharing, product or "default",
+                        1.0, product or billed_product)
+
+
+def _opaque_config(choice: DeviceChoice, request: str) -> client.V1DeviceClaimConfiguration | None:
     if not choice.sharing:
         return None
     if choice.mig_profile:
@@ -156,24 +229,42 @@ def _opaque_config(choice: DeviceChoice) -> client.V1DeviceClaimConfiguration | 
             sharing["timeSlicingConfig"] = {"interval": "Default"}
         params = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}
     return client.V1DeviceClaimConfiguration(
-        requests=[REQUEST_NAME],
+        requests=[request],
         opaque=client.V1OpaqueDeviceConfiguration(driver=DRIVER, parameters=params),
     )
 
 
+def _cel(selectors: Sequence[str]) -> list[client.V1DeviceSelector] | None:
+    return [client.V1DeviceSelector(cel=client.V1CELDeviceSelector(expression=e)) for e in selectors] or None
+
+
+def device_request(choice: DeviceChoice) -> tuple[client.V1DeviceRequest, list[client.V1DeviceClaimConfiguration]]:
+    """The ``gpu`` DeviceRequest for ``choice`` (``exactly``, or ``firstAvailable`` with one
+    DeviceSubRequest per alternative) and its opaque configs (a subrequest's config names it
+    ``gpu/<subrequest>``)."""
+    if not choice.alternatives:
+        exact = client.V1ExactDeviceRequest(device_class_name=choice.device_class, allocation_mode="ExactCount",
+                                            count=choice.count, selectors=_cel(choice.selectors))
+        cfg = _opaque_config(choice, REQUEST_NAME)
+        return client.V1DeviceRequest(name=REQUEST_NAME, exactly=exact), [cfg] if cfg else []
+    subs, cfgs = [], []
+    for alt in choice.alternatives:
+        subs.append(client.V1DeviceSubRequest(name=alt.subrequest, device_class_name=alt.device_class,
+                                              allocation_mode="ExactCount", count=alt.count,
+                                              selectors=_cel(alt.selectors)))
+        cfg = _opaque_config(alt, f"{REQUEST_NAME}/{alt.subrequest}")
+        if cfg:
+            cfgs.append(cfg)
+    return client.V1DeviceRequest(name=REQUEST_NAME, first_available=subs), cfgs
+
+
 def claim_template(name: str, namespace: str, labels: Mapping[str, str], choice: DeviceChoice,
                    annotations: Mapping[str, str] | None = None) -> client.V1ResourceClaimTemplate:
-    """A ``resource.k8s.io/v1`` ResourceClaimTemplate with one ``exactly`` request named ``gpu``.
+    """A ``resource.k8s.io/v1`` ResourceClaimTemplate with one request named ``gpu`` (:func:`device_request`).
 
     ``labels`` go on the template and (through ``spec.metadata``) on every claim generated from it.
     """
-    exact = client.V1ExactDeviceRequest(
-        device_class_name=choice.device_class,
-        allocation_mode="ExactCount",
-        count=choice.count,
-        selectors=[client.V1DeviceSelector(cel=client.V1CELDeviceSelector(expression=e)) for e in choice.selectors] or None,
-    )
-    cfg = _opaque_config(choice)
+    request, cfgs = device_request(choice)
     return client.V1ResourceClaimTemplate(
         api_version="resource.k8s.io/v1",
         kind="ResourceClaimTemplate",
@@ -181,12 +272,7 @@ def claim_template(name: str, namespace: str, labels: Mapping[str, str], choice:
                                      annotations=dict(annotations or {}) or None),
         spec=client.V1ResourceClaimTemplateSpec(
             metadata=client.V1ObjectMeta(labels=dict(labels), annotations=dict(annotations or {}) or None),
-            spec=client.V1ResourceClaimSpec(
-                devices=client.V1DeviceClaim(
-                    requests=[client.V1DeviceRequest(name=REQUEST_NAME, exactly=exact)],
-                    config=[cfg] if cfg else None,
-                )
-            ),
+            spec=client.V1ResourceClaimSpec(devices=client.V1DeviceClaim(requests=[request], config=cfgs or None)),
         ),
     )
 
@@ -228,6 +314,101 @@ def allocated_devices(claim: Mapping[str, Any] | Any) -> list[str]:
     d = claim if isinstance(claim, Mapping) else to_dict(claim)
     results = (((d.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
     return [f"{r['driver']}/{r['pool']}/{r['device']}" for r in results]
+
+
+def allocated_requests(claim: Mapping[str, Any] | Any) -> list[str]:
+    """The ``request`` of each result in a claim's ``status.allocation`` (empty if unallocated): ``gpu``, or
+    ``gpu/<subrequest>`` for a firstAvailable request (kubernetes/api ``resource/v1`` types.go,
+    ``DeviceRequestAllocationResult.Request``: "<main request>/<subrequest>"), what :meth:`DeviceChoice.resolve`
+    takes. Accepts a kubernetes model or a camelCase dict."""
+    d = claim if isinstance(claim, Mapping) else to_dict(claim)
+    results = (((d.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    return [str(r.get("request") or "") for r in results]
+
+
+def choice_from_json(d: Mapping[str, Any]) -> DeviceChoice:
+    """Inverse of :meth:`DeviceChoice.to_json` (the pod's and template's device-request annotation), so a
+    process that did not launch the pod can :meth:`~DeviceChoice.resolve` what its claim was allocated."""
+    return DeviceChoice(
+        device_class=d["deviceClassName"], count=int(d["count"]), selectors=tuple(d.get("selectors") or ()),
+        mig_profile=d.get("migProfile"), sharing=d.get("sharing"), device_type=d["deviceType"],
+        fraction_per_device=float(d["deviceFraction"]) / max(1, int(d["count"])), product=d.get("product"),
+        alternatives=tuple(choice_from_json(a) for a in d.get("firstAvailable") or ()), subrequest=d.get("subrequest"))
+
+
+def newest_slices(slices: Iterable[Mapping[str, Any]], driver: str = DRIVER) -> list[Mapping[str, Any]]:
+    """``driver``'s slices of the highest ``spec.pool.generation`` of each pool; older generations are
+    dropped ("A consumer must only use ResourceSlices with the highest generation number and ignore all
+    others": kubernetes/api v0.34.0 ``resource/v1/types.go``). Plain dicts, any resource.k8s.io version."""
+    mine = [s for s in slices if (s.get("spec") or {}).get("driver") == driver]
+
+    def pool(s: Mapping[str, Any]) -> tuple[str, int]:
+        p = s["spec"].get("pool") or {}
+        return p.get("name", ""), int(p.get("generation", 0))
+
+    newest: dict[str, int] = {}
+    for s in mine:
+        name, gen = pool(s)
+        newest[name] = max(gen, newest.get(name, gen))
+    return [s for s in mine if pool(s)[1] == newest[pool(s)[0]]]
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    """One device of a claim's allocation, with what its ResourceSlice says about it.
+
+    Attributes:
+        request: the result's ``request`` (``gpu``, or ``gpu/mig`` for a firstAvailable subrequest).
+        driver, pool, device: the device's identity.
+        uuid: the device's ``uuid`` attribute (``GPU-…``, ``MIG-…``); None when its slice is not known or the
+            device is abstract (a dynamic-MIG placement: its MIG device is created at prepare time).
+        parent_uuid: a MIG device's ``parentUUID`` attribute, else None.
+        mig_profile: a MIG device's ``profile`` attribute (``1g.10gb``), else None.
+    """
+
+    request: str
+    driver: str
+    pool: str
+    device: str
+    uuid: str | None = None
+    parent_uuid: str | None = None
+    mig_profile: str | None = None
+
+    @property
+    def nvml_uuid(self) -> str | None:
+        """The UUID NVML opens for it: its own, else (an abstract MIG device) its parent's, whose MIG
+        devices the sampler then reads."""
+        return self.uuid or self.parent_uuid
+
+
+def _string_attr(body: Mapping[str, Any], name: str) -> str | None:
+    attrs = body.get("attributes") or {}
+    v = attrs.get(name) or attrs.get(f"{DRIVER}/{name}") or {}
+    return v.get("string")
+
+
+def allocation(claim: Mapping[str, Any] | Any, slices: Iterable[Mapping[str, Any]] = ()) -> list[AllocatedDevice]:
+    """The devices of a claim's ``status.allocation.devices.results`` (empty if unallocated), each looked up
+    in ``slices`` (the newest generation of its pool) for its ``uuid`` / ``parentUUID`` / ``profile``
+    attributes (NVIDIA/k8s-dra-driver-gpu v25.12.0 ``deviceinfo.go``, ``partitions.go``).
+
+    ``claim``: a kubernetes model (``ResourceV1ResourceClaim``) or a camelCase dict; ``slices``: dicts.
+    """
+    d = claim if isinstance(claim, Mapping) else to_dict(claim)
+    results = (((d.get("status") or {}).get("allocation") or {}).get("devices") or {}).get("results") or []
+    known: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+    slices = list(slices)
+    for drv in {r.get("driver") for r in results}:
+        for s in newest_slices(slices, drv):
+            pool = (s["spec"].get("pool") or {}).get("name", "")
+            for dev in s["spec"].get("devices") or []:
+                known[(drv, pool, dev["name"])] = dev.get("basic") or dev
+    out = []
+    for r in results:
+        body = known.get((r["driver"], r["pool"], r["device"])) or {}
+        out.append(AllocatedDevice(r.get("request", ""), r["driver"], r["pool"], r["device"], _string_attr(body, "uuid"),
+                                   _string_attr(body, "parentUUID"), _string_attr(body, "profile")))
+    return out
 
 
 def served_version(group_versions: Sequence[str]) -> str:

@@ -57,15 +57,16 @@ def object_name(run_id: str, step_key: str, attempt: int) -> str:
 
 
 def step_labels(launch: StepLaunch) -> dict[str, str]:
-    """Labels on the pod, its template and the generated ResourceClaim: run id, step key, partition key."""
+    """Labels on the pod, its template and the generated ResourceClaim: run id, step key, attempt and the
+    partition keys the step covers (:func:`partition_label`; no partition label for an unpartitioned run)."""
     labels = {
         LABEL_MANAGED_BY: MANAGED_BY,
         LABEL_RUN_ID: sanitize_label_value(launch.run_id),
         LABEL_STEP_KEY: sanitize_label_value(launch.step_key),
         LABEL_ATTEMPT: str(int(launch.attempt)),
     }
-    if launch.partition_key is not None:
-        labels[LABEL_PARTITION] = sanitize_label_value(launch.partition_key)
+    if launch.partition_keys:
+        labels[LABEL_PARTITION] = partition_label(launch.partition_keys)
     return labels
 
 

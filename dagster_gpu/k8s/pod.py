@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -24,7 +25,7 @@ from kubernetes import client
 
 from dagster_gpu.contracts import StepLaunch
 from dagster_gpu.k8s.dra import (
-    _PROFILE, REQUEST_NAME, SHARING_STRATEGIES, DeviceChoice, ManifestError, claim_template, device_choice,
+    REQUEST_NAME, SHARING_STRATEGIES, DeviceChoice, ManifestError, claim_template, device_choice, is_mig_profile,
 )
 from dagster_gpu.k8s.names import (
     ANNOTATION_DEVICE_REQUEST, ANNOTATION_PARTITION_KEY, ANNOTATION_PLACEMENT_DEVICE, ANNOTATION_STEP_KEY, ENV_NAMESPACE,
@@ -32,6 +33,37 @@ from dagster_gpu.k8s.names import (
 )
 
 CONTAINER_NAME = "step"
+
+#: The taint GPU node pools commonly carry (GKE and AKS GPU node pools, NVIDIA GPU Operator guides:
+#: ``nvidia.com/gpu=present:NoSchedule``); a GPU step tolerates it by default, a CPU-only step does not.
+GPU_TAINT_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+#: The worker image's user and group (docker/Dockerfile ``USER 1000:1000``).
+WORKER_UID = 1000
+
+
+def restricted_security_contexts(run_as_user: int | None) -> tuple[dict, dict]:
+    """(pod, container) ``securityContext`` (snake_case) that the Pod Security "restricted" profile admits
+    (k8s.io/pod-security-admission/policy: check_runAsNonRoot.go, check_allowPrivilegeEscalation.go,
+    check_capabilities_restricted.go, check_seccompProfile_restricted.go, check_runAsUser.go): runAsNonRoot,
+    seccompProfile RuntimeDefault; no privilege escalation, every capability dropped; ``run_as_user`` (not 0)
+    as runAsUser and runAsGroup when given, else the image's numeric USER (the kubelet refuses a
+    non-numeric one under runAsNonRoot)."""
+    pod: dict[str, Any] = {"run_as_non_root": True, "seccomp_profile": {"type": "RuntimeDefault"}}
+    if run_as_user is not None:
+        pod.update(run_as_user=run_as_user, run_as_group=run_as_user)
+    container = {"allow_privilege_escalation": False, "capabilities": {"drop": ["ALL"]}}
+    return pod, container
+
+
+def _snake(d: Any) -> Any:
+    """Keys of a Kubernetes object (camelCase as in YAML, or snake_case) in the client models' snake_case."""
+    if isinstance(d, Mapping):
+        return {re.sub(r"(?<=[a-z0-9])([A-Z])", lambda m: "_" + m.group(1).lower(), str(k)): _snake(v)
+                for k, v in d.items()}
+    if isinstance(d, list):
+        return [_snake(x) for x in d]
+    return d
 
 
 @dataclass(frozen=True)
@@ -61,6 +93,13 @@ class K8sSettings:
         termination_grace_period_s: the pod's ``terminationGracePeriodSeconds``.
         cpu_request, memory_request: the container's resource requests (quantities), or None.
         extra_labels: added to the pod (and claims).
+        restricted: give the pod and the step container the securityContext the Pod Security "restricted"
+            profile admits (:func:`restricted_security_contexts`); the user's ``container_context``
+            ``security_context`` (container) and ``pod_spec_config.security_context`` override it key by key.
+        run_as_user: runAsUser/runAsGroup under ``restricted`` (default the worker image's 1000; None: the
+            image's USER).
+        tolerations: the pod's tolerations (Kubernetes shape, camelCase or snake_case), before the
+            ``container_context``'s; None: :data:`GPU_TAINT_TOLERATION` for a GPU step, none for a CPU step.
     """
 
     namespace: str = "dagster-gpu"
@@ -73,11 +112,16 @@ class K8sSettings:
     cpu_request: str | None = "100m"
     memory_request: str | None = None
     extra_labels: Mapping[str, str] = field(default_factory=dict)
+    restricted: bool = True
+    run_as_user: int | None = WORKER_UID
+    tolerations: tuple[Mapping[str, Any], ...] | None = None
 
     def __post_init__(self):
+        if self.run_as_user is not None and (not isinstance(self.run_as_user, int) or self.run_as_user <= 0):
+            raise ManifestError(f"run_as_user must be a positive UID (restricted pods may not run as root), got {self.run_as_user!r}")
         if self.sharing_strategy is not None and self.sharing_strategy not in SHARING_STRATEGIES:
             raise ManifestError(f"sharing_strategy must be one of {SHARING_STRATEGIES} or null, got {self.sharing_strategy!r}")
-        if self.mig_profile is not None and not _PROFILE.match(self.mig_profile):
+        if self.mig_profile is not None and not is_mig_profile(self.mig_profile):
             raise ManifestError(f"mig_profile must look like '1g.10gb', got {self.mig_profile!r}")
         if self.termination_grace_period_s < 0:
             raise ManifestError("termination_grace_period_s must be >= 0")
@@ -117,7 +161,10 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
     settings' overlaid with the user's, limits the user's; the step's own fields win: container name,
     ``command`` (the worker argv; no ``args``), the DRA claim, ``restartPolicy: Never``,
     ``terminationGracePeriodSeconds``, ``enableServiceLinks: false``, and the service account token is
-    mounted only for a named ServiceAccount. Labels: the user's, ``extra_labels``, then the step's. The
+    mounted only for a named ServiceAccount. Security: the Pod Security "restricted" defaults
+    (:func:`restricted_security_contexts`, unless ``settings.restricted`` is False) overlaid key by key with
+    the user's container and pod ``security_context``; tolerations: ``settings.tolerations`` (default: the
+    GPU taint for a GPU step) then the user's. Labels: the user's, ``extra_labels``, then the step's. The
     container's ``terminationMessagePolicy`` is ``FallbackToLogsOnError`` unless the user's sets one, so a
     failed worker's last log lines are its termination message, readable after the pod is gone.
 
@@ -152,6 +199,12 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
         "claims": [{"name": REQUEST_NAME}] if template_name else None,
     }
     container_cfg.pop("args", None)
+    pod_sc, container_sc = restricted_security_contexts(settings.run_as_user) if settings.restricted else ({}, {})
+    container_sc = {**container_sc, **dict(container_cfg.pop("security_context", None) or {})} or None
+    pod_sc = {**pod_sc, **dict(pod_spec_cfg.pop("security_context", None) or {})} or None
+    tolerations = [_snake(dict(t)) for t in (settings.tolerations if settings.tolerations is not None
+                                             else ((GPU_TAINT_TOLERATION,) if template_name else ()))]
+    tolerations += list(pod_spec_cfg.pop("tolerations", None) or [])
     container = _model(client.V1Container, {
         **container_cfg,
         "name": CONTAINER_NAME,
@@ -161,6 +214,7 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
         "env_from": container_cfg.get("env_from") or None,
         "volume_mounts": container_cfg.get("volume_mounts") or None,
         "resources": resources,
+        "security_context": container_sc,
         "termination_message_policy": container_cfg.get("termination_message_policy") or "FallbackToLogsOnError",
     }, "container")
 
@@ -168,8 +222,8 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
     annotations = {**dict(pod_meta.pop("annotations", None) or {}), ANNOTATION_STEP_KEY: launch.step_key}
     if launch.placement.device:
         annotations[ANNOTATION_PLACEMENT_DEVICE] = launch.placement.device
-    if launch.partition_key is not None:
-        annotations[ANNOTATION_PARTITION_KEY] = launch.partition_key
+    if len(launch.partition_keys) == 1:  # the key as it is (a ranged run's keys: the partition label's hash)
+        annotations[ANNOTATION_PARTITION_KEY] = launch.partition_keys[0]
     # Only a named ServiceAccount's token is mounted (the worker reads its own pod and ResourceClaim with
     # it: resources/k8s/manifests/43-worker-rbac.yaml); the namespace's default account gets none.
     service_account = pod_spec_cfg.pop("service_account_name", None)
@@ -185,6 +239,8 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
         "service_account_name": service_account,
         "image_pull_secrets": pod_spec_cfg.get("image_pull_secrets") or None,
         "volumes": pod_spec_cfg.get("volumes") or None,
+        "security_context": pod_sc,
+        "tolerations": tolerations or None,
         "containers": [],
         "resource_claims": [{"name": REQUEST_NAME, "resource_claim_template_name": template_name}] if template_name else None,
     }, "pod spec")
@@ -206,10 +262,15 @@ def owner_reference(pod_name: str, pod_uid: str) -> dict:
     return {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod_uid}]}}
 
 
-def step_objects(launch: StepLaunch, settings: K8sSettings) -> tuple[client.V1Pod, client.V1ResourceClaimTemplate | None, DeviceChoice | None]:
-    """(pod, template or None, device choice or None) for ``launch``; names from :func:`object_name`."""
+def step_objects(launch: StepLaunch, settings: K8sSettings, shared: bool | None = None,
+                 ) -> tuple[client.V1Pod, client.V1ResourceClaimTemplate | None, DeviceChoice | None]:
+    """(pod, template or None, device choice or None) for ``launch``; names from :func:`object_name`.
+
+    ``shared``: whether the claim may carry the sharing config (:func:`device_choice`); None takes
+    ``launch.placement.shared``."""
     name = object_name(launch.run_id, launch.step_key, launch.attempt)
-    choice = device_choice(launch.request, launch.placement.device, settings, launch.placement.product)
+    shared = launch.placement.shared if shared is None else shared
+    choice = device_choice(launch.request, launch.placement.device, settings, launch.placement.product, shared)
     labels = {**dict(settings.extra_labels), **step_labels(launch)}
     template = None
     if choice is not None:
@@ -238,6 +299,9 @@ def handle_from_pod(pod: client.V1Pod) -> dict[str, Any]:
         "device_type": device_type,
         "device_fraction": fraction,
         "product": req.get("product") or "",
+        "sharing": (req.get("sharing") or "") if has_claim else "",
+        "device_request": ann.get(ANNOTATION_DEVICE_REQUEST, "") if has_claim else "",
+        "placement_device": ann.get(ANNOTATION_PLACEMENT_DEVICE, ""),
         "launched_at": pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else 0.0,
         "partition_key": ann.get(ANNOTATION_PARTITION_KEY, ""),
     }

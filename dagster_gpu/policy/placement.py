@@ -63,6 +63,10 @@ class Placement:
         deadline_s: the request's deadline in seconds from launch (None = ``batch``).
         deadline_met: False when no candidate was expected to finish within the deadline (the miss
             is recorded here and in ``reason``); True otherwise.
+        shared: for a ``shared_ok`` step placed on Kubernetes, whether it may get a shared device
+            (TimeSlicing/MPS): False on a pool where a shared claim failed to prepare
+            (``KubernetesState.no_sharing``); None when the policy did not decide it (the request's
+            ``shared_ok`` then applies).
     """
 
     backend: str
@@ -72,6 +76,7 @@ class Placement:
     product: str | None = None
     deadline_s: float | None = None
     deadline_met: bool = True
+    shared: bool | None = None
 
     @property
     def chosen(self) -> Alternative | None:
@@ -89,6 +94,7 @@ class Placement:
             "reason": self.reason,
             "deadline_s": _finite_or_none(self.deadline_s),
             "deadline_met": self.deadline_met,
+            "shared": self.shared,
             "alternatives": [a.to_json() for a in self.alternatives],
         }
 
@@ -102,4 +108,5 @@ class Placement:
             product=d.get("product"),
             deadline_s=d.get("deadline_s"),
             deadline_met=d.get("deadline_met", True),
+            shared=d.get("shared"),
         )

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 
 from dagster_gpu.billing.metering import charge
 from dagster_gpu.billing.ratecard import RateCardError
+from dagster_gpu.device_memory import memory_fits
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
@@ -83,7 +84,7 @@ def _fit(request: GpuRequest, pool: DeviceGroup) -> str:
             return f"MIG slice {pool.mig_profile} not acceptable (dagster-gpu/mig-ok is false)"
         if request.count != 1:
             return f"MIG slices serve single-device requests only (count={request.count})"
-    if request.memory_gib is not None and pool.memory_gib + 1e-9 < request.memory_gib:
+    if not memory_fits(pool.memory_gib, request.memory_gib):  # the marketed-size rule (device_memory.py)
         return f"{pool.memory_gib:g} GiB < {request.memory_gib:g} GiB requested"
     if request.product and not pool.product.casefold().startswith(request.product.casefold()):
         return f"product {pool.product!r} does not match {request.product!r}"
@@ -295,9 +296,25 @@ def decide(
     )
     if how:
         reason += f"; {how.reason}"
+    shared, why_unshared = placement_shared(request, snapshot, best.backend, best.device)
+    if why_unshared:
+        reason += f"; {why_unshared}"
     if skipped:
         reason += f"; not chosen: {skipped}"
     return Placement(
         backend=best.backend, device=best.device, product=best.product, reason=reason, alternatives=alts,
-        deadline_s=dl, deadline_met=met,
+        deadline_s=dl, deadline_met=met, shared=shared,
     )
+
+
+def placement_shared(request: GpuRequest, snapshot: Snapshot, backend: str, device: str | None) -> tuple[bool | None, str]:
+    """``(Placement.shared, why unshared or "")`` for ``request`` placed on ``backend``'s pool ``device``: None
+    unless a ``shared_ok`` step goes to Kubernetes; False when that pool (or ``*``) is in
+    ``KubernetesState.no_sharing``."""
+    st = snapshot.kubernetes
+    if not request.shared_ok or backend != "kubernetes" or st is None:
+        return None, ""
+    blocked = set(st.no_sharing)
+    if (device in blocked) or "*" in blocked:
+        return False, f"unshared: a shared claim failed to prepare on {device if device in blocked else 'this cluster'}"
+    return True, ""

@@ -47,7 +47,7 @@ from typing import Hashable, Iterable, Sequence
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.policy import (
-    DEFAULT_CONFIG, NoFeasiblePlacement, PolicyConfig, alternatives, select, unit_runtime_s,
+    DEFAULT_CONFIG, NoFeasiblePlacement, PolicyConfig, alternatives, placement_shared, select, unit_runtime_s,
 )
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import BackendState, LocalState, SlurmState, Snapshot, after_submit
@@ -321,9 +321,11 @@ def plan_range(
             reason = (f"{a.backend} {a.device}: {why}; est. start {a.start_delay_s:.0f} s, runtime "
                       f"{a.runtime_s:.0f} s, cost {a.cost_usd:.4f} USD (unit {got} of a ranged step, opened "
                       f"for partition {i}, largest first)")
-            pl = Placement(backend=a.backend, device=a.device, product=a.product, reason=reason,
+            shared, why_unshared = placement_shared(request, snap, a.backend, a.device)
+            pl = Placement(backend=a.backend, device=a.device, product=a.product,
+                           reason=f"{reason}; {why_unshared}" if why_unshared else reason,
                            alternatives=tuple(x[0] for x in options) + tuple(x for x in alts if not x.feasible),
-                           deadline_s=dl, deadline_met=bool(a.meets_deadline))
+                           deadline_s=dl, deadline_met=bool(a.meets_deadline), shared=shared)
             o = _Open(a, state, _rate(snap, a), max(1, request.count), pl, [])
             units.append(o)
             if a.note.startswith(_RELEASE_NOTE):

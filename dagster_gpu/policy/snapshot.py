@@ -23,9 +23,11 @@ Each backend's ``policy_state()``; ``dagster_gpu.executor.auto`` records a backe
 
 *Kubernetes* (:class:`KubernetesState`, ``KubernetesBackend.policy_state``): one :class:`DeviceGroup` per
 distinct (device type, product, memory, MIG profile) among the NVIDIA driver's ResourceSlice devices
-(``dagster_gpu.k8s.inventory.device_groups``); ``free`` counts devices not in any ResourceClaim's
-``status.allocation``; ``pending`` counts our Pending pods by their placement-device annotation;
-``start_estimate_s`` is not filled (None).
+(``dagster_gpu.k8s.inventory.device_groups``: each pool's newest slice generation; devices that consume
+shared counters, as dynamic MIG's, counted by what the counters allow); ``free`` counts devices not in any
+ResourceClaim's ``status.allocation``; ``pending`` counts our Pending pods by their placement-device annotation;
+``start_estimate_s`` is not filled (None); ``no_sharing`` lists the pools where a shared claim failed to
+prepare (the driver's sharing feature gates are off: ``dagster_gpu.policy.sharing_failures``).
 
 *Local* (:class:`LocalState`, ``LocalBackend.policy_state``): one group per GPU product NVML sees, ``free``
 = total minus our running workers; a CPU-only host has none (it can only run ``count == 0`` steps, priced
@@ -54,8 +56,9 @@ class DeviceKind:
 
     @property
     def fraction(self) -> float:
-        """Share of one GPU this device is billed as: 1.0, or the MIG compute fraction (1g -> 1/7)."""
-        return mig_fraction(self.mig_profile) if self.mig_profile else 1.0
+        """Share of one GPU this device is billed as: 1.0, or the MIG compute fraction of its parent product
+        (1g of an A100 -> 1/7, of an A30 -> 1/4)."""
+        return mig_fraction(self.mig_profile, self.product or None) if self.mig_profile else 1.0
 
     @property
     def key(self) -> tuple[str, str]:
@@ -148,9 +151,13 @@ class KubernetesState(BackendState):
 
     Attributes (besides :class:`BackendState`):
         namespace: where our pods run.
+        no_sharing: device types of pools where a shared (TimeSlicing/MPS) claim failed to prepare (``*``:
+            every pool), from :class:`dagster_gpu.policy.sharing_failures.SharingFailures`; a ``shared_ok``
+            step placed there gets an unshared device (``Placement.shared`` False).
     """
 
     namespace: str = "default"
+    no_sharing: tuple[str, ...] = ()
     launch_latency_s: float = 10.0
     billed_overhead_s: float = 30.0
 
@@ -215,6 +222,8 @@ class Snapshot:
                 continue
             d = dict(d)
             d["pools"] = tuple(DeviceGroup(**p) for p in d.get("pools", ()))
+            if "no_sharing" in d:  # JSON has lists; the state holds a tuple
+                d["no_sharing"] = tuple(d["no_sharing"])
             states[name] = typ(**d)
         return cls(rate_card=rate_card, taken_at=float(doc.get("taken_at", 0.0)), **states)
 

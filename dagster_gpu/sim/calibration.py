@@ -1,6 +1,7 @@
-"""The work unit's measured costs, read from ``bench/results/unit_startup.json`` (the only file the
-simulator reads; written by ``bench/unit_startup.py``, the recorded copy is checked in so the scenarios
-and their tests are deterministic).
+"""The work unit's measured costs, read from the package data ``dagster_gpu/data/unit_startup.json`` (the
+only file the simulator reads, so it works from an installed wheel as from a checkout; written by
+``bench/unit_startup.py`` through the link ``bench/results/unit_startup.json``; the recorded copy is checked
+in so the scenarios and their tests are deterministic).
 
 - ``unit_startup_s``: billed seconds a work unit pays once — python start, the step worker's imports
   (dagster, the code location, torch, sentence-transformers) and ``load_model``; median of fresh runs.
@@ -15,7 +16,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_PATH = Path(__file__).resolve().parents[2] / "bench" / "results" / "unit_startup.json"
+DEFAULT_PATH = Path(__file__).resolve().parents[1] / "data" / "unit_startup.json"
 
 
 @dataclass(frozen=True)

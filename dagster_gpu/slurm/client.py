@@ -28,6 +28,7 @@ from typing import Iterable, Mapping, Sequence
 
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from dagster_gpu.slurm import gres as G
 from dagster_gpu.slurm import parse as P
 
 log = logging.getLogger(__name__)
@@ -119,6 +120,8 @@ class SlurmClient:
     backoff_max_s: float = 8.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
     calls: dict[str, int] = field(default_factory=dict)
+    _config: dict[str, str] | None = field(default=None, init=False, repr=False, compare=False)
+    _warned_tres: bool = field(default=False, init=False, repr=False, compare=False)
 
     # ------------------------------------------------------------------------------------ plumbing
     def env(self) -> dict[str, str]:
@@ -263,6 +266,29 @@ class SlurmClient:
             raise SlurmRejected(argv, cp.returncode, "Slurm accounting storage is disabled (no slurmdbd)", cp.stderr)
         return P.parse_sacct(cp.stdout)
 
+    def sacct_steps(self, job_ids: Iterable[int | str], *, cluster: str | None = None) -> list[P.StepUsage]:
+        """The steps' usage TRES (``gres/gpuutil``, ``gres/gpumem`` since 23.02) of ``job_ids`` (array job ids
+        select all their tasks): one ``sacct`` without ``--allocations``. Empty input -> []."""
+        ids = sorted({str(j) for j in job_ids})
+        if not ids:
+            return []
+        argv = ["sacct", *cluster_args(cluster), "--parsable2", "--noheader", "--allusers", f"--jobs={','.join(ids)}",
+                "--format", P.SACCT_STEP_FORMAT]
+        return P.parse_sacct_steps(self.run(argv).stdout)
+
+    def gpu_usage_tracked(self) -> bool:
+        """Whether steps record ``gres/gpuutil``/``gres/gpumem`` (Slurm >= 23.02 with gres/gpu, gres/gpuutil or
+        gres/gpumem in AccountingStorageTRES), from the cached config."""
+        cfg = self.config()
+        tres = P.tracked_tres(cfg)
+        if not tres & {"gres/gpu", "gres/gpuutil", "gres/gpumem"} and not P.gpu_tres_tracked(cfg):
+            return False
+        try:
+            major, minor = (int(x) for x in cfg.get("SLURM_VERSION", "0.0").split(".")[:2])
+        except ValueError:
+            return False
+        return (major, minor) >= (23, 2)
+
     def scancel(self, ids: Iterable[str], *, signal: str | None = None, cluster: str | None = None) -> None:
         """``scancel`` exactly these ids (``123_7`` cancels one array task, ``123`` a whole job/array), on
         ``cluster`` (``-M``) when given. Unknown or finished ids are ignored."""
@@ -280,41 +306,87 @@ class SlurmClient:
         """``scontrol show config`` as a dict."""
         return P.parse_show_config(self.run(["scontrol", "show", "config"]).stdout)
 
+    def config(self) -> dict[str, str]:
+        """``scontrol show config``, asked once per client and kept (for settings that need a slurmctld
+        restart to change: AccountingStorageTRES)."""
+        if self._config is None:
+            self._config = self.show_config()
+        return self._config
+
+    def gpu_tres_tracked(self) -> bool:
+        """Whether sacct records GPUs (``gres/gpu`` in AccountingStorageTRES; :func:`parse.gpu_tres_tracked`),
+        from the cached config. Logs a WARNING once per client when not: bills then count requested GRES."""
+        cfg = self.config()
+        if "AccountingStorageTRES" not in cfg:  # every scontrol prints it; without it there is nothing to go on
+            return True
+        tracked = P.gpu_tres_tracked(cfg)
+        if not tracked and not self._warned_tres:
+            self._warned_tres = True
+            log.warning(
+                "Slurm does not account GPUs (AccountingStorageTRES=%s has no gres/gpu): sacct bills count the "
+                "requested GRES x ElapsedRaw (billing/source sacct-requested); add gres/gpu to AccountingStorageTRES "
+                "in slurm.conf to bill what Slurm allocated", self.config().get("AccountingStorageTRES"),
+            )
+        return tracked
+
+    def array_limits(self) -> P.ArrayLimits:
+        """The controller's job array limits now (MaxArraySize, SchedulerParameters max_array_tasks)."""
+        return P.array_limits(self.show_config())
+
     def max_array_size(self) -> int:
-        """The controller's MaxArraySize (array indices must be < this)."""
-        return P.max_array_size(self.show_config())
+        """The most tasks one job array may have now (indices 0..n-1): MaxArraySize, lowered by
+        SchedulerParameters' max_array_tasks; 0 when the site disabled job arrays (MaxArraySize=0)."""
+        return self.array_limits().tasks_per_array
 
     def update_throttle(self, array_job_id: int, throttle: int) -> None:
         """``scontrol update JobId=<id> ArrayTaskThrottle=<n>`` (live; 0 = unthrottled)."""
         self.run(["scontrol", "update", f"JobId={int(array_job_id)}", f"ArrayTaskThrottle={int(throttle)}"])
 
+    def node_gres(self, slurm_partition: str | None) -> list[G.NodeGres]:
+        """One ``sinfo -N -O NodeList,StateLong,Gres,GresUsed`` of a slurm partition (default one when None):
+        every node's state and its GRES configured and in use (:func:`dagster_gpu.slurm.gres.parse_sinfo_nodes`).
+        Raises SlurmError, SlurmRejected when the output does not parse."""
+        argv = ["sinfo", "--noheader", "--Node", "-O", G.SINFO_NODE_FORMAT]
+        if slurm_partition:
+            argv.append(f"--partition={slurm_partition}")
+        cp = self.run(argv)
+        try:
+            return G.parse_sinfo_nodes(cp.stdout)
+        except ValueError as e:
+            raise SlurmRejected(argv, cp.returncode, str(e), cp.stderr) from e
+
+    def gpu_capacity(self, slurm_partition: str | None, gres_type: str | None = None) -> G.GpuCapacity:
+        """GPUs of a slurm partition (of one GRES type when given): in total, on nodes that take jobs, and in
+        use there, whatever way the jobs asked for them (``--gres``, ``--gpus``, multi-node), from one ``sinfo``."""
+        return G.gpu_capacity(self.node_gres(slurm_partition), gres_type)
+
     def gpus_in_partition(self, slurm_partition: str | None) -> int:
-        """Total ``gpu`` GRES over the nodes of a slurm partition (default slurm partition when None)."""
-        argv = ["sinfo", "--noheader", "--Node", "-o", "%N|%G"]
+        """GPUs on the nodes of a slurm partition that take new jobs (DOWN/DRAINED/not responding excluded)."""
+        return self.gpu_capacity(slurm_partition).usable
+
+    def pending_gres(self, slurm_partition: str | None) -> list[str]:
+        """The tres-per-node (squeue ``%b``: ``gres:gpu:1`` / ``gres/gpu:a100:1`` / ``N/A``) of every job and
+        array task PENDING in a slurm partition (one ``squeue --array``)."""
+        argv = ["squeue", "--noheader", "--array", "-t", "PENDING", "-o", "%T|%b"]
         if slurm_partition:
             argv.append(f"--partition={slurm_partition}")
-        seen: dict[str, int] = {}
-        for line in self.run(argv).stdout.splitlines():
-            node, _, gres = line.strip().partition("|")
-            if node:
-                seen[node] = gpu_count(gres)
-        return sum(seen.values())
-
-    def gpu_queue(self, slurm_partition: str | None) -> tuple[int, int]:
-        """(GPUs held by running jobs, jobs/array tasks pending) in a slurm partition, from one ``squeue``.
-
-        ``%b`` is the job's GRES per node (``gres:gpu:1``; a ``shard`` job holds no whole GPU)."""
-        argv = ["squeue", "--noheader", "--array", "-t", "RUNNING,PENDING", "-o", "%T|%b"]
-        if slurm_partition:
-            argv.append(f"--partition={slurm_partition}")
-        busy = pending = 0
+        out = []
         for line in self.run(argv).stdout.splitlines():
             state, _, gres = line.strip().partition("|")
             if state == "PENDING":
-                pending += 1
-            elif state == "RUNNING":
-                busy += gpu_count(",".join(g.split(":", 1)[1] if g.startswith(("gres:", "gres/")) else g for g in gres.split(",")))
-        return busy, pending
+                out.append(gres)
+        return out
+
+    def pending_jobs(self, slurm_partition: str | None, gres_type: str | None = None) -> int:
+        """Jobs and array tasks PENDING in a slurm partition; with ``gres_type``, those asking GPUs of that
+        type or of no type (they may take one)."""
+        return G.pending_for_type(self.pending_gres(slurm_partition), gres_type)
+
+    def gpu_queue(self, slurm_partition: str | None) -> tuple[int, int]:
+        """(GPUs allocated on the slurm partition's usable nodes, jobs/array tasks pending), from one
+        ``sinfo`` (``GresUsed``: right on every Slurm version, for ``--gpus`` and multi-node jobs too) and one
+        ``squeue``."""
+        return self.gpu_capacity(slurm_partition).used, self.pending_jobs(slurm_partition)
 
     def sdiag(self) -> P.Sdiag:
         """``sdiag`` totals (RPC counts since the last reset)."""
@@ -336,9 +408,7 @@ class SlurmClient:
         return False
 
 
-_GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
-
-
 def gpu_count(gres: str) -> int:
-    """``gpu:4,shard:8`` -> 4; ``gpu:a100:2(S:0-1)`` -> 2; ``(null)`` -> 0."""
-    return sum(int(n) for n in _GRES_GPU.findall(gres))
+    """``gpu:4,shard:8`` -> 4; ``gpu:a100:2(S:0-1)`` -> 2; ``gres/gpu:a100:1`` -> 1; ``(null)`` -> 0
+    (:func:`dagster_gpu.slurm.gres.gpu_count`)."""
+    return G.gpu_count(gres)

@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+from dagster_gpu.contracts import describe_partitions
 from dagster_gpu.slurm.client import SlurmClient, SlurmError, SlurmRejected
 from dagster_gpu.slurm.ids import format_array_spec
 from dagster_gpu.slurm.script import RUNNER, manifest_sha256, verify_job_script, write_job_script, write_manifest
@@ -43,6 +44,18 @@ from dagster_gpu.slurm.trust import UntrustedPathError
 from dagster_gpu.slurm.window import FlushDecision, WindowRule, decide_flush
 
 log = logging.getLogger(__name__)
+
+
+def steps_covered(units: Sequence[Sequence[str]]) -> str:
+    """What the steps of one submission cover, for messages: each step's partition keys as
+    :func:`~dagster_gpu.contracts.describe_partitions` words them, comma-separated, e.g.
+    ``partition 'a', 3 partitions 'b'…'d', unpartitioned run``."""
+    return ", ".join(describe_partitions(keys) for keys in units)
+
+
+def _keys(doc: Mapping) -> tuple[str, ...]:
+    """The partition keys of a pending launch (its JSON document)."""
+    return tuple(doc.get("partition_keys") or ())
 
 
 def group_key(options: Sequence[str], throttle: int) -> str:
@@ -54,11 +67,12 @@ class SubmissionRejected(RuntimeError):
     """Slurm refused (or could not be asked for) the job array carrying these launches.
 
     Attributes:
-        partitions: the partition keys of every step the rejected submission carried.
+        partitions: the partition keys of every step the rejected submission carried (a ranged step's whole
+            range), in the order of the steps.
         slurm_message: Slurm's reason.
     """
 
-    def __init__(self, message: str, partitions: Sequence[str | None] = (), slurm_message: str = ""):
+    def __init__(self, message: str, partitions: Sequence[str] = (), slurm_message: str = ""):
         super().__init__(message)
         self.partitions = list(partitions)
         self.slurm_message = slurm_message
@@ -77,10 +91,11 @@ class TaskRequest:
             ``--account=research``…). Launches join the same array only when these and ``throttle`` match.
         throttle: the array's ``%T`` (0 = none).
         argv, env: the worker command and its environment (manifest data, never script text).
-        run_id, step_key, partition_key, attempt: for logs, errors and reconciliation.
+        run_id, step_key, attempt: for logs, errors and reconciliation.
+        partition_keys: every partition key the launched unit embeds (a ranged run's range; one key; ``()`` for
+            an unpartitioned run), for messages and the window rule's count of partitions.
         launches_to_come: more launches the run's backfill is about to make (None: not a backfill);
             see :mod:`dagster_gpu.executor.backfill_hint`.
-        partitions: partitions the launched unit embeds (a ranged run's range; 1 otherwise).
     """
 
     options: tuple[str, ...]
@@ -89,10 +104,9 @@ class TaskRequest:
     env: Mapping[str, str]
     run_id: str
     step_key: str
-    partition_key: str | None
+    partition_keys: tuple[str, ...] = ()
     attempt: int = 0
     launches_to_come: int | None = None
-    partitions: int = 1
     launch_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: float = field(default_factory=time.time)
 
@@ -108,6 +122,14 @@ class TaskAssignment:
     tasks_in_array: int
     log_file: str
     cluster: str | None = None  # the cluster sbatch named (``123;gpu2``); later Slurm commands pass ``-M`` it
+
+
+#: Why nothing is submitted where job arrays are disabled (each step runs as one array task).
+ARRAYS_DISABLED = (
+    "job arrays are disabled on this cluster (scontrol show config: MaxArraySize=0) and the slurm backend runs "
+    "each step as a job array task; the site must set MaxArraySize in slurm.conf to at least the tasks per array "
+    "(e.g. MaxArraySize=1001, the default) and restart slurmctld, or use another backend"
+)
 
 
 class ArrayCoalescer:
@@ -167,6 +189,7 @@ class ArrayCoalescer:
         pending = self.spool.pending / f"{time.time_ns():020d}-{req.launch_id}.json"
         doc = asdict(req)
         doc["options"], doc["argv"], doc["env"] = list(req.options), list(req.argv), dict(req.env)
+        doc["partition_keys"] = list(req.partition_keys)
         write_json(pending, doc)
         result_path = self.spool.results / f"{req.launch_id}.json"
         deadline = time.monotonic() + self.max_wait_s
@@ -191,7 +214,7 @@ class ArrayCoalescer:
                     if pending.exists():
                         pending.unlink()
                         raise CoalescerTimeout(
-                            f"step {req.step_key!r} (partition {req.partition_key!r}) was not submitted to Slurm "
+                            f"step {req.step_key!r} ({describe_partitions(req.partition_keys)}) was not submitted to Slurm "
                             f"within {self.max_wait_s:g}s (spool {self.spool.root})"
                         )
                 # it was taken by a submitter meanwhile: its result is imminent
@@ -208,6 +231,10 @@ class ArrayCoalescer:
                 groups.setdefault(group_key(d["options"], d["throttle"]), []).append((p, d))
         calls = 0
         cap = self._chunk_size()
+        if cap <= 0:  # the site disabled job arrays: nothing can be submitted as one
+            for members in groups.values():
+                self._reject_disabled(members)
+            return 0
         backlog_by_group = functools.cache(self._backlog_by_group)  # asked once, only if the window is due
         for group, members in groups.items():
             if not force:
@@ -215,7 +242,7 @@ class ArrayCoalescer:
                 throttle = int(members[0][1]["throttle"] or 0)
                 newest = max(members, key=lambda m: m[1]["created"])[1]
                 kw = {"throttle": throttle, "to_come": newest.get("launches_to_come"),
-                      "partitions": sum(int(d.get("partitions", 1)) for _, d in members)}
+                      "partitions": sum(max(1, len(_keys(d))) for _, d in members)}
                 decision = decide_flush(self.rule, time.time(), created, cap, None, **kw)
                 if decision.due:  # would the backlog hold it? (asked only now: it may read a poll)
                     backlog = backlog_by_group()
@@ -254,16 +281,30 @@ class ArrayCoalescer:
 
     # ------------------------------------------------------------------------------------ internals
     def _chunk_size(self) -> int:
-        cap = self._max_array_size()  # indices 0..n-1 must be < MaxArraySize
+        """Tasks per sbatch: the controller's cap (MaxArraySize, max_array_tasks), then ours; 0 when job
+        arrays are disabled (MaxArraySize=0)."""
+        cap = self._max_array_size()  # indices 0..n-1 must be < MaxArraySize (and <= max_array_tasks tasks)
+        if cap <= 0:
+            return 0
         if self.max_tasks_per_array:
             cap = min(cap, self.max_tasks_per_array)
         return max(1, cap)
+
+    def _reject_disabled(self, members: list[tuple[Path, dict]]) -> None:
+        partitions = [k for _, d in members for k in _keys(d)]
+        reason = ARRAYS_DISABLED
+        msg = f"Slurm did not get the job array of {len(members)} step(s) ({steps_covered([_keys(d) for _, d in members])}): {reason}"
+        log.error(msg)
+        for p, d in members:
+            write_json(self.spool.results / f"{d['launch_id']}.json", {"ok": False, "error": msg, "partitions": partitions, "slurm_message": reason})
+            p.unlink(missing_ok=True)
 
     def _submit_chunk(self, members: list[tuple[Path, dict]]) -> None:
         batch = f"{time.strftime('%Y%m%dT%H%M%S')}-{uuid.uuid4().hex[:8]}"
         bdir = self.spool.make_dir(self.spool.batch_dir(batch), exclusive=True)
         tasks = [
-            {k: d[k] for k in ("launch_id", "run_id", "step_key", "partition_key", "attempt", "argv", "env")}
+            {**{k: d[k] for k in ("launch_id", "run_id", "step_key", "attempt", "argv", "env")},
+             "covers": describe_partitions(_keys(d))}
             for _, d in members
         ]
         manifest = write_manifest(bdir / "manifest.json", batch, tasks, self.env_files)
@@ -278,7 +319,8 @@ class ArrayCoalescer:
             f"--output={bdir}/%a.out",
             "--requeue",
         ]
-        partitions = [d["partition_key"] for _, d in members]
+        partitions = [k for _, d in members for k in _keys(d)]
+        covered = steps_covered([_keys(d) for _, d in members])
         try:
             script_hash = verify_job_script(script)  # right before sbatch reads (and copies) it
             job = self._submitting_client().submit_job(
@@ -292,7 +334,7 @@ class ArrayCoalescer:
             else:
                 kind, reason = "was not asked to run", str(e)
             msg = (
-                f"Slurm {kind} the job array of {n} step(s) for partitions {partitions}: {reason} "
+                f"Slurm {kind} the job array of {n} step(s) ({covered}): {reason} "
                 f"(sbatch {' '.join(options)})"
             )
             log.error(msg)
@@ -310,7 +352,7 @@ class ArrayCoalescer:
              "job_script_sha256": script_hash, "manifest_sha256": manifest_hash},
             mode=self.spool.public_mode,
         )
-        log.info("submitted job array %s (%d tasks, batch %s) for partitions %s", job_id, n, batch, partitions)
+        log.info("submitted job array %s (%d tasks, batch %s): %s", job_id, n, batch, covered)
         for i, (p, d) in enumerate(members):
             write_json(
                 self.spool.results / f"{d['launch_id']}.json",

@@ -225,7 +225,7 @@ def parse_squeue(text: str) -> list[QueueRow]:
                     array_job_id=int(f[2]),
                     array_task_ids=ranges,
                     throttle=throttle,
-                    state=parse_state(f[4]),
+                    state=parse_state(f[4], strict=False),
                     reason=f[5],
                     start=parse_time(f[6]),
                     qos=f[7],
@@ -316,7 +316,7 @@ def parse_sacct(text: str) -> list[AcctRow]:
                 AcctRow(
                     id=jid,
                     job_id=int(f[1].split(".")[0]),
-                    state=parse_state(f[2]),
+                    state=parse_state(f[2], strict=False),
                     exit_code=code,
                     signal=sig,
                     derived_exit_code=dcode,
@@ -334,6 +334,49 @@ def parse_sacct(text: str) -> list[AcctRow]:
         except (ValueError, SlurmParseError) as e:
             raise SlurmParseError(f"sacct line {line!r}: {e}") from e
     return rows
+
+
+#: sacct fields of the steps' usage (``sacct --parsable2 --noheader --jobs=… --format SACCT_STEP_FORMAT``, without
+#: ``--allocations``): TRESUsageInAve/Max are filled on step lines only (SchedMD/slurm slurm-24-11-5-1
+#: ``src/sacct/print.c`` PRINT_TRESUIA/PRINT_TRESUIM: JOBSTEP). Since 23.02 they hold ``gres/gpuutil``
+#: (percent, printed as a number) and ``gres/gpumem`` (printed with a unit, ``2048M``) when GPUs are accounted
+#: (``src/common/slurmdb_defs.c``; slurm.conf(5): "Setting gres/gpu will also set gres/gpumem and gres/gpuutil").
+SACCT_STEP_FIELDS = ("JobID", "TRESUsageInAve", "TRESUsageInMax")
+SACCT_STEP_FORMAT = ",".join(SACCT_STEP_FIELDS)
+
+
+@dataclass(frozen=True)
+class StepUsage:
+    """One step line (``123_4.batch``): its id and usage TRES (``gres/gpumem`` in bytes, ``gres/gpuutil`` percent)."""
+
+    id: JobId
+    usage_ave: Mapping[str, float]
+    usage_max: Mapping[str, float]
+
+
+def parse_sacct_steps(text: str) -> list[StepUsage]:
+    """Step lines of ``sacct --format SACCT_STEP_FORMAT`` (allocation lines skipped). TRES items whose
+    value is not a number (``cpu=00:00:09``, a time) are left out. Raises SlurmParseError."""
+    out: list[StepUsage] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        f = _split(line, len(SACCT_STEP_FIELDS), "sacct steps")
+        jid = parse_job_id(f[0])
+        if jid.step is None:
+            continue
+        out.append(StepUsage(jid, _usage_tres(f[1]), _usage_tres(f[2])))
+    return out
+
+
+def _usage_tres(text: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for item in text.strip().split(",") if text.strip() else []:
+        try:
+            out.update(parse_tres(item))
+        except SlurmParseError:
+            continue  # cpu=00:00:09 and other time-valued usage
+    return out
 
 
 def _elapsed(raw: str, elapsed: str) -> float:
@@ -366,6 +409,59 @@ def max_array_size(config: Mapping[str, str]) -> int:
         return int(config["MaxArraySize"])
     except (KeyError, ValueError):
         raise SlurmParseError(f"MaxArraySize missing or not an integer: {config.get('MaxArraySize')!r}") from None
+
+
+@dataclass(frozen=True)
+class ArrayLimits:
+    """The controller's job array limits (slurm.conf(5), SchedMD/slurm slurm-24-11-5-1
+    ``doc/man/man5/slurm.conf.5``: MaxArraySize, default 1001, indices < it, ``0`` disables job arrays;
+    ``SchedulerParameters=max_array_tasks=N`` caps the tasks of one array below it).
+
+    Attributes:
+        max_array_size: MaxArraySize.
+        max_array_tasks: SchedulerParameters' max_array_tasks, None when not set.
+    """
+
+    max_array_size: int
+    max_array_tasks: int | None = None
+
+    @property
+    def disabled(self) -> bool:
+        """True when the site disabled job arrays (MaxArraySize=0)."""
+        return self.max_array_size <= 0
+
+    @property
+    def tasks_per_array(self) -> int:
+        """Most tasks one array of indices 0..n-1 may have: min(MaxArraySize, max_array_tasks); 0 when disabled."""
+        if self.disabled:
+            return 0
+        return min(self.max_array_size, self.max_array_tasks) if self.max_array_tasks else self.max_array_size
+
+
+def array_limits(config: Mapping[str, str]) -> ArrayLimits:
+    """:class:`ArrayLimits` from a parsed ``scontrol show config``. Raises SlurmParseError when MaxArraySize
+    is absent or not an integer, or max_array_tasks is not an integer."""
+    tasks = None
+    for item in (config.get("SchedulerParameters") or "").split(","):
+        k, _, v = item.strip().partition("=")
+        if k == "max_array_tasks":
+            try:
+                tasks = int(v)
+            except ValueError:
+                raise SlurmParseError(f"SchedulerParameters max_array_tasks is not an integer: {v!r}") from None
+    return ArrayLimits(max_array_size(config), tasks)
+
+
+def tracked_tres(config: Mapping[str, str]) -> frozenset[str]:
+    """``AccountingStorageTRES`` as a set (``{"cpu", "mem", …, "gres/gpu"}``; typed ``gres/gpu:a100`` kept)."""
+    return frozenset(t.strip() for t in (config.get("AccountingStorageTRES") or "").split(",") if t.strip())
+
+
+def gpu_tres_tracked(config: Mapping[str, str]) -> bool:
+    """True when sacct's AllocTRES carries GPUs: ``gres/gpu`` (or a typed ``gres/gpu:<type>``) is in
+    AccountingStorageTRES (not by default: slurm.conf(5) lists billing, cpu, energy, mem, node, fs/disk, pages,
+    vmem as the default TRES)."""
+    return any(t == "gres/gpu" or t.startswith("gres/gpu:") for t in tracked_tres(config))
 
 
 # ---------------------------------------------------------------------------------------------- sdiag
@@ -461,25 +557,32 @@ def parse_sbatch_parsable(stdout: str) -> tuple[int, str | None]:
     return int(jid), (cluster or None)
 
 
+#: ``sbatch --test-only`` lines (SchedMD/slurm ``src/api/allocate.c``, ``info("Job %u to start at …")``):
+#: 22.05–24.11 ``Job N to start at T using P processors on nodes L in partition Q``; since 25.05 (tags
+#: slurm-25-05-0-1 … slurm-26-05-0-1) ``Job N to start at T[ on cluster C] a using P processors on nodes L
+#: in partition Q``; a multi-cluster will_run (every version) ``Job N to start at T using P processors on L``.
 _TEST_ONLY = re.compile(
-    r"Job (?P<job>\d+) to start at (?P<start>\S+) using (?P<cpus>\d+) processors on nodes (?P<nodes>\S+)"
-    r"(?: in partition (?P<part>\S+))?"
+    r"Job (?P<job>\d+) to start at (?P<start>\S+)(?: on cluster (?P<cluster>\S+))?(?: a)? using (?P<cpus>\d+)"
+    r" processors on (?:nodes )?(?P<nodes>\S+)(?: in partition (?P<part>\S+))?"
 )
 
 
 @dataclass(frozen=True)
 class TestOnly:
-    """``sbatch --test-only`` estimate: expected start (controller local time), CPUs, nodes, slurm partition."""
+    """``sbatch --test-only`` estimate: expected start (controller local time), CPUs, nodes, slurm partition,
+    and the cluster Slurm >= 25.05 names (None before, and on a single cluster)."""
 
     job_id: int
     start: datetime | None
     processors: int
     nodes: str
     slurm_partition: str | None
+    cluster: str | None = None
 
 
 def parse_test_only(stderr: str) -> TestOnly:
-    """Parse ``sbatch: Job 26 to start at 2026-11-30T00:30:00 using 1 processors on nodes vm in partition gpu``.
+    """Parse ``sbatch: Job 26 to start at 2026-11-30T00:30:00 using 1 processors on nodes vm in partition gpu``
+    and the forms of later Slurm versions (see :data:`_TEST_ONLY`).
 
     Slurm 22.05 may print an absurd far-future date (year 6109) when the slurm partition has no time
     limit; callers should treat a start more than a year ahead as unknown. Raises SlurmParseError."""
@@ -492,6 +595,7 @@ def parse_test_only(stderr: str) -> TestOnly:
         processors=int(m.group("cpus")),
         nodes=m.group("nodes"),
         slurm_partition=m.group("part"),
+        cluster=m.group("cluster"),
     )
 
 

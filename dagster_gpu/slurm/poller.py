@@ -17,12 +17,13 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 
 from dagster_gpu.contracts import WorkerStatus
 from dagster_gpu.slurm import parse as P
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.spool import Spool, read_json, write_json
-from dagster_gpu.slurm.status import acct_since
+from dagster_gpu.slurm.status import acct_since, sacct_caught_up
 
 log = logging.getLogger(__name__)
 
@@ -155,15 +156,20 @@ class SharedPoller:
             aid, n = int(sub["array_job_id"]), int(sub["tasks"])
             if aid not in snap.ids:
                 continue
-            final = {
-                r.id.task_id for r in acct_since(snap.acct, sub.get("submitted_at"))
-                if r.id.job_id == aid and r.id.task_id is not None and r.state.final
-            }  # fmt: skip
-            live = any(
-                r.array_job_id == aid and r.state.status not in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED)
-                for r in snap.queue
-            )
-            # the last record of a task decides: a requeued task has an old final-looking record only if
-            # its latest is final too, which the "live" check covers while squeue still lists it
-            if len(final) >= n and not live:
+            latest: dict[int, P.AcctRow] = {}
+            for r in acct_since(snap.acct, sub.get("submitted_at")):
+                if r.id.job_id == aid and r.id.task_id is not None:
+                    prev = latest.get(r.id.task_id)
+                    if prev is None or (r.submit or datetime.min) >= (prev.submit or datetime.min):
+                        latest[r.id.task_id] = r  # sacct's order breaks ties, as in records_for
+            final = {t for t, r in latest.items() if r.state.final}
+            rows = [r for r in snap.queue if r.array_job_id == aid]
+            live = any(r.state.status not in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED) for r in rows)
+            # a task squeue shows ended in an attempt sacct has not recorded yet (a requeued task's rerun
+            # while slurmdbd lags) is not done: its bill would miss that attempt
+            lagging = any(
+                r.array_task_id is not None and not sacct_caught_up(r, [latest[r.array_task_id]] if r.array_task_id in latest else [])
+                for r in rows
+            )  # fmt: skip
+            if len(final) >= n and not live and not lagging:
                 write_json(self.spool.batch_dir(batch) / "done", {"at": time.time()})

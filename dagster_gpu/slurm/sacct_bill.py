@@ -6,7 +6,7 @@ time each attempt held its GPUs):
 - ``slurm/elapsed_seconds``: sum of ``ElapsedRaw``;
 - ``billing/gpu_seconds``: sum of ``ElapsedRaw × (gres/gpu + gres/shard ÷ shards_per_gpu)``;
 - ``slurm/billing_tres_seconds``: sum of ``ElapsedRaw × billing`` (TRESBillingWeights applied);
-Pure: the Slurm backend (``dagster_gpu.executor.backends.slurm_accounting``) finds the finished tasks and
+Pure: the Slurm backend (``dagster_gpu.slurm.accounting``) finds the finished tasks and
 hands each task's figures to :class:`dagster_gpu.executor.observations.ObservationWriter`, which splits them
 over the partitions of the task's work unit (cost at the slurm rate card's GPU-hour rate, measured and
 difference figures per partition).
@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from dagster_gpu.billing.keys import GPU_SECONDS
 from dagster_gpu.slurm.parse import AcctRow
 
 
@@ -40,5 +41,5 @@ def sacct_figures(rows: Sequence[AcctRow], shards_per_gpu: int) -> dict[str, Any
         "slurm/elapsed_seconds": int(elapsed),
         "slurm/alloc_tres": alloc,
         "slurm/billing_tres_seconds": float(billing),
-        "billing/gpu_seconds": float(gpu_secs),
+        GPU_SECONDS: float(gpu_secs),
     }

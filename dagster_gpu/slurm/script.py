@@ -24,7 +24,7 @@ arguments existed pass only the manifest path; their tasks still get the owner a
 Manifest (JSON, mode 0600, written atomically; format unchanged by the checks above)::
 
     {"version": 1, "batch": "<id>", "env_files": ["/home/u/.dagster-gpu.env"],
-     "tasks": [{"launch_id": "...", "run_id": "...", "step_key": "...", "partition_key": "...",
+     "tasks": [{"launch_id": "...", "run_id": "...", "step_key": "...", "covers": "3 partitions 'a'…'c'",
                 "argv": ["python", "-m", "dagster", "api", "execute_step"], "env": {"K": "V"}}, ...]}
 
 Secrets: the manifest holds none. The PostgreSQL password reaches the worker either through the job's
@@ -70,7 +70,7 @@ RUNNER = str(Path(__file__).resolve())
 #: What a requeued attempt runs before the step (with the worker's interpreter): it skips a step that
 #: already recorded its outcome and reruns any other (the Slurm backend's side, which reads Dagster's
 #: event log; this file imports nothing beyond the standard library).
-REQUEUE_MODULE = "dagster_gpu.executor.backends.slurm_requeue"
+REQUEUE_MODULE = "dagster_gpu.slurm.requeue"
 
 #: Exit status of an array task that refused to start (bad or untrusted manifest, env file).
 REFUSED_EXIT = 3
@@ -239,7 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return REFUSED_EXIT
     print(
         f"dagster-gpu: array task {os.environ.get('SLURM_ARRAY_JOB_ID')}_{task_id} runs step "
-        f"{entry.get('step_key')!r} of run {entry.get('run_id')} (partition {entry.get('partition_key')!r})",
+        f"{entry.get('step_key')!r} of run {entry.get('run_id')} ({entry.get('covers', '')})",
         file=sys.stderr,
         flush=True,
     )

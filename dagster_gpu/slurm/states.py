@@ -17,7 +17,7 @@ COMPLETED                                                       SUCCEEDED
 FAILED, CANCELLED, TIMEOUT, NODE_FAIL, OUT_OF_MEMORY,           FAILED
 BOOT_FAIL, DEADLINE, REVOKED, RECONFIG_FAIL
 PREEMPTED, REQUEUED, REQUEUE_FED, REQUEUE_HOLD, SPECIAL_EXIT,   REQUEUED
-LAUNCH_FAILED
+LAUNCH_FAILED, EXPEDITING (25.11)
 ==============================================================  ================
 
 Notes on the less obvious rows:
@@ -34,16 +34,26 @@ Notes on the less obvious rows:
   non-terminal wait class with a limit (:class:`dagster_gpu.slurm.status.WaitLimits`).
 - REVOKED: a federated sibling started the job elsewhere; on this cluster it is over (FAILED).
 - LAUNCH_FAILED: slurmctld could not launch the batch script and requeues the job.
+- EXPEDITING (Slurm 25.11, ``sbatch --requeue=expedite`` with ``SlurmctldParameters=enable_expedited_requeue``):
+  slurmctld sets it together with the REQUEUE flag on a job it requeues at the highest priority
+  (SchedMD/slurm slurm-25-11-0-1 ``slurm/slurm.h`` ``JOB_EXPEDITING``, ``src/slurmctld/job_mgr.c``); it
+  has no short code (``squeue %t`` prints the base state).
 - ``Unknown``, ``None``, ``INVALID``, ``?`` (what Slurm prints for a state it cannot name) and empty
   text parse to the pseudo-state UNKNOWN -> WorkerStatus.UNKNOWN, which never changes a step's state.
+- A state name a later Slurm adds (not in :data:`STATE_MAP`) raises :class:`UnknownSlurmState` in
+  :func:`parse_state`; the squeue/sacct parsers read it with ``strict=False`` instead, so that row alone is
+  UNKNOWN (its ``raw`` keeps the name, logged once) and every other row of the poll still counts.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 
 from dagster_gpu.contracts import WorkerStatus
+
+log = logging.getLogger(__name__)
 
 #: Long state name -> WorkerStatus.
 STATE_MAP: dict[str, WorkerStatus] = {
@@ -79,6 +89,7 @@ STATE_MAP: dict[str, WorkerStatus] = {
     "REQUEUE_HOLD": WorkerStatus.REQUEUED,
     "SPECIAL_EXIT": WorkerStatus.REQUEUED,
     "LAUNCH_FAILED": WorkerStatus.REQUEUED,
+    "EXPEDITING": WorkerStatus.REQUEUED,
     # Slurm printed no state it could name (see the module doc)
     "UNKNOWN": WorkerStatus.UNKNOWN,
 }
@@ -133,6 +144,7 @@ WAIT_CLASSES: dict[str, str] = {
     "REQUEUED": "pending",
     "REQUEUE_FED": "pending",
     "LAUNCH_FAILED": "pending",
+    "EXPEDITING": "pending",
     "COMPLETING": "completing",
     "SIGNALING": "completing",
     "STAGE_OUT": "completing",
@@ -190,13 +202,30 @@ class JobState:
         return self.name if self.by_uid is None else f"{self.name} by {self.by_uid}"
 
 
-def parse_state(text: str) -> JobState:
+_WARNED_UNKNOWN: set[str] = set()
+
+
+def parse_state(text: str, strict: bool = True) -> JobState:
     """Parse ``RUNNING``, ``R``, ``CANCELLED by 0``, ``CANCELLED+`` or ``CANC+`` into a :class:`JobState`.
 
     A truncated name (ending in ``+``) is completed when exactly one known state starts with it.
-    ``Unknown``/``None``/``INVALID``/``?``/empty give the UNKNOWN pseudo-state. Raises
-    :class:`UnknownSlurmState` for any other text.
+    ``Unknown``/``None``/``INVALID``/``?``/empty give the UNKNOWN pseudo-state. Any other text raises
+    :class:`UnknownSlurmState`, or with ``strict=False`` gives the UNKNOWN pseudo-state with ``raw``
+    keeping the text (a WARNING is logged once per text): what the squeue/sacct parsers use, so a state a
+    newer Slurm adds makes its own row unknown, never the whole poll unreadable.
     """
+    if strict:
+        return _parse_state(text)
+    try:
+        return _parse_state(text)
+    except UnknownSlurmState as e:
+        if text not in _WARNED_UNKNOWN:
+            _WARNED_UNKNOWN.add(text)
+            log.warning("%s: that job's state counts as unknown (add it to dagster_gpu.slurm.states.STATE_MAP)", e)
+        return JobState("UNKNOWN", raw=text)
+
+
+def _parse_state(text: str) -> JobState:
     raw = text
     if text.strip().lower() in UNKNOWN_STATE_WORDS:
         return JobState("UNKNOWN", raw=raw)

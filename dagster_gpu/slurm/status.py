@@ -128,6 +128,28 @@ def records_for(
     return TaskRecords(queue=q, acct=tuple(rows))
 
 
+#: How much earlier than squeue's start time sacct may print the same attempt's start (seconds): both print
+#: whole seconds, from clocks read a moment apart.
+START_SLACK_S = 1.0
+
+
+def sacct_caught_up(queue: QueueRow | None, acct: Sequence[AcctRow]) -> bool:
+    """Whether the task's sacct records (oldest first) include the attempt squeue shows.
+
+    squeue's ``%S`` of a started task is the start of its latest attempt, and each attempt gets its own sacct
+    record (``--duplicates``). A requeued task's rerun is known to slurmctld before slurmdbd records it (3 s
+    on an idle 22.05, ``tests/data/slurm/requeue``): while slurmdbd lags, sacct's latest record is the
+    earlier attempt (PREEMPTED, or a final NODE_FAIL when the node failed and Slurm requeued the job) and a
+    bill from it would miss the rerun. False then (and when sacct has no record at all); True when squeue does not list
+    the task or shows no start (nothing to compare: the sacct records decide)."""
+    if queue is None or queue.start is None:
+        return True
+    if not acct:
+        return False
+    last = acct[-1].start
+    return last is not None and (last - queue.start).total_seconds() >= -START_SLACK_S
+
+
 def _exit_text(rows: Sequence[AcctRow]) -> tuple[int | None, str]:
     if not rows:
         return None, ""

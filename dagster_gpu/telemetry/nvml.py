@@ -1,10 +1,23 @@
 """NVML sampler: utilization and memory of the step's devices, by UUID, on a background thread.
 
-Devices are those the scheduler gave the step: ``CUDA_VISIBLE_DEVICES`` entries (indices, ``GPU-…`` or
-``MIG-…`` UUIDs; Slurm and the NVIDIA DRA driver set it), else every device NVML sees. Utilization is
-``nvmlDeviceGetUtilizationRates().gpu`` (percent of the last sample period the GPU was busy), memory
-``nvmlDeviceGetMemoryInfo().used`` (bytes -> MiB). Whenever NVML cannot be used the step still runs and
-the summary carries ``unavailable_reason``.
+Devices are those the scheduler gave the step, in this order of knowledge:
+
+1. ``device_uuids``: the UUIDs of the devices allocated to the step's DRA ResourceClaim (``GPU-…`` or
+   ``MIG-…``, from the claim's results and the node's ResourceSlices:
+   :func:`dagster_gpu.k8s.claim.allocated_device_uuids`). The NVIDIA DRA driver gives the container
+   its device nodes through CDI, sets ``NVIDIA_VISIBLE_DEVICES=void`` and never ``CUDA_VISIBLE_DEVICES``
+   (NVIDIA/k8s-dra-driver-gpu v25.12.0), so in a DRA pod the claim is what names them;
+2. ``CUDA_VISIBLE_DEVICES`` entries (indices, ``GPU-…`` or ``MIG-…`` UUIDs; Slurm sets it);
+3. else every device NVML sees (in a container: the device nodes it was given).
+
+A GPU in MIG mode (``nvmlDeviceGetMigMode`` current = enabled) opened in 1 or 3 stands for its MIG devices
+(``nvmlDeviceGetMaxMigDeviceCount``, ``nvmlDeviceGetMigDeviceHandleByIndex``; in a MIG claim's container
+NVML shows the parent GPU plus the MIG devices the container may use), which are sampled instead: their
+UUIDs, names (``NVIDIA A100-SXM4-80GB MIG 1g.10gb``) and memory. Utilization is
+``nvmlDeviceGetUtilizationRates().gpu`` (percent of the last sample period the GPU was busy) where the
+device supports it; NVML does not on MIG devices, and then the summary says so in ``unavailable_reason``.
+Memory is ``nvmlDeviceGetMemoryInfo().used`` (bytes -> MiB). Whenever NVML cannot be used the step still
+runs and the summary carries ``unavailable_reason``.
 """
 
 from __future__ import annotations
@@ -12,7 +25,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 from dagster_gpu.telemetry.stats import TelemetrySummary, summarize
 
@@ -36,13 +49,18 @@ class NvmlSampler:
     Args:
         interval_s: seconds between samples (>= 0.01).
         nvml: the ``pynvml`` module (nvidia-ml-py); injectable so tests can exercise failure paths.
+        env: the environment read for ``CUDA_VISIBLE_DEVICES`` (default ``os.environ``).
+        device_uuids: the allocated devices' UUIDs, or a function returning them (called once, when the
+            sampler starts; an error or ``[]`` means unknown): see the module docstring.
     """
 
-    def __init__(self, interval_s: float = 0.5, nvml=None, env: dict | None = None):
+    def __init__(self, interval_s: float = 0.5, nvml=None, env: dict | None = None,
+                 device_uuids: Sequence[str] | Callable[[], Sequence[str]] | None = None):
         if interval_s < 0.01:
             raise ValueError(f"interval_s must be >= 0.01 s, got {interval_s}")
         self.interval_s = interval_s
         self._env = env
+        self._device_uuids = device_uuids
         self._nvml = nvml
         self._handles: list = []
         self._uuids: list[str] = []
@@ -55,8 +73,16 @@ class NvmlSampler:
         self._read_util: Callable | None = None
 
     # -- set-up -----------------------------------------------------------------------------------
+    def _allocated(self) -> list[str]:
+        uuids = self._device_uuids
+        try:
+            return [u for u in (uuids() if callable(uuids) else uuids or ()) if u]
+        except Exception:  # the claim could not be read: fall back to what the environment and NVML say
+            return []
+
     def _open(self) -> None:
-        visible = _visible_devices(self._env)
+        allocated = self._allocated()
+        visible = None if allocated else _visible_devices(self._env)
         if visible == []:
             self._reason = "CPU-only: no GPU allocated to this step (CUDA_VISIBLE_DEVICES is empty)"
             return
@@ -74,12 +100,15 @@ class NvmlSampler:
             return
         nvml = self._nvml
         try:
-            if visible is None:
-                handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(nvml.nvmlDeviceGetCount())]
+            if allocated:
+                handles = [h for u in allocated for h in self._mig_devices_or_self(nvml.nvmlDeviceGetHandleByUUID(u))]
+            elif visible is None:
+                handles = [h for i in range(nvml.nvmlDeviceGetCount())
+                           for h in self._mig_devices_or_self(nvml.nvmlDeviceGetHandleByIndex(i))]
             else:
                 handles = [self._handle_for(entry) for entry in visible]
         except Exception as e:
-            self._reason = f"cannot open the step's GPUs {visible}: {type(e).__name__}: {e}"
+            self._reason = f"cannot open the step's GPUs {allocated or visible or 'seen by NVML'}: {type(e).__name__}: {e}"
             return
         if not handles:
             self._reason = "CPU-only: NVML sees no GPU on this host"
@@ -118,6 +147,23 @@ class NvmlSampler:
             return bool(check(handle)) if check else False
         except Exception:
             return False
+
+    def _mig_devices_or_self(self, handle) -> list:
+        """The MIG devices of a GPU in MIG mode that this process can open, else ``[handle]``."""
+        nvml = self._nvml
+        try:
+            current = nvml.nvmlDeviceGetMigMode(handle)[0]
+        except Exception:  # NotSupported: no MIG on this GPU (or a MIG handle itself)
+            return [handle]
+        if current != getattr(nvml, "NVML_DEVICE_MIG_ENABLE", 1):
+            return [handle]
+        migs = []
+        for i in range(nvml.nvmlDeviceGetMaxMigDeviceCount(handle)):
+            try:
+                migs.append(nvml.nvmlDeviceGetMigDeviceHandleByIndex(handle, i))
+            except Exception:  # NVMLError_NotFound: no MIG device at this index (or not ours)
+                continue
+        return migs or [handle]
 
     def _handle_for(self, entry: str):
         nvml = self._nvml

@@ -6,7 +6,7 @@ import os
 from typing import Any, Mapping
 
 #: The local backend's name for a worker process (its unit): ``local/unit`` on the unit's materializations,
-#: matched by the process bill (``dagster_gpu.executor.backends.local``).
+#: matched by the process bill (``dagster_gpu.local.backend``).
 LOCAL_UNIT_ENV = "DAGSTER_GPU_LOCAL_UNIT"
 
 def _int(v: str | None) -> int | None:

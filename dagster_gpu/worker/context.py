@@ -18,9 +18,10 @@ from dataclasses import dataclass, field
 from typing import Mapping
 
 from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.contracts import STEP_CONTEXT_ENV
 from dagster_gpu.policy.placement import Placement
 
-ENV_VAR = "DAGSTER_GPU_STEP_CONTEXT"
+ENV_VAR = STEP_CONTEXT_ENV
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 
 import dagster as dg
 
+from dagster_gpu.billing.keys import COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS, RATE_USD_PER_GPU_HOUR, SOURCE, WALL_SECONDS
 from dagster_gpu.embedding.pipeline import EmbeddingResult
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.telemetry.stats import TelemetrySummary
@@ -33,8 +34,8 @@ FIRST_KEYS = (
     "embedding/rows",
     "embedding/texts_per_second",
     "gpu/utilization_mean_percent",
-    "billing/gpu_seconds",
-    "billing/cost_usd",
+    GPU_SECONDS,
+    COST_USD,
     "embedding/useful_fraction",
     "dagster_gpu/backend",
     "dagster_gpu/placement",
@@ -96,6 +97,7 @@ def build_metadata(
     backend: str,
     placement: Placement,
     backend_metadata: Mapping[str, Any] | None = None,
+    lineage: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The metadata dict for ``context.add_output_metadata`` / ``MaterializeResult``.
 
@@ -103,6 +105,11 @@ def build_metadata(
     GPU-seconds, cost, useful fraction, backend, placement), then what was produced, allocated and billed.
     The placement appears once, as a Markdown table; its JSON is on the step's launch event
     (``STEP_WORKER_STARTING`` metadata ``dagster_gpu/placement``, see :func:`placement_from_metadata`).
+
+    ``lineage`` (the unit's, see :func:`dagster_gpu.worker.unit.unit_lineage`) adds ``embedding/fingerprint``,
+    ``embedding/model_revision``, ``embedding/prompt`` (the prompt's name, else its text; "" = none),
+    ``embedding/normalize``, ``embedding/truncate_dim`` (when set), ``embedding/output_dtype``,
+    ``embedding/max_seq_length``, ``embedding/chunking`` (JSON, when chunked) and ``embedding/pooling`` (JSON).
 
     Raises NonFiniteMetadata if any numeric input is NaN/inf (a bug upstream, never silently dropped).
     """
@@ -118,19 +125,24 @@ def build_metadata(
         "embedding/seconds": _num("embedding/seconds", result.seconds),
         "embedding/texts_per_second": _num("embedding/texts_per_second", result.texts_per_second),
         "embedding/truncated_rows": int(result.truncated_rows),
+        "embedding/chunks": int(result.rows),
+        "embedding/records_embedded": int(result.records_embedded),
+        "embedding/reused_rows": int(getattr(result, "reused_rows", 0)),
+        "embedding/tokens": int(result.tokens),
+        "embedding/token_coverage": _num("embedding/token_coverage", result.token_coverage),
         "embedding/output_uri": dg.MetadataValue.path(result.output_uri),
         "embedding/dtype": result.dtype,
         "embedding/replaced_rows": int(result.replaced_rows),
         "embedding/skipped_undecodable_rows": int(result.skipped_undecodable_rows),
         "embedding/batch_size_final": int(result.batch_size_final),
         "embedding/torch_threads": int(result.torch_threads),
-        "billing/device_type": billing.device_type,
-        "billing/devices": _num("billing/devices", billing.devices),
-        "billing/wall_seconds": _num("billing/wall_seconds", billing.wall_seconds),
-        "billing/gpu_seconds": _num("billing/gpu_seconds", billing.gpu_seconds),
-        "billing/rate_usd_per_gpu_hour": _num("billing/rate_usd_per_gpu_hour", billing.rate_usd_per_gpu_hour),
-        "billing/cost_usd": _num("billing/cost_usd", billing.cost_usd),
-        "billing/source": billing.source,
+        DEVICE_TYPE: billing.device_type,
+        DEVICES: _num(DEVICES, billing.devices),
+        WALL_SECONDS: _num(WALL_SECONDS, billing.wall_seconds),
+        GPU_SECONDS: _num(GPU_SECONDS, billing.gpu_seconds),
+        RATE_USD_PER_GPU_HOUR: _num(RATE_USD_PER_GPU_HOUR, billing.rate_usd_per_gpu_hour),
+        COST_USD: _num(COST_USD, billing.cost_usd),
+        SOURCE: billing.source,
         "gpu/samples": int(telemetry.samples),
     }
     if telemetry.device_uuids:
@@ -151,9 +163,31 @@ def build_metadata(
         reason = f"CPU-only: the model ran on CPU ({reason})" if reason else "CPU-only: the model ran on CPU"
     if reason:
         md["gpu/unavailable_reason"] = reason
+    if lineage is not None:
+        md.update(lineage_entries(lineage))
     for k, v in (backend_metadata or {}).items():
         md[k] = v
     return ordered(md)
+
+
+def lineage_entries(lineage: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``embedding/*`` lineage keys of a materialization (see :func:`build_metadata`). Pure."""
+    md: dict[str, Any] = {
+        "embedding/fingerprint": str(lineage["fingerprint"]),
+        "embedding/model_revision": str(lineage.get("model_revision") or ""),
+        "embedding/prompt": str(lineage.get("prompt_name") or lineage.get("prompt") or ""),
+        "embedding/normalize": bool(lineage.get("normalize", True)),
+        "embedding/output_dtype": str(lineage.get("output_dtype", "float32")),
+    }
+    if lineage.get("max_seq_length") is not None:
+        md["embedding/max_seq_length"] = int(lineage["max_seq_length"])
+    if lineage.get("truncate_dim") is not None:
+        md["embedding/truncate_dim"] = int(lineage["truncate_dim"])
+    if lineage.get("chunking") is not None:
+        md["embedding/chunking"] = dg.MetadataValue.json(dict(lineage["chunking"]))
+    if lineage.get("pooling"):
+        md["embedding/pooling"] = dg.MetadataValue.json(dict(lineage["pooling"]))
+    return md
 
 
 def placement_from_metadata(md: Mapping[str, Any]) -> Placement | None:

@@ -26,14 +26,16 @@ import dagster as dg
 import psutil
 
 from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
+from dagster_gpu.billing.keys import COST_USD
 from dagster_gpu.checks import (
     check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, verify_output,
 )
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
 from dagster_gpu.corpus.prefetch import BatchPrefetcher
-from dagster_gpu.embedding.encoder import Encoder
+from dagster_gpu.embedding.devices import device_labels, unit_devices
+from dagster_gpu.embedding.fingerprint import fingerprint, pooling_description
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
-from dagster_gpu.embedding.pipeline import EmbeddingResult, embed_partition
+from dagster_gpu.embedding.pipeline import EmbeddingResult, embed_partition, make_encoder
 from dagster_gpu.executor.run_tags import add_cost
 from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
@@ -41,8 +43,9 @@ from dagster_gpu.worker.billing import measure
 from dagster_gpu.connections import hold_storage_connections
 from dagster_gpu.worker.context import StepContext
 from dagster_gpu.worker.embed_ahead import EmbedAhead
-from dagster_gpu.worker.k8s_claim import claim_metadata
+from dagster_gpu.k8s.claim import allocated_device_uuids, claim_metadata
 from dagster_gpu.worker.metadata import build_metadata
+from dagster_gpu.source_versions import SOURCE_VERSION_KEY, input_tags, version_at_read
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,22 @@ class UnitSpec:
     telemetry_interval_s: float
     dtype: str | None = None
     output_storage_options: Mapping[str, Any] = field(default_factory=dict)
+    prompt_name: str | None = None
+    prompt: str | None = None
+    chunking: Any = None  # dagster_gpu.embedding.chunking.TokenChunks | None
+    include_text: bool = False
+    normalize: bool = True
+    truncate_dim: int | None = None
+    output_dtype: str = "float32"
+    revision: str | None = None
+    cache_folder: str | None = None
+    trust_remote_code: bool = False
+    #: the asset's code version (:func:`dagster_gpu.embedding.fingerprint.config_fingerprint`), tagged on each
+    #: materialization so Dagster compares it with the definition's; "" = none.
+    code_version: str = ""
+    #: re-embedding a partition under the same fingerprint takes the previous output's vectors of unchanged
+    #: texts (:mod:`dagster_gpu.embedding.reuse`); False embeds every record.
+    reuse: bool = True
 
 
 @dataclass
@@ -180,8 +199,10 @@ def _resolve(corpus: CorpusSource, keys: list[str], outcome: UnitOutcome) -> dic
 def _load(spec: UnitSpec, keys: list[str], outcome: UnitOutcome) -> LoadedModel | None:
     if not keys:
         return None
+    extra = {k: v for k, v in (("revision", spec.revision), ("cache_folder", spec.cache_folder),
+                                ("trust_remote_code", spec.trust_remote_code)) if v}
     try:
-        return load_model(spec.model, device=spec.device, max_seq_length=spec.max_seq_length, dtype=spec.dtype)
+        return load_model(spec.model, device=spec.device, max_seq_length=spec.max_seq_length, dtype=spec.dtype, **extra)
     except ModelNotFound as e:
         for k in keys:
             outcome.failed[k] = f"partition {k!r}: {e}"
@@ -200,16 +221,43 @@ def _embed_all(
     outcome: UnitOutcome,
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
     n = len(files)
-    encoder = Encoder(loaded.model, spec.batch_size)  # tokenizer threads and CUDA stream: once per unit
+    try:  # the prompt and the chunk window are the unit's: one that cannot be used fails every partition
+        prompt_text, prompt_name = resolve_unit_prompt(loaded, spec)
+        # every device of the unit ("cuda" = each GPU torch sees), a model replica on each but the first
+        devices = unit_devices(loaded.device)
+        # tokenizer threads and CUDA stream: once per unit
+        encoder = make_encoder(loaded.model, spec.batch_size, normalize=spec.normalize, prompt=prompt_text,
+                               truncate_dim=spec.truncate_dim, output_dtype=spec.output_dtype, chunking=spec.chunking,
+                               devices=devices if len(devices) > 1 else None)
+    except ValueError as e:
+        for k, f in files.items():
+            outcome.failed[k] = f"partition {k!r} ({f.uri}): {e}"
+        yield from _failed_checks(context, outcome)
+        return
+    lineage = unit_lineage(loaded, spec, prompt_text, prompt_name, int(encoder.dim))
+    used = list(getattr(encoder, "devices", devices))
+    devices_md = {"embedding/devices": len(used), "embedding/device_names": ", ".join(device_labels(used))}
+    if len(used) > 1:
+        context.log.info(f"embedding on {len(used)} devices: {devices_md['embedding/device_names']}")
 
     def embed_one(key: str, source: CorpusFile, reader: BatchPrefetcher):
-        with NvmlSampler(spec.telemetry_interval_s) as sampler:
+        # a DRA pod: the claim's devices (the NVIDIA driver sets no CUDA_VISIBLE_DEVICES)
+        with NvmlSampler(spec.telemetry_interval_s,
+                         device_uuids=allocated_device_uuids if step.backend == "kubernetes" else None) as sampler:
             result = embed_partition(reader, spec.output_uri_for(key), loaded, encoder=encoder,
-                                     output_storage_options=dict(spec.output_storage_options))
+                                     output_storage_options=dict(spec.output_storage_options), partition_key=key,
+                                     include_text=spec.include_text, output_dtype=spec.output_dtype, lineage=lineage,
+                                     reuse=spec.reuse)
         return result, sampler.summary()
 
     # the partitions are embedded on a thread; their events are written here while the next one encodes
-    ahead = EmbedAhead(list(files.items()), embed_one, lambda source: _prefetcher(spec, source), ready).start()
+    read_versions: dict[str, str] = {}  # each file's source version right before its read starts
+
+    def prefetch(source: CorpusFile) -> BatchPrefetcher:
+        read_versions[source.key] = version_at_read(spec.corpus, source)
+        return _prefetcher(spec, source)
+
+    ahead = EmbedAhead(list(files.items()), embed_one, prefetch, ready).start()
     progress = _Progress(context, n)
     try:
         for done in ahead:
@@ -222,13 +270,17 @@ def _embed_all(
                 continue
             out_uri = spec.output_uri_for(key)
             md = _metadata(step, loaded, spec, done.source, done.result, done.telemetry,
-                           partition_wall_seconds(startup_s, shares[key], done.interval_s), position=(done.index, n))
+                           partition_wall_seconds(startup_s, shares[key], done.interval_s), position=(done.index, n),
+                           lineage=lineage, devices=devices_md)
+            md[SOURCE_VERSION_KEY] = read = read_versions.get(key, done.source.version)
             outcome.materialized.append(key)
-            yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md)
-            outcome.cost_usd += md["billing/cost_usd"]
+            yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md, tags={
+                **version_tags(spec.code_version, lineage["fingerprint"], done.source),
+                **input_tags(context.instance, context.assets_def, context.asset_key, key, read)})
+            outcome.cost_usd += md[COST_USD]
             # the materialization is stored by now: the evaluations target it (the UI's partition status needs that)
             yield from check_evaluations(context.asset_key, key, verify_output(
-                out_uri, expected_dim=loaded.dim, records_read=done.result.records,
+                out_uri, expected_dim=done.result.dim, records_read=done.result.records,
                 skipped_empty_rows=done.result.skipped_empty_rows + done.result.skipped_undecodable_rows,
                 storage_options=spec.output_storage_options),
                 materialization_target(context.instance, context.asset_key, key))
@@ -261,7 +313,50 @@ def _prefetcher(spec: UnitSpec, source: CorpusFile) -> BatchPrefetcher:
                            dict(spec.corpus.storage_options)).start()
 
 
-def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wall_s: float, position) -> dict:
+def resolve_unit_prompt(loaded: LoadedModel, spec: UnitSpec) -> tuple[str, str | None]:
+    """(prompt text, prompt name or None) by sentence-transformers' rule (``prompt`` beats ``prompt_name``, else
+    the model's ``default_prompt_name``); ValueError for a name the model does not have."""
+    from dagster_gpu.embedding.prompts import resolve_prompt
+
+    return resolve_prompt(loaded.model, spec.prompt_name, spec.prompt)
+
+
+def unit_lineage(loaded: LoadedModel, spec: UnitSpec, prompt_text: str, prompt_name: str | None, dim: int) -> dict:
+    """Everything that changes a vector, and its fingerprint (:func:`dagster_gpu.embedding.fingerprint.fingerprint`):
+    written into each output's key-value metadata and onto each materialization."""
+    chunking = spec.chunking.describe() if spec.chunking is not None else None
+    revision = str(getattr(loaded, "revision", "") or "")
+    fields = dict(model_revision=revision, model=spec.model, prompt=prompt_text, normalize=spec.normalize,
+                  truncate_dim=spec.truncate_dim, output_dtype=spec.output_dtype,
+                  max_seq_length=int(loaded.max_seq_length), chunking=chunking)
+    pooling = pooling_description(loaded.model)
+    return {"fingerprint": fingerprint(pooling=pooling, **fields), **fields, "pooling": pooling,
+            "prompt_name": prompt_name, "dim": dim, "weights_dtype": loaded.dtype,
+            "code_version": spec.code_version or None}
+
+
+#: Dagster's tags of a materialization's code and data version (dagster._core.definitions.data_version
+#: CODE_VERSION_TAG / DATA_VERSION_TAG): Dagster adds them only to materializations it derives from an Output, so a
+#: body that yields its own AssetMaterialization sets them, or staleness has nothing to compare.
+CODE_VERSION_TAG = "dagster/code_version"
+DATA_VERSION_TAG = "dagster/data_version"
+
+
+def version_tags(code_version: str, fingerprint: str, source: CorpusFile) -> dict[str, str]:
+    """The materialization's tags: the asset's code version, and as data version the first 16 hex digits of
+    sha256 over the fingerprint and the corpus file's version (key, size, mtime): a changed file or another
+    configuration gives another data version."""
+    import hashlib
+
+    version = f"{fingerprint}\0{source.key}\0{source.size_bytes}\0{source.mtime!r}"
+    tags = {DATA_VERSION_TAG: hashlib.sha256(version.encode()).hexdigest()[:16]}
+    if code_version:
+        tags[CODE_VERSION_TAG] = code_version
+    return tags
+
+
+def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wall_s: float, position,
+              lineage: Mapping[str, Any] | None = None, devices: Mapping[str, Any] | None = None) -> dict:
     product, count = telemetry.product_name, len(telemetry.device_uuids)
     if product is None:
         product, count = _torch_gpu(loaded.device)
@@ -271,6 +366,7 @@ def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wa
         "dagster_gpu/unit_partitions": int(position[1]),
         "dagster_gpu/unit_position": int(position[0]),
         "embedding/useful_fraction": min(1.0, result.seconds / wall_s) if wall_s > 0 else 0.0,
+        **(devices or {}),  # embedding/devices (count), embedding/device_names
     }
     return build_metadata(
         result=result,
@@ -281,4 +377,5 @@ def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wa
         backend=step.backend,
         placement=step.placement,
         backend_metadata={**backend_metadata(step.backend), **claim, **unit, "corpus/file": source.uri},
+        lineage=lineage,
     )

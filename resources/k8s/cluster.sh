@@ -19,9 +19,16 @@
 #   kube-controller-manager           serviceaccount(+token), resourceclaim, garbage-collector, namespace,
 #                                     node-lifecycle, pod-gc, root-ca publisher; per-controller SA credentials
 #   kube-scheduler                    default profile (DynamicResources plugin allocates ResourceClaims)
-#   node agent (node_agent.py)        node gpu-node-0: runs bound pods as local processes (test infrastructure)
-# Manifests applied from resources/k8s/manifests/: namespace dagster-gpu, DeviceClasses gpu.nvidia.com and
-# mig.nvidia.com, Node gpu-node-0, its ResourceSlice (2x A100-SXM4-80GB + 7x MIG 1g.10gb), the executor's
+#   node agent (node_agent.py)        node gpu-node-0: kubelet + NVIDIA DRA kubelet plugin stand-in (test
+#                                     infrastructure): publishes its ResourceSlice (gpu-node-0-devices.yaml:
+#                                     2x A100-SXM4-80GB + 7x MIG 1g.10gb), DRA prepare with the driver's
+#                                     feature gates (${DAGSTER_GPU_K8S_DRIVER_FEATURE_GATES:-} : all off),
+#                                     image pulls (${DAGSTER_GPU_K8S_IMAGE_PULL_SECONDS:-1} s each first pull;
+#                                     images named *slow-pull* 8 s; *does-not-exist* fail), runs bound pods as
+#                                     local processes
+#   resources/k8s/cluster.sh restart-node-agent  # restart the node agent alone (same command line)
+# Manifests applied from resources/k8s/manifests/: namespace dagster-gpu (Pod Security "restricted"
+# enforced), DeviceClasses gpu.nvidia.com and mig.nvidia.com, Node gpu-node-0, the executor's
 # ServiceAccount/Role/RoleBinding and the step pods' (dagster-gpu-worker: get pods and resourceclaims). Kubeconfigs written: $DIR/admin.kubeconfig (system:masters) and
 # $DIR/executor.kubeconfig (ServiceAccount dagster-gpu/dagster-gpu-executor, least privilege).
 # A failed start prints its step and the tail of that component's log ($DIR/logs/<component>.log).
@@ -198,7 +205,9 @@ cmd_start() {
   "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 apply "$HERE"/manifests/*.yaml
   dg_step "starting the node agent (node $NODE)" "$DIR/logs/node-agent.log"
   start_proc node-agent "$PY" "$HERE/node_agent.py" --kubeconfig "$DIR/node.kubeconfig" --node "$NODE" \
-    --state-dir "$DIR/node-agent" --kubelet-version "$("$bin/kube-apiserver" --version | awk '{print $2}')"
+    --state-dir "$DIR/node-agent" --kubelet-version "$("$bin/kube-apiserver" --version | awk '{print $2}')" \
+    --devices "$HERE/gpu-node-0-devices.yaml" --feature-gates "${DAGSTER_GPU_K8S_DRIVER_FEATURE_GATES:-}" \
+    --image-pull-seconds "${DAGSTER_GPU_K8S_IMAGE_PULL_SECONDS:-1}"
   "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 wait-node "$NODE" \
     || { log "node $NODE not ready; see $DIR/logs/node-agent.log"; exit 1; }
   dg_step "writing the executor's kubeconfig ($DIR/executor.kubeconfig)" "$DIR/logs/kube-controller-manager.log"
@@ -208,6 +217,7 @@ cmd_start() {
   cmd_env
 }
 
+node_agent_alive() { pid_alive node-agent; }
 etcd_healthy() { curl -sf --max-time 1 "http://127.0.0.1:$ETCD_PORT/health" >/dev/null 2>&1; }
 
 # restart_component <name> <ready-check>: stop the running component and start it again with the command
@@ -252,7 +262,8 @@ case "${1:-}" in
   stop) cmd_stop ;;
   restart-etcd) restart_component etcd etcd_healthy ;;
   restart-apiserver) restart_component kube-apiserver apiserver_ready ;;
+  restart-node-agent) restart_component node-agent node_agent_alive ;;
   status) dg_quiet; cmd_status ;;
   env) cmd_env ;;
-  *) echo "usage: $0 start|stop|status|env|restart-etcd|restart-apiserver" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|env|restart-etcd|restart-apiserver|restart-node-agent" >&2; exit 2 ;;
 esac

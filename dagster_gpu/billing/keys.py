@@ -1,0 +1,38 @@
+"""The metadata keys of dagster-gpu's bills, written once (pure, no imports).
+
+Every bill in Dagster is metadata under these keys: the worker's measured bill on each partition's
+AssetMaterialization (``dagster_gpu.worker.metadata``) and the scheduler's bill on each partition's
+AssetObservation (``dagster_gpu.executor.observations``); the report, the backfill summary and the
+bills read-back (``dagster_gpu.billed``) read them by the same names. Units are in the names:
+seconds, GPU-seconds (whole-GPU equivalents × seconds), USD, USD per GPU-hour.
+"""
+
+from __future__ import annotations
+
+#: Every billing key starts with this.
+PREFIX = "billing/"
+
+#: GPU-seconds billed: whole-GPU equivalents (count, or a MIG/shared slice's fraction) × seconds.
+GPU_SECONDS = "billing/gpu_seconds"
+#: Wall seconds billed (the worker's measured bill: process start to the end of the asset body).
+WALL_SECONDS = "billing/wall_seconds"
+#: Whole-GPU equivalents the wall seconds were billed on.
+DEVICES = "billing/devices"
+#: The rate card's device type the bill was priced as (``cpu`` for a CPU-only step).
+DEVICE_TYPE = "billing/device_type"
+#: USD per GPU-hour the bill was priced at.
+RATE_USD_PER_GPU_HOUR = "billing/rate_usd_per_gpu_hour"
+#: USD: GPU-seconds × rate ÷ 3600.
+COST_USD = "billing/cost_usd"
+#: Who measured it: ``measured`` (the worker), ``sacct``, ``sacct-requested``, ``pod-interval``, ``process``.
+SOURCE = "billing/source"
+#: Why a figure is what it is (a partition the unit did not materialize, sacct without gres/gpu).
+NOTE = "billing/note"
+#: The scheduler's GPU-seconds for the whole unit, on each partition's share.
+UNIT_GPU_SECONDS = "billing/unit_gpu_seconds"
+#: How many partitions the unit's bill was split over.
+UNIT_PARTITIONS = "billing/unit_partitions"
+#: The partition's measured GPU-seconds (its materialization's ``GPU_SECONDS``), beside the scheduler's share.
+MEASURED_GPU_SECONDS = "billing/measured_gpu_seconds"
+#: The scheduler's share minus the measured GPU-seconds.
+DIFFERENCE_GPU_SECONDS = "billing/difference_gpu_seconds"

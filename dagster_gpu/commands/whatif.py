@@ -1,0 +1,239 @@
+"""``dagster-gpu whatif``: print the plan for a backfill without launching anything.
+
+    dagster-gpu whatif CORPUS [--pattern GLOB] [--recursive] [--executor-config executor.yaml] [--asset KEY]
+        [--save-snapshot snap.json]
+    dagster-gpu whatif -m MODULE --asset KEY [...]     (the asset's own corpus: URL, pattern, sub-directories)
+    dagster-gpu whatif CORPUS --snapshot snap.json [--rate-card ratecard.yaml]
+        [--tag dagster-gpu/deadline-seconds=600 ...] [--history history.json] [--json] [--max-rows N] [--per-run K]
+
+Live by default: the backends configured in ``--executor-config`` (gpu_executor's config, the
+``execution: config:`` mapping; none given = ``local`` only) are asked for their state exactly as
+``backend: auto`` asks them before a launch (:func:`dagster_gpu.executor.auto.gather_snapshot`; an
+unreachable backend is planned around, with the reason), and the throughput comes from ``--asset``'s
+earlier materializations in ``$DAGSTER_HOME``'s instance (:func:`dagster_gpu.policy.history.runtime_model`).
+``--save-snapshot FILE`` writes the live snapshot as JSON for later offline plans; ``--snapshot FILE``
+plans offline from such a file (example: ``resources/whatif-snapshot.json``).
+
+CORPUS is a directory or an fsspec URL (``s3://bucket/prefix``); each corpus file is one partition, listed
+and keyed by :class:`dagster_gpu.corpus.CorpusSource` exactly as the asset's partitions are (key = the file
+name, see :func:`dagster_gpu.keys.partition_key_for`; ``--pattern``/``--recursive`` as the asset's
+CorpusSource has them, or ``-m MODULE --asset KEY`` to take the asset's own), its size in bytes the
+partition size. The plans are :func:`dagster_gpu.policy.whatif.plan`'s, one per mode (``auto``, ``slurm``,
+``kubernetes``); printed: backend + estimated cost per partition (its share of its unit's) and the totals of
+the three modes. ``whatif_main(argv)`` is the entry point the ``dagster-gpu`` CLI hooks.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.code_module import import_code_module
+from dagster_gpu.corpus.listing import CorpusSource
+from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
+from dagster_gpu.policy.snapshot import Snapshot
+from dagster_gpu.policy.whatif import MODES, PlanRow, plan, totals
+from dagster_gpu.request import BACKENDS, GpuRequest
+
+
+def list_partitions(corpus: CorpusSource) -> list[tuple[str, int]]:
+    """``(partition key, size in bytes)`` of each file of ``corpus``, sorted by key: the asset's partition keys
+    (:meth:`CorpusSource.list_files`, the listing the corpus sensor and ``dagster-gpu backfill`` register).
+    Raises CorpusNotFound (a FileNotFoundError) when the corpus URL does not exist."""
+    return [(f.key, f.size_bytes) for f in corpus.list_files()]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="dagster-gpu whatif", 
+                                 description="What-if: print the plan for a backfill without launching anything.")
+    ap.add_argument("corpus", nargs="?", help="corpus directory or fsspec URL; one file per partition "
+                    "(default with -m: the asset's corpus)")
+    ap.add_argument("--pattern", default="*", help="shell glob on file names, as the asset's CorpusSource (default *)")
+    ap.add_argument("--recursive", action="store_true", help="include sub-directories, as the asset's CorpusSource")
+    ap.add_argument("-m", "--module", help="module holding the Definitions: plan the corpus of --asset as defined there")
+    ap.add_argument("--snapshot", help="plan offline from this snapshot JSON (Snapshot.to_json) instead of live state")
+    ap.add_argument("--executor-config", help="gpu_executor config YAML for live state (default: local only)")
+    ap.add_argument("--save-snapshot", help="write the live snapshot JSON here (for --snapshot later)")
+    ap.add_argument("-a", "--asset", help="asset key ('/'-separated) whose materializations in $DAGSTER_HOME give the throughput")
+    ap.add_argument("--rate-card", help="rate card YAML (default: the snapshot's, else the packaged one)")
+    ap.add_argument("--tag", action="append", default=[], help="step tag KEY=VALUE (dagster-gpu/...)")
+    ap.add_argument("--history", help="JSON list of HistoryPoint fields (rows, texts_per_second, bytes, ...)")
+    ap.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
+    ap.add_argument("--max-rows", type=int, default=50, help="partitions shown in the table (default 50)")
+    ap.add_argument("--per-run", type=int, help="partitions per run, each run one work unit (default: the asset's "
+                    "max_partitions_per_run with -m, else 50, embedding_asset's default; 1: a unit per partition)")
+    return ap
+
+
+def _executor_config(path: str | None, rate_card: str | None) -> dict:
+    """gpu_executor's config from a YAML file (the mapping itself, or a run config holding
+    ``execution: config:``); ``{}`` (local only) when no file is given. Raises ValueError naming the file
+    when it holds no mapping."""
+    import yaml
+
+    cfg: dict = {}
+    if path:
+        doc = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(doc, dict):
+            raise ValueError(f"{path}: expected a mapping (gpu_executor's config)")
+        cfg = dict(doc.get("execution", {}).get("config", doc) if "execution" in doc else doc)
+    if rate_card:
+        cfg["rate_card"] = rate_card
+    return cfg
+
+
+def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int]:
+    """The corpus to plan and the partitions per run: the asset's own CorpusSource and
+    ``max_partitions_per_run`` with ``-m MODULE --asset KEY`` (CORPUS, when also given, must be its URL),
+    else one on CORPUS with ``--pattern``/``--recursive`` and 50 (embedding_asset's default). Raises
+    ValueError."""
+    from dagster_gpu.assets import DEFAULT_PARTITIONS_PER_RUN
+
+    if args.module:
+        if not args.asset:
+            raise ValueError("-m/--module needs --asset KEY (the asset whose corpus to plan)")
+        import dagster as dg
+
+        from dagster_gpu.partitions import corpus_of
+        from dagster_gpu.sensors import max_partitions_per_run
+
+        module = import_code_module(args.module)
+        defs = getattr(module, "defs", None)
+        if not isinstance(defs, dg.Definitions):
+            raise ValueError(f"module {args.module!r} has no Definitions named 'defs'")
+        key = dg.AssetKey.from_user_string(args.asset)
+        if key not in {a.key for a in defs.resolve_all_asset_specs()}:
+            raise ValueError(f"module {args.module!r} defines no asset {args.asset!r}")
+        asset = defs.get_assets_def(key)
+        corpus = corpus_of(asset, module)
+        if args.corpus and args.corpus.rstrip("/") != corpus.url.rstrip("/"):
+            raise ValueError(f"CORPUS {args.corpus!r} is not asset {args.asset}'s corpus {corpus.url!r}")
+        return corpus, max_partitions_per_run(asset)
+    if not args.corpus:
+        raise ValueError("CORPUS is required (or -m MODULE --asset KEY to plan the asset's own corpus)")
+    return CorpusSource(url=args.corpus, pattern=args.pattern, recursive=args.recursive), DEFAULT_PARTITIONS_PER_RUN
+
+
+def live_snapshot(executor_config: dict) -> Snapshot:
+    """Ask each backend configured in ``executor_config`` for its state, as ``backend: auto`` does."""
+    import tempfile
+
+    from dagster_gpu.executor.auto import gather_snapshot
+    from dagster_gpu.executor.step_handler import GpuStepHandler
+
+    handler = GpuStepHandler(executor_config, Path(tempfile.gettempdir()) / "dagster-gpu-whatif")
+    return gather_snapshot(handler, handler.candidates)
+
+
+def instance_runtime_model(asset_key: str | None) -> RuntimeModel:
+    """The asset's runtime model from ``$DAGSTER_HOME``'s instance; the no-history fallback when there
+    is no asset or no ``DAGSTER_HOME``."""
+    import os
+
+    if not asset_key or not os.environ.get("DAGSTER_HOME"):
+        return RuntimeModel.from_history([])
+    import dagster as dg
+
+    from dagster_gpu.policy.history import runtime_model
+
+    return runtime_model(dg.DagsterInstance.get(), asset_key)
+
+
+def whatif_main(argv: Sequence[str] | None = None) -> int:
+    """CLI entry point; returns the exit code (0 ok, 2 bad input: the reason on stderr after ``whatif:``)."""
+    args = _parser().parse_args(argv)
+    try:
+        tags = dict(t.split("=", 1) for t in args.tag)
+        request = GpuRequest.from_tags(tags)
+        rc = RateCard.load(args.rate_card) if args.rate_card else None
+        if args.snapshot and args.save_snapshot:
+            raise ValueError("--save-snapshot saves live state; it cannot be combined with --snapshot")
+        if args.snapshot:
+            try:
+                snapshot = Snapshot.loads(Path(args.snapshot).read_text(), rate_card=rc)
+            except FileNotFoundError as e:
+                raise FileNotFoundError(
+                    f"snapshot {args.snapshot!r} not found: leave --snapshot out to plan on live state, save one with "
+                    f"--save-snapshot FILE, or start from resources/whatif-snapshot.json"
+                ) from e
+        else:
+            snapshot = live_snapshot(_executor_config(args.executor_config, args.rate_card))
+            if args.save_snapshot:
+                Path(args.save_snapshot).write_text(json.dumps(snapshot.to_json(), indent=1) + "\n")
+                print(f"whatif: live snapshot saved to {args.save_snapshot}", file=sys.stderr)
+        if args.history:
+            model = RuntimeModel.from_history([HistoryPoint(**h) for h in json.loads(Path(args.history).read_text())])
+        else:
+            model = instance_runtime_model(args.asset)
+        corpus, per_run = corpus_for(args)
+        partitions = list_partitions(corpus)
+        per_run = args.per_run or per_run
+        plans = {m: plan(partitions, request, snapshot, model, m, per_run) for m in MODES}
+    except (ValueError, OSError, KeyError, TypeError, ImportError) as e:
+        print(f"whatif: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        sums = {m: totals(rows) for m, rows in plans.items()}
+        print(json.dumps({
+            "runtime_model": model.source,
+            "partitions_per_run": per_run,
+            "plans": {m: [{"partition": r.partition, "bytes": r.size_bytes, "error": r.error, "unit": r.unit,
+                           "cost_usd": r.cost_usd, "placement": r.placement.to_json() if r.placement else None}
+                          for r in rows]
+                      for m, rows in plans.items()},
+            "totals_usd": {m: None if t.infeasible else t.cost_usd for m, t in sums.items()},
+            "infeasible": {m: t.infeasible for m, t in sums.items()},
+        }, indent=1))
+        return 0
+    _print_tables(plans, model, args.max_rows, {b for b in BACKENDS if snapshot.backend(b) is not None})
+    return 0
+
+
+def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows: int, configured: set[str]) -> None:
+    from rich.table import Table
+
+    from dagster_gpu.cli_common import console
+
+    con = console()
+    auto = plans["auto"]
+    units = len({r.unit for r in auto})
+    t = Table(title=f"Plan (policy 'auto'): {len(auto)} partitions in {units} work unit(s); runtime from {model.source}; "
+                    "start, runtime and deadline are the unit's, cost the partition's share (by bytes)")
+    for col in ("partition", "MB", "unit", "backend", "device", "start s", "runtime s", "cost USD", "deadline"):
+        t.add_column(col, justify="right" if col in ("MB", "unit", "start s", "runtime s", "cost USD") else "left")
+    for r in auto[:max_rows]:
+        a = r.placement.chosen if r.placement else None
+        if a is None:
+            t.add_row(r.partition, f"{r.size_bytes / 1e6:.1f}", str(r.unit), "-", "-", "-", "-", "-", r.error[:60])
+            continue
+        t.add_row(
+            r.partition, f"{r.size_bytes / 1e6:.1f}", str(r.unit), a.backend, a.device or "", f"{a.start_delay_s:.0f}",
+            f"{a.runtime_s:.0f}", f"{r.cost_usd:.6f}", "met" if r.placement.deadline_met else "MISS",
+        )
+    if len(auto) > max_rows:
+        t.add_row(f"... {len(auto) - max_rows} more", "", "", "", "", "", "", "", "")
+    con.print(t)
+    s = Table(title=f"Totals over {len(auto)} partitions")
+    for col in ("mode", "cost USD", "vs auto", "infeasible", "deadline misses", "last finish s", "backends"):
+        s.add_column(col)
+    base = totals(auto)
+    for m, rows in plans.items():
+        tot = totals(rows)
+        bad = tot.infeasible
+        # a mode that cannot place a partition has no total: a sum over the others would read as cheap
+        s.add_row(
+            "all-" + m if m != "auto" else "auto (policy)", "-" if bad else f"{tot.cost_usd:.6f}",
+            f"{tot.cost_usd / base.cost_usd:.2f}x" if base.cost_usd > 0 and not bad and not base.infeasible else "-",
+            str(bad), str(tot.deadline_misses), f"{tot.last_finish_s:.0f}" if not bad else "-",
+            ", ".join(f"{k}={v}" for k, v in sorted(tot.backends.items()))
+            or ("not configured" if m != "auto" and m not in configured else tot.first_error),
+        )
+    con.print(s)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(whatif_main())

@@ -1,0 +1,160 @@
+"""The vector index asset factory: a partitioned asset below an embedding asset that loads each partition's
+parquet output into a LanceDB table (:class:`dagster_gpu.index.lance.VectorIndex`)."""
+
+
+import warnings
+from typing import Any, Mapping, Sequence
+
+import dagster as dg
+
+from dagster_gpu.index.lance import DEFAULT_ANN_MIN_ROWS, VectorIndex
+from dagster_gpu.request import TAG_PARTITIONS_DEF, GpuRequest
+
+#: The index asset's check: rows of the partition in the index = rows of its output parquet.
+ROWS_CHECK = "index_rows_match_output"
+#: Metadata keys the query side reads from the index asset's definition.
+META_URI, META_TABLE, META_EMBEDDINGS = "dagster_gpu/index_uri", "dagster_gpu/index_table", "dagster_gpu/embeddings_asset"
+
+
+def _check_specs(key: dg.AssetKey, pdef) -> list[dg.AssetCheckSpec]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.PreviewWarning)  # partitions_def on AssetCheckSpec is preview in 1.13
+        return [dg.AssetCheckSpec(ROWS_CHECK, asset=key, blocking=True, partitions_def=pdef,
+                                  description="rows of the partition in the index = rows of its output parquet")]
+
+
+def read_output(uri: str, storage_options: Mapping[str, Any] | None = None):
+    """``(rows, lineage)`` of one output: the parquet table and :func:`dagster_gpu.embedding.writer.read_lineage`."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    from dagster_gpu.embedding.writer import read_lineage
+
+    fs, path = fsspec.core.url_to_fs(uri, **dict(storage_options or {}))
+    with fs.open(path, "rb") as f:
+        table = pq.read_table(f)
+    return table, read_lineage(uri, storage_options)
+
+
+def load_partition(index: VectorIndex, partition_key: str, output_uri: str,
+                   output_storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Replace ``partition_key``'s rows in ``index`` by the rows of ``output_uri`` (one commit) and count them
+    back at the committed version. Returns the facts for the materialization and the check:
+    ``output_rows``, ``index_rows``, ``version``, ``inserted``, ``updated``, ``deleted``, ``retries``,
+    ``fingerprint``. Raises IndexSchemaError naming the file or partition, fsspec/pyarrow errors naming the file."""
+    from dagster_gpu.index.rows import index_rows, partition_filter
+
+    table, lineage = read_output(output_uri, output_storage_options)
+    fp = str(lineage.get("fingerprint", ""))
+    rows = index_rows(table, partition_key, fp, source=output_uri)
+    index.record_lineage(fp, {**dict(lineage.get("lineage") or {}), "model": lineage.get("model"),
+                              "model_revision": lineage.get("model_revision"), "fingerprint": fp})
+    r = index.replace_partition(partition_key, rows)
+    tbl = index.open()
+    tbl.checkout(r.version)
+    counted = int(tbl.count_rows(partition_filter(partition_key)))
+    return {"output_rows": table.num_rows, "index_rows": counted, "version": r.version, "inserted": r.inserted,
+            "updated": r.updated, "deleted": r.deleted, "retries": r.retries, "fingerprint": fp}
+
+
+def vector_index_asset(
+    embeddings: dg.AssetsDefinition,
+    *,
+    uri: str,
+    table: str | None = None,
+    name: str | None = None,
+    storage_options: Mapping[str, str] | None = None,
+    output_url: str | None = None,
+    output_storage_options: Mapping[str, Any] | None = None,
+    ann_min_rows: int = DEFAULT_ANN_MIN_ROWS,
+    ann_kind: str = "IVF_HNSW_SQ",
+    group_name: str | None = None,
+    max_partitions_per_run: int | None = None,
+) -> dg.AssetsDefinition:
+    """A partitioned asset (``embeddings``' partitions, depending on it partition by partition) keeping a LanceDB
+    table in step with ``embeddings``' outputs.
+
+    Args:
+        embeddings: an :func:`dagster_gpu.embedding_asset`.
+        uri: the LanceDB database: a local directory or ``s3://bucket/prefix``.
+        table: table name (default: the embedding asset's name). name: asset name (default ``<embeddings>_index``).
+        storage_options: LanceDB's object-store options (``aws_endpoint``, ``allow_http``, …).
+        output_url, output_storage_options: where ``embeddings`` wrote (default: its ``dagster_gpu/output_url``
+            metadata) and the fsspec options to read it.
+        ann_min_rows, ann_kind: at the end of each run, with at least ``ann_min_rows`` rows in the table, the
+            ANN index (``IVF_HNSW_SQ`` or ``IVF_PQ``, cosine) is built or updated; below, queries scan exactly.
+        max_partitions_per_run: a backfill's runs cover at most this many partitions (default: ``embeddings``').
+
+    Per partition: the output is read, its rows replace the partition's rows in one commit
+    (:meth:`VectorIndex.replace_partition`), one materialization (``index/rows``, ``index/version``,
+    ``index/deleted``, ``index/retries``, ``index/fingerprint``, ``index/output_uri``) and the blocking check
+    ``index_rows_match_output`` are recorded. A partition whose output is missing or does not fit the table
+    fails alone (dagster.Failure at the end names each); the table's other partitions are never touched.
+    """
+    from dagster_gpu.outputs import locate_output
+
+    emb_key = embeddings.key
+    emb_name = emb_key.path[-1]
+    emb_meta = embeddings.metadata_by_key.get(emb_key, {})
+    src_url = output_url or emb_meta.get("dagster_gpu/output_url")
+    if not src_url:
+        raise ValueError(f"vector_index_asset: {emb_key.to_user_string()} has no dagster_gpu/output_url metadata; pass output_url")
+    src_url = str(getattr(src_url, "value", src_url))
+    pdef = embeddings.partitions_def
+    name = name or f"{emb_name}_index"
+    key = dg.AssetKey([*emb_key.path[:-1], name])
+    table = table or emb_name
+    per_run = max_partitions_per_run or (embeddings.backfill_policy.max_partitions_per_run
+                                         if embeddings.backfill_policy else None) or 50
+    index = VectorIndex(uri, table, storage_options)
+
+    @dg.asset(
+        name=name, key_prefix=list(emb_key.path[:-1]) or None, partitions_def=pdef, deps=[emb_key],
+        group_name=group_name, kinds={"lancedb"}, output_required=False,
+        # a CPU step: gpu_executor places it on a CPU (policy: count == 0); the partitions definition's name lets
+        # gpu_executor resolve a ranged run's keys (dagster_gpu.ranges.run_partition_keys), as for embedding_asset
+        op_tags={**GpuRequest(count=0).to_tags(), TAG_PARTITIONS_DEF: pdef.name or ""},
+        backfill_policy=dg.BackfillPolicy.multi_run(per_run),
+        description=f"LanceDB table {table!r} at {uri}: the rows of {emb_key.to_user_string()}, each partition replaced in one commit.",
+        metadata={META_URI: uri, META_TABLE: table, META_EMBEDDINGS: emb_key.to_user_string()},
+        check_specs=_check_specs(key, pdef),
+    )
+    def _index(context: dg.AssetExecutionContext):
+        from dagster_gpu.checks import materialization_target
+
+        failed: dict[str, str] = {}
+        for pk in context.partition_keys:
+            try:
+                src = locate_output(src_url, emb_name, pk, output_storage_options)
+                if src is None:
+                    raise FileNotFoundError(f"no output of {emb_key.to_user_string()} for partition {pk!r} under {src_url}")
+                facts = load_partition(index, pk, src, output_storage_options)
+            except Exception as e:  # this partition fails alone; the table is unchanged for it
+                failed[pk] = f"{type(e).__name__}: {e}"
+                context.log.error(f"index partition {pk!r}: {failed[pk]}")
+                continue
+            yield dg.AssetMaterialization(asset_key=key, partition=pk, metadata={
+                "index/rows": facts["index_rows"], "index/version": facts["version"], "index/deleted": facts["deleted"],
+                "index/retries": facts["retries"], "index/fingerprint": facts["fingerprint"],
+                "index/output_uri": dg.MetadataValue.path(src), "index/uri": uri, "index/table": table,
+            })
+            ok = facts["index_rows"] == facts["output_rows"]
+            yield dg.AssetCheckEvaluation(
+                asset_key=key, check_name=ROWS_CHECK, passed=ok, partition=pk, blocking=True,
+                severity=dg.AssetCheckSeverity.ERROR,
+                description=None if ok else f"{facts['index_rows']} rows in the index, {facts['output_rows']} in {src}",
+                metadata={"index_rows": facts["index_rows"], "output_rows": facts["output_rows"]},
+                target_materialization_data=materialization_target(context.instance, key, pk),
+            )
+        try:
+            state = index.ensure_ann_index(ann_min_rows, ann_kind)
+            context.log.info(f"index {table!r}: ANN index {state} ({index.count_rows()} rows)")
+        except Exception as e:
+            failed["(ANN index)"] = f"{type(e).__name__}: {e}"
+        for spec in _check_specs(key, None):
+            yield dg.Output(None, output_name=spec.get_python_identifier())
+        if failed:
+            raise dg.Failure(description=f"{len(failed)} partition(s) not indexed: "
+                             + "; ".join(f"{k}: {v}" for k, v in failed.items()), allow_retries=False)
+
+    return _index

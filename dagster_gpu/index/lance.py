@@ -1,0 +1,298 @@
+"""The LanceDB adapter (I/O): one table per index, each partition's rows replaced in one Lance commit.
+
+Commit semantics relied on (lancedb 0.40.0 over Lance; ``lancedb/merge.py``, ``lancedb/table.py``
+``merge_insert``; lance-format/lance PR #3614 "retry merge_insert when possible"):
+
+* :meth:`VectorIndex.replace_partition` is one ``merge_insert`` on ``(partition_key, index_row)`` with
+  ``when_matched_update_all`` + ``when_not_matched_insert_all`` + ``when_not_matched_by_source_delete``
+  filtered to the partition: the partition's old rows that the new output does not have are deleted, the
+  rest replaced, new ones inserted, **in one transaction** (one new table version; ``merge_insert``'s
+  doc: "add rows, update rows, and remove rows all in a single transaction"). A reader sees the old rows
+  or the new ones; a writer killed before its manifest is committed leaves only unreferenced data files.
+* Concurrent writers: Lance commits optimistically; a ``merge_insert`` that loses the race is rebased and
+  retried by Lance itself up to 10 times when the conflict is retryable (after that: a "Too much write
+  contention" / commit-conflict error), within a 30 s timeout after the first attempt. Two partitions'
+  merges write disjoint new fragments and delete from disjoint rows, so they normally commit side by side;
+  a compaction or index build running beside them can still make Lance give up, and then the whole
+  merge is retried here (tenacity, randomised exponential wait) — it is idempotent for its partition.
+* Each writer of one *same* partition at the same time is not serialised (lance-format/lance#4585: two
+  concurrent merges inserting the same new keys may both commit): Dagster runs one materialization of a
+  partition at a time, and :meth:`replace_partition` is the only writer here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Mapping, Sequence
+
+import pyarrow as pa
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
+
+from dagster_gpu.index.rows import (
+    FINGERPRINT_COLUMN, KEY_COLUMNS, PARTITION_COLUMN, IndexSchemaError, ivf_partitions, partition_filter,
+    schema_difference, sql_string,
+)
+
+log = logging.getLogger(__name__)
+
+VECTOR_COLUMN = "vector"
+#: Substrings of the errors Lance raises when a commit lost to a concurrent one (Rust ``Error::CommitConflict``,
+#: ``RetryableCommitConflict``, ``TooMuchWriteContention``; lance ``rust/lance-core/src/error.rs``).
+CONFLICT_MARKERS = ("commit conflict", "retryable commit conflict", "too much write contention",
+                    "too many concurrent writers", "toomuchwritecontention", "conflicting transaction",
+                    "was concurrently")
+#: Below this many rows the table is searched exactly (flat); at or above it an ANN index is built.
+DEFAULT_ANN_MIN_ROWS = 10_000
+#: HNSW candidate list at query time: recall@10 0.989 against exact search on the fortunes (bench/index_bench.py).
+DEFAULT_EF = 100
+ANN_KINDS = ("IVF_HNSW_SQ", "IVF_PQ")
+
+
+def is_commit_conflict(exc: BaseException) -> bool:
+    """True for Lance's lost-commit errors (retry the operation), False for anything else."""
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return any(m in text for m in CONFLICT_MARKERS)
+
+
+@dataclass(frozen=True)
+class ReplaceResult:
+    """What one partition's replacement did: the table ``version`` it committed, rows ``inserted``,
+    ``updated`` and ``deleted`` (Lance's own counts), ``attempts`` (Lance's inner attempts of the last try)
+    and ``retries`` (whole merges repeated here after a lost commit)."""
+
+    version: int
+    inserted: int
+    updated: int
+    deleted: int
+    attempts: int
+    retries: int
+
+    @property
+    def rows(self) -> int:
+        return self.inserted + self.updated
+
+
+class VectorIndex:
+    """A LanceDB table at ``uri`` (local directory or ``s3://bucket/prefix``) named ``table``.
+
+    ``storage_options``: LanceDB's object-store options (``aws_endpoint``, ``aws_access_key_id``,
+    ``aws_secret_access_key``, ``region``, ``allow_http``…), not fsspec's. ``retry_attempts``: whole-merge
+    tries after a lost commit (each already retried by Lance). A sidecar table ``<table>__fingerprints``
+    keeps each fingerprint's lineage (model, revision, prompt, options) for the query side.
+    """
+
+    def __init__(self, uri: str, table: str = "embeddings", storage_options: Mapping[str, str] | None = None,
+                 *, retry_attempts: int = 8, retry_max_wait_s: float = 5.0):
+        self.uri = str(uri)
+        self.table_name = table
+        self.storage_options = dict(storage_options or {})
+        self.retry_attempts = retry_attempts
+        self.retry_max_wait_s = retry_max_wait_s
+        self._db = None
+
+    def __repr__(self) -> str:
+        return f"VectorIndex({self.uri!r}, table={self.table_name!r})"
+
+    # -- plumbing -------------------------------------------------------------------------------------------
+    def db(self):
+        if self._db is None:
+            import lancedb
+
+            self._db = lancedb.connect(self.uri, storage_options=self.storage_options or None)
+        return self._db
+
+    def _retrying(self) -> Retrying:
+        return Retrying(retry=retry_if_exception(is_commit_conflict), stop=stop_after_attempt(self.retry_attempts),
+                        wait=wait_random_exponential(multiplier=0.05, max=self.retry_max_wait_s), reraise=True)
+
+    def open(self, name: str | None = None):
+        """The table (latest version), or None when it does not exist yet."""
+        name = name or self.table_name
+        try:
+            return self.db().open_table(name)
+        except (FileNotFoundError, ValueError) as e:  # lancedb: ValueError "Table 'x' was not found"
+            if "not found" in str(e).lower() or isinstance(e, FileNotFoundError):
+                return None
+            raise
+
+    def _open_or_create(self, name: str, schema: pa.Schema):
+        tbl = self.open(name)
+        if tbl is not None:
+            return tbl
+        for attempt in self._retrying():
+            with attempt:
+                try:
+                    return self.db().create_table(name, schema=schema, exist_ok=True)
+                except Exception:
+                    tbl = self.open(name)  # another writer created it first
+                    if tbl is None:
+                        raise
+                    return tbl
+        raise AssertionError("unreachable")
+
+    # -- writes ---------------------------------------------------------------------------------------------
+    def record_lineage(self, fingerprint: str, lineage: Mapping[str, Any]) -> None:
+        """Keep ``fingerprint``'s lineage (JSON) in the sidecar table, once per fingerprint."""
+        rows = pa.table({FINGERPRINT_COLUMN: [fingerprint], "lineage": [json.dumps(dict(lineage), sort_keys=True, default=str)]})
+        tbl = self._open_or_create(f"{self.table_name}__fingerprints", rows.schema)
+        for attempt in self._retrying():
+            with attempt:
+                tbl.merge_insert(FINGERPRINT_COLUMN).when_not_matched_insert_all().execute(rows)
+
+    def replace_partition(self, partition_key: str, rows: pa.Table) -> ReplaceResult:
+        """Replace every row of ``partition_key`` by ``rows`` (:func:`dagster_gpu.index.rows.index_rows`) in
+        one commit; an empty ``rows`` deletes the partition's rows. Creates the table from ``rows``' schema
+        when absent.
+
+        Raises IndexSchemaError naming the partition when ``rows`` do not fit the table's columns, and the
+        last error when a lost commit was retried ``retry_attempts`` times.
+        """
+        tbl = self._open_or_create(self.table_name, rows.schema)
+        diff = schema_difference(tbl.schema, rows.schema)
+        if diff:
+            raise IndexSchemaError(f"partition {partition_key!r} does not fit index table {self.table_name!r} at "
+                                   f"{self.uri}: {'; '.join(diff)}")
+        rows = rows.cast(tbl.schema) if rows.schema != tbl.schema else rows
+        retries = -1
+        for attempt in self._retrying():
+            with attempt:
+                retries += 1
+                tbl.checkout_latest()
+                r = (tbl.merge_insert(list(KEY_COLUMNS)).when_matched_update_all().when_not_matched_insert_all()
+                     .when_not_matched_by_source_delete(partition_filter(partition_key)).execute(rows))
+        if retries:
+            log.info("index %s: partition %r committed after %d lost commit(s)", self.table_name, partition_key, retries)
+        return ReplaceResult(version=int(r.version), inserted=int(r.num_inserted_rows), updated=int(r.num_updated_rows),
+                             deleted=int(r.num_deleted_rows), attempts=int(getattr(r, "num_attempts", 1) or 1), retries=retries)
+
+    def delete_partition(self, partition_key: str) -> int:
+        """Delete the partition's rows (one commit); returns how many there were (0 when no table)."""
+        tbl = self.open()
+        if tbl is None:
+            return 0
+        before = 0
+        for attempt in self._retrying():
+            with attempt:
+                tbl.checkout_latest()
+                before = tbl.count_rows(partition_filter(partition_key))
+                if before:
+                    tbl.delete(partition_filter(partition_key))
+        return before
+
+    # -- reads ----------------------------------------------------------------------------------------------
+    def partition_rows(self, partition_key: str) -> int:
+        """Rows of ``partition_key`` in the latest version (0 when the table does not exist)."""
+        tbl = self.open()
+        return 0 if tbl is None else int(tbl.count_rows(partition_filter(partition_key)))
+
+    def count_rows(self) -> int:
+        tbl = self.open()
+        return 0 if tbl is None else int(tbl.count_rows())
+
+    def fingerprints(self) -> dict[str, dict]:
+        """Each fingerprint the table holds rows of -> ``{"rows": n, "lineage": {...}}`` (lineage from the
+        sidecar; ``{}`` when none was recorded)."""
+        tbl = self.open()
+        if tbl is None:
+            return {}
+        side = self.open(f"{self.table_name}__fingerprints")
+        known: dict[str, dict] = {}
+        if side is not None:
+            for row in side.to_arrow().to_pylist():
+                known[row[FINGERPRINT_COLUMN]] = json.loads(row["lineage"] or "{}")
+        out = {}
+        for fp, lineage in known.items():
+            n = int(tbl.count_rows(f"{FINGERPRINT_COLUMN} = {sql_string(fp)}"))
+            if n:
+                out[fp] = {"rows": n, "lineage": lineage}
+        accounted = sum(v["rows"] for v in out.values())
+        if accounted < tbl.count_rows():  # rows whose fingerprint the sidecar lacks: list them by a scan
+            col = tbl.search().select([FINGERPRINT_COLUMN]).limit(None).to_arrow().column(FINGERPRINT_COLUMN)
+            import pyarrow.compute as pc
+
+            for item in pc.value_counts(col).to_pylist():
+                out.setdefault(item["values"], {"rows": int(item["counts"]), "lineage": {}})
+        return out
+
+    def search(self, vector: Sequence[float], k: int = 10, *, fingerprint: str | None = None, exact: bool = False,
+               columns: Sequence[str] | None = None, nprobes: int | None = None, ef: int | None = DEFAULT_EF,
+               refine_factor: int | None = None) -> pa.Table:
+        """The ``k`` rows nearest ``vector`` (cosine distance, column ``_distance``), restricted to one
+        ``fingerprint`` when given (prefiltered). ``exact``: flat search, the ANN index bypassed. Raises
+        LookupError naming the table when it does not exist. ``nprobes``, ``ef``, ``refine_factor``: the ANN
+        query's IVF lists searched, HNSW candidates and re-ranking (LanceDB's defaults when None)."""
+        tbl = self.open()
+        if tbl is None:
+            raise LookupError(f"index table {self.table_name!r} does not exist at {self.uri}: materialize the index asset first")
+        q = tbl.search(list(map(float, vector)), vector_column_name=VECTOR_COLUMN).distance_type("cosine").limit(int(k))
+        if fingerprint is not None:
+            q = q.where(f"{FINGERPRINT_COLUMN} = {sql_string(fingerprint)}", prefilter=True)
+        if columns:
+            q = q.select(list(columns))
+        if exact:
+            q = q.bypass_vector_index()
+        else:
+            if nprobes:
+                q = q.nprobes(int(nprobes))
+            if ef:
+                q = q.ef(int(ef))
+            if refine_factor:
+                q = q.refine_factor(int(refine_factor))
+        return q.to_arrow()
+
+    # -- ANN index ------------------------------------------------------------------------------------------
+    def ann_index(self):
+        """The vector column's index config, or None."""
+        tbl = self.open()
+        if tbl is None:
+            return None
+        for ix in tbl.list_indices():
+            if VECTOR_COLUMN in list(ix.columns):
+                return ix
+        return None
+
+    def ensure_ann_index(self, min_rows: int = DEFAULT_ANN_MIN_ROWS, kind: str = "IVF_HNSW_SQ",
+                         num_partitions: int | None = None) -> str:
+        """Build or update the ANN index on ``vector`` (cosine): ``"flat"`` below ``min_rows`` rows (queries scan
+        exactly), ``"created"`` when it was built now, ``"rebuilt"`` when it was trained again because the rows not in it
+        outnumber those in it (the IVF lists follow the table's size), ``"updated"`` when rows added since were merged into
+        it (``optimize``: compaction + index update, versions older than 7 days pruned), ``"current"`` when
+        there was nothing to add. Rows not yet in the index are still found (Lance scans unindexed
+        fragments flat beside the index). ``num_partitions``: IVF lists (default :func:`ivf_partitions`). Retries lost
+        commits. Raises ValueError for an unknown ``kind``."""
+        if kind not in ANN_KINDS:
+            raise ValueError(f"ANN index kind {kind!r}: expected one of {ANN_KINDS}")
+        tbl = self.open()
+        if tbl is None:
+            return "flat"
+        rows = int(tbl.count_rows())
+        if rows < min_rows:
+            return "flat"
+        from lancedb.index import HnswSq, IvfPq
+
+        for attempt in self._retrying():
+            with attempt:
+                tbl.checkout_latest()
+                ix = self.ann_index()
+                stats = tbl.index_stats(ix.name) if ix is not None else None
+                grew = stats is not None and stats.num_unindexed_rows > stats.num_indexed_rows
+                if ix is None or grew:  # none yet, or the table more than doubled since training: (re)train
+                    lists = num_partitions or ivf_partitions(rows, kind)
+                    cfg = (HnswSq(distance_type="cosine", num_partitions=lists) if kind == "IVF_HNSW_SQ"
+                           else IvfPq(distance_type="cosine", num_partitions=lists))
+                    tbl.create_index(VECTOR_COLUMN, config=cfg, replace=True, wait_timeout=timedelta(minutes=30))
+                    return "rebuilt" if grew else "created"
+                if stats is None or not stats.num_unindexed_rows:
+                    return "current"
+                tbl.optimize()
+                return "updated"
+        raise AssertionError("unreachable")
+
+
+
+
+__all__ = ["VectorIndex", "ReplaceResult", "IndexSchemaError", "is_commit_conflict", "DEFAULT_ANN_MIN_ROWS",
+           "PARTITION_COLUMN"]

@@ -1,0 +1,102 @@
+"""The index's rows and filters (pure: pyarrow only, no LanceDB).
+
+An index row is an output row (:mod:`dagster_gpu.embedding.writer`: ``doc_id``, ``record_id``, chunk fields,
+``text_sha256``, carried columns, optional ``text``, ``vector``) plus three columns:
+
+===================  =======  ================================================================
+``partition_key``    string   the Dagster partition key of the output the row came from
+``index_row``        int64    the row's ordinal in that output (0, 1, …): with ``partition_key``
+                              the table's unique key (``doc_id`` may repeat: a corpus id column
+                              is not checked for uniqueness, and chunks share their record's id)
+``fingerprint``      string   the output's embedding fingerprint (``dagster_gpu.fingerprint``
+                              of its parquet metadata; ``""`` when the file has none)
+===================  =======  ================================================================
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+PARTITION_COLUMN = "partition_key"
+ROW_COLUMN = "index_row"
+FINGERPRINT_COLUMN = "fingerprint"
+#: The table's unique key: the merge of one partition joins on it.
+KEY_COLUMNS = (PARTITION_COLUMN, ROW_COLUMN)
+INDEX_COLUMNS = frozenset({PARTITION_COLUMN, ROW_COLUMN, FINGERPRINT_COLUMN})
+
+
+class IndexSchemaError(ValueError):
+    """An output cannot go into the index as is (a reserved column name, no vector, a schema unlike the table's)."""
+
+
+def sql_string(value: str) -> str:
+    """``value`` as a SQL string literal (single quotes, a quote doubled): safe for any partition key or
+    fingerprint in a LanceDB (DataFusion SQL) filter."""
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def partition_filter(partition_key: str) -> str:
+    """The filter selecting one partition's rows: ``partition_key = '<key>'``."""
+    return f"{PARTITION_COLUMN} = {sql_string(partition_key)}"
+
+
+def index_rows(output: pa.Table, partition_key: str, fingerprint: str, *, source: str = "") -> pa.Table:
+    """``output`` (one partition's parquet rows) with ``partition_key``, ``index_row`` and ``fingerprint``
+    added first; the schema's key-value metadata is dropped (it belongs to the file, not the rows).
+
+    Raises IndexSchemaError naming ``source`` (the output's URI) when it has no ``vector`` column
+    (fixed_size_list) or already has a column named like one of the index's own.
+    """
+    where = source or f"partition {partition_key!r}"
+    if "vector" not in output.column_names or not pa.types.is_fixed_size_list(output.schema.field("vector").type):
+        raise IndexSchemaError(f"{where}: no fixed_size_list column 'vector' (columns: {output.column_names})")
+    clash = sorted(INDEX_COLUMNS & set(output.column_names))
+    if clash:
+        raise IndexSchemaError(f"{where}: columns {clash} are the index's own; rename them in the corpus "
+                               f"(TextFormat.carry_columns) before indexing")
+    n = output.num_rows
+    cols = [pa.array([partition_key] * n, pa.string()), pa.array(np.arange(n, dtype=np.int64)),
+            pa.array([fingerprint] * n, pa.string())]
+    fields = [pa.field(PARTITION_COLUMN, pa.string(), nullable=False), pa.field(ROW_COLUMN, pa.int64(), nullable=False),
+              pa.field(FINGERPRINT_COLUMN, pa.string(), nullable=False)]
+    out = output.replace_schema_metadata(None)
+    return pa.table(cols + list(out.columns), schema=pa.schema(fields + list(out.schema)))
+
+
+def schema_difference(table_schema: pa.Schema, rows_schema: pa.Schema) -> list[str]:
+    """What differs between the index table's columns and a partition's rows (names and types; nullability
+    ignored), one phrase each; ``[]`` when the rows fit the table."""
+    have = {f.name: f.type for f in table_schema}
+    new = {f.name: f.type for f in rows_schema}
+    out = [f"column {n!r} missing" for n in have if n not in new]
+    out += [f"extra column {n!r}" for n in new if n not in have]
+    out += [f"column {n!r} is {new[n]}, the table's is {have[n]}" for n in new if n in have and new[n] != have[n]]
+    return out
+
+
+#: Rows per IVF list of an ``IVF_HNSW_SQ`` index (each list holds its own HNSW graph) and of an ``IVF_PQ`` one.
+ROWS_PER_LIST = {"IVF_HNSW_SQ": 4096, "IVF_PQ": 256}
+
+
+def ivf_partitions(rows: int, kind: str = "IVF_HNSW_SQ") -> int:
+    """IVF lists for ``rows`` vectors: ``rows / ROWS_PER_LIST[kind]`` rounded up, at least 1. An HNSW graph per
+    list needs no fine partitioning: on the 15,217 fortunes (``bench/index_bench.py``) 123 lists (``sqrt(rows)``)
+    gave recall@10 0.86 at LanceDB's default nprobes (20) where 4 lists give the figure in bench/RESULTS.md;
+    IVF_PQ lists are scanned in full, so they are kept small (``sqrt(rows)``-like for 10^4–10^5 rows)."""
+    return max(1, math.ceil(max(rows, 0) / ROWS_PER_LIST[kind]))
+
+
+def recall_at_k(exact: Sequence[Sequence], approx: Sequence[Sequence], k: int) -> float:
+    """Mean over queries of |approx[:k] ∩ exact[:k]| / |exact[:k]| (1.0 for no queries); the ids are any
+    hashable values (e.g. ``(partition_key, index_row)``)."""
+    if not exact:
+        return 1.0
+    total = 0.0
+    for e, a in zip(exact, approx):
+        want = set(list(e)[:k])
+        total += (len(want & set(list(a)[:k])) / len(want)) if want else 1.0
+    return total / len(exact)

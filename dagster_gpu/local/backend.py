@@ -1,0 +1,220 @@
+"""The ``local`` backend: each step worker is a subprocess on this host, in its own process group.
+
+The worker runs under ``dagster_gpu.worker.supervise``, which records the exit code in a status file,
+so health checks work after the orchestrating process restarts (no parent to ``wait()`` on) and a
+worker that dies without its step recording an outcome is reported with its exit code.
+
+No scheduler bills a local worker, so the process is its own bill (``billing/source: process``): once it
+ended, ``accounting`` gives its interval from creation to the exit recorded in the status file, priced by
+the observation writer at the devices and device type the unit's materializations report (``cpu`` on a
+host without GPUs when none does). Like ``sacct`` for a Slurm array task, that covers what the
+materializations' measured shares do not: a failed partition's time, and the unit's tail after its last
+partition. Only the launching process knows the step's arguments a bill is written with (kept in memory,
+never on disk), so a unit whose orchestrator restarted is not billed; the run worker waits at exit up to
+``settle_wait_seconds`` for its workers to end and be billed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+import psutil
+
+from dagster_gpu.billing.keys import SOURCE
+from dagster_gpu.contracts import STEP_CONTEXT_ENV, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus
+from dagster_gpu.settings import config_field as settings_config_field
+from dagster_gpu.settings import setting
+from dagster_gpu.log_tail import log_tail
+from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
+from dagster_gpu.step_args import ENV_VAR as STEP_ARGS_ENV
+from dagster_gpu.telemetry.nvml import list_gpus
+from dagster_gpu.worker.backend_env import LOCAL_UNIT_ENV as UNIT_ENV
+from dagster_gpu.worker.supervise import read_status
+
+
+@dataclass(frozen=True)
+class LocalSettings:
+    """The ``local:`` section of gpu_executor's config (the one place its defaults are written)."""
+
+    enabled: bool = setting(True, "False: never place a step on this host (backend: auto).")
+    log_dir: str | None = setting(None, "Worker logs and status files (default: <instance>/dagster_gpu/local-workers).")
+    cuda_visible_devices: str | None = setting(None, "CUDA_VISIBLE_DEVICES exported to every worker (default: inherited).")
+    terminate_grace_seconds: float = setting(10.0, "Seconds between SIGTERM and SIGKILL of a worker's process group.")
+    settle_wait_seconds: float = setting(30.0, "Seconds the run worker waits at exit for its workers to end and be "
+                                               "billed (0: no wait; a worker still running then is not billed).")
+
+
+def config_field() -> dg.Field:
+    """The ``local:`` section of gpu_executor's config, generated from :class:`LocalSettings`."""
+    return settings_config_field(LocalSettings, "Local backend: step workers as subprocesses on this host.")
+
+
+class LocalBackend(Backend):
+    """Subprocess workers.
+
+    Args:
+        log_dir: where worker stdout/stderr and status files go (created).
+        cuda_visible_devices: if set, exported to every worker (e.g. ``"0"``); else inherited.
+        terminate_grace_s: seconds between SIGTERM and SIGKILL of the worker's process group.
+        settle_wait_s: seconds the run worker waits at exit for its workers to end and be billed.
+        nvml: the NVML module to ask for this host's GPUs (default ``pynvml``).
+    """
+
+    name = "local"
+    workers_survive_orchestrator = False
+
+    def __init__(self, log_dir: str | Path, cuda_visible_devices: str | None = None,
+                 terminate_grace_s: float = LocalSettings.terminate_grace_seconds,
+                 settle_wait_s: float = LocalSettings.settle_wait_seconds, nvml=None):
+        self.log_dir = Path(log_dir)
+        self._nvml = nvml  # pynvml by default (tests inject one)
+        self.cuda_visible_devices = cuda_visible_devices
+        self.terminate_grace_s = terminate_grace_s
+        self.settle_wait_s = settle_wait_s
+        self._children: dict[int, subprocess.Popen] = {}
+        self._bill_env: dict[str, dict[str, str]] = {}  # unit -> what its bill is written with (module doc)
+
+    def launch(self, launch: StepLaunch) -> Handle:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        stem = f"{launch.run_id}-{launch.step_key}-{launch.attempt}"
+        stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)
+        status_file = self.log_dir / f"{stem}.status.json"
+        log_file = self.log_dir / f"{stem}.log"
+        status_file.unlink(missing_ok=True)
+        env = {**os.environ, **launch.env, UNIT_ENV: stem}
+        if self.cuda_visible_devices is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices
+        with open(log_file, "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "dagster_gpu.worker.supervise", "--status-file", str(status_file), "--", *launch.argv],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # own process group: terminate kills the whole tree
+                close_fds=True,
+            )
+        self._children[proc.pid] = proc
+        self._bill_env[stem] = {k: launch.env[k] for k in (STEP_ARGS_ENV, STEP_CONTEXT_ENV) if k in launch.env}
+        return {
+            "pid": proc.pid,
+            "create_time": psutil.Process(proc.pid).create_time(),
+            "status_file": str(status_file),
+            "log_file": str(log_file),
+            "host": os.uname().nodename,
+            "unit": stem,
+        }
+
+    def state(self, handle: Handle) -> WorkerState:
+        pid = int(handle["pid"])
+        child = self._children.get(pid)
+        if child is not None and child.poll() is not None:
+            self._children.pop(pid, None)
+        status = read_status(Path(str(handle["status_file"])))
+        if status is not None and "exit_code" in status:
+            code = int(status["exit_code"])
+            message = status.get("message", f"worker exited with code {code}")
+            if code != 0:
+                message += f"; last lines of {handle['log_file']}:\n{log_tail(Path(str(handle['log_file'])))}"
+            return WorkerState(WorkerStatus.SUCCEEDED if code == 0 else WorkerStatus.FAILED, exit_code=code, message=message)
+        if _alive(pid, float(handle["create_time"])):
+            return WorkerState(WorkerStatus.RUNNING)
+        code = child.returncode if child is not None else None
+        return WorkerState(
+            WorkerStatus.FAILED,
+            exit_code=code,
+            message=f"worker process {pid} is gone without an exit status (killed? exit code {code}); log: {handle['log_file']}",
+        )
+
+    def terminate(self, handle: Handle) -> None:
+        pid = int(handle["pid"])
+        if not _alive(pid, float(handle["create_time"])):
+            return
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + self.terminate_grace_s
+        while time.monotonic() < deadline:
+            if not _alive(pid, float(handle["create_time"])):
+                break
+            time.sleep(0.1)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        child = self._children.pop(pid, None)
+        if child is not None:
+            child.wait(timeout=5)
+
+    def accounting(self, handle: Handle) -> UnitBill | None:
+        """The ended worker's process bill (module doc): its wall seconds from process creation to the exit
+        in its status file. None while it runs; ``UnitBill.nothing`` when another process launched it or it
+        left no exit time (killed with its supervisor)."""
+        env = self._bill_env.get(str(handle.get("unit", "")))
+        if env is None:
+            return UnitBill.nothing("launched by another process: the step's arguments are not known here")
+        status = read_status(Path(str(handle["status_file"])))
+        if status is None or "finished" not in status:
+            if _alive(int(handle["pid"]), float(handle["create_time"])):
+                return None
+            return UnitBill.nothing(f"worker process {handle['pid']} left no exit time")
+        wall = max(0.0, float(status["finished"]) - float(handle["create_time"]))
+        rates = json.loads(env.get(STEP_CONTEXT_ENV) or "{}").get("rates") or {"default": 0.0}
+        return UnitBill(
+            gpu_seconds=0.0, wall_seconds=wall, rate_usd_per_gpu_hour=None, rates=rates,
+            device_type=self._device_type(),
+            metadata={SOURCE: "process", "dagster_gpu/backend": "local", "local/unit": str(handle["unit"]),
+                      "local/pid": int(handle["pid"]), "local/host": str(handle["host"]), "local/wall_seconds": wall,
+                      "local/exit_code": int(status.get("exit_code", -1))},
+            match=("local/unit", str(handle["unit"])), env=env,
+        )
+
+    def _device_type(self) -> str | None:
+        """What a unit that materialized nothing is priced as: ``cpu`` on a host without GPUs, the product on
+        a host with one GPU product, else None (the rate table's ``default``)."""
+        products = {g.product for g in list_gpus(self._nvml)}
+        if not products:
+            return "cpu"
+        return products.pop() if len(products) == 1 else None
+
+    def release(self, handle: Handle) -> bool:
+        """True once per unit, for this process (the only one that can bill it)."""
+        return self._bill_env.pop(str(handle.get("unit", "")), None) is not None
+
+    def policy_state(self) -> LocalState:
+        """This host as a ``LocalState``: one pool per GPU product NVML sees (free = total minus our running
+        workers), none on a CPU-only host."""
+        running = sum(1 for p in list(self._children.values()) if p.poll() is None)
+        gpus = list_gpus(self._nvml)
+        pools = []
+        for product in sorted({g.product for g in gpus}):
+            same = [g for g in gpus if g.product == product]
+            pools.append(
+                DeviceGroup(
+                    device=product, product=product, memory_gib=min(g.memory_gib for g in same),
+                    free=max(0, len(same) - running), total=len(same),
+                )
+            )
+        return LocalState(pools=tuple(pools))
+
+    def handle_metadata(self, handle: Handle):
+        return {"local/pid": int(handle["pid"]), "local/log_file": str(handle["log_file"]), "local/host": str(handle["host"]),
+                **({"local/unit": str(handle["unit"])} if handle.get("unit") else {})}
+
+
+def _alive(pid: int, create_time: float) -> bool:
+    """True if ``pid`` is the same process we started (guards against pid reuse) and not a zombie."""
+    try:
+        p = psutil.Process(pid)
+        return abs(p.create_time() - create_time) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

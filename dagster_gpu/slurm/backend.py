@@ -1,0 +1,582 @@
+"""The ``slurm`` backend: each step is one task of a job array on a Slurm cluster.
+
+Config (``execution: config: slurm:``)::
+
+    slurm:
+      slurm_conf: /etc/slurm/slurm.conf        # default: $SLURM_CONF / Slurm's default
+      spool_dir: /shared/dagster-gpu-spool     # default: see default_spool_dir(); must be ours, not group/other-writable
+      spool_shared_group: gpu-team             # opt in to a spool shared by this Unix group (dirs 2770); default: private (0700)
+      account: research                        # sbatch --account
+      slurm_partition: gpu                     # sbatch --partition (default: the cluster's default)
+      qos: normal                              # sbatch --qos
+      time_limit: "01:00:00"                   # sbatch --time
+      throttle: 4                              # %T of each array (default: GPUs in the slurm partition / GPUs per task)
+      coalesce_window_seconds: 2.0             # launches share one sbatch until none arrived for this long…
+      coalesce_max_window_seconds: 15.0        # …or the first of them has waited this long
+      coalesce_backlog_tasks: 4                # hold launches while our earlier arrays have this many pending tasks
+                                               # (default: the array throttle; 0: never hold)
+      coalesce_target_tasks: 10                # while a backfill is starting more runs, hold launches until they carry this many partitions
+                                               # (keep it below the run queue's max_concurrent_runs; 0: never)
+      coalesce_hold_max_seconds: 120.0         # longest any launch is held (must stay under submit_timeout_seconds)
+      max_tasks_per_array: 1000                # cap per sbatch (MaxArraySize from the controller also applies)
+      poll_interval_seconds: 2.0               # one squeue + one sacct per interval, for every array in the spool
+      shards_per_gpu: 4                        # shard GRES per GPU (the gres.conf Count per device)
+      shards_per_shared_task: 1                # --gres=shard:N for a step with dagster-gpu/shared-ok
+      extra_sbatch_args: ["--constraint=a100"] # appended as argv items, never through a shell
+      env_files: ["~/.dagster-gpu.env"]        # KEY=VALUE secrets (mode 0600) loaded by each task
+      python: /shared/venv/bin/python          # interpreter on the compute nodes (default: this one)
+      gpu_types:                               # kinds of GPU in the slurm partition (default: none, untyped GRES)
+        - {product: NVIDIA A100-SXM4-80GB, gres: a100, memory_gib: 80}
+        - {product: NVIDIA H100 80GB HBM3, constraint: h100, memory_gib: 80}
+        - {product: NVIDIA A30, gres: 1g.6gb, memory_gib: 6}   # MIG slices: 1 of an A30's 4
+      wait_limits_seconds:                     # longest wait in each non-terminal state (0 = no limit);
+        held: 1800                             #   REQUEUE_HOLD, SPECIAL_EXIT, PENDING JobHeldAdmin/JobHeldUser
+        preempted: 300                         #   PREEMPTED and not requeued
+        suspended: 3600                        #   SUSPENDED, STOPPED
+        pending: 86400                         #   PENDING/CONFIGURING/REQUEUED for any other reason
+        completing: 1800                       #   COMPLETING, SIGNALING, STAGE_OUT
+        runaway: 1800                          #   gone from squeue, not final in sacct (sacctmgr show runawayjobs)
+
+Waits: a task that stays longer than its limit in a non-terminal state (measured from when this process
+first saw it there) fails its step with a message naming the state, its reason and the limit, and is
+cancelled (``scancel``) so it never runs later: a held task (``scontrol requeuehold``, SPECIAL_EXIT)
+otherwise waits for an administrator forever (:mod:`dagster_gpu.slurm.status`).
+
+Multi-cluster: when ``sbatch --parsable`` names a cluster (``123;gpu2``: ``--clusters=gpu2`` in
+``extra_sbatch_args``, or a federation), the handle keeps it (``cluster``) and every later squeue, sacct
+and scancel of the task carries ``-M gpu2``.
+
+GRES: ``--gres=gpu:<count>``; a step tagged ``dagster-gpu/shared-ok: true`` gets ``--gres=shard:N`` and a
+device fraction of N ÷ shards_per_gpu; a step with ``gpu-count: 0`` requests no GRES. With ``gpu_types``, a
+typed step (``gpu-product``, ``gpu-memory-gib``) gets the entry it fits (:func:`dagster_gpu.slurm.gpu_types.select_gpu_type`):
+``--gres=gpu:<type>:<count>`` and/or ``--constraint=<feature>``, priced as that entry's product; a MIG type
+(``mig-ok`` only) as its fraction of the parent GPU. A typed step no entry fits fails at launch (GpuTypeError
+naming the entries).
+
+Bills: without ``gres/gpu`` in AccountingStorageTRES (read once from ``scontrol show config``) sacct's
+AllocTRES has no GPUs, so a task is billed its requested GPU equivalents × ElapsedRaw (``billing/source:
+sacct-requested``); on Slurm >= 23.02 the steps' ``gres/gpuutil``/``gres/gpumem`` usage goes on the bill.
+
+The step worker's metadata (``slurm/job_id``, ``slurm/array_job_id``, ``slurm/array_task_id``) comes from
+Slurm's environment in the worker. ``state`` only reads (one shared squeue + sacct poll). After the task
+ends, :meth:`SlurmBackend.accounting` is its sacct bill (every attempt; None until sacct has the final
+record and squeue no longer runs it) and :meth:`SlurmBackend.release` its spool marker, so exactly one
+process writes it (:mod:`dagster_gpu.slurm.accounting`); the settler
+(:mod:`dagster_gpu.executor.settle`) calls them, waits up to ``settle_wait_seconds`` at the orchestrating
+process's exit, and settles other processes' finished tasks from the spool (:meth:`SlurmBackend.unsettled`).
+
+Shared hosts (``docs/security.md``): the spool refuses a directory another user owns or can write
+(:class:`~dagster_gpu.slurm.trust.UntrustedPathError`, naming path, owner, group and mode) unless
+``spool_shared_group`` says it is shared on purpose; array tasks verify their manifest before running
+anything and a refused task fails its step with the reason from its log.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Mapping
+
+import dagster as dg
+
+from dagster_gpu.contracts import STEP_CONTEXT_ENV, TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus
+from dagster_gpu.slurm.accounting import claim_task, step_gpu_usage, task_bill, task_env, unsettled_tasks
+from dagster_gpu.settings import config_field as settings_config_field
+from dagster_gpu.settings import apply_renamed, from_section, renamed, setting
+from dagster_gpu.log_tail import log_tail
+from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
+from dagster_gpu.slurm.client import SlurmClient, SlurmError
+from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python
+from dagster_gpu.slurm.gpu_types import GpuType, sbatch_gres, select_gpu_type
+from dagster_gpu.slurm.gres import gpu_capacity, pending_for_type
+from dagster_gpu.slurm.gpu_types import from_settings as gpu_types_from_settings
+from dagster_gpu.slurm.parse import SlurmParseError
+from dagster_gpu.slurm.poller import SharedPoller
+from dagster_gpu.slurm.script import write_job_script
+from dagster_gpu.slurm.spool import Spool
+from dagster_gpu.slurm.status import WaitLimits, records_for, sacct_caught_up, task_state, task_wait_class
+from dagster_gpu.slurm.window import WindowRule
+
+log = logging.getLogger(__name__)
+
+
+SPOOL_ENV = "DAGSTER_GPU_SLURM_SPOOL"
+
+
+def default_spool_dir() -> str:
+    """The spool when ``spool_dir`` is not configured, never a predictable name under /tmp:
+
+    ``$DAGSTER_GPU_SLURM_SPOOL``, else ``$DAGSTER_HOME/dagster_gpu/slurm-spool``, else
+    ``$XDG_RUNTIME_DIR/dagster-gpu/slurm-spool`` (this host only: right for a single-host cluster),
+    else a new directory made exclusively by ``tempfile.mkdtemp`` (mode 0700). That last one is logged
+    (WARNING) and exported as ``$DAGSTER_GPU_SLURM_SPOOL`` so this process and its children share it;
+    a deployment sets ``spool_dir`` or ``DAGSTER_HOME`` instead."""
+    import tempfile
+
+    if os.environ.get(SPOOL_ENV):
+        return os.environ[SPOOL_ENV]
+    if os.environ.get("DAGSTER_HOME"):
+        return str(Path(os.environ["DAGSTER_HOME"]) / "dagster_gpu" / "slurm-spool")
+    xdg = os.environ.get("XDG_RUNTIME_DIR")
+    if xdg and os.path.isabs(xdg) and os.path.isdir(xdg):
+        return str(Path(xdg) / "dagster-gpu" / "slurm-spool")
+    path = tempfile.mkdtemp(prefix="dagster-gpu-slurm-spool-")
+    os.environ[SPOOL_ENV] = path
+    log.warning(
+        "no spool_dir, DAGSTER_HOME or XDG_RUNTIME_DIR: the Slurm spool is the new directory %s "
+        "(exported as %s for this process's children); set slurm.spool_dir to share one across run workers",
+        path, SPOOL_ENV,
+    )  # fmt: skip
+    return path
+
+
+#: What each wait class of :class:`~dagster_gpu.slurm.status.WaitLimits` covers (the schema's descriptions;
+#: the keys and defaults come from WaitLimits itself, so the schema cannot miss one).
+_WAIT_LIMIT_DOCS = {
+    "held": "REQUEUE_HOLD, SPECIAL_EXIT, or PENDING held (JobHeldAdmin/JobHeldUser)",
+    "preempted": "PREEMPTED and not requeued",
+    "suspended": "SUSPENDED or STOPPED",
+    "pending": "PENDING/CONFIGURING/REQUEUED/EXPEDITING for any other reason",
+    "completing": "COMPLETING/SIGNALING/STAGE_OUT after the batch script ended",
+    "runaway": "gone from squeue, not final in sacct (sacctmgr show runawayjobs)",
+}
+
+
+@dataclass(frozen=True)
+class SlurmSettings:
+    """The ``slurm:`` section, typed: the one place its defaults are written (:func:`config_field` generates
+    the Dagster schema from it). Seconds for all durations."""
+
+    slurm_conf: str | None = setting(None, "slurm.conf path (default $SLURM_CONF).")
+    spool_dir: str | None = setting(None, "Spool shared by run workers (and compute nodes); owned by this user, not "
+                                          "writable by group/others (default: $DAGSTER_GPU_SLURM_SPOOL, else under "
+                                          "$DAGSTER_HOME or $XDG_RUNTIME_DIR, else a new private directory).")
+    spool_shared_group: str | None = setting(None, "Unix group that shares the spool on purpose (dirs 2770; manifests, "
+                                                   "logs and the job script are still verified). Default: a private spool.")
+    account: str | None = setting(None, "sbatch --account.")
+    slurm_partition: str | None = setting(None, "sbatch --partition (a slurm partition).")
+    qos: str | None = setting(None, "sbatch --qos.")
+    time_limit: str | None = setting(None, "sbatch --time, e.g. 01:00:00.")
+    throttle: int | None = setting(None, "%T of each job array (default: GPUs in the slurm partition).")
+    coalesce_window_seconds: float = setting(2.0, "Quiet gap (s) that ends a coalescing window.")
+    coalesce_max_window_seconds: float = setting(15.0, "Longest wait (s) of a launch for others.")
+    coalesce_backlog_tasks: int | None = setting(None, "Hold launches while our earlier arrays have this many pending "
+                                                       "tasks (default: the array throttle; 0: never).")
+    coalesce_hold_max_seconds: float = setting(120.0, "Longest hold (s) of a launch; below submit_timeout_seconds.")
+    coalesce_target_tasks: int = setting(10, "While a backfill is starting more runs, hold launches until they "
+                                             "carry this many partitions (0: never).")
+    max_tasks_per_array: int | None = setting(None, "Tasks per sbatch cap (MaxArraySize also applies).")
+    poll_interval_seconds: float = setting(2.0, "Seconds between squeue+sacct polls.")
+    shards_per_gpu: int = setting(4, "shard GRES per GPU (gres.conf).")
+    shards_per_shared_task: int = setting(1, "--gres=shard:N for shared-ok steps.")
+    extra_sbatch_args: tuple[str, ...] = setting((), "More sbatch argv items.")
+    env_files: tuple[str, ...] = setting((), "KEY=VALUE secret files (0600) loaded by each task (~ expanded).")
+    python: str | None = setting(None, "Interpreter on compute nodes (default: this one).")
+    worker_python: str | None = setting(
+        None, "The array task's step worker Python (a path the compute nodes see, e.g. a venv on the shared "
+              "filesystem); default: the executor-wide worker_python if set, else the code location's interpreter.")
+    submit_timeout_seconds: float = setting(180.0, "Longest wait (s) of a launch for its sbatch.")
+    vanish_grace_seconds: float = setting(60.0, "Seconds a task may be unknown to squeue and sacct after submission.")
+    settle_wait_seconds: float = setting(20.0, "Wait (s) at the orchestrating process's exit for its tasks' sacct bills.")
+    reconcile_wait_seconds: float | None = renamed("settle_wait_seconds")
+    gpu_product: str = setting("NVIDIA A100-SXM4-80GB", "Product of the slurm partition's GPUs (rate card device "
+                                                        "type; untyped GRES do not say).")
+    gpu_memory_gib: float = setting(80.0, "Memory of one of those GPUs (GiB).")
+    gpu_types: tuple[Mapping[str, Any], ...] = setting((), "Kinds of GPU in the slurm partition, for typed requests: "
+                                                           "[{product, gres (gres.conf Type, or a MIG profile), constraint "
+                                                           "(node feature), memory_gib}]. Default: none (every step asks --gres=gpu:N).")
+    #: seconds per wait class; missing keys keep the defaults of :class:`dagster_gpu.slurm.status.WaitLimits`
+    wait_limits_seconds: Mapping[str, float] = setting(
+        default_factory=dict, show_default=False,
+        description="Longest wait (s) of a task in each non-terminal state before its step fails and the task is "
+                    "cancelled (0 = no limit).",
+        schema={
+            f.name: dg.Field(float, is_required=False, description=f"{_WAIT_LIMIT_DOCS[f.name]}: default {f.default:g}.")
+            for f in dataclasses.fields(WaitLimits)
+        },
+    )
+
+    def __post_init__(self):
+        apply_renamed(self, "slurm")
+        object.__setattr__(self, "gpu_types", gpu_types_from_settings(self.gpu_types))
+        object.__setattr__(self, "extra_sbatch_args", tuple(self.extra_sbatch_args))
+        object.__setattr__(self, "env_files", tuple(os.path.expanduser(x) for x in self.env_files))
+
+    @classmethod
+    def from_section(cls, section: Mapping[str, Any]) -> "SlurmSettings":
+        """Settings from the ``slurm:`` section (absent keys take the defaults above)."""
+        return from_section(cls, section)
+
+    @property
+    def wait_limits(self):
+        """:class:`~dagster_gpu.slurm.status.WaitLimits` from ``wait_limits_seconds``. Raises ValueError."""
+        return WaitLimits.from_mapping(self.wait_limits_seconds)
+
+
+class SlurmBackend(Backend):
+    """Steps as job array tasks (see module doc). One instance per orchestrating process."""
+
+    name = "slurm"
+    workers_survive_orchestrator = True
+    coalesces_launches = True
+
+    def __init__(self, settings: SlurmSettings, client: SlurmClient | None = None):
+        self.settings = settings
+        self.client = client or SlurmClient(slurm_conf=settings.slurm_conf)
+        self.spool = Spool(settings.spool_dir or default_spool_dir(), shared_group=settings.spool_shared_group)
+        self._cfg_lock = threading.Lock()
+        self._max_array_size: tuple[float, int] | None = None
+        self._gpus: tuple[float, int] | None = None
+        self._typed: dict[str, tuple[float, int]] = {}  # GRES type -> (asked at, usable GPUs of it)
+        self._step_usage: dict[int, tuple[float, list]] = {}  # array job id -> (asked at, its steps' usage)
+        self.coalescer = ArrayCoalescer(
+            self.spool,
+            self.client,
+            python=settings.python or default_python(),
+            rule=WindowRule(
+                window_s=settings.coalesce_window_seconds,
+                max_window_s=settings.coalesce_max_window_seconds,
+                hard_cap_s=max(settings.coalesce_max_window_seconds, settings.coalesce_hold_max_seconds),
+                backlog_tasks=settings.coalesce_backlog_tasks,
+                target_tasks=settings.coalesce_target_tasks,
+            ),
+            max_wait_s=settings.submit_timeout_seconds,
+            max_tasks_per_array=settings.max_tasks_per_array,
+            max_array_size=self.max_array_size,
+            env_files=settings.env_files,
+            pending_tasks=self.pending_tasks,
+        )
+        self.poller = SharedPoller(self.spool, self.client, settings.poll_interval_seconds)
+        self.wait_limits = settings.wait_limits  # validated now: a bad key fails at executor start
+        self._waiting_since: dict[tuple[int, int], tuple[str, float]] = {}  # task -> (wait class, first seen)
+        self.settle_wait_s = settings.settle_wait_seconds
+
+    # ------------------------------------------------------------------------------ cluster facts
+    def max_array_size(self) -> int:
+        """The controller's MaxArraySize, cached 5 minutes."""
+        with self._cfg_lock:
+            if self._max_array_size is None or time.time() - self._max_array_size[0] > 300:
+                self._max_array_size = (time.time(), self.client.max_array_size())
+            return self._max_array_size[1]
+
+    def gpus_in_partition(self) -> int:
+        """GPUs (gpu GRES) in the configured slurm partition, cached 5 minutes."""
+        with self._cfg_lock:
+            if self._gpus is None or time.time() - self._gpus[0] > 300:
+                self._gpus = (time.time(), self.client.gpus_in_partition(self.settings.slurm_partition))
+            return self._gpus[1]
+
+    def typed_gpus(self, gres_type: str) -> int:
+        """GPUs of one GRES type on the slurm partition's usable nodes, cached 5 minutes."""
+        with self._cfg_lock:
+            hit = self._typed.get(gres_type)
+            if hit is None or time.time() - hit[0] > 300:
+                hit = (time.time(), self.client.gpu_capacity(self.settings.slurm_partition, gres_type).usable)
+                self._typed[gres_type] = hit
+            return hit[1]
+
+    def pending_tasks(self) -> dict[int, int] | None:
+        """Pending tasks per array job id of the spool's active job arrays, from the shared poll (at
+        most one squeue + sacct per poll interval across processes); None when Slurm did not answer."""
+        try:
+            snap = self.poller.poll(set())
+        except (SlurmError, TimeoutError):
+            return None
+        if not snap.ok:
+            return None
+        counts: dict[int, int] = {}
+        for r in snap.queue:
+            if r.state.name == "PENDING":
+                n = sum(hi - lo + 1 for lo, hi in r.array_task_ids) or 1
+                counts[r.array_job_id] = counts.get(r.array_job_id, 0) + n
+        return counts
+
+    # ------------------------------------------------------------------------------ sbatch options
+    def gpu_type(self, launch: StepLaunch) -> GpuType | None:
+        """The ``gpu_types`` entry a step's typed request fits (None: untyped request, or no types configured).
+        Raises GpuTypeError when it is typed and nothing fits."""
+        req = launch.request
+        if req.count <= 0 or req.shared_ok:
+            return None
+        return select_gpu_type(self.settings.gpu_types, req.product, req.memory_gib, req.mig_ok)
+
+    def gres_options(self, launch: StepLaunch) -> tuple[list[str], float | None]:
+        """(``--gres=…`` [and ``--constraint=…``], device fraction for a shard or MIG slice, else None)."""
+        req = launch.request
+        if req.count <= 0:
+            return [], None
+        if req.shared_ok:
+            n = self.settings.shards_per_shared_task
+            return [f"--gres=shard:{n}"], n / max(1, self.settings.shards_per_gpu)
+        t = self.gpu_type(launch)
+        return sbatch_gres(t, req.count), (t.fraction if t is not None and t.mig_profile else None)
+
+    def sbatch_options(self, launch: StepLaunch) -> list[str]:
+        """Options shared by the array (no --array/--job-name/--output: the coalescer adds those)."""
+        opts, _ = self.gres_options(launch)
+        return self._options(*opts)
+
+    def sbatch_options_for(self, gpus: int) -> list[str]:
+        """The options of a step asking ``gpus`` whole GPUs (for ``--test-only`` estimates)."""
+        return self._options(*([f"--gres=gpu:{gpus}"] if gpus > 0 else []))
+
+    def _options(self, *gres: str) -> list[str]:
+        s = self.settings
+        opts = []
+        for flag, value in (("--account", s.account), ("--partition", s.slurm_partition), ("--qos", s.qos), ("--time", s.time_limit)):
+            if value:
+                opts.append(f"{flag}={value}")
+        opts.extend(gres)
+        return opts + list(s.extra_sbatch_args)
+
+    def throttle_for(self, launch: StepLaunch) -> int:
+        """The array's ``%T``: the configured throttle, else GPUs in the slurm partition per task's GPUs
+        (shared tasks: shards in those GPUs per task's shards)."""
+        if self.settings.throttle is not None:
+            return max(0, int(self.settings.throttle))
+        t = self.gpu_type(launch)
+        gpus = self.gpus_in_partition() if t is None or not t.gres else self.typed_gpus(t.gres)
+        req = launch.request
+        if req.count <= 0 or gpus <= 0:
+            return 0
+        if req.shared_ok:
+            return max(1, gpus * self.settings.shards_per_gpu // max(1, self.settings.shards_per_shared_task))
+        return max(1, gpus // req.count)
+
+    # ------------------------------------------------------------------------------ Backend
+    def launch(self, launch: StepLaunch) -> Handle:
+        gres, fraction = self.gres_options(launch)
+        t = self.gpu_type(launch)
+        env = dict(launch.env)
+        if STEP_CONTEXT_ENV in env:
+            ctx = json.loads(env[STEP_CONTEXT_ENV])
+            if fraction is not None:
+                ctx["device_fraction"] = fraction
+            # what sbatch asks, for the bill: GPU equivalents (shards and MIG slices as fractions) and the
+            # product to price them at (the requested type's, else the slurm partition's)
+            asked = launch.request
+            if asked.count <= 0:
+                gpus = 0.0
+            elif asked.shared_ok:  # shard:N of one GPU
+                gpus = float(fraction or 0.0)
+            else:  # whole GPUs, or MIG slices as their fraction of the parent
+                gpus = float(asked.count * (fraction if fraction is not None else 1.0))
+            ctx["slurm_request"] = {
+                "gres": " ".join(gres),
+                "gpus": gpus,
+                "product": t.product if t is not None else self.settings.gpu_product,
+                "fraction_per_gpu_gres": t.fraction if t is not None else 1.0,
+            }
+            env[STEP_CONTEXT_ENV] = json.dumps(ctx, sort_keys=True)
+        req = TaskRequest(
+            options=tuple(self.sbatch_options(launch)),
+            throttle=self.throttle_for(launch),
+            argv=tuple(launch.argv),
+            env=env,
+            run_id=launch.run_id,
+            step_key=launch.step_key,
+            partition_keys=tuple(launch.partition_keys),
+            attempt=launch.attempt,
+            launches_to_come=launch.launches_to_come,
+        )
+        a = self.coalescer.submit(req)
+        return {
+            "job_id": f"{a.array_job_id}_{a.array_task_id}",
+            "cluster": a.cluster,
+            "array_job_id": a.array_job_id,
+            "array_task_id": a.array_task_id,
+            "batch": a.batch,
+            "submitted_at": a.submitted_at,
+            "tasks_in_array": a.tasks_in_array,
+            "log_file": a.log_file,
+            "spool": str(self.spool.root),
+        }
+
+    def state(self, handle: Handle) -> WorkerState:
+        """The task's state from the shared poll (:func:`dagster_gpu.slurm.status.task_state`). Only reads:
+        a task over its wait limit is FAILED and ``abandoned`` (the settler cancels it); the message of a
+        FAILED task ends with the last lines of its log."""
+        aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
+        submitted = float(handle["submitted_at"])
+        try:
+            snap = self.poller.poll({aid}, not_before=submitted, clusters={aid: handle.get("cluster")})
+        except (SlurmError, TimeoutError) as e:
+            return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {e}")
+        if not snap.ok:
+            return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {snap.error}")
+        recs = records_for(aid, tid, snap.queue, snap.acct, submitted)
+        key = (aid, tid)
+        wait = task_wait_class(recs)
+        if wait is None:
+            self._waiting_since.pop(key, None)
+        elif self._waiting_since.get(key, ("", 0.0))[0] != wait:
+            self._waiting_since[key] = (wait, time.time())
+        waited = time.time() - self._waiting_since[key][1] if wait else 0.0
+        st = task_state(
+            recs,
+            job_label=f"{aid}_{tid}",
+            submitted_age_s=max(0.0, snap.started_at - submitted),
+            waited_s=waited,
+            wait_limits=self.wait_limits,
+            vanish_grace_s=self.settings.vanish_grace_seconds,
+        )
+        # over its wait limit: the settler cancels it, so a held task released later does not run a failed step
+        # again (a runaway task is not the controller's any more: nothing to cancel)
+        abandoned = wait not in (None, "runaway") and st.status == WorkerStatus.FAILED and 0 < self.wait_limits.limit(wait) <= waited
+        if st.status == WorkerStatus.FAILED and handle.get("log_file"):
+            # the task's own words: e.g. why it refused its manifest (exit 3) before running anything
+            st = WorkerState(st.status, st.exit_code, f"{st.message}; last lines of {handle['log_file']}:\n{log_tail(Path(str(handle['log_file'])))}")
+        return WorkerState(st.status, st.exit_code, st.message, abandoned=abandoned)
+
+    def terminate(self, handle: Handle) -> None:
+        """``scancel [-M <cluster>] <array_job_id>_<array_task_id>``: exactly this task, pending or running."""
+        self.client.scancel([f"{int(handle['array_job_id'])}_{int(handle['array_task_id'])}"], cluster=handle.get("cluster"))
+
+    def policy_state(self) -> SlurmState:
+        """The slurm partition as a ``SlurmState``: one ``sinfo`` for its GPUs on nodes that take jobs and
+        those allocated (however the jobs asked: ``--gres``, ``--gpus``, multi-node), one ``squeue`` for the
+        tasks pending, our array throttle, and, when a pool's free GPUs do not outnumber the pending tasks,
+        the controller's start estimate for one more task (``sbatch --test-only``; nothing is submitted).
+        With ``gpu_types``, one pool per entry that names a GRES type (its typed GPUs; a MIG type as
+        ``mig-<profile>``), else one pool of ``gpu_product``. Raises SlurmError when the controller does not answer."""
+        s = self.settings
+        nodes = self.client.node_gres(s.slurm_partition)
+        pending_gres = self.client.pending_gres(s.slurm_partition)
+        all_gpus = gpu_capacity(nodes)
+        typed = [t for t in s.gpu_types if t.gres]
+        pools = []
+        for t in typed or [None]:
+            cap = gpu_capacity(nodes, t.gres) if t is not None else all_gpus
+            # pending jobs that may take this pool's GPUs: asking its type, or no type
+            pending = pending_for_type(pending_gres, t.gres if t is not None else None)
+            opts = sbatch_gres(t, 1) if t is not None else ["--gres=gpu:1"]
+            pools.append(DeviceGroup(
+                device=t.device if t else s.gpu_product, product=t.product if t else s.gpu_product,
+                memory_gib=(t.memory_gib if t and t.memory_gib is not None else s.gpu_memory_gib),
+                free=cap.free, total=cap.usable, pending=pending, mig_profile=t.mig_profile if t else None,
+                start_estimate_s=None if cap.free > pending else self.start_estimate_s(options=opts),
+            ))  # fmt: skip
+        return SlurmState(
+            pools=tuple(pools), slurm_partition=s.slurm_partition or "", array_throttle=s.throttle,
+            running_tasks=min(all_gpus.used, all_gpus.usable),
+        )
+
+    def start_estimate_s(self, gpus: int = 1, options: list[str] | None = None) -> float | None:
+        """Seconds until the controller expects to start a task like ours (``sbatch --test-only`` with
+        this backend's account, slurm partition, QOS, time limit and ``--gres=gpu:<gpus>``), or None when
+        it cannot say: a rejected test, or a start more than a day ahead (Slurm 22.05 prints year 6109
+        when the running jobs have no time limit). Assumes the controller's clock and time zone are
+        this host's (its estimate is printed in local time)."""
+
+        try:
+            opts = self._options(*options) if options is not None else self.sbatch_options_for(gpus)
+            est = self.client.test_only(opts, write_job_script(self.spool.job_script.parent, self.spool.job_script.name))
+        except (SlurmError, SlurmParseError) as e:
+            log.info("no Slurm start estimate: %s", e)
+            return None
+        if est.start is None:
+            return None
+        wait = (est.start - datetime.now()).total_seconds()
+        return max(0.0, wait) if wait < 86400 else None
+
+    def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
+        return {
+            "slurm/job_id": str(handle["job_id"]),
+            "slurm/array_job_id": int(handle["array_job_id"]),
+            "slurm/array_task_id": int(handle["array_task_id"]),
+            "slurm/state": "PENDING",
+            "slurm/tasks_in_array": int(handle["tasks_in_array"]),
+            "slurm/log_file": dg.MetadataValue.path(str(handle["log_file"])),
+            **({"slurm/cluster": str(handle["cluster"])} if handle.get("cluster") else {}),
+        }
+
+    # ------------------------------------------------------------------------------ accounting
+    def accounting(self, handle: Handle) -> UnitBill | None:
+        """The ended task's sacct bill (:func:`~dagster_gpu.slurm.accounting.task_bill`:
+        every attempt, priced at the rate table of its step context), read from the shared poll. None
+        while Slurm has not billed it: squeue still runs it, sacct has no final record yet or no record of
+        the attempt squeue shows (slurmdbd lags or is down: :func:`~dagster_gpu.slurm.status.sacct_caught_up`),
+        or Slurm could not be asked. ``UnitBill.nothing`` when its manifest is unreadable."""
+        aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
+        submitted = float(handle.get("submitted_at", 0.0))
+        try:
+            snap = self.poller.poll({aid}, not_before=submitted, clusters={aid: handle.get("cluster")})
+        except (SlurmError, TimeoutError):
+            return None
+        if not snap.ok:
+            return None
+        recs = records_for(aid, tid, snap.queue, snap.acct, submitted or None)
+        if recs.queue is not None and recs.queue.state.status not in TERMINAL:
+            return None
+        if not recs.acct or not recs.acct[-1].state.final or not sacct_caught_up(recs.queue, recs.acct):
+            return None
+        env = task_env(self.spool, str(handle["batch"]), tid)
+        if env is None:
+            return UnitBill.nothing(f"no manifest entry for Slurm array task {aid}_{tid} in the spool")
+        try:
+            tracked = self.client.gpu_tres_tracked()
+            usage = step_gpu_usage(self._steps_of(aid, tid, handle.get("cluster"))) if self.client.gpu_usage_tracked() else {}
+        except (SlurmError, SlurmParseError) as e:
+            log.info("no Slurm accounting config or step usage for %s_%s yet: %s", aid, tid, e)
+            return None
+        return task_bill(env, recs.acct, self.settings.shards_per_gpu, gpu_tres_tracked=tracked, step_usage=usage)
+
+    def _steps_of(self, aid: int, tid: int, cluster: str | None) -> list:
+        """The steps of task ``aid``_``tid`` from one ``sacct`` per array job, re-asked at most once per poll
+        interval while this task's steps are not in it."""
+        with self._cfg_lock:
+            cached = self._step_usage.get(aid)
+            mine = lambda steps: [s for s in steps if s.id.job_id == aid and s.id.task_id == tid]  # noqa: E731
+            if cached is None or (not mine(cached[1]) and time.time() - cached[0] > self.settings.poll_interval_seconds):
+                cached = (time.time(), self.client.sacct_steps([aid], cluster=cluster))
+                self._step_usage[aid] = cached
+            return mine(cached[1])
+
+    def release(self, handle: Handle) -> bool:
+        """The task's spool marker (O_EXCL): True for the one process that writes its bill."""
+        return claim_task(self.spool, str(handle["batch"]), int(handle["array_task_id"]))
+
+    def unsettled(self) -> list[Handle]:
+        """Tasks of finished job arrays in the spool (any process's) whose bill nobody wrote, as handles;
+        one shared poll covers them all, so their ``accounting`` reads it. Empty when Slurm cannot be asked.
+
+        A job array counts as finished once a poll saw every task final (``done``); while any is not
+        marked yet, the shared poll is refreshed first (at most once per ``poll_interval_seconds``): when
+        every run worker exited before sacct had the final records (slurmdbd down), nobody else polls."""
+        try:
+            if self.spool.active_batches():
+                self.poller.poll(set())  # covers every active job array; marks the final ones done
+            tasks = unsettled_tasks(self.spool)
+            if not tasks:
+                return []
+            clusters = {int(sub["array_job_id"]): sub.get("cluster") for _, sub, _ in tasks}
+            snap = self.poller.poll(set(clusters), clusters=clusters)
+        except (SlurmError, TimeoutError) as e:
+            log.info("no sweep of finished Slurm tasks: %s", e)
+            return []
+        if not snap.ok:
+            return []
+        return [
+            {"job_id": f"{sub['array_job_id']}_{i}", "cluster": sub.get("cluster"), "array_job_id": int(sub["array_job_id"]),
+             "array_task_id": i, "batch": batch, "submitted_at": float(sub.get("submitted_at", 0.0)),
+             "tasks_in_array": int(sub.get("tasks", 0)), "log_file": str(self.spool.batch_dir(batch) / f"{i}.out"),
+             "spool": str(self.spool.root)}
+            for batch, sub, i in tasks
+        ]
+
+
+def config_field() -> dg.Field:
+    """The ``slurm:`` section of gpu_executor's config, generated from :class:`SlurmSettings`."""
+    return settings_config_field(SlurmSettings, "Slurm backend settings (dagster_gpu.slurm.backend).")
+
+
+def build_backend(section: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> SlurmBackend:
+    """The registry hook: a SlurmBackend from the ``slurm:`` section."""
+    return SlurmBackend(SlurmSettings.from_section(section))

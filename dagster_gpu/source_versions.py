@@ -1,0 +1,168 @@
+"""Source versions of corpus files in Dagster's own terms (I/O: the Dagster instance's event log).
+
+Each materialization of a partition records the version of the file it read (``corpus/source_version``
+metadata, from :func:`dagster_gpu.corpus.listing.source_version`, read right before the read: see
+:func:`version_at_read`). The unit tags each materialization with ``dagster/code_version`` and
+``dagster/data_version`` (:func:`dagster_gpu.worker.unit.version_tags`) and, when the asset depends on its
+corpus source asset (:func:`corpus_source`), with the input tags Dagster itself writes on a materialization
+made from an ``Output`` (``dagster/_core/execution/plan/execute_step.py`` ``_build_data_version_tags``,
+dagster 1.13.27): ``dagster/input_data_version/<corpus asset>`` and ``dagster/input_event_pointer/<corpus
+asset>`` (:func:`input_tags`).
+
+With :func:`corpus_source`, the corpus is an external asset with the embedding asset's dynamic partitions
+definition, and ``corpus_sensor`` records one ``AssetObservation`` per partition whose file version changed
+(tag ``dagster/data_version`` = the source version, from the listing the sensor makes anyway). Dagster's
+staleness machinery then works per partition (``CachingStaleStatusResolver``: "has a new code version",
+"has a new dependency data version"), and the UI shows the corpus asset upstream of the embeddings in the
+lineage, its per-partition observations (data version) on the corpus asset's page, and a partition of the
+embeddings whose file or code version changed as "Unsynced" with those causes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Sequence
+
+import dagster as dg
+from dagster._core.definitions.data_version import (
+    CODE_VERSION_TAG,
+    DATA_VERSION_TAG,
+    get_input_data_version_tag,
+    get_input_event_pointer_tag,
+)
+
+from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
+
+#: Materialization metadata: the source version of the file the partition was embedded from.
+SOURCE_VERSION_KEY = "corpus/source_version"
+#: Materialization metadata written by the embedding side: the embedding fingerprint of the output.
+FINGERPRINT_KEY = "embedding/fingerprint"
+
+_NULL_POINTER = "NULL"  # dagster's NULL_EVENT_POINTER
+_BATCH = 500  # storage ids per event-log query
+
+
+def corpus_asset_key(asset_key: dg.AssetKey) -> dg.AssetKey:
+    """The corpus source asset of ``asset_key``: same prefix, name ``<name>_corpus``."""
+    return dg.AssetKey([*asset_key.path[:-1], f"{asset_key.path[-1]}_corpus"])
+
+
+def corpus_source(asset: dg.AssetsDefinition, corpus: CorpusSource) -> tuple[dg.AssetSpec, dg.AssetsDefinition]:
+    """(the corpus as an external asset, ``asset`` depending on it partition by partition).
+
+    Put both in the Definitions instead of ``asset``. The spec has ``asset``'s dynamic partitions
+    definition (identity mapping: partition k of the embeddings reads partition k of the corpus) and
+    group. Raises TypeError when ``asset``'s partitions are not dynamic.
+    """
+    pdef = asset.partitions_def
+    if not isinstance(pdef, dg.DynamicPartitionsDefinition):
+        raise TypeError(f"asset {asset.key.to_user_string()} must use a DynamicPartitionsDefinition, got {type(pdef).__name__}")
+    key = corpus_asset_key(asset.key)
+    spec = dg.AssetSpec(
+        key, partitions_def=pdef, group_name=asset.group_names_by_key.get(asset.key),
+        description=f"The files under {corpus.url} (one partition per file); each partition's data version is its "
+                    "file's source version (S3 VersionId or ETag, else size and modification time), observed by the corpus sensor.",
+        metadata={"dagster_gpu/corpus_url": corpus.url}, kinds={"s3" if corpus.url.startswith("s3://") else "file"},
+    )
+    (linked,) = dg.map_asset_specs(lambda s: s.merge_attributes(deps=[key]) if s.key == asset.key else s, [asset])
+    return spec, linked
+
+
+def depends_on_corpus(asset: dg.AssetsDefinition, asset_key: dg.AssetKey | None = None) -> bool:
+    """True when the asset reads its corpus source asset (made by :func:`corpus_source`)."""
+    asset_key = asset_key or asset.key
+    return corpus_asset_key(asset_key) in asset.asset_deps.get(asset_key, set())
+
+
+def input_tags(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, asset_key: dg.AssetKey,
+               partition_key: str, source_version: str) -> dict[str, str]:
+    """The input provenance tags of partition ``partition_key``'s materialization when ``asset_key`` depends on
+    its corpus source asset (else ``{}``: Dagster reads an input the asset does not depend on as a removed
+    dependency): ``dagster/input_data_version/<corpus>`` = the source version read and
+    ``dagster/input_event_pointer/<corpus>`` = the storage id of that partition's latest observation (one
+    event-log query), as Dagster writes them for an ``Output``."""
+    if not depends_on_corpus(asset, asset_key):
+        return {}
+    corpus_key = corpus_asset_key(asset_key)
+    latest = instance.get_latest_storage_id_by_partition(corpus_key, dg.DagsterEventType.ASSET_OBSERVATION, {partition_key})
+    pointer = latest.get(partition_key)
+    return {get_input_data_version_tag(corpus_key): source_version,
+            get_input_event_pointer_tag(corpus_key): str(pointer) if pointer else _NULL_POINTER}
+
+
+def version_at_read(corpus: CorpusSource, file: CorpusFile) -> str:
+    """``file``'s source version right before its read starts (:meth:`CorpusSource.current_version`), so a
+    file rewritten during the read records the older version and is found changed afterwards; the listed
+    version when the store cannot say (the read then fails with its own error)."""
+    from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
+
+    try:
+        return corpus.current_version(file)
+    except (CorpusNotFound, CorpusUnreadable):
+        return file.version
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What a partition's latest materialization recorded: the source version it read (None: not
+    recorded), the code version it ran under (``dagster/code_version``; None: not recorded), the embedding
+    fingerprint (``embedding/fingerprint`` metadata; None: not recorded), its output URI, and its run."""
+
+    source_version: str | None
+    code_version: str | None
+    fingerprint: str | None = None
+    output_uri: str | None = None
+    run_id: str | None = None
+
+
+def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
+                      partitions: Iterable[str] | None = None) -> dict[str, Recorded]:
+    """Partition key -> :class:`Recorded` of its latest materialization (partitions never materialized are
+    absent). Costs one query for the latest storage ids and one per 500 partitions for their records."""
+    wanted = set(partitions) if partitions is not None else None
+    if wanted is not None and not wanted:
+        return {}
+    latest = instance.get_latest_storage_id_by_partition(asset_key, dg.DagsterEventType.ASSET_MATERIALIZATION, wanted)
+    ids = sorted(latest.values())
+    out: dict[str, Recorded] = {}
+    for i in range(0, len(ids), _BATCH):
+        chunk = ids[i : i + _BATCH]
+        recs = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset_key, storage_ids=chunk), limit=len(chunk)).records
+        for rec in recs:
+            mat = rec.asset_materialization
+            if mat is None or mat.partition is None:
+                continue
+            md, tags = mat.metadata, mat.tags or {}
+            out[mat.partition] = Recorded(
+                source_version=_text(md.get(SOURCE_VERSION_KEY)),
+                code_version=tags.get(CODE_VERSION_TAG),
+                fingerprint=_text(md.get(FINGERPRINT_KEY)),
+                output_uri=_text(md.get("embedding/output_uri")),
+                run_id=rec.run_id or None,
+            )
+    return out
+
+
+def observed_versions(instance: dg.DagsterInstance, corpus_key: dg.AssetKey) -> dict[str, str]:
+    """Partition key -> the data version of the corpus asset's latest observation of it (one query)."""
+    tags = instance.event_log_storage.get_latest_tags_by_partition(
+        corpus_key, dg.DagsterEventType.ASSET_OBSERVATION, [DATA_VERSION_TAG])
+    return {k: t[DATA_VERSION_TAG] for k, t in tags.items() if DATA_VERSION_TAG in t}
+
+
+def observations(corpus_key: dg.AssetKey, files: Sequence[CorpusFile], observed: Mapping[str, str]) -> list[dg.AssetObservation]:
+    """One observation of ``corpus_key`` per file whose version differs from ``observed`` (pure): its data
+    version is the source version, with the file's URI and size as metadata."""
+    return [
+        dg.AssetObservation(corpus_key, partition=f.key, tags={DATA_VERSION_TAG: f.version},
+                            metadata={"corpus/file": f.uri, "corpus/size_bytes": f.size_bytes, SOURCE_VERSION_KEY: f.version})
+        for f in files if f.version and observed.get(f.key) != f.version
+    ]
+
+
+def _text(v) -> str | None:
+    if v is None:
+        return None
+    v = getattr(v, "value", v)
+    v = getattr(v, "path", v) if not isinstance(v, str) else v
+    return None if v is None else str(v)

@@ -1,0 +1,137 @@
+# shellcheck shell=bash
+# The Slurm daemons' lifecycle shared by the two test clusters (resources/slurm/cluster.sh: 22.05 on the host;
+# resources/slurm/trixie.sh: 24.11 in a Debian trixie root), sourced after errtrap.sh:
+#
+#   source "$(dirname "${BASH_SOURCE[0]}")/../lib/slurm_cluster.sh"
+#
+# pid files (only what the script started), waits, slurmctld and slurmd start, the node's readiness, the
+# accounting associations (cluster, QOS high/normal with preemption by requeue, account, user root).
+# The sourcing script provides: `log`, `die`, `launch <name> <cmd...>` (start a foreground daemon detached and
+# write its pid file), the variables D, HOST, TIMEOUT, CLUSTER, ACCOUNT, SLURM_CONF, DAEMON_PLACE (a suffix for
+# step names, e.g. " (in the root)"), and the commands scontrol, sinfo and sacctmgr (functions where they run
+# elsewhere). Early readers (`| grep -q`, `| head`) would fail a pipeline with SIGPIPE under pipefail: every
+# check reads the command's whole output first.
+
+# wait_for <what> <timeout-s> <command...>: poll every 0.2 s until the command succeeds.
+wait_for() {
+  local what="$1" limit="$2"; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then die "timed out after ${limit}s waiting for $what"; fi
+    sleep 0.2
+  done
+}
+
+pidfile() { echo "$D/run/$1.pid"; }
+
+# alive <name> <expected comm>: the pid in our pid file is running and is that program.
+alive() {
+  local f pid comm
+  f="$(pidfile "$1")"
+  [ -s "$f" ] || return 1
+  pid="$(cat "$f")"
+  [ -d "/proc/$pid" ] || return 1
+  comm="$(cat "/proc/$pid/comm" 2>/dev/null || true)"
+  [ "$comm" = "$2" ]
+}
+
+stop_one() {
+  local name="$1" comm="$2" pid i
+  if alive "$name" "$comm"; then
+    pid="$(cat "$(pidfile "$name")")"
+    kill -TERM "$pid" 2>/dev/null || true
+    for i in $(seq 1 100); do
+      [ -d "/proc/$pid" ] || break
+      sleep 0.1
+    done
+    if [ -d "/proc/$pid" ]; then
+      log "$name ($pid) did not stop on SIGTERM in 10s; sending SIGKILL"
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    log "stopped $name ($pid)"
+  fi
+  rm -f "$(pidfile "$name")"
+}
+
+# Early readers (`| grep -q`, `| head`) would fail the pipeline with SIGPIPE under pipefail: every check
+# reads the command's whole output first.
+ctld_up() { grep -q 'is UP' <<<"$(scontrol ping 2>&1)"; }
+
+start_slurmctld() {
+  alive slurmctld slurmctld && return 0
+  dg_step "starting slurmctld${DAEMON_PLACE:-}" "$D/log/slurmctld.log"
+  launch slurmctld /usr/sbin/slurmctld -D -f "$SLURM_CONF"
+  wait_for "slurmctld (scontrol ping)" "$TIMEOUT" ctld_up
+  log "slurmctld up (pid $(cat "$(pidfile slurmctld)"))"
+}
+
+# node_state: the node's state (first line of sinfo), empty when sinfo cannot answer.
+node_state() {
+  local out
+  out="$(sinfo --noheader -N -n "$HOST" -o '%T' 2>/dev/null)" || return 0
+  echo "${out%%$'\n'*}"
+}
+
+node_ready() { [[ "$(node_state)" =~ ^(idle|mixed|allocated|completing)$ ]]; }
+
+start_slurmd() {
+  alive slurmd slurmd && return 0
+  dg_step "starting slurmd${DAEMON_PLACE:-}" "$D/log/slurmd.log"
+  launch slurmd /usr/sbin/slurmd -D -N "$HOST" -f "$SLURM_CONF"
+  log "slurmd started (pid $(cat "$(pidfile slurmd)"))"
+}
+
+wait_node() {
+  dg_step "waiting for node $HOST to be idle" "$D/log"
+  local deadline=$((SECONDS + TIMEOUT)) st
+  while :; do
+    st="$(node_state)"
+    [[ "$st" =~ ^(idle|mixed|allocated|completing)$ ]] && break
+    if [[ "$st" =~ ^(down|drained|draining|inval) ]] && ((SECONDS > 3)); then
+      # A restart can leave the node DOWN from the previous config; ReturnToService=2 normally clears it.
+      scontrol update NodeName="$HOST" State=RESUME >/dev/null 2>&1 || true
+    fi
+    if ((SECONDS >= deadline)); then
+      sinfo -N -l >&2 || true
+      scontrol show node "$HOST" >&2 || true
+      die "node $HOST not ready after ${TIMEOUT}s (state '${st:-none}')"
+    fi
+    sleep 0.3
+  done
+  log "node $HOST is $st"
+}
+
+cluster_registered() { grep -qx "$CLUSTER" <<<"$(sacctmgr -n -P show cluster format=cluster)"; }
+
+account_known_to_ctld() {
+  grep -q "Account=$ACCOUNT" <<<"$(scontrol show assoc_mgr users=root accounts="$ACCOUNT" flags=assoc)"
+}
+
+ensure_associations() {
+  dg_step "registering cluster $CLUSTER, QOS and account $ACCOUNT in slurmdbd" "$D/log/slurmdbd.log"
+  wait_for "cluster $CLUSTER registered in slurmdbd" "$TIMEOUT" cluster_registered
+  local q
+  q="$(sacctmgr -n -P show qos format=name)"
+  if ! grep -qx high <<<"$q"; then
+    sacctmgr -i add qos high Priority=1000 >/dev/null
+  fi
+  sacctmgr -i modify qos where name=high set Priority=1000 Preempt=normal PreemptMode=requeue >/dev/null || true
+  sacctmgr -i modify qos where name=normal set Priority=0 >/dev/null || true
+  if ! grep -qx "$ACCOUNT" <<<"$(sacctmgr -n -P show account format=account)"; then
+    sacctmgr -i add account "$ACCOUNT" Cluster="$CLUSTER" Description=dagster-gpu Organization=dagster-gpu >/dev/null
+  fi
+  if ! grep -qx root <<<"$(sacctmgr -n -P show assoc where user=root account="$ACCOUNT" format=user)"; then
+    sacctmgr -i add user root Account="$ACCOUNT" Cluster="$CLUSTER" QOS=normal,high DefaultQOS=normal >/dev/null
+    sacctmgr -i modify user root set DefaultAccount="$ACCOUNT" >/dev/null || true
+  fi
+  # slurmctld learns associations from slurmdbd asynchronously: wait until it enforces them.
+  dg_step "waiting for slurmctld to know account $ACCOUNT" "$D/log/slurmctld.log"
+  wait_for "slurmctld to know account $ACCOUNT" "$TIMEOUT" account_known_to_ctld
+}
+
+restart_ctld_and_slurmd() {
+  stop_one slurmd slurmd
+  stop_one slurmctld slurmctld
+  start_slurmctld
+  start_slurmd
+}

@@ -1,0 +1,393 @@
+#!/usr/bin/env bash
+# Single-host Slurm 24.11 cluster (Debian 13 trixie's packages in a chroot), beside cluster.sh's 22.05 one.
+#
+#   resources/slurm/trixie.sh bootstrap   debootstrap the trixie root if missing (minbase + slurm-wlm, slurmdbd,
+#                                         munge, mariadb-server; ~30 s on a fast mirror, ~800 MB), nothing else
+#   resources/slurm/trixie.sh start       bootstrap if missing, mount the shared paths into the root, start
+#                                         munge, MariaDB, slurmdbd, slurmctld, slurmd there, wait until the node
+#                                         is idle, create QOS/account; write the client wrappers (idempotent)
+#   resources/slurm/trixie.sh restart     restart slurmctld and slurmd with a freshly rendered config
+#                                         (e.g. DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE=101 trixie.sh restart)
+#   resources/slurm/trixie.sh stop        stop the daemons this script started (pid files only), unmount
+#   resources/slurm/trixie.sh restart-slurmctld | stop-slurmdbd | start-slurmdbd   as cluster.sh's
+#   resources/slurm/trixie.sh status      daemon pids, node state, sinfo; exit 0 only when all run
+#   resources/slurm/trixie.sh env         `export SLURM_CONF=… PATH=<wrappers>:$PATH DAGSTER_GPU_SLURM_WORKER_PYTHON=…`
+#
+# Environment:
+#   DAGSTER_GPU_CACHE                    cache folder (default ~/.cache/dagster-gpu); the root is <cache>/slurm-trixie
+#   DAGSTER_GPU_SLURM_TRIXIE_ROOT        the root itself (default <cache>/slurm-trixie)
+#   DAGSTER_GPU_SLURM_TRIXIE_DIR         state dir (default /tmp/dagster-gpu-slurm-2411); must lie under /tmp
+#   DAGSTER_GPU_SLURM_TRIXIE_MIRROR      Debian mirror (default: the first deb.debian.org-style URI of this host's
+#                                        apt sources, else http://deb.debian.org/debian)
+#   DAGSTER_GPU_SLURM_TRIXIE_PYTHON      the host interpreter array tasks run (default <checkout>/.venv/bin/python)
+#   DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE     MaxArraySize (default 1001), as for cluster.sh
+#   DAGSTER_GPU_SLURM_START_TIMEOUT      seconds to wait for each daemon (default 60)
+#   DAGSTER_GPU_SLURM_TRIXIE_{CTLD,SLURMD,DBD,DB}_PORT   (6827 / 6828 / 6829 / 3317)
+#
+# How the two sides meet (resources/slurm/README.md, "Slurm 24.11"): the daemons run in the root (chroot);
+# the host's /tmp, the checkout, /dev, /proc and /sys are bind-mounted into it at the same paths, and the
+# whole host root at <root>/host. The client commands (sbatch, squeue, …) are wrappers in $D/bin that exec
+# the root's own commands (22.05 clients cannot talk to a 24.11 controller); $D/bin/worker-python, run by
+# an array task inside the root, chroots back into <root>/host and execs the host interpreter with the
+# same working directory and environment.
+#
+# The same templates as cluster.sh (slurm.conf.in, gres.conf.in, slurmdbd.conf.in) plus trixie/cgroup.conf
+# (CgroupPlugin=disabled: 24.11's slurmd loads a cgroup plugin even with proctrack/linuxproc, and there is
+# no cgroup hierarchy it may use here). A failure prints the step that failed and the tail of its log
+# (resources/lib/errtrap.sh).
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/errtrap.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/slurm_cluster.sh"  # daemons, waits, associations
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/mounts.sh"  # is_mounted, mounted_under, unmount_stale
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+CACHE="${DAGSTER_GPU_CACHE:-$HOME/.cache/dagster-gpu}"
+ROOT="${DAGSTER_GPU_SLURM_TRIXIE_ROOT:-$CACHE/slurm-trixie}"
+D="${DAGSTER_GPU_SLURM_TRIXIE_DIR:-/tmp/dagster-gpu-slurm-2411}"
+PY="${DAGSTER_GPU_SLURM_TRIXIE_PYTHON:-$REPO/.venv/bin/python}"
+MAX_ARRAY_SIZE="${DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE:-1001}"
+TIMEOUT="${DAGSTER_GPU_SLURM_START_TIMEOUT:-60}"
+CTLD_PORT="${DAGSTER_GPU_SLURM_TRIXIE_CTLD_PORT:-6827}"
+SLURMD_PORT="${DAGSTER_GPU_SLURM_TRIXIE_SLURMD_PORT:-6828}"
+DBD_PORT="${DAGSTER_GPU_SLURM_TRIXIE_DBD_PORT:-6829}"
+DB_PORT="${DAGSTER_GPU_SLURM_TRIXIE_DB_PORT:-3317}"
+PACKAGES=(slurm-wlm slurmdbd munge mariadb-server)
+CLUSTER=dagstergpu
+ACCOUNT=research
+HOST="$(hostname -s)"
+DAEMON_PLACE=" (in the root)"
+export SLURM_CONF="$D/etc/slurm.conf"
+unset SQUEUE_FORMAT SQUEUE_FORMAT2 SINFO_FORMAT SACCT_FORMAT SLURM_JOB_ID SLURM_ARRAY_JOB_ID || true
+
+log() { printf '[slurm-trixie] %s\n' "$*" >&2; }
+die() {
+  log "ERROR: $*"
+  exit 1
+}
+dg_step "${1:-} (root $ROOT, state in $D)" "$D/log"
+
+[[ "$D" == /tmp/* ]] || { echo "DAGSTER_GPU_SLURM_TRIXIE_DIR must lie under /tmp (shared with the root), got $D" >&2; exit 2; }
+
+# in_root <cmd...>: run a command of the trixie root (absolute path inside it), cwd /.
+in_root() { chroot "$ROOT" "$@"; }
+
+# ---------------------------------------------------------------- the root
+mirror() {
+  if [ -n "${DAGSTER_GPU_SLURM_TRIXIE_MIRROR:-}" ]; then echo "$DAGSTER_GPU_SLURM_TRIXIE_MIRROR"; return; fi
+  local uri
+  # the URIs of deb lines / URIs: fields (not comments) that serve Debian's main archive
+  uri="$(cat /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources 2>/dev/null \
+    | grep -E '^[[:space:]]*(deb|URIs:)[[:space:]]' | grep -oE 'https?://[^ ]+/debian/?([[:space:]]|$)' \
+    | sed 's/[[:space:]]*$//' || true)"
+  uri="${uri%%$'\n'*}"
+  echo "${uri:-http://deb.debian.org/debian}"
+}
+
+root_ready() { [ -f "$ROOT/.dagster-gpu-ready" ] && [ -x "$ROOT/usr/sbin/slurmctld" ]; }
+
+cmd_bootstrap() {
+  root_ready && return 0
+  dg_step "debootstrap a trixie root into $ROOT" "$D/log/bootstrap.log"
+  mkdir -p "$D/log" "$(dirname "$ROOT")"
+  if ! command -v debootstrap >/dev/null 2>&1; then
+    log "installing debootstrap (apt)"
+    # waits for a dpkg lock another set-up step holds (scripts/test.sh runs this script in the background)
+    local apt=(apt-get -o DPkg::Lock::Timeout=300)
+    DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq debootstrap >>"$D/log/bootstrap.log" 2>&1 \
+      || { "${apt[@]}" update -qq >>"$D/log/bootstrap.log" 2>&1
+           DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq debootstrap >>"$D/log/bootstrap.log" 2>&1; }
+  fi
+  local tmp="$ROOT.partial" m t0=$SECONDS
+  m="$(mirror)"
+  if [ -e "$tmp" ]; then
+    mounted_under "$tmp" && die "$tmp has mounts below it; unmount them (umount -R $tmp) before a new bootstrap"
+    rm -rf --one-file-system "$tmp"
+  fi
+  if [ -e "$ROOT" ]; then  # an unfinished or older root: rebuild it (never while anything is mounted in it)
+    mounted_under "$ROOT" && die "$ROOT is not a complete root but has mounts below it (run: $0 stop)"
+    rm -rf --one-file-system "$ROOT"
+  fi
+  log "debootstrap --variant=minbase trixie from $m (log: $D/log/bootstrap.log)"
+  debootstrap --variant=minbase trixie "$tmp" "$m" >>"$D/log/bootstrap.log" 2>&1
+  # no init system in the root: package scripts must not try to start services
+  printf '#!/bin/sh\nexit 101\n' >"$tmp/usr/sbin/policy-rc.d"
+  chmod 755 "$tmp/usr/sbin/policy-rc.d"
+  dg_step "apt-get install ${PACKAGES[*]} in the trixie root" "$D/log/bootstrap.log"
+  mount -t proc proc "$tmp/proc"
+  local rc=0
+  chroot "$tmp" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${PACKAGES[@]}" \
+    >>"$D/log/bootstrap.log" 2>&1 || rc=$?
+  umount "$tmp/proc"
+  ((rc == 0)) || die "apt-get install in the root failed (exit $rc)"
+  chroot "$tmp" apt-get clean
+  touch "$tmp/.dagster-gpu-trixie-root"
+  mv "$tmp" "$ROOT"
+  touch "$ROOT/.dagster-gpu-ready"
+  log "trixie root ready in $((SECONDS - t0)) s: $(du -sh --one-file-system "$ROOT" | cut -f1), $(in_root /usr/sbin/slurmctld -V)"
+}
+
+# ---------------------------------------------------------------- mounts (host paths at the same paths)
+
+bind() {  # bind <host path> <flag>: mount host path at the same path in the root (rbind with flag r)
+  local src="$1" dst="$ROOT$1"
+  unmount_stale "$dst" "$src"
+  is_mounted "$dst" && return 0
+  mkdir -p "$dst"
+  if [ "${2:-}" = r ]; then mount --rbind "$src" "$dst"; else mount --bind "$src" "$dst"; fi
+  mount --make-rslave "$dst"  # nothing done in the root (an unmount) propagates back to the host
+}
+
+mount_all() {
+  dg_step "bind-mounting /proc, /dev, /sys, /tmp, $REPO and the host root into $ROOT" "the output above"
+  mkdir -p "$ROOT/host"
+  unmount_stale "$ROOT/host" /
+  if ! is_mounted "$ROOT/host"; then
+    mount --rbind / "$ROOT/host"
+    mount --make-rslave "$ROOT/host"
+  fi
+  bind /proc
+  bind /dev r
+  bind /sys r
+  bind /tmp r
+  case "$REPO" in /tmp/*) ;; *) bind "$REPO" ;; esac
+  # the checkout must be the working directory it is on the host (sbatch calls getcwd, tasks chdir to it)
+  [ "$(chroot "$ROOT" /usr/bin/env -C "$REPO" /bin/pwd 2>&1)" = "$REPO" ] && same_dir "$REPO" "$ROOT$REPO" \
+    || die "$REPO is not the same directory inside $ROOT ($(grep -F " $ROOT$REPO " /proc/self/mountinfo || echo 'not mounted'))"
+  # the host's name must resolve in the root as on the host (slurmd, mariadb-install-db look it up)
+  cmp -s /etc/hosts "$ROOT/etc/hosts" || cp -f /etc/hosts "$ROOT/etc/hosts"
+  # and its time zone: squeue/sacct print the controller's and client's local time, as on the host
+  if [ -e /etc/localtime ] && ! cmp -s /etc/localtime "$ROOT/etc/localtime"; then
+    rm -f "$ROOT/etc/localtime"
+    cp -L /etc/localtime "$ROOT/etc/localtime"
+  fi
+}
+
+unmount_all() {
+  local p
+  for p in "$REPO" /tmp /sys /dev /proc /host; do
+    [ "$p" = /host ] && p="$ROOT/host" || p="$ROOT$p"
+    if is_mounted "$p"; then umount -R "$p" 2>/dev/null || umount -R -l "$p"; fi
+  done
+}
+
+# ---------------------------------------------------------------- client wrappers
+CLIENTS=(sbatch squeue sacct sinfo scontrol scancel sacctmgr srun salloc sstat sprio sshare sreport sdiag)
+
+write_wrappers() {
+  dg_step "writing the client wrappers into $D/bin" "the output above"
+  mkdir -p "$D/bin"
+  local c tmp
+  for c in "${CLIENTS[@]}"; do
+    tmp="$(mktemp "$D/bin/.$c.XXXXXX")"
+    cat >"$tmp" <<EOF
+#!/bin/sh
+# Slurm 24.11's $c from the trixie root $ROOT (resources/slurm/trixie.sh): same arguments, environment and
+# working directory (/ when the root does not have it).
+cwd="\$(pwd)"
+[ -d "$ROOT\$cwd" ] || cwd=/
+exec /usr/sbin/chroot "$ROOT" /usr/bin/env -C "\$cwd" /usr/bin/$c "\$@"
+EOF
+    chmod 755 "$tmp"
+    mv -f "$tmp" "$D/bin/$c"
+  done
+  tmp="$(mktemp "$D/bin/.worker-python.XXXXXX")"
+  cat >"$tmp" <<EOF
+#!/bin/sh
+# The host interpreter $PY for array tasks of the 24.11 cluster (resources/slurm/trixie.sh): inside the
+# trixie root, chroot back into the host root (bind-mounted at /host) with the same working directory and
+# environment; on the host itself, exec it directly.
+if [ -e /.dagster-gpu-trixie-root ]; then
+  exec /usr/sbin/chroot /host /usr/bin/env -C "\$(pwd)" "$PY" "\$@"
+fi
+exec "$PY" "\$@"
+EOF
+  chmod 755 "$tmp"
+  mv -f "$tmp" "$D/bin/worker-python"
+}
+
+# ---------------------------------------------------------------- daemon start (pid files: resources/lib/slurm_cluster.sh)
+# launch <name> <cmd...>: start a foreground daemon of the root detached (own session), record its pid
+# (chroot execs the daemon, so the pid is the daemon's).
+launch() {
+  local name="$1"; shift
+  setsid chroot "$ROOT" "$@" >>"$D/log/$name.stdout" 2>&1 </dev/null &
+  echo $! >"$(pidfile "$name")"
+}
+
+# ---------------------------------------------------------------- render
+render() {  # render <template> <dest> <mode>
+  local tmp
+  tmp="$(mktemp "$D/etc/.render.XXXXXX")"
+  sed -e "s|@D@|$D|g" -e "s|@HOST@|$HOST|g" -e "s|@CLUSTER@|$CLUSTER|g" \
+      -e "s|@CPUS@|$CPUS|g" -e "s|@MEM_MB@|$MEM_MB|g" -e "s|@OVERSUBSCRIBE@|$OVERSUBSCRIBE|g" \
+      -e "s|@MAX_ARRAY_SIZE@|$MAX_ARRAY_SIZE|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g" \
+      -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@DB_PORT@|$DB_PORT|g" \
+      -e "s|@DB_PASS@|$DB_PASS|g" -e "s|Slurm 22.05 cluster|Slurm 24.11 cluster (trixie.sh)|" "$1" >"$tmp"
+  chmod "$3" "$tmp"
+  if [ -f "$2" ] && cmp -s "$tmp" "$2"; then
+    rm -f "$tmp"
+    return 1
+  fi
+  mv -f "$tmp" "$2"
+  return 0
+}
+
+render_all() {
+  dg_step "rendering the Slurm configuration into $D/etc" "$D/log"
+  [[ "$MAX_ARRAY_SIZE" =~ ^[0-9]+$ ]] && ((MAX_ARRAY_SIZE >= 1)) \
+    || die "DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE must be a positive integer, got '$MAX_ARRAY_SIZE'"
+  mkdir -p "$D"/{etc,state,spool,log,run,dev,db,munge}
+  chmod 700 "$D/etc"
+  CPUS="$(nproc)"
+  MEM_MB="$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)"
+  OVERSUBSCRIBE=$(( (8 + CPUS - 1) / CPUS ))
+  ((OVERSUBSCRIBE >= 4)) || OVERSUBSCRIBE=4
+  if [ ! -s "$D/etc/db.pass" ]; then
+    (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$D/etc/db.pass")
+  fi
+  DB_PASS="$(cat "$D/etc/db.pass")"
+  for i in 0 1 2 3; do
+    if [ ! -c "$D/dev/nvidia$i" ]; then
+      rm -f "$D/dev/nvidia$i"
+      mknod "$D/dev/nvidia$i" c 195 "$i"
+    fi
+  done
+  CONF_CHANGED=0
+  if render "$HERE/slurm.conf.in" "$D/etc/slurm.conf" 644; then CONF_CHANGED=1; fi
+  if render "$HERE/gres.conf.in" "$D/etc/gres.conf" 644; then CONF_CHANGED=1; fi
+  if render "$HERE/trixie/cgroup.conf.in" "$D/etc/cgroup.conf" 644; then CONF_CHANGED=1; fi
+  render "$HERE/slurmdbd.conf.in" "$D/etc/slurmdbd.conf" 600 || true
+}
+
+# ---------------------------------------------------------------- daemons (all inside the root)
+start_munge() {
+  alive munged munged && return 0
+  dg_step "starting munged (in the root)" "$D/munge/munged.log"
+  [ -s "$ROOT/etc/munge/munge.key" ] || in_root /usr/sbin/mungekey --create --keyfile=/etc/munge/munge.key
+  in_root chown munge:munge /etc/munge/munge.key "$D/munge"
+  chmod 755 "$D/munge"
+  rm -f "$D/munge/munge.socket.2" "$D/munge/munge.socket.2.lock"
+  launch munged /usr/bin/setpriv --reuid=munge --regid=munge --init-groups \
+    /usr/sbin/munged -F --force --socket="$D/munge/munge.socket.2" --pid-file="$D/munge/munged.pid" \
+    --log-file="$D/munge/munged.log" --seed-file="$D/munge/munged.seed"
+  wait_for "munged socket" "$TIMEOUT" in_root /usr/bin/munge -n -S "$D/munge/munge.socket.2"
+  log "munged up (pid $(cat "$(pidfile munged)"))"
+}
+
+db_client() { in_root /usr/bin/mariadb --no-defaults -S "$D/mysqld.sock" -uroot "$@"; }
+
+start_mariadb() {
+  alive mariadbd mariadbd && return 0
+  dg_step "starting MariaDB (in the root)" "$D/log/mariadb.log"
+  if [ ! -d "$D/db/mysql" ]; then
+    log "initialising MariaDB data dir"
+    dg_step "initialising MariaDB's data dir (in the root)" "$D/log/mariadb-install.log"
+    in_root /usr/bin/mariadb-install-db --no-defaults --user=root --skip-name-resolve --datadir="$D/db" >"$D/log/mariadb-install.log" 2>&1 \
+      || die "mariadb-install-db failed (see $D/log/mariadb-install.log)"
+    dg_step "starting MariaDB (in the root)" "$D/log/mariadb.log"
+  fi
+  launch mariadbd /usr/sbin/mariadbd --no-defaults --user=root --datadir="$D/db" --socket="$D/mysqld.sock" \
+    --pid-file="$D/run/mariadbd.self.pid" --bind-address=127.0.0.1 --port="$DB_PORT" \
+    --innodb-buffer-pool-size=64M --log-error="$D/log/mariadb.log" --skip-name-resolve
+  wait_for "MariaDB on 127.0.0.1:$DB_PORT" "$TIMEOUT" in_root /usr/bin/mariadb-admin --no-defaults -S "$D/mysqld.sock" -uroot ping
+  db_client -e "CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS';
+    CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
+    ALTER USER 'slurm'@'127.0.0.1' IDENTIFIED BY '$DB_PASS'; ALTER USER 'slurm'@'localhost' IDENTIFIED BY '$DB_PASS';
+    CREATE DATABASE IF NOT EXISTS slurm_acct_db;
+    GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1'; GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';" \
+    || die "cannot create the slurm database user"
+  log "MariaDB up (pid $(cat "$(pidfile mariadbd)"))"
+}
+
+sacctmgr() { in_root /usr/bin/sacctmgr "$@"; }
+scontrol() { in_root /usr/bin/scontrol "$@"; }
+sinfo() { in_root /usr/bin/sinfo "$@"; }
+
+start_slurmdbd() {
+  alive slurmdbd slurmdbd && return 0
+  dg_step "starting slurmdbd (in the root)" "$D/log/slurmdbd.log"
+  launch slurmdbd /usr/sbin/slurmdbd -D
+  wait_for "slurmdbd on 127.0.0.1:$DBD_PORT" "$TIMEOUT" sacctmgr -n -P show cluster format=cluster
+  log "slurmdbd up (pid $(cat "$(pidfile slurmdbd)"))"
+}
+
+prepare() {
+  cmd_bootstrap
+  mount_all
+  render_all
+  write_wrappers
+  start_munge
+  start_mariadb
+  start_slurmdbd
+}
+
+cmd_start() {
+  prepare
+  if ((CONF_CHANGED)) && { alive slurmctld slurmctld || alive slurmd slurmd; }; then
+    log "slurm.conf changed (MaxArraySize=$MAX_ARRAY_SIZE): restarting slurmctld and slurmd"
+    restart_ctld_and_slurmd
+  else
+    start_slurmctld
+    start_slurmd
+  fi
+  wait_node
+  ensure_associations
+  log "cluster ready ($(in_root /usr/sbin/slurmctld -V)): eval \"\$($0 env)\"; MaxArraySize=$(scontrol show config | awk '/^MaxArraySize/ {print $3}')"
+}
+
+cmd_restart() {
+  prepare
+  restart_ctld_and_slurmd
+  wait_node
+  ensure_associations
+  log "cluster restarted: MaxArraySize=$(scontrol show config | awk '/^MaxArraySize/ {print $3}')"
+}
+
+need_started() {
+  [ -s "$SLURM_CONF" ] || die "no cluster under $D (run: $0 start)"
+}
+
+cmd_stop() {
+  if [ -d "$D/run" ]; then
+    stop_one slurmd slurmd
+    stop_one slurmctld slurmctld
+    stop_one slurmdbd slurmdbd
+    stop_one mariadbd mariadbd
+    stop_one munged munged
+  fi
+  [ -d "$ROOT" ] && unmount_all
+  return 0
+}
+
+cmd_status() {
+  dg_quiet
+  local ok=0 n c
+  for n in munged:munged mariadbd:mariadbd slurmdbd:slurmdbd slurmctld:slurmctld slurmd:slurmd; do
+    c="${n#*:}"; n="${n%%:*}"
+    if alive "$n" "$c"; then
+      echo "$n: running (pid $(cat "$(pidfile "$n")"))"
+    else
+      echo "$n: not running"; ok=1
+    fi
+  done
+  if ((ok == 0)); then
+    echo "node $HOST: $(node_state)"
+    sinfo -o '%P %a %D %T %G' || ok=1
+  fi
+  return $ok
+}
+
+case "${1:-}" in
+  bootstrap) cmd_bootstrap ;;
+  start) cmd_start ;;
+  restart) cmd_restart ;;
+  stop) cmd_stop ;;
+  restart-slurmctld) need_started; stop_one slurmctld slurmctld; start_slurmctld ;;
+  stop-slurmdbd) need_started; stop_one slurmdbd slurmdbd ;;
+  start-slurmdbd) need_started; start_slurmdbd ;;
+  status) cmd_status ;;
+  env)
+    printf 'export SLURM_CONF=%q PATH=%q DAGSTER_GPU_SLURM_WORKER_PYTHON=%q\n' \
+      "$SLURM_CONF" "$D/bin:$PATH" "$D/bin/worker-python" ;;
+  *) echo "usage: $0 bootstrap|start|restart|stop|status|env|restart-slurmctld|stop-slurmdbd|start-slurmdbd" >&2; exit 2 ;;
+esac

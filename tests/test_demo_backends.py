@@ -1,0 +1,67 @@
+"""Which Slurm cluster the demo's ``--slurm-version`` picks, and how its environment reaches the executor's
+config and the browse script (pipelines/demo.py, pipelines/demo_backends.py). Pure plumbing: no service is
+started, no demo runs. The 24.11 environment is the one ``resources/slurm/trixie.sh env`` prints
+(``printf 'export SLURM_CONF=%q PATH=%q DAGSTER_GPU_SLURM_WORKER_PYTHON=%q'``, read here from the script)."""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from pipelines import demo, demo_backends
+from pipelines.demo_backends import browse_script, executor_config, slurm_script
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_each_slurm_version_names_an_existing_cluster_script_and_the_default_is_unchanged():
+    assert slurm_script() == "resources/slurm/cluster.sh" == slurm_script("22.05")
+    assert slurm_script("24.11") == "resources/slurm/trixie.sh"
+    for script in demo_backends.SLURM_SCRIPTS.values():
+        assert (REPO / script).is_file(), script
+    with pytest.raises(ValueError, match=r"'23.02'.*22.05, 24.11"):
+        slurm_script("23.02")
+
+
+def test_the_24_11_env_line_parses_into_the_worker_python_the_executor_config_gets(tmp_path):
+    """The 24.11 script's own ``env`` line, rendered by bash's printf with the script's format, parsed as the
+    demo parses it; the worker interpreter goes to the slurm section only (pods keep the image's python)."""
+    fmt = next(line for line in (REPO / "resources/slurm/trixie.sh").read_text().splitlines()
+               if "DAGSTER_GPU_SLURM_WORKER_PYTHON=%q" in line).split("'")[1]
+    d = "/tmp/dagster-gpu-slurm-2411"
+    line = subprocess.run(["bash", "-c", f'printf "$0" {d}/etc/slurm.conf {d}/bin:/usr/bin {d}/bin/worker-python', fmt],
+                          capture_output=True, text=True, check=True).stdout
+    env = demo_backends._exports(line)
+    assert env == {"SLURM_CONF": f"{d}/etc/slurm.conf", "PATH": f"{d}/bin:/usr/bin",
+                   demo_backends.WORKER_PYTHON_ENV: f"{d}/bin/worker-python"}
+    py = env[demo_backends.WORKER_PYTHON_ENV]
+    cfg = executor_config("auto", tmp_path, py)
+    assert cfg["slurm"] == {"account": "research", "spool_dir": str(tmp_path / "slurm-spool"), "python": py, "worker_python": py}
+    assert "worker_python" not in cfg and "worker_python" not in cfg["kubernetes"]
+    assert executor_config("slurm", tmp_path)["slurm"] == {"account": "research", "spool_dir": str(tmp_path / "slurm-spool")}
+    assert "slurm" not in executor_config("kubernetes", tmp_path, py)
+
+
+def test_the_browse_script_evals_the_chosen_clusters_env(tmp_path):
+    text = browse_script("auto", tmp_path, REPO, "24.11").read_text()
+    assert 'eval "$(bash resources/slurm/trixie.sh env)"' in text and "cluster.sh" not in text
+    text = browse_script("slurm", tmp_path, REPO).read_text()
+    assert 'eval "$(bash resources/slurm/cluster.sh env)"' in text and "trixie.sh" not in text
+    assert "slurm/" not in browse_script("kubernetes", tmp_path, REPO, "24.11").read_text()
+    p = subprocess.run(["bash", "-n", str(tmp_path / "dagster-dev.sh")], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_default_homes_keep_each_slurm_versions_runs_apart():
+    assert demo.default_home("slurm") == ".dagster_home_slurm" == demo.default_home("slurm", "22.05")
+    assert demo.default_home("auto", "24.11") == ".dagster_home_auto-24.11"
+    assert demo.default_home("kubernetes", "24.11") == ".dagster_home_kubernetes"
+    assert demo.default_home("local", "24.11") == ".dagster_home"
+
+
+def test_an_unknown_slurm_version_is_refused_by_the_option(capsys):
+    with pytest.raises(SystemExit) as e:
+        demo.main(["--backend", "slurm", "--slurm-version", "23.02"])
+    assert e.value.code == 2 and "invalid choice: '23.02'" in capsys.readouterr().err

@@ -1,0 +1,44 @@
+"""Which partitions are stale and why (pure: dagster_gpu.stale.find_stale on hand-built recorded versions)."""
+
+from __future__ import annotations
+
+from dagster_gpu.source_versions import Recorded
+from dagster_gpu.stale import find_stale
+
+FP_OLD, FP_NEW = "cfg1-00aa", "cfg1-11bb"
+
+
+def test_source_and_fingerprint_changes_are_stale_with_why_missing_gone_and_running_are_apart():
+    keys = ["same", "edited", "refp", "both", "never", "deleted", "running", "unversioned"]
+    current = {"same": "etag:1", "edited": "etag:2b", "refp": "etag:3", "both": "size:4,mtime:9.5",
+               "never": "etag:5", "running": "etag:7b", "unversioned": "etag:8"}
+    recorded = {
+        "same": Recorded("etag:1", FP_NEW),
+        "edited": Recorded("etag:2a", FP_NEW),
+        "refp": Recorded("etag:3", FP_OLD),
+        "both": Recorded("size:4,mtime:1.5", FP_OLD),
+        "deleted": Recorded("etag:6", FP_NEW),
+        "running": Recorded("etag:7a", FP_NEW),
+        "unversioned": Recorded(None, FP_NEW),  # materialized before source versions were recorded
+    }
+    s = find_stale(keys, current, recorded, FP_NEW, in_progress={"running"})
+    assert [(p.partition_key, p.reasons) for p in s.stale] == [
+        ("edited", ("source changed: etag:2a → etag:2b",)),
+        ("refp", (f"fingerprint changed: {FP_OLD} → {FP_NEW}",)),
+        ("both", ("source changed: size:4,mtime:1.5 → size:4,mtime:9.5", f"fingerprint changed: {FP_OLD} → {FP_NEW}")),
+    ]
+    assert (s.missing, s.gone, s.in_progress) == (("never",), ("deleted",), ("running",))
+    assert s.stale_keys == ["edited", "refp", "both"]
+    j = s.to_json()
+    assert j["stale"][0] == {"partition_key": "edited", "reasons": ["source changed: etag:2a → etag:2b"],
+                             "source_old": "etag:2a", "source_new": "etag:2b", "fingerprint_old": None, "fingerprint_new": None}
+    assert j["missing"] == ["never"] and j["gone"] == ["deleted"]
+
+
+def test_an_asset_without_a_code_version_is_stale_only_for_its_files():
+    recorded = {"a": Recorded("etag:1", "run-id-1"), "b": Recorded("etag:1", None)}
+    s = find_stale(["a", "b"], {"a": "etag:1", "b": "etag:2"}, recorded, None)
+    assert [(p.partition_key, p.reasons) for p in s.stale] == [("b", ("source changed: etag:1 → etag:2",))]
+    # a materialization that recorded no code version, under an asset that has one
+    s = find_stale(["a"], {"a": "etag:1"}, {"a": Recorded("etag:1", None)}, FP_NEW)
+    assert s.stale[0].reasons == (f"fingerprint changed: none recorded → {FP_NEW}",)
