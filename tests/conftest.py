@@ -46,11 +46,13 @@ def pg() -> dict[str, str]:
 
 
 @pytest.fixture(params=SH.tested_versions(), ids=lambda v: f"slurm-{v}")
-def slurm_cluster(request, monkeypatch) -> SH.SlurmCluster:
+def slurm_cluster(request, monkeypatch) -> Iterator[SH.SlurmCluster]:
     """Each local Slurm cluster in turn (22.05 from resources/slurm/cluster.sh, 24.11 from
     resources/slurm/trixie.sh; ``DAGSTER_GPU_SLURM_VERSIONS=22.05`` limits it to those named): sets SLURM_CONF, PATH (the 24.11 client wrappers first) and the worker
     interpreter for the test and the processes it starts. Skips with the reason when that cluster does not
-    answer as its version (a failure under CI=true or DAGSTER_GPU_REQUIRE_SERVICES=1, tests/strict_e2e.py)."""
+    answer as its version (a failure under CI=true or DAGSTER_GPU_REQUIRE_SERVICES=1, tests/strict_e2e.py).
+    Each test starts on an idle cluster (:func:`tests.slurm_helpers.idle_cluster`); the run workers it started
+    and left running are killed when it ends."""
     cluster = SH.CLUSTERS[request.param]
     reason = SH.cluster_unavailable_reason(cluster)
     if reason:
@@ -59,7 +61,13 @@ def slurm_cluster(request, monkeypatch) -> SH.SlurmCluster:
         monkeypatch.setenv(k, v)
     if not cluster.worker_python:
         monkeypatch.delenv(SH.WORKER_PYTHON_ENV, raising=False)
-    return cluster
+    left = SH.idle_cluster(cluster)
+    if left:
+        print(f"Slurm {cluster.version}: an earlier test left {left}; waited for them or cancelled them")
+    yield cluster
+    killed = SH.kill_started()
+    if killed:
+        print(f"killed run workers the test left running: {killed}")
 
 
 def instance_yaml(db: str, max_runs: int = 2) -> str:

@@ -160,6 +160,11 @@ telemetry: {{enabled: false}}
     return home, env
 
 
+#: Run workers started by :func:`start_runs` in the current test; the ``slurm_cluster`` fixture kills those
+#: still alive when the test ends (a test that failed half-way must not leave them holding GPUs).
+STARTED: list[subprocess.Popen] = []
+
+
 def start_runs(env: dict[str, str], keys, sleep_s: float = 0.0) -> list[subprocess.Popen]:
     """One run-worker process per partition key (as a backfill's runs are), all started at once."""
     procs = []
@@ -168,7 +173,63 @@ def start_runs(env: dict[str, str], keys, sleep_s: float = 0.0) -> list[subproce
         procs.append(
             subprocess.Popen([sys.executable, str(PIPELINE), "run", k, str(sleep_s)], env=env, stdout=log, stderr=subprocess.STDOUT)
         )
+    STARTED.extend(procs)
     return procs
+
+
+def kill_started() -> list[int]:
+    """Kill the run workers :func:`start_runs` started that are still alive; returns their pids."""
+    alive = [p for p in STARTED if p.poll() is None]
+    for p in alive:
+        p.kill()
+    for p in alive:
+        p.wait(timeout=30)
+    STARTED.clear()
+    return [p.pid for p in alive]
+
+
+def cluster_jobs(cluster: SlurmCluster) -> list[str]:
+    """Every job and array task the cluster's controller lists as not finished (squeue's default states:
+    pending, running, suspended, completing, configuring...), one ``id state reason`` line each."""
+    env = {**os.environ, **cluster.env()}
+    cp = subprocess.run(["squeue", "--noheader", "--array", "-o", "%i %T %r"], capture_output=True, text=True, env=env, timeout=30)
+    return [line.strip() for line in cp.stdout.splitlines() if line.strip()]
+
+
+def gpus_in_use(cluster: SlurmCluster) -> int:
+    """GPUs the cluster's nodes report allocated (``sinfo GresUsed``), whoever holds them."""
+    from dagster_gpu.slurm.client import SlurmClient
+
+    env = {**os.environ, **cluster.env()}
+    client = SlurmClient(slurm_conf=cluster.conf, extra_env={"PATH": env["PATH"]})
+    return client.gpu_capacity(None).used
+
+
+def idle_cluster(cluster: SlurmCluster, timeout_s: float = 120.0) -> list[str]:
+    """Before a test: make sure no job of an earlier test holds the cluster's GPUs. Waits up to half of
+    ``timeout_s`` for what is left to end by itself (a cancelled task still COMPLETING while slurmd kills its
+    processes), then cancels it and waits for the GPUs to be free. Returns the jobs found at the start (empty
+    when the cluster was idle). Raises AssertionError naming the jobs and GPUs still held at ``timeout_s``."""
+    found = cluster_jobs(cluster)
+    if not found and gpus_in_use(cluster) == 0:
+        return []
+    env = {**os.environ, **cluster.env()}
+    deadline = time.monotonic() + timeout_s
+    cancel_at = time.monotonic() + timeout_s / 2
+    cancelled = False
+    while time.monotonic() < deadline:
+        left = cluster_jobs(cluster)
+        if not left and gpus_in_use(cluster) == 0:
+            return found
+        if left and not cancelled and time.monotonic() >= cancel_at:
+            ids = sorted({line.split()[0].split("_")[0] for line in left})
+            subprocess.run(["scancel", *ids], capture_output=True, text=True, env=env, timeout=30)
+            cancelled = True
+        time.sleep(1.0)
+    raise AssertionError(
+        f"Slurm {cluster.version}: jobs of an earlier test still hold the cluster after {timeout_s:.0f}s "
+        f"(found {found}; now {cluster_jobs(cluster)}, {gpus_in_use(cluster)} GPUs in use)"
+    )
 
 
 def wait_all(procs, timeout_s: float) -> list[int | None]:

@@ -91,14 +91,25 @@ def _max_concurrency(acct_rows) -> int:
     return peak
 
 
-def _wait_for(pred, timeout_s, poll_s=1.0, what="condition"):
+def _wait_for(pred, timeout_s, poll_s=1.0, what="condition", why=None):
+    """Poll ``pred`` until it returns something true; past ``timeout_s`` fail, with ``why()`` (the state
+    that explains the wait) in the message when given."""
     deadline = time.time() + timeout_s
     while time.time() < deadline:
         v = pred()
         if v:
             return v
         time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}" + (f"\n{why()}" if why else ""))
+
+
+def _cluster_state(client, spool: Path) -> str:
+    """What the controller says of the test's job arrays (every task, with sacct's start and end) and of the
+    whole cluster (jobs not finished, GPUs in use): why a wait for running tasks did not end."""
+    ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+    acct = [(r.id.raw, str(r.state), r.start, r.end) for r in client.sacct(ids)] if ids else []
+    cluster = H.CLUSTERS[client.run(["sinfo", "-V"]).stdout.split()[-1].rsplit(".", 1)[0]]
+    return f"test's tasks (sacct): {acct}\ncluster's jobs (squeue): {H.cluster_jobs(cluster)}; GPUs in use: {H.gpus_in_use(cluster)}"
 
 
 # --------------------------------------------------------------------------------------------------
@@ -247,7 +258,9 @@ def test_preempted_task_is_requeued_and_materializes_once(home):
     home_dir, env = home
     client = _client()
     keys = [f"p{i:03d}" for i in range(4)]
-    procs = H.start_runs(env, keys, sleep_s=20)  # 4 tasks hold the 4 GPUs
+    # 4 tasks hold the 4 GPUs: 60 s each, so that all 4 run at once even when the run workers reach Slurm
+    # tens of seconds apart (4 Python start-ups on a loaded 2-core CI host)
+    procs = H.start_runs(env, keys, sleep_s=60)
     spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
 
     def four_running():
@@ -255,7 +268,7 @@ def test_preempted_task_is_requeued_and_materializes_once(home):
         rows = [r for r in client.squeue(ids) if r.state.name == "RUNNING"] if ids else []
         return rows if len(rows) == 4 else None
 
-    _wait_for(four_running, 240, 1, "four running array tasks")
+    _wait_for(four_running, 240, 1, "four running array tasks", why=lambda: _cluster_state(client, spool))
     cp = subprocess.run(
         ["sbatch", "--parsable", "--account=research", "--qos=high", "--gres=gpu:1", "--output=/dev/null", "--wrap=sleep 3"],
         capture_output=True, text=True, env=client.env(), check=True,
@@ -276,14 +289,19 @@ def test_preempted_task_is_requeued_and_materializes_once(home):
     o = obs[vk][0]
     assert o["slurm/attempts"] == 2 and o["slurm/attempt_states"].startswith("PREEMPTED"), (
         obs[vk], mats[vk], [(r.id.raw, str(r.state), r.submit, r.start, r.end) for r in client.sacct(ids)])
-    assert o["billing/gpu_seconds"] >= 20  # both attempts billed
+    # both attempts billed: the preempted one's seconds and the completed one's (60 s of sleep), 1 GPU each,
+    # as sacct --duplicates lists them
+    attempts = [r for r in client.sacct(ids) if (r.id.job_id, r.id.task_id) == (victim.job_id, victim.task_id) and r.start and r.end]
+    elapsed = sum((r.end - r.start).total_seconds() for r in attempts)
+    assert len(attempts) == 2 and elapsed >= 60, [(r.id.raw, str(r.state), r.start, r.end) for r in attempts]
+    assert abs(o["billing/gpu_seconds"] - elapsed) <= 1, (o, elapsed)
 
 
 def test_external_scancel_fails_exactly_that_step(home):
     home_dir, env = home
     client = _client()
     keys = [f"p{i:03d}" for i in range(3)]
-    procs = H.start_runs(env, keys, sleep_s=15)
+    procs = H.start_runs(env, keys, sleep_s=45)  # long enough for all 3 to run at once on a loaded host
     spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
 
     def running():
@@ -291,7 +309,7 @@ def test_external_scancel_fails_exactly_that_step(home):
         rows = [r for r in client.squeue(ids) if r.state.name == "RUNNING"] if ids else []
         return rows if len(rows) == 3 else None
 
-    rows = _wait_for(running, 240, 1, "three running array tasks")
+    rows = _wait_for(running, 240, 1, "three running array tasks", why=lambda: _cluster_state(client, spool))
     victim = rows[0]
     client.scancel([f"{victim.array_job_id}_{victim.array_task_id}"])
     codes = H.wait_all(procs, 300)
