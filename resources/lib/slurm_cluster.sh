@@ -4,14 +4,72 @@
 #
 #   source "$(dirname "${BASH_SOURCE[0]}")/../lib/slurm_cluster.sh"
 #
-# pid files (only what the script started), waits, slurmctld and slurmd start, the node's readiness, the
-# accounting associations (cluster, QOS high/normal with preemption by requeue, account, user root).
+# The configuration rendered from the templates (render, render_all), pid files (only what the script
+# started), waits, slurmctld and slurmd start, the node's readiness, the accounting associations (cluster, QOS
+# high/normal with preemption by requeue, account, user root).
 # The sourcing script provides: `log`, `die`, `launch <name> <cmd...>` (start a foreground daemon detached and
-# write its pid file), the variables D, HOST, TIMEOUT, CLUSTER, ACCOUNT, SLURM_CONF, DAEMON_PLACE (a suffix for
-# step names, e.g. " (in the root)"), and the commands scontrol, sinfo and sacctmgr (functions where they run
-# elsewhere). Early readers (`| grep -q`, `| head`) would fail a pipeline with SIGPIPE under pipefail: every
-# check reads the command's whole output first.
+# write its pid file), the variables D, HERE (the templates' folder), HOST, TIMEOUT, CLUSTER, ACCOUNT,
+# SLURM_CONF, MAX_ARRAY_SIZE, CTLD_PORT, SLURMD_PORT, DBD_PORT, DB_PORT, the arrays RENDER_SED and RENDER_EXTRA
+# (see render and render_all), DAEMON_PLACE (a suffix for step names, e.g. " (in the root)"), and the
+# commands scontrol, sinfo and sacctmgr (functions where they run elsewhere). Early readers (`| grep -q`,
+# `| head`) would fail a pipeline with SIGPIPE under pipefail: every check reads the command's whole output
+# first.
 
+# ---------------------------------------------------------------- configuration
+# render <template> <dest> <mode>: the template with its @NAME@ placeholders filled (and the sourcing script's
+# own sed expressions RENDER_SED, an array) written to dest atomically; returns 1 when dest is unchanged.
+render() {
+  local tmp
+  tmp="$(mktemp "$D/etc/.render.XXXXXX")"
+  sed -e "s|@D@|$D|g" -e "s|@HOST@|$HOST|g" -e "s|@CLUSTER@|$CLUSTER|g" \
+      -e "s|@CPUS@|$CPUS|g" -e "s|@MEM_MB@|$MEM_MB|g" -e "s|@OVERSUBSCRIBE@|$OVERSUBSCRIBE|g" \
+      -e "s|@MAX_ARRAY_SIZE@|$MAX_ARRAY_SIZE|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g" \
+      -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@DB_PORT@|$DB_PORT|g" \
+      -e "s|@DB_PASS@|$DB_PASS|g" "${RENDER_SED[@]}" "$1" >"$tmp"
+  chmod "$3" "$tmp"
+  if [ -f "$2" ] && cmp -s "$tmp" "$2"; then
+    rm -f "$tmp"
+    return 1  # unchanged
+  fi
+  mv -f "$tmp" "$2"
+  return 0
+}
+
+# render_all: the state dirs, the fake GPU device nodes and the configuration in $D/etc from $HERE's templates
+# (slurm.conf, gres.conf, slurmdbd.conf, and each <template> <dest> pair of RENDER_EXTRA); sets CONF_CHANGED=1
+# when a file the daemons read at start changed (all but slurmdbd.conf).
+render_all() {
+  dg_step "rendering the Slurm configuration into $D/etc" "$D/log"
+  [[ "$MAX_ARRAY_SIZE" =~ ^[0-9]+$ ]] && ((MAX_ARRAY_SIZE >= 1)) \
+    || die "DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE must be a positive integer, got '$MAX_ARRAY_SIZE'"
+  mkdir -p "$D"/{etc,state,spool,log,run,dev,db,munge}
+  chmod 700 "$D/etc"
+  CPUS="$(nproc)"
+  MEM_MB="$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)"
+  # 4 GPU tasks (plus a preempting high-QOS job) must fit however few CPUs the host has.
+  OVERSUBSCRIBE=$(( (8 + CPUS - 1) / CPUS ))
+  ((OVERSUBSCRIBE >= 4)) || OVERSUBSCRIBE=4
+  if [ ! -s "$D/etc/db.pass" ]; then
+    (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$D/etc/db.pass")
+  fi
+  DB_PASS="$(cat "$D/etc/db.pass")"
+  for i in 0 1 2 3; do
+    if [ ! -c "$D/dev/nvidia$i" ]; then
+      rm -f "$D/dev/nvidia$i"
+      mknod "$D/dev/nvidia$i" c 195 "$i"
+    fi
+  done
+  CONF_CHANGED=0
+  if render "$HERE/slurm.conf.in" "$D/etc/slurm.conf" 644; then CONF_CHANGED=1; fi
+  if render "$HERE/gres.conf.in" "$D/etc/gres.conf" 644; then CONF_CHANGED=1; fi
+  local i
+  for ((i = 0; i < ${#RENDER_EXTRA[@]}; i += 2)); do
+    if render "${RENDER_EXTRA[i]}" "${RENDER_EXTRA[i + 1]}" 644; then CONF_CHANGED=1; fi
+  done
+  render "$HERE/slurmdbd.conf.in" "$D/etc/slurmdbd.conf" 600 || true
+}
+
+# ---------------------------------------------------------------- daemons
 # wait_for <what> <timeout-s> <command...>: poll every 0.2 s until the command succeeds.
 wait_for() {
   local what="$1" limit="$2"; shift 2

@@ -41,6 +41,8 @@ DB_PORT="${DAGSTER_GPU_SLURM_DB_PORT:-3307}"
 CLUSTER=dagstergpu
 ACCOUNT=research
 HOST="$(hostname -s)"
+RENDER_SED=()    # render's own sed expressions (resources/lib/slurm_cluster.sh): none
+RENDER_EXTRA=()  # templates beyond slurm.conf, gres.conf and slurmdbd.conf: none
 DAEMON_PLACE=""
 export SLURM_CONF="$D/etc/slurm.conf"
 # Never let a caller's formats or job context change what our own checks parse.
@@ -76,51 +78,6 @@ install_if_missing() {
     apt-get update -qq
     apt-get install -y -qq --no-install-recommends slurm-wlm slurmdbd munge mariadb-server >/dev/null
   fi
-}
-
-render() {  # render <template> <dest> <mode>
-  local tmp
-  tmp="$(mktemp "$D/etc/.render.XXXXXX")"
-  sed -e "s|@D@|$D|g" -e "s|@HOST@|$HOST|g" -e "s|@CLUSTER@|$CLUSTER|g" \
-      -e "s|@CPUS@|$CPUS|g" -e "s|@MEM_MB@|$MEM_MB|g" -e "s|@OVERSUBSCRIBE@|$OVERSUBSCRIBE|g" \
-      -e "s|@MAX_ARRAY_SIZE@|$MAX_ARRAY_SIZE|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g" \
-      -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@DB_PORT@|$DB_PORT|g" \
-      -e "s|@DB_PASS@|$DB_PASS|g" "$1" >"$tmp"
-  chmod "$3" "$tmp"
-  if [ -f "$2" ] && cmp -s "$tmp" "$2"; then
-    rm -f "$tmp"
-    return 1  # unchanged
-  fi
-  mv -f "$tmp" "$2"
-  return 0
-}
-
-# render_all: sets CONF_CHANGED=1 when slurm.conf or gres.conf changed.
-render_all() {
-  dg_step "rendering the Slurm configuration into $D/etc" "$D/log"
-  [[ "$MAX_ARRAY_SIZE" =~ ^[0-9]+$ ]] && ((MAX_ARRAY_SIZE >= 1)) \
-    || die "DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE must be a positive integer, got '$MAX_ARRAY_SIZE'"
-  mkdir -p "$D"/{etc,state,spool,log,run,dev,db,munge}
-  chmod 700 "$D/etc"
-  CPUS="$(nproc)"
-  MEM_MB="$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)"
-  # 4 GPU tasks (plus a preempting high-QOS job) must fit however few CPUs the host has.
-  OVERSUBSCRIBE=$(( (8 + CPUS - 1) / CPUS ))
-  ((OVERSUBSCRIBE >= 4)) || OVERSUBSCRIBE=4
-  if [ ! -s "$D/etc/db.pass" ]; then
-    (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$D/etc/db.pass")
-  fi
-  DB_PASS="$(cat "$D/etc/db.pass")"
-  for i in 0 1 2 3; do
-    if [ ! -c "$D/dev/nvidia$i" ]; then
-      rm -f "$D/dev/nvidia$i"
-      mknod "$D/dev/nvidia$i" c 195 "$i"
-    fi
-  done
-  CONF_CHANGED=0
-  if render "$HERE/slurm.conf.in" "$D/etc/slurm.conf" 644; then CONF_CHANGED=1; fi
-  if render "$HERE/gres.conf.in" "$D/etc/gres.conf" 644; then CONF_CHANGED=1; fi
-  render "$HERE/slurmdbd.conf.in" "$D/etc/slurmdbd.conf" 600 || true
 }
 
 # ---------------------------------------------------------------- daemons

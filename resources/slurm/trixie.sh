@@ -214,50 +214,10 @@ launch() {
   echo $! >"$(pidfile "$name")"
 }
 
-# ---------------------------------------------------------------- render
-render() {  # render <template> <dest> <mode>
-  local tmp
-  tmp="$(mktemp "$D/etc/.render.XXXXXX")"
-  sed -e "s|@D@|$D|g" -e "s|@HOST@|$HOST|g" -e "s|@CLUSTER@|$CLUSTER|g" \
-      -e "s|@CPUS@|$CPUS|g" -e "s|@MEM_MB@|$MEM_MB|g" -e "s|@OVERSUBSCRIBE@|$OVERSUBSCRIBE|g" \
-      -e "s|@MAX_ARRAY_SIZE@|$MAX_ARRAY_SIZE|g" -e "s|@CTLD_PORT@|$CTLD_PORT|g" \
-      -e "s|@SLURMD_PORT@|$SLURMD_PORT|g" -e "s|@DBD_PORT@|$DBD_PORT|g" -e "s|@DB_PORT@|$DB_PORT|g" \
-      -e "s|@DB_PASS@|$DB_PASS|g" -e "s|Slurm 22.05 cluster|Slurm 24.11 cluster (trixie.sh)|" "$1" >"$tmp"
-  chmod "$3" "$tmp"
-  if [ -f "$2" ] && cmp -s "$tmp" "$2"; then
-    rm -f "$tmp"
-    return 1
-  fi
-  mv -f "$tmp" "$2"
-  return 0
-}
-
-render_all() {
-  dg_step "rendering the Slurm configuration into $D/etc" "$D/log"
-  [[ "$MAX_ARRAY_SIZE" =~ ^[0-9]+$ ]] && ((MAX_ARRAY_SIZE >= 1)) \
-    || die "DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE must be a positive integer, got '$MAX_ARRAY_SIZE'"
-  mkdir -p "$D"/{etc,state,spool,log,run,dev,db,munge}
-  chmod 700 "$D/etc"
-  CPUS="$(nproc)"
-  MEM_MB="$(awk '/MemTotal/ {print int($2 / 1024 * 0.8)}' /proc/meminfo)"
-  OVERSUBSCRIBE=$(( (8 + CPUS - 1) / CPUS ))
-  ((OVERSUBSCRIBE >= 4)) || OVERSUBSCRIBE=4
-  if [ ! -s "$D/etc/db.pass" ]; then
-    (umask 077; od -An -N16 -tx1 /dev/urandom | tr -d ' \n' >"$D/etc/db.pass")
-  fi
-  DB_PASS="$(cat "$D/etc/db.pass")"
-  for i in 0 1 2 3; do
-    if [ ! -c "$D/dev/nvidia$i" ]; then
-      rm -f "$D/dev/nvidia$i"
-      mknod "$D/dev/nvidia$i" c 195 "$i"
-    fi
-  done
-  CONF_CHANGED=0
-  if render "$HERE/slurm.conf.in" "$D/etc/slurm.conf" 644; then CONF_CHANGED=1; fi
-  if render "$HERE/gres.conf.in" "$D/etc/gres.conf" 644; then CONF_CHANGED=1; fi
-  if render "$HERE/trixie/cgroup.conf.in" "$D/etc/cgroup.conf" 644; then CONF_CHANGED=1; fi
-  render "$HERE/slurmdbd.conf.in" "$D/etc/slurmdbd.conf" 600 || true
-}
+# ---------------------------------------------------------------- render (resources/lib/slurm_cluster.sh)
+# The 22.05 templates, with their header naming this cluster and 24.11's cgroup.conf beside them.
+RENDER_SED=(-e "s|Slurm 22.05 cluster|Slurm 24.11 cluster (trixie.sh)|")
+RENDER_EXTRA=("$HERE/trixie/cgroup.conf.in" "$D/etc/cgroup.conf")
 
 # ---------------------------------------------------------------- daemons (all inside the root)
 start_munge() {
