@@ -40,7 +40,7 @@ def backend():
     kube = KubeClient(executor_api(), NAMESPACE)
     assert kube.resource_api_version == "v1"
     # No Secret named like the default PostgreSQL one exists here: no secret env for these shell steps.
-    settings = m.K8sSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_s=10)
+    settings = m.K8sSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_seconds=10)
     return KubernetesBackend(kube, settings, pending_timeout_s=5, create_timeout_s=30)
 
 

@@ -268,7 +268,7 @@ def test_step_pod_is_pod_security_restricted_compliant_by_default():
         "run_k8s_config": {"pod_spec_config": {"security_context": {"fs_group": 2000, "run_as_user": 4242}}}}))[0])
     assert own["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
                                               "fsGroup": 2000, "runAsUser": 4242}
-    off = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(restricted=False))[0])
+    off = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(restricted_security_context=False))[0])
     assert "securityContext" not in off["spec"] and "securityContext" not in off["spec"]["containers"][0]
     with pytest.raises(m.ManifestError, match="run_as_user"):
         m.K8sSettings(run_as_user=0)

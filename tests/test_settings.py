@@ -53,10 +53,10 @@ def test_kubernetes_section_values_reach_the_pod_settings():
         "namespace": "gpu", "mig_profile": None, "sharing_strategy": "MPS", "termination_grace_period_seconds": 5,
         "postgres_password_secret": {"name": "pg"}, "labels": {"team": "a"},
         "env_secret_refs": [{"env": "AWS_SECRET_ACCESS_KEY", "secret": "s3", "key": "secret-key"}]}))
-    assert (s.namespace, s.mig_profile, s.sharing_strategy, s.termination_grace_period_s) == ("gpu", None, "MPS", 5)
+    assert (s.namespace, s.mig_profile, s.sharing_strategy, s.termination_grace_period_seconds) == ("gpu", None, "MPS", 5)
     assert s.secret_env == (m.SecretEnv("DAGSTER_PG_PASSWORD", "pg", "postgresql-password"),
                             m.SecretEnv("AWS_SECRET_ACCESS_KEY", "s3", "secret-key"))
-    assert dict(s.extra_labels) == {"team": "a"}
+    assert dict(s.labels) == {"team": "a"}
     assert settings_from_config({"postgres_password_secret": None}).secret_env == ()
 
 

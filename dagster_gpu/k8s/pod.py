@@ -90,13 +90,13 @@ class K8sSettings:
         mig_profile: MIG profile used for a ``mig_ok`` request when the placement names no device
             (e.g. ``1g.10gb``), or None to always ask for whole GPUs unless the placement says ``mig-...``.
         sharing_strategy: ``TimeSlicing``, ``MPS`` or None; applied to ``shared_ok`` requests only.
-        termination_grace_period_s: the pod's ``terminationGracePeriodSeconds``.
+        termination_grace_period_seconds: the pod's ``terminationGracePeriodSeconds``.
         cpu_request, memory_request: the container's resource requests (quantities), or None.
-        extra_labels: added to the pod (and claims).
-        restricted: give the pod and the step container the securityContext the Pod Security "restricted"
+        labels: added to the pod (and claims).
+        restricted_security_context: give the pod and the step container the securityContext the Pod Security "restricted"
             profile admits (:func:`restricted_security_contexts`); the user's ``container_context``
             ``security_context`` (container) and ``pod_spec_config.security_context`` override it key by key.
-        run_as_user: runAsUser/runAsGroup under ``restricted`` (default the worker image's 1000; None: the
+        run_as_user: runAsUser/runAsGroup under ``restricted_security_context`` (default the worker image's 1000; None: the
             image's USER).
         tolerations: the pod's tolerations (Kubernetes shape, camelCase or snake_case), before the
             ``container_context``'s; None: :data:`GPU_TAINT_TOLERATION` for a GPU step, none for a CPU step.
@@ -108,11 +108,11 @@ class K8sSettings:
     container_context: Mapping[str, Any] = field(default_factory=dict)
     mig_profile: str | None = "1g.10gb"
     sharing_strategy: str | None = None
-    termination_grace_period_s: int = 30
+    termination_grace_period_seconds: int = 30
     cpu_request: str | None = "100m"
     memory_request: str | None = None
-    extra_labels: Mapping[str, str] = field(default_factory=dict)
-    restricted: bool = True
+    labels: Mapping[str, str] = field(default_factory=dict)
+    restricted_security_context: bool = True
     run_as_user: int | None = WORKER_UID
     tolerations: tuple[Mapping[str, Any], ...] | None = None
 
@@ -123,8 +123,8 @@ class K8sSettings:
             raise ManifestError(f"sharing_strategy must be one of {SHARING_STRATEGIES} or null, got {self.sharing_strategy!r}")
         if self.mig_profile is not None and not is_mig_profile(self.mig_profile):
             raise ManifestError(f"mig_profile must look like '1g.10gb', got {self.mig_profile!r}")
-        if self.termination_grace_period_s < 0:
-            raise ManifestError("termination_grace_period_s must be >= 0")
+        if self.termination_grace_period_seconds < 0:
+            raise ManifestError("termination_grace_period_seconds must be >= 0")
 
 
 def _container_context_config(settings: K8sSettings) -> tuple[dict, dict, dict]:
@@ -162,9 +162,9 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
     ``command`` (the worker argv; no ``args``), the DRA claim, ``restartPolicy: Never``,
     ``terminationGracePeriodSeconds``, ``enableServiceLinks: false``, and the service account token is
     mounted only for a named ServiceAccount. Security: the Pod Security "restricted" defaults
-    (:func:`restricted_security_contexts`, unless ``settings.restricted`` is False) overlaid key by key with
+    (:func:`restricted_security_contexts`, unless ``settings.restricted_security_context`` is False) overlaid key by key with
     the user's container and pod ``security_context``; tolerations: ``settings.tolerations`` (default: the
-    GPU taint for a GPU step) then the user's. Labels: the user's, ``extra_labels``, then the step's. The
+    GPU taint for a GPU step) then the user's. Labels: the user's, ``labels``, then the step's. The
     container's ``terminationMessagePolicy`` is ``FallbackToLogsOnError`` unless the user's sets one, so a
     failed worker's last log lines are its termination message, readable after the pod is gone.
 
@@ -199,7 +199,7 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
         "claims": [{"name": REQUEST_NAME}] if template_name else None,
     }
     container_cfg.pop("args", None)
-    pod_sc, container_sc = restricted_security_contexts(settings.run_as_user) if settings.restricted else ({}, {})
+    pod_sc, container_sc = restricted_security_contexts(settings.run_as_user) if settings.restricted_security_context else ({}, {})
     container_sc = {**container_sc, **dict(container_cfg.pop("security_context", None) or {})} or None
     pod_sc = {**pod_sc, **dict(pod_spec_cfg.pop("security_context", None) or {})} or None
     tolerations = [_snake(dict(t)) for t in (settings.tolerations if settings.tolerations is not None
@@ -218,7 +218,7 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
         "termination_message_policy": container_cfg.get("termination_message_policy") or "FallbackToLogsOnError",
     }, "container")
 
-    labels = {**dict(pod_meta.pop("labels", None) or {}), **dict(settings.extra_labels), **step_labels(launch)}
+    labels = {**dict(pod_meta.pop("labels", None) or {}), **dict(settings.labels), **step_labels(launch)}
     annotations = {**dict(pod_meta.pop("annotations", None) or {}), ANNOTATION_STEP_KEY: launch.step_key}
     if launch.placement.device:
         annotations[ANNOTATION_PLACEMENT_DEVICE] = launch.placement.device
@@ -233,7 +233,7 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
     spec = _model(client.V1PodSpec, {
         **pod_spec_cfg,
         "restart_policy": "Never",
-        "termination_grace_period_seconds": settings.termination_grace_period_s,
+        "termination_grace_period_seconds": settings.termination_grace_period_seconds,
         "automount_service_account_token": bool(service_account),
         "enable_service_links": False,
         "service_account_name": service_account,
@@ -271,7 +271,7 @@ def step_objects(launch: StepLaunch, settings: K8sSettings, shared: bool | None 
     name = object_name(launch.run_id, launch.step_key, launch.attempt)
     shared = launch.placement.shared if shared is None else shared
     choice = device_choice(launch.request, launch.placement.device, settings, launch.placement.product, shared)
-    labels = {**dict(settings.extra_labels), **step_labels(launch)}
+    labels = {**dict(settings.labels), **step_labels(launch)}
     template = None
     if choice is not None:
         template = claim_template(name, settings.namespace, labels, choice,

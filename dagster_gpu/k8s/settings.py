@@ -53,7 +53,7 @@ class KubernetesSettings:
                "(the clock starts again when the kubelet reports Pulled).")
     image_pull_timeout_seconds: float = setting(1800.0, "Seconds one image pull (kubelet Pulling event, no Pulled "
                                                         "yet) may run before the step fails.")
-    termination_grace_period_seconds: int = setting(m.K8sSettings.termination_grace_period_s,
+    termination_grace_period_seconds: int = setting(m.K8sSettings.termination_grace_period_seconds,
                                                     "The pod's terminationGracePeriodSeconds.")
     cpu_request: str | None = setting(m.K8sSettings.cpu_request, "The container's CPU request (quantity).")
     memory_request: str | None = setting(m.K8sSettings.memory_request, "The container's memory request (quantity).")
@@ -98,11 +98,11 @@ class KubernetesSettings:
             container_context=dict(self.container_context),
             mig_profile=self.mig_profile,
             sharing_strategy=self.sharing_strategy,
-            termination_grace_period_s=int(self.termination_grace_period_seconds),
+            termination_grace_period_seconds=int(self.termination_grace_period_seconds),
             cpu_request=self.cpu_request,
             memory_request=self.memory_request,
-            extra_labels=dict(self.labels),
-            restricted=self.restricted_security_context,
+            labels=dict(self.labels),
+            restricted_security_context=self.restricted_security_context,
             run_as_user=self.run_as_user,
             tolerations=None if self.tolerations is None else tuple(dict(t) for t in self.tolerations),
         )

@@ -47,7 +47,7 @@ def main() -> int:
     require_cluster()
     kube = KubeClient(executor_api(), NAMESPACE)
     admin = KubeClient(admin_api(), NAMESPACE)
-    plain = m.K8sSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_s=5)
+    plain = m.K8sSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_seconds=5)
     stuck = m.K8sSettings(namespace=NAMESPACE, secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "no-such-secret", "pw"),))
     kw = dict(pending_timeout_s=3600, create_timeout_s=3600, delete_finished_pods=False,
               settle_wait_s=0, sweep_grace_s=-1, rates={"default": 1.0})
