@@ -7,7 +7,7 @@
   ``corpus_sensor`` does each tick), so a new corpus needs no sensor first.
 - :func:`select_partitions`: all registered, or the ``missing`` (never materialized) and/or ``failed``
   (latest run failed; a canceled run leaves them missing) ones, as ``backfill_missing_schedule`` computes them
-  (:func:`dagster_gpu.sensors.partition_status`, as the UI's partitions view shows them; partitions in
+  (:func:`dagster_gpu.partition_status.partition_status`, as the UI's partitions view shows them; partitions in
   progress are left out), and/or the ``stale`` ones (:func:`partition_staleness`, :mod:`dagster_gpu.stale`).
 - :func:`prune_partitions`: deletes the partitions of files gone from the corpus, and with ``delete_outputs``
   their output parquet files and their rows in every vector index following the asset.
@@ -23,8 +23,8 @@ from typing import Any, Iterable, Mapping
 import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
+from dagster_gpu.partition_status import dynamic_partitions_def, partition_status
 from dagster_gpu.request import TAG_CORPUS_URL
-from dagster_gpu.sensors import dynamic_partitions_def, partition_status
 from dagster_gpu.source_versions import recorded_versions
 from dagster_gpu.stale import Staleness, find_stale
 

@@ -25,18 +25,14 @@ import json
 from typing import Any, Callable, Mapping, Sequence
 
 import dagster as dg
-from dagster._core.definitions.partitions.context import partition_loading_context
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
-from dagster_gpu.ranges import PartitionRangeError, contiguous_ranges, range_run_tags, run_partition_keys
-
-
-def dynamic_partitions_def(asset: dg.AssetsDefinition) -> dg.DynamicPartitionsDefinition:
-    """The asset's partitions definition. Raises TypeError when it is not dynamic (one partition per file)."""
-    pdef = asset.partitions_def
-    if not isinstance(pdef, dg.DynamicPartitionsDefinition):
-        raise TypeError(f"asset {asset.key.to_user_string()} must use a DynamicPartitionsDefinition, got {type(pdef).__name__}")
-    return pdef
+from dagster_gpu.partition_status import dynamic_partitions_def, partition_status, partitions_to_rerun
+from dagster_gpu.partitions import corpus_of, indexes_following, partition_staleness, prune_partitions
+from dagster_gpu.ranges import contiguous_ranges, range_run_tags
+from dagster_gpu.source_versions import (
+    corpus_asset_key, depends_on_corpus, observations, observed_versions, recorded_versions,
+)
 
 
 def asset_job(asset: dg.AssetsDefinition) -> dg.UnresolvedAssetJobDefinition:
@@ -74,10 +70,6 @@ def corpus_sensor(
         description=f"New and changed files under {corpus.url} become partitions of {asset.key.to_user_string()} and are materialized.",
     )
     def _sensor(context: dg.SensorEvaluationContext):
-        from dagster_gpu.source_versions import (
-            corpus_asset_key, depends_on_corpus, observations, observed_versions, recorded_versions,
-        )
-
         files = corpus.list_files()
         if prune:
             _prune(context, asset, corpus, files, output_storage_options)
@@ -116,8 +108,6 @@ def corpus_sensor(
 
 def _prune(context: dg.SensorEvaluationContext, asset: dg.AssetsDefinition, corpus: CorpusSource,
            files: Sequence[CorpusFile], output_storage_options: Mapping[str, Any] | None) -> None:
-    from dagster_gpu.partitions import indexes_following, prune_partitions
-
     repo = getattr(context, "repository_def", None)
     assets = list(repo.assets_defs_by_key.values()) if repo is not None else []
     for p in prune_partitions(context.instance, asset, corpus, delete_outputs=True,
@@ -165,72 +155,6 @@ def ranged_run_requests(
     return out
 
 
-def partition_status(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> tuple[set[str], set[str], set[str]]:
-    """(materialized, failed, in progress) partition keys of ``asset``, as the UI's partitions view shows them
-    (Dagster's asset status cache: a failed ranged run's partitions that it did not materialize are failed),
-    with every partition an unfinished run targets counted in progress (:func:`partitions_in_flight`)."""
-    from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
-
-    pdef = dynamic_partitions_def(asset)
-    in_flight = partitions_in_flight(instance, asset)
-    cache = get_and_update_asset_status_cache_value(instance, asset.key, pdef)
-    if cache is None:
-        return set(), set(), in_flight
-    with partition_loading_context(dynamic_partitions_store=instance):
-        return (
-            set(cache.deserialize_materialized_partition_subsets(pdef).get_partition_keys()),
-            set(cache.deserialize_failed_partition_subsets(pdef).get_partition_keys()),
-            set(cache.deserialize_in_progress_partition_subsets(pdef).get_partition_keys()) | in_flight,
-        )
-
-
-def _run_asset_keys(instance: dg.DagsterInstance, run: dg.DagsterRun) -> frozenset[dg.AssetKey]:
-    """The assets a run materializes: its asset selection, else (a whole asset job's run has none) the asset
-    keys of its execution plan's step outputs."""
-    if run.asset_selection:
-        return frozenset(run.asset_selection)
-    if not run.execution_plan_snapshot_id:
-        return frozenset()
-    plan = instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id)
-    return frozenset(o.properties.asset_key for step in plan.steps for o in step.outputs
-                     if o.properties is not None and o.properties.asset_key is not None)
-
-
-#: Run statuses before a run ends: created (a schedule's or sensor's request), queued, launched, running.
-UNFINISHED_RUN_STATUSES = (
-    dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.STARTING,
-    dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING,
-)
-
-
-def partitions_in_flight(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> set[str]:
-    """Partition keys of ``asset`` that an unfinished run (:data:`UNFINISHED_RUN_STATUSES`) materializing it
-    targets, read from the run's partition tags (:func:`dagster_gpu.ranges.run_partition_keys`).
-
-    The status cache counts a partition in progress only from a per-partition planned event; a ranged run
-    whose planned event holds a partition subset (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``,
-    dagster/_core/storage/event_log/base.py) is invisible to it, and a schedule that trusted it would request
-    the run's partitions a second time while it runs."""
-    runs = instance.get_runs(filters=dg.RunsFilter(statuses=list(UNFINISHED_RUN_STATUSES)))
-    name = dynamic_partitions_def(asset).name
-    out: set[str] = set()
-    for r in (r for r in runs if asset.key in _run_asset_keys(instance, r)):
-        try:
-            out.update(run_partition_keys(instance, r.tags, name))
-        except PartitionRangeError:  # a range naming a deleted partition covers no current key
-            continue
-    return out
-
-
-def partitions_to_rerun(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> list[str]:
-    """Partition keys never materialized or failed (their latest run failed or was canceled without
-    materializing them), and not in progress, in the definition's order."""
-    pdef = dynamic_partitions_def(asset)
-    keys = list(instance.get_dynamic_partitions(pdef.name))
-    materialized, failed, in_progress = partition_status(instance, asset)
-    return [k for k in keys if k not in in_progress and (k not in materialized or k in failed)]
-
-
 def backfill_missing_schedule(
     asset: dg.AssetsDefinition,
     *,
@@ -256,8 +180,6 @@ def backfill_missing_schedule(
     def _schedule(context: dg.ScheduleEvaluationContext):
         todo = partitions_to_rerun(context.instance, asset)
         if stale:
-            from dagster_gpu.partitions import corpus_of, partition_staleness
-
             found = set(partition_staleness(context.instance, asset, corpus or corpus_of(asset)).stale_keys)
             todo = [k for k in context.instance.get_dynamic_partitions(dynamic_partitions_def(asset).name)
                     if k in found or k in set(todo)]

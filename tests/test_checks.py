@@ -12,7 +12,6 @@ import dagster as dg
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 from dagster._core.instance_for_test import instance_for_test
 
 from dagster_gpu import CorpusSource, TextFormat, embedding_asset

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from dagster_gpu.embedding.chunking import TokenChunks, boundary_ends, cut_windows, windows, word_starts
+from dagster_gpu.embedding.chunking import TokenChunks, boundary_ends, windows, word_starts
 from dagster_gpu.embedding.encoder import Encoder
 from dagster_gpu.embedding.model import resolve_model_path
 from prompt_models import make_prompt_model

@@ -5,7 +5,6 @@ the materialization, and Dagster's staleness after a configuration change."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import dagster as dg
 import numpy as np

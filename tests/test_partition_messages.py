@@ -8,7 +8,6 @@ import json
 from pathlib import Path
 
 import pytest
-from kubernetes.client import V1ObjectMeta
 from kubernetes.client.rest import ApiException
 
 from dagster_gpu.contracts import StepLaunch

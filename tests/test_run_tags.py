@@ -3,7 +3,7 @@
 import dagster as dg
 from dagster._core.test_utils import create_run_for_test
 
-from dagster_gpu.executor.run_tags import COST_TAG, RAN_ON_TAG, add_cost, ran_on, tag_launch
+from dagster_gpu.run_tags import COST_TAG, RAN_ON_TAG, add_cost, ran_on, tag_launch
 from dagster_gpu.request import GpuRequest
 
 

@@ -152,7 +152,7 @@ def test_trap_names_step_command_call_chain_and_log_tail(tmp_path):
     assert "not reached" not in cp.stdout
     err = cp.stderr.splitlines()
     assert err[0] == "[s.sh] FAILED at step 'starting the daemon' (exit 1)"
-    assert err[1] == f'[s.sh]   command: grep -q ready "$1"'
+    assert err[1] == '[s.sh]   command: grep -q ready "$1"'
     assert err[2] == f"[s.sh]   where: check at {tmp_path}/s.sh:3 <- start at {tmp_path}/s.sh:4 <- main at {tmp_path}/s.sh:5"
     assert err[3] == f"[s.sh]   log: {log}"
     assert err[4] == f"----- last 20 lines of {log} -----"

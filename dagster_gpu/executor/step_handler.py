@@ -38,7 +38,7 @@ from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env, worker_python_for
 from dagster_gpu.ranges import run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
-from dagster_gpu.executor.run_tags import tag_launch
+from dagster_gpu.run_tags import tag_launch
 from dagster_gpu.executor.settle import Settler
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Placement

@@ -3,7 +3,7 @@ parquet output into a LanceDB table (:class:`dagster_gpu.index.lance.VectorIndex
 
 
 import warnings
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import dagster as dg
 

@@ -36,7 +36,7 @@ from dagster_gpu.embedding.devices import device_labels, unit_devices
 from dagster_gpu.embedding.fingerprint import fingerprint, pooling_description
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
 from dagster_gpu.embedding.pipeline import EmbeddingResult, embed_partition, make_encoder
-from dagster_gpu.executor.run_tags import add_cost
+from dagster_gpu.run_tags import add_cost
 from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
 from dagster_gpu.worker.billing import measure
