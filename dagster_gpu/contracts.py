@@ -39,6 +39,7 @@ settler waits at the orchestrating process's exit for its own units' bills.
 from __future__ import annotations
 
 import enum
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -51,6 +52,28 @@ if TYPE_CHECKING:  # annotations only: no import of the rest of the package at r
 #: The environment variable that carries the step context (``dagster_gpu.worker.context.StepContext`` as JSON)
 #: from the executor to the step worker; each backend passes it on to the worker's environment.
 STEP_CONTEXT_ENV = "DAGSTER_GPU_STEP_CONTEXT"
+
+
+def read_step_context(env: Mapping[str, str]) -> dict[str, Any]:
+    """The step context in ``env`` as its JSON object (keys ``backend``, ``placement``, ``rates`` (USD per
+    GPU-hour by device type), ``gpu_count``, ``device_fraction``, ``extra``, and what a backend adds, e.g.
+    ``slurm_request``); ``{}`` when ``env`` has none. Raises ValueError (json) for a value that is not JSON."""
+    raw = env.get(STEP_CONTEXT_ENV)
+    return json.loads(raw) if raw else {}
+
+
+def encode_step_context(ctx: Mapping[str, Any]) -> dict[str, str]:
+    """``{STEP_CONTEXT_ENV: <ctx as JSON, keys sorted>}``: the one way the step context is written."""
+    return {STEP_CONTEXT_ENV: json.dumps(dict(ctx), sort_keys=True)}
+
+
+def with_step_context(env: Mapping[str, str], **fields: Any) -> dict[str, str]:
+    """A copy of ``env`` whose step context has ``fields`` set (a backend adding what it asked the scheduler
+    for: the device fraction, the Slurm request); ``env`` unchanged (copied) when it carries no step context."""
+    out = dict(env)
+    if STEP_CONTEXT_ENV in out:
+        out.update(encode_step_context({**read_step_context(out), **fields}))
+    return out
 
 
 def describe_partitions(partition_keys: Sequence[str]) -> str:

@@ -57,3 +57,23 @@ def test_unit_rate_is_the_bills_own_rate_else_its_rate_table():
     table = UnitBill(gpu_seconds=3.0, rate_usd_per_gpu_hour=None, metadata={}, rates={"default": 2.0, "cpu": 0.1})
     assert unit_rate(table, "cpu") == 0.1 and unit_rate(table, None) == 2.0
     assert unit_rate(UnitBill(1.0, None, {}, rates={"cpu": 0.1}), "gpu") == 0.0  # no rate, no default: billed at 0
+
+
+def test_step_context_is_read_and_patched_through_one_json_form():
+    from dagster_gpu.contracts import STEP_CONTEXT_ENV, read_step_context, with_step_context
+    from dagster_gpu.policy.placement import Placement
+    from dagster_gpu.worker.context import StepContext
+
+    ctx = StepContext(backend="slurm", placement=Placement(backend="slurm", reason="test"), rates={"a100": 2.5},
+                      gpu_count=2, extra={"partitions_def": "corpus"})
+    env = {"OTHER": "x", **ctx.to_env()}
+    patched = with_step_context(env, device_fraction=0.25, slurm_request={"gres": "--gres=gpu:2", "gpus": 0.5})
+    assert env[STEP_CONTEXT_ENV] == ctx.to_env()[STEP_CONTEXT_ENV]  # the input is not changed
+    raw = read_step_context(patched)
+    assert (raw["gpu_count"], raw["device_fraction"], raw["slurm_request"]["gpus"], raw["extra"]) == (
+        2, 0.25, 0.5, {"partitions_def": "corpus"})
+    back = StepContext.from_env(patched)  # the worker reads what a backend patched
+    assert (back.backend, back.gpu_count, back.device_fraction, dict(back.rates)) == ("slurm", 2, 0.25, {"a100": 2.5})
+    # an environment without a step context (a step run in process) stays without one
+    assert with_step_context({"OTHER": "x"}, device_fraction=0.5) == {"OTHER": "x"}
+    assert read_step_context({}) == {}

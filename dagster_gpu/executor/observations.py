@@ -13,7 +13,6 @@ arguments. The parts add up to the scheduler's figure.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any, Mapping
@@ -29,11 +28,10 @@ from dagster_gpu.billing.keys import (
 )
 from dagster_gpu.billing.metering import cost_usd
 from dagster_gpu.billing.ratecard import gpu_hour_rate
-from dagster_gpu.contracts import UnitBill
+from dagster_gpu.contracts import UnitBill, read_step_context
 from dagster_gpu.step_args import step_args_from_env
 from dagster_gpu.ranges import run_partition_keys
 from dagster_gpu.worker.billing import billed_device
-from dagster_gpu.worker.context import ENV_VAR as STEP_CONTEXT_ENV
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +77,7 @@ class ObservationWriter:
         args = step_args_from_env(env)
         if args is None:
             return 0
-        pdef = (json.loads(env.get(STEP_CONTEXT_ENV) or "{}").get("extra") or {}).get("partitions_def")
+        pdef = (read_step_context(env).get("extra") or {}).get("partitions_def")
         return write_unit_bill(self.instance_for(args), args.run_id, args.step_keys_to_execute[0], pdef, bill)
 
     def close(self) -> None:

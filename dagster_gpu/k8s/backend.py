@@ -57,7 +57,7 @@ from kubernetes.client.rest import ApiException
 
 from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, RATE_USD_PER_GPU_HOUR
 from dagster_gpu.billing.ratecard import RateCard, RateCardError
-from dagster_gpu.contracts import STEP_CONTEXT_ENV, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, describe_partitions
+from dagster_gpu.contracts import Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, describe_partitions, with_step_context
 from dagster_gpu.k8s.billing import pod_interval_metadata
 from dagster_gpu.k8s.pod_state import (
     FAILED_PREPARE, PodTimeouts, needs_events, pod_state, terminated,
@@ -195,10 +195,9 @@ class KubernetesBackend(Backend):
         shared = self._shared(launch)
         choice0 = m.device_choice(launch.request, launch.placement.device, self.settings, launch.placement.product,
                                   shared)
-        if choice0 is not None and STEP_CONTEXT_ENV in launch.env:
-            ctx = json.loads(launch.env[STEP_CONTEXT_ENV])
-            ctx["device_fraction"] = worker_device_fraction(choice0)  # the worker bills each device by it
-            launch = StepLaunch(**{**launch.__dict__, "env": {**launch.env, STEP_CONTEXT_ENV: json.dumps(ctx, sort_keys=True)}})
+        if choice0 is not None:  # the worker bills each device by its fraction
+            env = with_step_context(launch.env, device_fraction=worker_device_fraction(choice0))
+            launch = StepLaunch(**{**launch.__dict__, "env": env})
         pod, template, choice = m.step_objects(launch, self.settings, shared)
         name = pod.metadata.name
         self.claims.start()

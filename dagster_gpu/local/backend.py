@@ -16,7 +16,6 @@ never on disk), so a unit whose orchestrator restarted is not billed; the run wo
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -29,7 +28,7 @@ import dagster as dg
 import psutil
 
 from dagster_gpu.billing.keys import SOURCE
-from dagster_gpu.contracts import STEP_CONTEXT_ENV, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus
+from dagster_gpu.contracts import STEP_CONTEXT_ENV, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, read_step_context
 from dagster_gpu.settings import config_field as settings_config_field
 from dagster_gpu.settings import setting
 from dagster_gpu.log_tail import log_tail
@@ -168,7 +167,7 @@ class LocalBackend(Backend):
                 return None
             return UnitBill.nothing(f"worker process {handle['pid']} left no exit time")
         wall = max(0.0, float(status["finished"]) - float(handle["create_time"]))
-        rates = json.loads(env.get(STEP_CONTEXT_ENV) or "{}").get("rates") or {"default": 0.0}
+        rates = read_step_context(env).get("rates") or {"default": 0.0}
         return UnitBill(
             gpu_seconds=0.0, wall_seconds=wall, rate_usd_per_gpu_hour=None, rates=rates,
             device_type=self._device_type(),

@@ -12,12 +12,11 @@
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any, Mapping, Sequence
 
 from dagster_gpu.billing.keys import GPU_SECONDS, NOTE, PREFIX, SOURCE
-from dagster_gpu.contracts import STEP_CONTEXT_ENV, UnitBill
+from dagster_gpu.contracts import UnitBill, read_step_context
 from dagster_gpu.slurm.parse import AcctRow, StepUsage
 from dagster_gpu.slurm.sacct_bill import sacct_figures
 from dagster_gpu.slurm.spool import Spool, create_exclusive, read_json
@@ -41,7 +40,7 @@ def task_bill(env: Mapping[str, str], rows: Sequence[AcctRow], shards_per_gpu: i
             put on the bill as ``slurm/gpuutil_ave_percent`` / ``slurm/gpumem_max_bytes``.
 
     Raises ValueError when ``rows`` is empty."""
-    ctx = json.loads(env.get(STEP_CONTEXT_ENV, "{}"))
+    ctx = read_step_context(env)
     rates = ctx.get("rates") or {"default": 0.0}
     req = ctx.get("slurm_request") or {}
     figures = sacct_figures(rows, shards_per_gpu)

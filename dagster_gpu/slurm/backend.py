@@ -74,7 +74,6 @@ anything and a refused task fails its step with the reason from its log.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import threading
@@ -86,7 +85,7 @@ from typing import Any, Mapping
 
 import dagster as dg
 
-from dagster_gpu.contracts import STEP_CONTEXT_ENV, TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus
+from dagster_gpu.contracts import TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, with_step_context
 from dagster_gpu.slurm.accounting import claim_task, step_gpu_usage, task_bill, task_env, unsettled_tasks
 from dagster_gpu.settings import config_field as settings_config_field
 from dagster_gpu.settings import apply_renamed, from_section, renamed, setting
@@ -354,27 +353,23 @@ class SlurmBackend(Backend):
     def launch(self, launch: StepLaunch) -> Handle:
         gres, fraction = self.gres_options(launch)
         t = self.gpu_type(launch)
-        env = dict(launch.env)
-        if STEP_CONTEXT_ENV in env:
-            ctx = json.loads(env[STEP_CONTEXT_ENV])
-            if fraction is not None:
-                ctx["device_fraction"] = fraction
-            # what sbatch asks, for the bill: GPU equivalents (shards and MIG slices as fractions) and the
-            # product to price them at (the requested type's, else the slurm partition's)
-            asked = launch.request
-            if asked.count <= 0:
-                gpus = 0.0
-            elif asked.shared_ok:  # shard:N of one GPU
-                gpus = float(fraction or 0.0)
-            else:  # whole GPUs, or MIG slices as their fraction of the parent
-                gpus = float(asked.count * (fraction if fraction is not None else 1.0))
-            ctx["slurm_request"] = {
-                "gres": " ".join(gres),
-                "gpus": gpus,
-                "product": t.product if t is not None else self.settings.gpu_product,
-                "fraction_per_gpu_gres": t.fraction if t is not None else 1.0,
-            }
-            env[STEP_CONTEXT_ENV] = json.dumps(ctx, sort_keys=True)
+        # what sbatch asks, for the bill: GPU equivalents (shards and MIG slices as fractions) and the
+        # product to price them at (the requested type's, else the slurm partition's)
+        asked = launch.request
+        if asked.count <= 0:
+            gpus = 0.0
+        elif asked.shared_ok:  # shard:N of one GPU
+            gpus = float(fraction or 0.0)
+        else:  # whole GPUs, or MIG slices as their fraction of the parent
+            gpus = float(asked.count * (fraction if fraction is not None else 1.0))
+        slurm_request = {
+            "gres": " ".join(gres),
+            "gpus": gpus,
+            "product": t.product if t is not None else self.settings.gpu_product,
+            "fraction_per_gpu_gres": t.fraction if t is not None else 1.0,
+        }
+        env = with_step_context(launch.env, slurm_request=slurm_request,
+                                **({"device_fraction": fraction} if fraction is not None else {}))
         req = TaskRequest(
             options=tuple(self.sbatch_options(launch)),
             throttle=self.throttle_for(launch),

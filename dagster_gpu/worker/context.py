@@ -12,13 +12,12 @@ It carries no secret. A step run without gpu_executor (``materialize()`` in a te
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Mapping
 
 from dagster_gpu.billing.ratecard import RateCard
-from dagster_gpu.contracts import STEP_CONTEXT_ENV
+from dagster_gpu.contracts import STEP_CONTEXT_ENV, encode_step_context, read_step_context
 from dagster_gpu.policy.placement import Placement
 
 ENV_VAR = STEP_CONTEXT_ENV
@@ -35,26 +34,20 @@ class StepContext:
     extra: Mapping[str, str] = field(default_factory=dict)
 
     def to_env(self) -> dict[str, str]:
-        return {
-            ENV_VAR: json.dumps(
-                {
-                    "backend": self.backend,
-                    "placement": self.placement.to_json(),
-                    "rates": dict(self.rates),
-                    "gpu_count": self.gpu_count,
-                    "device_fraction": self.device_fraction,
-                    "extra": dict(self.extra),
-                },
-                sort_keys=True,
-            )
-        }
+        return encode_step_context({
+            "backend": self.backend,
+            "placement": self.placement.to_json(),
+            "rates": dict(self.rates),
+            "gpu_count": self.gpu_count,
+            "device_fraction": self.device_fraction,
+            "extra": dict(self.extra),
+        })
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "StepContext":
-        raw = (env if env is not None else os.environ).get(ENV_VAR)
-        if not raw:
+        d = read_step_context(env if env is not None else os.environ)
+        if not d:
             return cls.in_process()
-        d = json.loads(raw)
         return cls(
             backend=d["backend"],
             placement=Placement.from_json(d["placement"]),
