@@ -11,7 +11,7 @@ Steps (one model, one encoder, every figure from the same process):
 4. baseline: a full re-embed of the changed corpus, every file, ``reuse=False`` into another directory.
 
 ``incremental.gpu_seconds_ratio`` = the incremental pass's device-seconds ÷ the full re-embed's. A partition's
-measured GPU-seconds are devices × its wall interval (dagster_gpu.worker.billing, billing.apportion), so with
+measured GPU-seconds are devices × its wall interval (dagster_gpu.billing.measured, billing.apportion), so with
 one device the ratio of summed ``EmbeddingResult.seconds`` (read+embed+write, model load excluded) is the
 ratio of measured GPU-seconds. ``incremental.min_cosine_changed``: the lowest cosine between a row the
 incremental pass embedded and the same row of the full re-embed; reused rows are checked bit-identical to the

@@ -9,7 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dagster_gpu.backfill import BackfillProgress, PartitionSummary
-from dagster_gpu.billed import billed_total
+from dagster_gpu.billing.billed import billed_total
 from dagster_gpu.failures import FailureDetail
 
 

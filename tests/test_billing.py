@@ -9,7 +9,7 @@ import pytest
 
 from dagster_gpu.billing.metering import cost_usd, gpu_seconds
 from dagster_gpu.billing.ratecard import DEFAULT_RATE_CARD, RateCard, RateCardError, mig_fraction, rate_from_table
-from dagster_gpu.worker.billing import billed_device, measure
+from dagster_gpu.billing.measured import billed_device, measure
 
 REPO = Path(__file__).resolve().parents[1]
 

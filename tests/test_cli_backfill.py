@@ -15,7 +15,7 @@ from rich.console import Console
 
 from dagster_gpu import CorpusSource, TextFormat, asset_job, embedding_asset
 from dagster_gpu.backfill import PartitionSummary, summarize_partitions, wait_for_bills
-from dagster_gpu.billed import BilledShare, billed_share, unit_of
+from dagster_gpu.billing.billed import BilledShare, billed_share, unit_of
 from dagster_gpu.cli import main
 from dagster_gpu.failures import failure_detail, first_line, log_location
 from dagster_gpu.partitions import NoCorpus, corpus_of, register_corpus_files, select_partitions

@@ -179,7 +179,7 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
             assert summary[o["_partition"]].billed_cost_usd == pytest.approx(o["billing/cost_usd"], abs=1e-15), o
             assert summary[o["_partition"]].bill_source == "process"
     assert bad.billed_cost_usd is not None and bad.billed_cost_usd > 0
-    from dagster_gpu.billed import billed_total
+    from dagster_gpu.billing.billed import billed_total
 
     assert billed_total(summary.values()) == f"{sum(o['billing/cost_usd'] for g in bills.values() for o in g):.6f}"
     starting = instance.get_records_for_run(runs[0].dagster_run.run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING).records

@@ -187,7 +187,7 @@ def test_cuda_oom_halves_the_batch_and_the_final_size_is_in_the_metadata(tmp_pat
     import torch
 
     from dagster_gpu.telemetry.stats import summarize
-    from dagster_gpu.worker.billing import measure
+    from dagster_gpu.billing.measured import measure
     from dagster_gpu.worker.metadata import build_metadata
     from test_metadata import PLACEMENT
 

@@ -183,7 +183,7 @@ def _context_fraction(request, settings=None):
 
 
 def test_the_worker_bills_each_device_it_sees_once():
-    from dagster_gpu.worker.billing import billed_device
+    from dagster_gpu.billing.measured import billed_device
 
     # two whole GPUs: 1.0 per device (was the claim's 2.0, so the worker billed 4 GPUs)
     f = _context_fraction(GpuRequest(count=2))

@@ -14,7 +14,7 @@ from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.request import GpuRequest, GpuRequestError
 from dagster_gpu.telemetry.stats import TelemetrySummary, summarize
 from dagster_gpu.worker.backend_env import backend_metadata
-from dagster_gpu.worker.billing import Billing, measure
+from dagster_gpu.billing.measured import Billing, measure
 from dagster_gpu.worker.context import ENV_VAR, StepContext
 from dagster_gpu.worker.metadata import NonFiniteMetadata, build_metadata, placement_from_metadata, placement_markdown
 

@@ -327,7 +327,7 @@ class MigNvml(FakeNvml):
 def test_mig_not_supported_reason_memory_and_billing(uuid):
     from dagster_gpu.embedding.pipeline import EmbeddingResult
     from dagster_gpu.policy.placement import Placement
-    from dagster_gpu.worker.billing import measure
+    from dagster_gpu.billing.measured import measure
     from dagster_gpu.worker.metadata import build_metadata
 
     dev = {**gpu(uuid, [0], [512, 900, 640], name="NVIDIA A100-SXM4-80GB MIG 1g.10gb"), "mig": True}

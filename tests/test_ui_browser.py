@@ -46,7 +46,7 @@ def _metadata(gpu: bool, rows: int) -> dict:
     from dagster_gpu.embedding.pipeline import EmbeddingResult
     from dagster_gpu.policy.placement import Alternative, Placement
     from dagster_gpu.telemetry.stats import summarize
-    from dagster_gpu.worker.billing import measure
+    from dagster_gpu.billing.measured import measure
     from dagster_gpu.worker.metadata import build_metadata
 
     result = EmbeddingResult(rows=rows, records=rows + 1, skipped_empty_rows=1, truncated_rows=0, dim=384,

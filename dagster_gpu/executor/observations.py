@@ -31,7 +31,7 @@ from dagster_gpu.billing.ratecard import gpu_hour_rate
 from dagster_gpu.contracts import UnitBill, read_step_context
 from dagster_gpu.step_args import step_args_from_env
 from dagster_gpu.ranges import run_partition_keys
-from dagster_gpu.worker.billing import billed_device
+from dagster_gpu.billing.measured import billed_device
 
 log = logging.getLogger(__name__)
 

@@ -127,7 +127,7 @@ class NvmlSampler:
             self._read_util = nvml.nvmlDeviceGetUtilizationRates
         else:
             # One device without utilization makes the mean meaningless: sample memory only (billing never
-            # depends on utilization, see worker/billing.py).
+            # depends on utilization, see billing/measured.py).
             h, uuid, e = failed
             self._read_util = None
             if self._is_mig(h, uuid):

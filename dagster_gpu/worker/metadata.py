@@ -16,7 +16,7 @@ from dagster_gpu.billing.keys import COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS
 from dagster_gpu.embedding.pipeline import EmbeddingResult
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.telemetry.stats import TelemetrySummary
-from dagster_gpu.worker.billing import Billing
+from dagster_gpu.billing.measured import Billing
 
 
 class NonFiniteMetadata(ValueError):

@@ -39,7 +39,7 @@ from dagster_gpu.embedding.pipeline import EmbeddingResult, embed_partition, mak
 from dagster_gpu.run_tags import add_cost
 from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
-from dagster_gpu.worker.billing import measure
+from dagster_gpu.billing.measured import measure
 from dagster_gpu.connections import hold_storage_connections
 from dagster_gpu.worker.context import StepContext
 from dagster_gpu.worker.embed_ahead import EmbedAhead
