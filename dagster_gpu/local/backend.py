@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 import dagster as dg
 import psutil
@@ -54,6 +55,40 @@ class LocalSettings:
 def config_field() -> dg.Field:
     """The ``local:`` section of gpu_executor's config, generated from :class:`LocalSettings`."""
     return settings_config_field(LocalSettings, "Local backend: step workers as subprocesses on this host.")
+
+
+@dataclass(frozen=True)
+class LocalHandle:
+    """A local work unit's handle, as the executor records it in the event log.
+
+    Attributes:
+        pid: the supervisor process (its own process group: terminate signals the whole tree).
+        create_time: the process's creation time (Unix seconds, psutil): a reused pid is not this worker.
+        status_file: the JSON file the supervisor writes the exit code and end time to.
+        log_file: the worker's stdout/stderr file.
+        host: the host it runs on (``os.uname().nodename``).
+        unit: the unit's name (run, step, attempt), the key of its process bill; "" in handles recorded
+            before units were named.
+    """
+
+    pid: int
+    create_time: float
+    status_file: str
+    log_file: str
+    host: str = ""
+    unit: str = ""
+
+    def to_handle(self) -> dict[str, Any]:
+        """The handle as the executor stores it (JSON values)."""
+        return {"pid": self.pid, "create_time": self.create_time, "status_file": self.status_file,
+                "log_file": self.log_file, "host": self.host, "unit": self.unit}
+
+    @classmethod
+    def from_handle(cls, handle: Mapping[str, Any]) -> "LocalHandle":
+        """The handle from its stored form. Raises KeyError without pid, create time or files."""
+        return cls(pid=int(handle["pid"]), create_time=float(handle["create_time"]),
+                   status_file=str(handle["status_file"]), log_file=str(handle["log_file"]),
+                   host=str(handle.get("host") or ""), unit=str(handle.get("unit") or ""))
 
 
 class LocalBackend(Backend):
@@ -103,39 +138,37 @@ class LocalBackend(Backend):
             )
         self._children[proc.pid] = proc
         self._bill_env[stem] = {k: launch.env[k] for k in (STEP_ARGS_ENV, STEP_CONTEXT_ENV) if k in launch.env}
-        return {
-            "pid": proc.pid,
-            "create_time": psutil.Process(proc.pid).create_time(),
-            "status_file": str(status_file),
-            "log_file": str(log_file),
-            "host": os.uname().nodename,
-            "unit": stem,
-        }
+        return LocalHandle(
+            pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), status_file=str(status_file),
+            log_file=str(log_file), host=os.uname().nodename, unit=stem,
+        ).to_handle()
 
     def state(self, handle: Handle) -> WorkerState:
-        pid = int(handle["pid"])
+        h = LocalHandle.from_handle(handle)
+        pid = h.pid
         child = self._children.get(pid)
         if child is not None and child.poll() is not None:
             self._children.pop(pid, None)
-        status = read_status(Path(str(handle["status_file"])))
+        status = read_status(Path(h.status_file))
         if status is not None and "exit_code" in status:
             code = int(status["exit_code"])
             message = status.get("message", f"worker exited with code {code}")
             if code != 0:
-                message += f"; last lines of {handle['log_file']}:\n{log_tail(Path(str(handle['log_file'])))}"
+                message += f"; last lines of {h.log_file}:\n{log_tail(Path(h.log_file))}"
             return WorkerState(WorkerStatus.SUCCEEDED if code == 0 else WorkerStatus.FAILED, exit_code=code, message=message)
-        if _alive(pid, float(handle["create_time"])):
+        if _alive(pid, h.create_time):
             return WorkerState(WorkerStatus.RUNNING)
         code = child.returncode if child is not None else None
         return WorkerState(
             WorkerStatus.FAILED,
             exit_code=code,
-            message=f"worker process {pid} is gone without an exit status (killed? exit code {code}); log: {handle['log_file']}",
+            message=f"worker process {pid} is gone without an exit status (killed? exit code {code}); log: {h.log_file}",
         )
 
     def terminate(self, handle: Handle) -> None:
-        pid = int(handle["pid"])
-        if not _alive(pid, float(handle["create_time"])):
+        h = LocalHandle.from_handle(handle)
+        pid = h.pid
+        if not _alive(pid, h.create_time):
             return
         try:
             os.killpg(pid, signal.SIGTERM)
@@ -143,7 +176,7 @@ class LocalBackend(Backend):
             return
         deadline = time.monotonic() + self.terminate_grace_s
         while time.monotonic() < deadline:
-            if not _alive(pid, float(handle["create_time"])):
+            if not _alive(pid, h.create_time):
                 break
             time.sleep(0.1)
         try:
@@ -158,23 +191,24 @@ class LocalBackend(Backend):
         """The ended worker's process bill (module doc): its wall seconds from process creation to the exit
         in its status file. None while it runs; ``UnitBill.nothing`` when another process launched it or it
         left no exit time (killed with its supervisor)."""
-        env = self._bill_env.get(str(handle.get("unit", "")))
+        h = LocalHandle.from_handle(handle)
+        env = self._bill_env.get(h.unit)
         if env is None:
             return UnitBill.nothing("launched by another process: the step's arguments are not known here")
-        status = read_status(Path(str(handle["status_file"])))
+        status = read_status(Path(h.status_file))
         if status is None or "finished" not in status:
-            if _alive(int(handle["pid"]), float(handle["create_time"])):
+            if _alive(h.pid, h.create_time):
                 return None
-            return UnitBill.nothing(f"worker process {handle['pid']} left no exit time")
-        wall = max(0.0, float(status["finished"]) - float(handle["create_time"]))
+            return UnitBill.nothing(f"worker process {h.pid} left no exit time")
+        wall = max(0.0, float(status["finished"]) - h.create_time)
         rates = read_step_context(env).get("rates") or {"default": 0.0}
         return UnitBill(
             gpu_seconds=0.0, wall_seconds=wall, rate_usd_per_gpu_hour=None, rates=rates,
             device_type=self._device_type(),
-            metadata={SOURCE: "process", "dagster_gpu/backend": "local", "local/unit": str(handle["unit"]),
-                      "local/pid": int(handle["pid"]), "local/host": str(handle["host"]), "local/wall_seconds": wall,
+            metadata={SOURCE: "process", "dagster_gpu/backend": "local", "local/unit": h.unit,
+                      "local/pid": h.pid, "local/host": h.host, "local/wall_seconds": wall,
                       "local/exit_code": int(status.get("exit_code", -1))},
-            match=("local/unit", str(handle["unit"])), env=env,
+            match=("local/unit", h.unit), env=env,
         )
 
     def _device_type(self) -> str | None:
@@ -187,7 +221,7 @@ class LocalBackend(Backend):
 
     def release(self, handle: Handle) -> bool:
         """True once per unit, for this process (the only one that can bill it)."""
-        return self._bill_env.pop(str(handle.get("unit", "")), None) is not None
+        return self._bill_env.pop(LocalHandle.from_handle(handle).unit, None) is not None
 
     def policy_state(self) -> LocalState:
         """This host as a ``LocalState``: one pool per GPU product NVML sees (free = total minus our running
@@ -206,8 +240,9 @@ class LocalBackend(Backend):
         return LocalState(pools=tuple(pools))
 
     def handle_metadata(self, handle: Handle):
-        return {"local/pid": int(handle["pid"]), "local/log_file": str(handle["log_file"]), "local/host": str(handle["host"]),
-                **({"local/unit": str(handle["unit"])} if handle.get("unit") else {})}
+        h = LocalHandle.from_handle(handle)
+        return {"local/pid": h.pid, "local/log_file": h.log_file, "local/host": h.host,
+                **({"local/unit": h.unit} if h.unit else {})}
 
 
 def _alive(pid: int, create_time: float) -> bool:

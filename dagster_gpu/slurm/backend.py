@@ -94,6 +94,7 @@ from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python
 from dagster_gpu.slurm.gpu_types import GpuType, sbatch_gres, select_gpu_type
+from dagster_gpu.slurm.handle import SlurmHandle
 from dagster_gpu.slurm.gres import gpu_capacity, pending_for_type
 from dagster_gpu.slurm.gpu_types import from_settings as gpu_types_from_settings
 from dagster_gpu.slurm.parse import SlurmParseError
@@ -382,26 +383,19 @@ class SlurmBackend(Backend):
             launches_to_come=launch.launches_to_come,
         )
         a = self.coalescer.submit(req)
-        return {
-            "job_id": f"{a.array_job_id}_{a.array_task_id}",
-            "cluster": a.cluster,
-            "array_job_id": a.array_job_id,
-            "array_task_id": a.array_task_id,
-            "batch": a.batch,
-            "submitted_at": a.submitted_at,
-            "tasks_in_array": a.tasks_in_array,
-            "log_file": a.log_file,
-            "spool": str(self.spool.root),
-        }
+        return SlurmHandle(
+            array_job_id=a.array_job_id, array_task_id=a.array_task_id, batch=a.batch, submitted_at=a.submitted_at,
+            tasks_in_array=a.tasks_in_array, log_file=a.log_file, spool=str(self.spool.root), cluster=a.cluster,
+        ).to_handle()
 
     def state(self, handle: Handle) -> WorkerState:
         """The task's state from the shared poll (:func:`dagster_gpu.slurm.status.task_state`). Only reads:
         a task over its wait limit is FAILED and ``abandoned`` (the settler cancels it); the message of a
         FAILED task ends with the last lines of its log."""
-        aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
-        submitted = float(handle["submitted_at"])
+        h = SlurmHandle.from_handle(handle)
+        aid, tid, submitted = h.array_job_id, h.array_task_id, h.submitted_at
         try:
-            snap = self.poller.poll({aid}, not_before=submitted, clusters={aid: handle.get("cluster")})
+            snap = self.poller.poll({aid}, not_before=submitted, clusters={aid: h.cluster})
         except (SlurmError, TimeoutError) as e:
             return WorkerState(WorkerStatus.UNKNOWN, message=f"could not poll Slurm: {e}")
         if not snap.ok:
@@ -425,14 +419,15 @@ class SlurmBackend(Backend):
         # over its wait limit: the settler cancels it, so a held task released later does not run a failed step
         # again (a runaway task is not the controller's any more: nothing to cancel)
         abandoned = wait not in (None, "runaway") and st.status == WorkerStatus.FAILED and 0 < self.wait_limits.limit(wait) <= waited
-        if st.status == WorkerStatus.FAILED and handle.get("log_file"):
+        if st.status == WorkerStatus.FAILED and h.log_file:
             # the task's own words: e.g. why it refused its manifest (exit 3) before running anything
-            st = WorkerState(st.status, st.exit_code, f"{st.message}; last lines of {handle['log_file']}:\n{log_tail(Path(str(handle['log_file'])))}")
+            st = WorkerState(st.status, st.exit_code, f"{st.message}; last lines of {h.log_file}:\n{log_tail(Path(h.log_file))}")
         return WorkerState(st.status, st.exit_code, st.message, abandoned=abandoned)
 
     def terminate(self, handle: Handle) -> None:
         """``scancel [-M <cluster>] <array_job_id>_<array_task_id>``: exactly this task, pending or running."""
-        self.client.scancel([f"{int(handle['array_job_id'])}_{int(handle['array_task_id'])}"], cluster=handle.get("cluster"))
+        h = SlurmHandle.from_handle(handle)
+        self.client.scancel([h.job_id], cluster=h.cluster)
 
     def policy_state(self) -> SlurmState:
         """The slurm partition as a ``SlurmState``: one ``sinfo`` for its GPUs on nodes that take jobs and
@@ -482,14 +477,15 @@ class SlurmBackend(Backend):
         return max(0.0, wait) if wait < 86400 else None
 
     def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
+        h = SlurmHandle.from_handle(handle)
         return {
-            "slurm/job_id": str(handle["job_id"]),
-            "slurm/array_job_id": int(handle["array_job_id"]),
-            "slurm/array_task_id": int(handle["array_task_id"]),
+            "slurm/job_id": h.job_id,
+            "slurm/array_job_id": h.array_job_id,
+            "slurm/array_task_id": h.array_task_id,
             "slurm/state": "PENDING",
-            "slurm/tasks_in_array": int(handle["tasks_in_array"]),
-            "slurm/log_file": dg.MetadataValue.path(str(handle["log_file"])),
-            **({"slurm/cluster": str(handle["cluster"])} if handle.get("cluster") else {}),
+            "slurm/tasks_in_array": h.tasks_in_array,
+            "slurm/log_file": dg.MetadataValue.path(h.log_file),
+            **({"slurm/cluster": h.cluster} if h.cluster else {}),
         }
 
     # ------------------------------------------------------------------------------ accounting
@@ -499,10 +495,10 @@ class SlurmBackend(Backend):
         while Slurm has not billed it: squeue still runs it, sacct has no final record yet or no record of
         the attempt squeue shows (slurmdbd lags or is down: :func:`~dagster_gpu.slurm.status.sacct_caught_up`),
         or Slurm could not be asked. ``UnitBill.nothing`` when its manifest is unreadable."""
-        aid, tid = int(handle["array_job_id"]), int(handle["array_task_id"])
-        submitted = float(handle.get("submitted_at", 0.0))
+        h = SlurmHandle.from_handle(handle)
+        aid, tid, submitted = h.array_job_id, h.array_task_id, h.submitted_at
         try:
-            snap = self.poller.poll({aid}, not_before=submitted, clusters={aid: handle.get("cluster")})
+            snap = self.poller.poll({aid}, not_before=submitted, clusters={aid: h.cluster})
         except (SlurmError, TimeoutError):
             return None
         if not snap.ok:
@@ -512,12 +508,12 @@ class SlurmBackend(Backend):
             return None
         if not recs.acct or not recs.acct[-1].state.final or not sacct_caught_up(recs.queue, recs.acct):
             return None
-        env = task_env(self.spool, str(handle["batch"]), tid)
+        env = task_env(self.spool, h.batch, tid)
         if env is None:
             return UnitBill.nothing(f"no manifest entry for Slurm array task {aid}_{tid} in the spool")
         try:
             tracked = self.client.gpu_tres_tracked()
-            usage = step_gpu_usage(self._steps_of(aid, tid, handle.get("cluster"))) if self.client.gpu_usage_tracked() else {}
+            usage = step_gpu_usage(self._steps_of(aid, tid, h.cluster)) if self.client.gpu_usage_tracked() else {}
         except (SlurmError, SlurmParseError) as e:
             log.info("no Slurm accounting config or step usage for %s_%s yet: %s", aid, tid, e)
             return None
@@ -536,7 +532,8 @@ class SlurmBackend(Backend):
 
     def release(self, handle: Handle) -> bool:
         """The task's spool marker (O_EXCL): True for the one process that writes its bill."""
-        return claim_task(self.spool, str(handle["batch"]), int(handle["array_task_id"]))
+        h = SlurmHandle.from_handle(handle)
+        return claim_task(self.spool, h.batch, h.array_task_id)
 
     def unsettled(self) -> list[Handle]:
         """Tasks of finished job arrays in the spool (any process's) whose bill nobody wrote, as handles;
@@ -559,10 +556,12 @@ class SlurmBackend(Backend):
         if not snap.ok:
             return []
         return [
-            {"job_id": f"{sub['array_job_id']}_{i}", "cluster": sub.get("cluster"), "array_job_id": int(sub["array_job_id"]),
-             "array_task_id": i, "batch": batch, "submitted_at": float(sub.get("submitted_at", 0.0)),
-             "tasks_in_array": int(sub.get("tasks", 0)), "log_file": str(self.spool.batch_dir(batch) / f"{i}.out"),
-             "spool": str(self.spool.root)}
+            SlurmHandle(
+                array_job_id=int(sub["array_job_id"]), array_task_id=i, batch=batch,
+                submitted_at=float(sub.get("submitted_at", 0.0)), tasks_in_array=int(sub.get("tasks", 0)),
+                log_file=str(self.spool.batch_dir(batch) / f"{i}.out"), spool=str(self.spool.root),
+                cluster=sub.get("cluster"),
+            ).to_handle()
             for batch, sub, i in tasks
         ]
 

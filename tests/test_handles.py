@@ -1,0 +1,35 @@
+"""The local and Slurm backends' typed handles: the JSON form the executor stores in the event log (so a resumed
+run re-attaches) and the forms recorded by earlier versions."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dagster_gpu.local.backend import LocalHandle
+from dagster_gpu.slurm.handle import SlurmHandle
+
+
+def test_slurm_handle_round_trips_through_json_and_names_its_task():
+    h = SlurmHandle(array_job_id=812, array_task_id=3, batch="20261202T073427-67ad46c1", submitted_at=1764660000.5,
+                    tasks_in_array=8, log_file="/spool/batches/b/3.out", spool="/spool", cluster="east")
+    stored = json.loads(json.dumps(h.to_handle()))
+    assert stored["job_id"] == "812_3"
+    assert SlurmHandle.from_handle(stored) == h
+
+
+def test_slurm_handle_reads_a_handle_without_the_optional_fields():
+    # a handle of a unit on the default cluster, recorded before submitted_at and the spool were stored
+    h = SlurmHandle.from_handle({"job_id": "5_0", "array_job_id": "5", "array_task_id": 0, "batch": "b", "cluster": None})
+    assert (h.job_id, h.submitted_at, h.tasks_in_array, h.log_file, h.cluster) == ("5_0", 0.0, 0, "", None)
+    with pytest.raises(KeyError):
+        SlurmHandle.from_handle({"array_job_id": 5, "array_task_id": 0})  # no batch: not a Slurm handle
+
+
+def test_local_handle_round_trips_and_reads_one_without_a_unit():
+    h = LocalHandle(pid=4242, create_time=1764660000.25, status_file="/l/u.status.json", log_file="/l/u.log",
+                    host="vm", unit="run-step-1")
+    assert LocalHandle.from_handle(json.loads(json.dumps(h.to_handle()))) == h
+    old = LocalHandle.from_handle({"pid": 7, "create_time": 1.0, "status_file": "s", "log_file": "l"})
+    assert (old.unit, old.host) == ("", "")
