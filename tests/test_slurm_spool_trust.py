@@ -204,9 +204,11 @@ def _marker_manifest(path: Path, batch: str, marker: Path) -> Path:
     return write_manifest(path, batch, [{"argv": argv, "env": {}, "partition_key": "p"}])
 
 
-def _run_task(tmp_path: Path, manifest: Path, *args: str, stdout=None) -> subprocess.CompletedProcess:
-    """The real job script under bash, as slurmstepd runs it for array task 0 of job 77."""
-    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "77"}
+def _run_task(tmp_path: Path, manifest: Path, *args: str, stdout=None, restarts: int = 0) -> subprocess.CompletedProcess:
+    """The real job script under bash, as slurmstepd runs it for array task 0 of job 77 (``restarts``: its
+    SLURM_RESTART_COUNT, set when Slurm requeued it)."""
+    env = {**os.environ, "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_JOB_ID": "77",
+           **({"SLURM_RESTART_COUNT": str(restarts)} if restarts else {})}
     cmd = ["bash", str(write_job_script(tmp_path)), sys.executable, RUNNER, str(manifest), *args]
     if stdout is None:
         return subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -219,6 +221,25 @@ def test_task_runs_a_verified_manifest(tmp_path):
     cp = _run_task(tmp_path, m, "b1", manifest_sha256(m))
     assert cp.returncode == 0, cp.stderr
     assert marker.read_text() == "ran" and _mode(marker) == 0o600  # umask 077 reaches the step
+
+
+def test_a_requeued_attempt_first_runs_the_module_its_entry_names(tmp_path):
+    """SLURM_RESTART_COUNT >= 1 (Slurm requeued the task): the runner execs ``<python> -m <requeue_module>
+    <step key> -- <argv...>`` with the entry's environment; an entry without ``requeue_module`` (a manifest
+    written before the backend named it) runs its argv as it is."""
+    (tmp_path / "fake_requeue.py").write_text("import json, sys\nopen(sys.argv[-1], 'w').write(json.dumps(sys.argv[1:]))\n")
+    marker = tmp_path / "argv.json"
+    argv = [sys.executable, "-c", "import sys; open(sys.argv[1], 'w').write('ran')", str(marker)]
+    env = {"PYTHONPATH": str(tmp_path), "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS": "args"}
+    m = write_manifest(tmp_path / "b1" / "manifest.json", "b1",
+                       [{"argv": argv, "env": env, "step_key": "embed", "requeue_module": "fake_requeue"}])
+    cp = _run_task(tmp_path, m, "b1", manifest_sha256(m), restarts=1)
+    assert cp.returncode == 0, cp.stderr
+    assert json.loads(marker.read_text()) == ["embed", "--", *argv]
+    marker.unlink()
+    m2 = write_manifest(tmp_path / "b2" / "manifest.json", "b2", [{"argv": argv, "env": env, "step_key": "embed"}])
+    cp = _run_task(tmp_path, m2, "b2", manifest_sha256(m2), restarts=1)
+    assert cp.returncode == 0 and marker.read_text() == "ran", cp.stderr
 
 
 def test_task_refuses_a_manifest_swapped_for_another_users(tmp_path, other_uid):

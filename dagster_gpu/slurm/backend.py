@@ -95,6 +95,7 @@ from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python
 from dagster_gpu.slurm.gpu_types import GpuType, sbatch_gres, select_gpu_type
 from dagster_gpu.slurm.handle import SlurmHandle
+from dagster_gpu.slurm.requeue import MODULE as REQUEUE_MODULE
 from dagster_gpu.slurm.gres import gpu_capacity, pending_for_type
 from dagster_gpu.slurm.gpu_types import from_settings as gpu_types_from_settings
 from dagster_gpu.slurm.parse import SlurmParseError
@@ -381,6 +382,7 @@ class SlurmBackend(Backend):
             partition_keys=tuple(launch.partition_keys),
             attempt=launch.attempt,
             launches_to_come=launch.launches_to_come,
+            requeue_module=REQUEUE_MODULE,
         )
         a = self.coalescer.submit(req)
         return SlurmHandle(

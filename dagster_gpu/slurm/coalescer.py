@@ -96,6 +96,8 @@ class TaskRequest:
             an unpartitioned run), for messages and the window rule's count of partitions.
         launches_to_come: more launches the run's backfill is about to make (None: not a backfill);
             see :mod:`dagster_gpu.executor.backfill_hint`.
+        requeue_module: what a requeued attempt of the task runs first (``<worker python> -m <module> <step
+            key> -- <argv...>``, :mod:`dagster_gpu.slurm.script`); None: a requeued attempt runs ``argv`` as is.
     """
 
     options: tuple[str, ...]
@@ -107,6 +109,7 @@ class TaskRequest:
     partition_keys: tuple[str, ...] = ()
     attempt: int = 0
     launches_to_come: int | None = None
+    requeue_module: str | None = None
     launch_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: float = field(default_factory=time.time)
 
@@ -304,7 +307,8 @@ class ArrayCoalescer:
         bdir = self.spool.make_dir(self.spool.batch_dir(batch), exclusive=True)
         tasks = [
             {**{k: d[k] for k in ("launch_id", "run_id", "step_key", "attempt", "argv", "env")},
-             "covers": describe_partitions(_keys(d))}
+             "covers": describe_partitions(_keys(d)),
+             **({"requeue_module": d["requeue_module"]} if d.get("requeue_module") else {})}
             for _, d in members
         ]
         manifest = write_manifest(bdir / "manifest.json", batch, tasks, self.env_files)

@@ -25,6 +25,10 @@ from dagster._record import copy
 
 from dagster_gpu.step_args import ENV_VAR, decode_step_args, encode_step_args
 
+#: This module's name, which the Slurm backend puts in each manifest entry (``requeue_module``) for the
+#: array task's runner (``dagster_gpu/slurm/script.py``) to run first in a requeued attempt.
+MODULE = "dagster_gpu.slurm.requeue"
+
 _OUTCOMES = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_UP_FOR_RETRY}
 
 

@@ -8,7 +8,7 @@ runs, with umask 077::
     <python> -I <.../dagster_gpu/slurm/script.py> <manifest.json> <batch id> <manifest sha256>
 
 (run by path in isolated mode so a task starts without importing the ``dagster_gpu`` package; only
-stdlib is needed; a requeued attempt runs :data:`REQUEUE_MODULE` before the step)
+stdlib is needed; a requeued attempt first runs the entry's ``requeue_module``, which the Slurm backend names)
 which reads entry ``tasks[SLURM_ARRAY_TASK_ID]`` of the manifest and ``exec``s its ``argv`` with its
 ``env`` on top of the job's environment. So a partition key or file name only ever travels as JSON data
 and as an argv element, and no shell parses it.
@@ -25,7 +25,8 @@ Manifest (JSON, mode 0600, written atomically; format unchanged by the checks ab
 
     {"version": 1, "batch": "<id>", "env_files": ["/home/u/.dagster-gpu.env"],
      "tasks": [{"launch_id": "...", "run_id": "...", "step_key": "...", "covers": "3 partitions 'a'…'c'",
-                "argv": ["python", "-m", "dagster", "api", "execute_step"], "env": {"K": "V"}}, ...]}
+                "argv": ["python", "-m", "dagster", "api", "execute_step"], "env": {"K": "V"},
+                "requeue_module": "dagster_gpu.slurm.requeue"}, ...]}
 
 Secrets: the manifest holds none. The PostgreSQL password reaches the worker either through the job's
 environment (``sbatch`` exports the submitter's environment; the instance config refers to it as
@@ -67,11 +68,6 @@ JOB_SCRIPT_SHA256 = trust.sha256_hex(JOB_SCRIPT.encode())
 
 #: This file, passed to the job script as its second argument.
 RUNNER = str(Path(__file__).resolve())
-#: What a requeued attempt runs before the step (with the worker's interpreter): it skips a step that
-#: already recorded its outcome and reruns any other (the Slurm backend's side, which reads Dagster's
-#: event log; this file imports nothing beyond the standard library).
-REQUEUE_MODULE = "dagster_gpu.slurm.requeue"
-
 #: Exit status of an array task that refused to start (bad or untrusted manifest, env file).
 REFUSED_EXIT = 3
 
@@ -245,9 +241,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
     cmd = list(entry["argv"])
-    if restarts > 0 and "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS" in env:
-        # a requeued attempt: the worker's interpreter first checks the run's event log (REQUEUE_MODULE)
-        cmd = [cmd[0], "-m", REQUEUE_MODULE, str(entry.get("step_key") or ""), "--", *cmd]
+    requeue_module = entry.get("requeue_module")
+    if restarts > 0 and requeue_module and "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS" in env:
+        # a requeued attempt: the worker's interpreter first runs the module the Slurm backend named, which
+        # skips a step that already recorded its outcome (it reads Dagster's event log; this file imports
+        # nothing beyond the standard library)
+        cmd = [cmd[0], "-m", str(requeue_module), str(entry.get("step_key") or ""), "--", *cmd]
     os.execvpe(cmd[0], cmd, env)
     return 127  # pragma: no cover
 
