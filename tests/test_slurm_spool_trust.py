@@ -365,7 +365,7 @@ def test_slurm_array_task_refuses_a_swapped_manifest_and_logs_are_private(tmp_pa
     from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
 
     backend = SlurmBackend(SlurmSettings(slurm_conf=H.slurm_conf(), spool_dir=str(sp.root), settle_wait_seconds=0))
-    handle = {"array_job_id": swapped.array_job_id, "array_task_id": 0, "submitted_at": swapped.submitted_at,
+    handle = {"array_job_id": swapped.array_job_id, "array_task_id": 0, "batch": swapped.batch, "submitted_at": swapped.submitted_at,
               "log_file": swapped.log_file}  # fmt: skip
     st = backend.state(handle)
     assert st.status == WorkerStatus.FAILED, st  # (exit code: from sacct, which may not have it yet)
