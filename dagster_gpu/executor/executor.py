@@ -32,17 +32,12 @@ from dagster._core.execution.tags import get_tag_concurrency_limits_config
 from dagster._core.executor.step_delegating import StepDelegatingExecutor
 
 from dagster_gpu.local.backend import config_field as local_config_field
-from dagster_gpu.executor.registry import REMOTE_BACKEND_MODULES, remote_backend_module
+from dagster_gpu.executor.registry import REMOTE_BACKENDS
 from dagster_gpu.executor.step_handler import GpuStepHandler
 
 
 def _remote_fields() -> dict[str, dg.Field]:
-    fields = {}
-    for name in REMOTE_BACKEND_MODULES:
-        module = remote_backend_module(name)
-        field = getattr(module, "config_field", None) if module else None
-        fields[name] = field() if field else dg.Field(dg.Permissive(), is_required=False, description=f"{name} backend settings")
-    return fields
+    return {name: module.config_field() for name, module in REMOTE_BACKENDS.items()}
 
 
 GPU_EXECUTOR_CONFIG = {
