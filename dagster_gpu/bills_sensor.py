@@ -6,8 +6,8 @@ minutes while the run ends, so ``sacct`` fails; a run worker killed first — wa
 process's sweep", which never comes when no other run uses the same spool or namespace (measured:
 ``bench/faults.py`` with slurmdbd down across the end of a 40-partition backfill left 4 Slurm units unbilled).
 This sensor is that next process: each tick it sweeps every remote backend of the executor config
-(``Backend.unsettled()`` -> accounting -> release -> one observation per partition), so a bill lands once
-the scheduler has it, whether or not another run ever comes. Exactly one bill per unit: ``release`` decides.
+(``Backend.unsettled()`` -> accounting -> elect_bill_writer -> one observation per partition), so a bill lands once
+the scheduler has it, whether or not another run ever comes. Exactly one bill per unit: ``elect_bill_writer`` decides.
 """
 
 from __future__ import annotations

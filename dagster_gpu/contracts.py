@@ -24,7 +24,7 @@ A work unit's life on a backend, and who calls what:
    b. ``accounting(handle) -> UnitBill | None``: what the scheduler billed the unit (read only); None
       while it has not billed it yet (sacct lags the task's end, slurmdbd is down): the settler asks
       again on its next pass, or another process's settler does later (``unsettled``);
-   c. ``release(handle) -> bool``: the end-of-unit cleanup that also decides who writes the bill: True
+   c. ``elect_bill_writer(handle) -> bool``: the end-of-unit cleanup that also decides who writes the bill: True
       for exactly one caller across processes (Kubernetes: the graceful delete of the pod with its UID
       precondition; Slurm: an O_EXCL marker in the spool; local: the launching process, the only one
       that can bill its worker);
@@ -245,7 +245,7 @@ class Backend(ABC):
         yet. The default: no scheduler accounting (the worker's measured bill is all there is)."""
         return UnitBill.nothing(f"the {self.name} backend has no scheduler accounting")
 
-    def release(self, handle: Handle) -> bool:
+    def elect_bill_writer(self, handle: Handle) -> bool:
         """Clean up after the ended unit once its bill was read; True for exactly one caller across
         processes: that caller writes the bill. The default: nothing to clean up, always True."""
         return True

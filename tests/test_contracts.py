@@ -48,7 +48,7 @@ def test_backend_defaults_bill_nothing_and_release_to_the_caller():
     b = _Minimal()
     bill = b.accounting({"id": 1})
     assert bill.empty and bill.metadata == {} and bill.note == "the minimal backend has no scheduler accounting"
-    assert b.release({"id": 1}) is True and list(b.unsettled()) == [] and b.handle_metadata({"id": 1}) == {"id": 1}
+    assert b.elect_bill_writer({"id": 1}) is True and list(b.unsettled()) == [] and b.handle_metadata({"id": 1}) == {"id": 1}
 
 
 def test_unit_rate_is_the_bills_own_rate_else_its_rate_table():

@@ -1,5 +1,5 @@
 """The backend contract after a worker ends, without a cluster: ``state`` only reads, ``accounting`` returns
-the scheduler's bill, ``release`` lets exactly one caller write it, and the settler drives them.
+the scheduler's bill, ``elect_bill_writer`` lets exactly one caller write it, and the settler drives them.
 
 Slurm runs on a client that answers squeue/sacct with outputs recorded on the local cluster
 (``tests/data/slurm``); Kubernetes on a fake API holding one pod object.
@@ -101,7 +101,7 @@ def test_slurm_state_of_an_ended_task_has_no_side_effect_and_accounting_returns_
     assert bill.metadata["billing/source"] == "sacct" and bill.metadata["slurm/state"] == "COMPLETED"
     assert unit_rate(bill, None) == 3.6 and bill.env["TASK"] == "0"
     assert backend.accounting(h) == bill  # reading again changes nothing
-    assert backend.release(h) is True and backend.release(h) is False  # exactly one writer
+    assert backend.elect_bill_writer(h) is True and backend.elect_bill_writer(h) is False  # exactly one writer
     assert (backend.spool.batch_dir(batch) / "reconciled" / "0.json").exists()
 
 
@@ -295,8 +295,8 @@ def test_k8s_state_of_an_ended_pod_deletes_nothing_and_accounting_returns_its_po
     assert bill.metadata["billing/source"] == "pod-interval" and bill.metadata["k8s/resource_claim"] == "p-gpu-x"
     assert bill.metadata["k8s/allocated_devices"] == "gpu.nvidia.com/gpu-node-0/gpu-1"
     assert bill.match == ("k8s/pod", "p") and bill.env == {"TASK": "pod"}
-    assert b.release(HANDLE) is True and kube.deleted == ["p"]
-    assert b.release(HANDLE) is False and kube.deleted == ["p"]
+    assert b.elect_bill_writer(HANDLE) is True and kube.deleted == ["p"]
+    assert b.elect_bill_writer(HANDLE) is False and kube.deleted == ["p"]
     assert b.state(HANDLE) == first and b.accounting(HANDLE) == bill  # remembered after the pod is gone
 
 
@@ -355,7 +355,7 @@ def test_local_backend_bills_its_worker_process_once_and_only_in_the_launching_p
     assert (bill.metadata["billing/source"], bill.metadata["local/unit"], bill.match) == ("process", h["unit"], ("local/unit", h["unit"]))
     assert bill.env == {"DAGSTER_GPU_STEP_CONTEXT": ctx, "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS": "x"}  # no other variable
     assert bill.rates == {"cpu": 0.05, "default": 1.0} and bill.device_type == (None if list_gpus() else "cpu")
-    assert backend.release(h) is True and backend.release(h) is False  # once
+    assert backend.elect_bill_writer(h) is True and backend.elect_bill_writer(h) is False  # once
     assert backend.accounting(h).empty  # released: nothing left to bill here
     assert LocalBackend(tmp_path).accounting(h).empty  # another process cannot bill it
 

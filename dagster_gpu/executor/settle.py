@@ -7,11 +7,11 @@ the backend contract (``dagster_gpu.contracts``), in this order:
    its scheduler still holds it) is terminated first (``Backend.terminate``), once;
 2. ``Backend.accounting(handle)``: the scheduler's bill, or None while it has not billed yet (sacct lags the
    task's end; slurmdbd is down): the unit stays tracked and is asked again on the next pass;
-3. ``Backend.release(handle)``: the end-of-unit cleanup (the Kubernetes pod's graceful delete with its UID
+3. ``Backend.elect_bill_writer(handle)``: the end-of-unit cleanup (the Kubernetes pod's graceful delete with its UID
    precondition; the Slurm spool's O_EXCL marker); True for exactly one caller across processes;
 4. that caller writes the bill with :class:`~dagster_gpu.executor.observations.ObservationWriter`: one
    AssetObservation per partition of the unit (``billing/source``: ``sacct`` or ``pod-interval``), one
-   storage batch. A write that fails after the release (the Dagster storage restarting at that moment)
+   storage batch. A write that fails after the election (the Dagster storage restarting at that moment)
    keeps the bill in this settler, which tracks the unit and writes it on its next pass; only this
    process's death in between loses it.
 
@@ -22,7 +22,7 @@ and, every 5 s, the units that ``Backend.unsettled()`` lists (ended units of any
 that nobody settled: a run worker exited or was killed first). At interpreter exit, :meth:`Settler.finish`
 waits up to each backend's ``settle_wait_s`` for the units it launched to end and be billed; what is still
 not billed then (a long sacct lag, slurmdbd down) is settled later by another process's sweep. Exactly one
-bill per unit across processes: ``release`` decides.
+bill per unit across processes: ``elect_bill_writer`` decides.
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ class Settler:
                     bill = backend.accounting(handle)
                     if bill is None:
                         return False
-                    if not backend.release(handle) or bill.empty:
+                    if not backend.elect_bill_writer(handle) or bill.empty:
                         return True
                 self._owed[key] = bill  # until written: released here, nobody else will write it
                 n = self._write(bill)

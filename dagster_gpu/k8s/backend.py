@@ -22,7 +22,7 @@ Health (:meth:`KubernetesBackend.state`, which only reads the pod, its events an
 
 A terminal state is remembered with the pod's end facts (running interval, claim, allocated devices,
 worker environment), so it still answers after the pod is gone. Accounting (:meth:`KubernetesBackend.accounting`)
-is the pod-interval bill from those facts; :meth:`KubernetesBackend.release` deletes the ended pod
+is the pod-interval bill from those facts; :meth:`KubernetesBackend.elect_bill_writer` deletes the ended pod
 gracefully with its UID precondition (``delete_finished_pods``), and the one process whose delete succeeded
 writes the bill. The settler (:mod:`dagster_gpu.executor.settle`) calls them, and settles ended pods of any
 orchestrating process (:meth:`KubernetesBackend.unsettled`).
@@ -126,7 +126,7 @@ class KubernetesBackend(Backend):
             tolerated right after launch) before the step fails; an image pull in progress (``Pulling``
             event, no ``Pulled`` yet) does not count, and the clock starts again at ``Pulled``.
         image_pull_timeout_s: seconds one image pull may run before the step fails.
-        delete_finished_pods: :meth:`release` deletes a pod once it ended and its interval was read.
+        delete_finished_pods: :meth:`elect_bill_writer` deletes a pod once it ended and its interval was read.
         rates: the kubernetes rate table (USD per GPU-hour) for the pod-interval bill.
         settle_wait_s: when the orchestrating process exits, the settler waits at most this long for the
             pods it launched to end, so each is billed and deleted. A pod still running then is left alone
@@ -372,7 +372,7 @@ class KubernetesBackend(Backend):
             env=facts["env"],
         )
 
-    def release(self, handle: Handle) -> bool:
+    def elect_bill_writer(self, handle: Handle) -> bool:
         """With ``delete_finished_pods``, the graceful delete of the ended pod with its UID precondition:
         True for the one process whose delete succeeded (it writes the bill). Without it, True once per
         process. The template goes with the pod (owner reference), the claim is released by the pod's end."""
@@ -388,7 +388,7 @@ class KubernetesBackend(Backend):
     def unsettled(self) -> list[Handle]:
         """Ended dagster-gpu pods in the namespace, of any orchestrating process, that ended more than
         ``sweep_grace_s`` ago and that this process has not released (their own process may have exited
-        first). Exactly one process bills each: :meth:`release` decides."""
+        first). Exactly one process bills each: :meth:`elect_bill_writer` decides."""
         if self.sweep_grace_s < 0:
             return []
         out = []

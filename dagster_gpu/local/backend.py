@@ -219,7 +219,7 @@ class LocalBackend(Backend):
             return "cpu"
         return products.pop() if len(products) == 1 else None
 
-    def release(self, handle: Handle) -> bool:
+    def elect_bill_writer(self, handle: Handle) -> bool:
         """True once per unit, for this process (the only one that can bill it)."""
         return self._bill_env.pop(LocalHandle.from_handle(handle).unit, None) is not None
 

@@ -3,7 +3,7 @@
 - :func:`task_bill`: the :class:`~dagster_gpu.contracts.UnitBill` of one array task from its
   sacct records (every attempt; figures from the pure :func:`dagster_gpu.slurm.sacct_bill.sacct_figures`,
   ``billing/source: sacct``), priced at the slurm rate table the task's step context carries.
-- :func:`claim_task`: exactly one process writes a task's bill: the one that creates its O_EXCL marker
+- :func:`elect_task_bill_writer`: exactly one process writes a task's bill: the one that creates its O_EXCL marker
   ``<batch>/reconciled/<task>.json``; when every task of the array has one, ``reconciled/all`` stops the
   sweep from reading that array again.
 - :func:`unsettled_tasks`: tasks of finished job arrays (``done``) that have no marker yet, whoever launched
@@ -90,7 +90,7 @@ def task_env(spool: Spool, batch: str, task_id: int) -> Mapping[str, str] | None
     return dict(tasks[task_id].get("env") or {}) if 0 <= task_id < len(tasks) else None
 
 
-def claim_task(spool: Spool, batch: str, task_id: int) -> bool:
+def elect_task_bill_writer(spool: Spool, batch: str, task_id: int) -> bool:
     """Create the task's marker; True for exactly one caller across processes (it writes the bill)."""
     bdir = spool.batch_dir(batch)
     if not create_exclusive(bdir / "reconciled" / f"{task_id}.json", {"at": time.time()}):

@@ -60,7 +60,7 @@ sacct-requested``); on Slurm >= 23.02 the steps' ``gres/gpuutil``/``gres/gpumem`
 The step worker's metadata (``slurm/job_id``, ``slurm/array_job_id``, ``slurm/array_task_id``) comes from
 Slurm's environment in the worker. ``state`` only reads (one shared squeue + sacct poll). After the task
 ends, :meth:`SlurmBackend.accounting` is its sacct bill (every attempt; None until sacct has the final
-record and squeue no longer runs it) and :meth:`SlurmBackend.release` its spool marker, so exactly one
+record and squeue no longer runs it) and :meth:`SlurmBackend.elect_bill_writer` its spool marker, so exactly one
 process writes it (:mod:`dagster_gpu.slurm.accounting`); the settler
 (:mod:`dagster_gpu.executor.settle`) calls them, waits up to ``settle_wait_seconds`` at the orchestrating
 process's exit, and settles other processes' finished tasks from the spool (:meth:`SlurmBackend.unsettled`).
@@ -86,7 +86,7 @@ from typing import Any, Mapping
 import dagster as dg
 
 from dagster_gpu.contracts import TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, with_step_context
-from dagster_gpu.slurm.accounting import claim_task, step_gpu_usage, task_bill, task_env, unsettled_tasks
+from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
 from dagster_gpu.settings import config_field as settings_config_field
 from dagster_gpu.settings import apply_renamed, from_section, renamed, setting
 from dagster_gpu.log_tail import log_tail
@@ -532,10 +532,10 @@ class SlurmBackend(Backend):
                 self._step_usage[aid] = cached
             return mine(cached[1])
 
-    def release(self, handle: Handle) -> bool:
+    def elect_bill_writer(self, handle: Handle) -> bool:
         """The task's spool marker (O_EXCL): True for the one process that writes its bill."""
         h = SlurmHandle.from_handle(handle)
-        return claim_task(self.spool, h.batch, h.array_task_id)
+        return elect_task_bill_writer(self.spool, h.batch, h.array_task_id)
 
     def unsettled(self) -> list[Handle]:
         """Tasks of finished job arrays in the spool (any process's) whose bill nobody wrote, as handles;
