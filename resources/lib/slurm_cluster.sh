@@ -193,3 +193,23 @@ restart_ctld_and_slurmd() {
   start_slurmctld
   start_slurmd
 }
+
+# cmd_status: each daemon's pid (from our pid files), then the node's state and sinfo; returns 0 only when
+# every daemon runs and sinfo answers.
+cmd_status() {
+  dg_quiet
+  local ok=0 n c
+  for n in munged:munged mariadbd:mariadbd slurmdbd:slurmdbd slurmctld:slurmctld slurmd:slurmd; do
+    c="${n#*:}"; n="${n%%:*}"
+    if alive "$n" "$c"; then
+      echo "$n: running (pid $(cat "$(pidfile "$n")"))"
+    else
+      echo "$n: not running"; ok=1
+    fi
+  done
+  if ((ok == 0)); then
+    echo "node $HOST: $(node_state)"
+    sinfo -o '%P %a %D %T %G' || ok=1
+  fi
+  return $ok
+}

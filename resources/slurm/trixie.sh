@@ -319,24 +319,6 @@ cmd_stop() {
   return 0
 }
 
-cmd_status() {
-  dg_quiet
-  local ok=0 n c
-  for n in munged:munged mariadbd:mariadbd slurmdbd:slurmdbd slurmctld:slurmctld slurmd:slurmd; do
-    c="${n#*:}"; n="${n%%:*}"
-    if alive "$n" "$c"; then
-      echo "$n: running (pid $(cat "$(pidfile "$n")"))"
-    else
-      echo "$n: not running"; ok=1
-    fi
-  done
-  if ((ok == 0)); then
-    echo "node $HOST: $(node_state)"
-    sinfo -o '%P %a %D %T %G' || ok=1
-  fi
-  return $ok
-}
-
 case "${1:-}" in
   bootstrap) cmd_bootstrap ;;
   start) cmd_start ;;
