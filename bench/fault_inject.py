@@ -54,7 +54,7 @@ K8S_SH = REPO / "resources" / "k8s" / "cluster.sh"
 PG_SH = REPO / "resources" / "postgres" / "postgres.sh"
 #: the image of ``image_pull_fail``: a tag nobody pushed (the node agent's registry does not have it)
 MISSING_IMAGE = "registry.example.com/ml/dagster-gpu:2026.12-does-not-exist"
-#: run tags of the run faults (dagster_gpu.request: run tags named dagster-gpu/* override the step's request)
+#: run tags of the run faults (dagster_gpu.core.request: run tags named dagster-gpu/* override the step's request)
 RUN_FAULT_TAGS = {
     "image_pull_fail": {"dagster-gpu/backend": "kubernetes"},
     "dra_prepare_fail": {"dagster-gpu/backend": "kubernetes", "dagster-gpu/shared-ok": "true"},
@@ -344,7 +344,7 @@ class Injector:
 
     def _workers(self) -> list[dict]:
         """Running step workers of this benchmark's runs (Slurm tasks and the node agent's pods both run here)."""
-        from dagster_gpu.step_args import step_args_from_env
+        from dagster_gpu.instance.step_args import step_args_from_env
 
         try:
             ours = self.ctx.our_run_ids()

@@ -47,7 +47,7 @@ import dagster as dg  # noqa: E402
 import psutil  # noqa: E402
 from dagster._core.execution.backfill import BulkActionStatus  # noqa: E402
 
-from dagster_gpu.backfill import BackfillRuns, DaemonProcess, backfill_progress, submit_asset_backfill  # noqa: E402
+from dagster_gpu.commands.backfill import BackfillRuns, DaemonProcess, backfill_progress, submit_asset_backfill  # noqa: E402
 import k8s_backfill  # noqa: E402
 from fault_inject import InjectContext, Injector  # noqa: E402
 from fault_inject import MISSING_IMAGE  # noqa: E402
@@ -284,7 +284,7 @@ def leaks(instance, spool: Path, slurm, extra_job_ids: list[int]) -> dict[str, l
     """What this benchmark left behind: Slurm jobs not final (its job arrays and preemptor jobs), pods,
     ResourceClaims and ResourceClaimTemplates labelled with one of its runs, spool files (pending launches,
     unread results, job arrays never marked done) and step-worker processes of its runs."""
-    from dagster_gpu.step_args import step_args_from_env
+    from dagster_gpu.instance.step_args import step_args_from_env
     from dagster_gpu.k8s import manifests as m
     from tests.k8s_helpers import executor_api, labelled
 
@@ -460,7 +460,7 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
     end_states = retrying(lambda: backfill_end_states(instance, bid, pdef), "backfill states")
 
     # ------------------------------------------------------------------ recovery by the schedule
-    from dagster_gpu.partition_status import partitions_to_rerun
+    from dagster_gpu.instance.partition_status import partitions_to_rerun
 
     todo = retrying(lambda: partitions_to_rerun(instance, asset), "partitions_to_rerun")
     say(f"after the backfill: {len(todo)} partition(s) to rerun: {todo[:10]}")

@@ -8,7 +8,7 @@ records separated by ``%`` lines; as ``pipelines/demo.py`` reads them). Steps, a
 1. embed every record (all-MiniLM-L6-v2, :class:`dagster_gpu.embedding.encoder.Encoder`, normalised float32);
    the first 200 (``--queries``) records' first lines, embedded the same way, are the queries;
 2. **baseline**: write each file's rows as the embedding asset's parquet output (the real writer) — rows/s;
-3. **index**: load each output into LanceDB as the index asset does (:func:`dagster_gpu.index.asset.load_partition`:
+3. **index**: load each output into LanceDB as the index asset does (:func:`dagster_gpu.definitions.vector_index.load_partition`:
    read the parquet, one ``merge_insert`` commit per partition) — rows/s and the ratio to the baseline
    (``index.load_rows_per_s_ratio_vs_parquet``: the index is an extra pass over the data, so < 1);
 4. build the ANN index (``IVF_HNSW_SQ``, cosine, ``sqrt(rows)`` IVF lists), then for each query the top 10 by
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     from dagster_gpu.embedding.encoder import Encoder
     from dagster_gpu.embedding.model import load_model
     from dagster_gpu.embedding.writer import AtomicParquetWriter, lineage_metadata, output_schema, output_table
-    from dagster_gpu.index.asset import load_partition
+    from dagster_gpu.definitions.vector_index import load_partition
     from dagster_gpu.index.lance import VectorIndex
     from dagster_gpu.index.rows import ivf_partitions, recall_at_k
     import hashlib

@@ -34,7 +34,7 @@ sys.path[:0] = [str(REPO)]
 
 import dagster as dg  # noqa: E402
 
-from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill  # noqa: E402
+from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill  # noqa: E402
 from tests.conftest import pg_settings  # noqa: E402
 
 PIPELINE = REPO / "tests" / "k8s_pipeline.py"

@@ -36,7 +36,7 @@ import dagster as dg  # noqa: E402
 import slurm_helpers as H  # noqa: E402
 from make_corpus import make_corpus  # noqa: E402
 
-from dagster_gpu.connections import hold_storage_connections  # noqa: E402
+from dagster_gpu.instance.connections import hold_storage_connections  # noqa: E402
 from slurm_backfill import tree_rss  # noqa: E402
 from summary import merge_summary  # noqa: E402
 
@@ -112,7 +112,7 @@ def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_
     import ranged_pipeline
 
     importlib.reload(ranged_pipeline)
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
 
     asset = ranged_pipeline.ranged_embeddings
     pdef = asset.partitions_def.name

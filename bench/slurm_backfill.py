@@ -42,7 +42,7 @@ import dagster as dg  # noqa: E402
 from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter  # noqa: E402
 
 import slurm_helpers as H  # noqa: E402
-from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill  # noqa: E402
+from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill  # noqa: E402
 from dagster_gpu.slurm.client import SlurmClient  # noqa: E402
 
 

@@ -10,7 +10,7 @@ Public API:
     __version__             the installed distribution's version (``importlib.metadata``)
 
 The names are imported on first use (PEP 562 ``__getattr__``), so that worker-side modules such as
-``dagster_gpu.worker.supervise`` and the embedding pipeline import without Dagster; the ``TYPE_CHECKING``
+``dagster_gpu.local.supervise`` and the embedding pipeline import without Dagster; the ``TYPE_CHECKING``
 block below gives type checkers and IDEs the same names with their types. ``__version__`` raises
 ``importlib.metadata.PackageNotFoundError`` when the package runs from sources that were never installed.
 """
@@ -21,21 +21,21 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dagster_gpu.assets import embedding_asset as embedding_asset
+    from dagster_gpu.definitions.assets import embedding_asset as embedding_asset
     from dagster_gpu.billing.ratecard import RateCard as RateCard
-    from dagster_gpu.bills_sensor import unit_bills_sensor as unit_bills_sensor
+    from dagster_gpu.definitions.bills_sensor import unit_bills_sensor as unit_bills_sensor
     from dagster_gpu.corpus.listing import CorpusFile as CorpusFile, CorpusSource as CorpusSource
     from dagster_gpu.corpus.readers import TextFormat as TextFormat
     from dagster_gpu.embedding.chunking import TokenChunks as TokenChunks
     from dagster_gpu.executor.executor import gpu_executor as gpu_executor
     from dagster_gpu.policy.placement import Alternative as Alternative, Placement as Placement
-    from dagster_gpu.request import GpuRequest as GpuRequest
-    from dagster_gpu.sensors import (
+    from dagster_gpu.core.request import GpuRequest as GpuRequest
+    from dagster_gpu.definitions.sensors import (
         asset_job as asset_job,
         backfill_missing_schedule as backfill_missing_schedule,
         corpus_sensor as corpus_sensor,
     )
-    from dagster_gpu.source_versions import corpus_source as corpus_source
+    from dagster_gpu.instance.source_versions import corpus_source as corpus_source
 
     __version__: str
 
@@ -45,18 +45,18 @@ _EXPORTS = {
     "Alternative": "dagster_gpu.policy.placement",
     "CorpusFile": "dagster_gpu.corpus.listing",
     "CorpusSource": "dagster_gpu.corpus.listing",
-    "GpuRequest": "dagster_gpu.request",
+    "GpuRequest": "dagster_gpu.core.request",
     "Placement": "dagster_gpu.policy.placement",
     "RateCard": "dagster_gpu.billing.ratecard",
     "TextFormat": "dagster_gpu.corpus.readers",
     "TokenChunks": "dagster_gpu.embedding.chunking",
-    "asset_job": "dagster_gpu.sensors",
-    "backfill_missing_schedule": "dagster_gpu.sensors",
-    "corpus_sensor": "dagster_gpu.sensors",
-    "corpus_source": "dagster_gpu.source_versions",
-    "embedding_asset": "dagster_gpu.assets",
+    "asset_job": "dagster_gpu.definitions.sensors",
+    "backfill_missing_schedule": "dagster_gpu.definitions.sensors",
+    "corpus_sensor": "dagster_gpu.definitions.sensors",
+    "corpus_source": "dagster_gpu.instance.source_versions",
+    "embedding_asset": "dagster_gpu.definitions.assets",
     "gpu_executor": "dagster_gpu.executor.executor",
-    "unit_bills_sensor": "dagster_gpu.bills_sensor",
+    "unit_bills_sensor": "dagster_gpu.definitions.bills_sensor",
 }
 
 __all__ = sorted(_EXPORTS)

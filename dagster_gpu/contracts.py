@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 if TYPE_CHECKING:  # annotations only: no import of the rest of the package at run time
     from dagster_gpu.policy.placement import Placement
     from dagster_gpu.policy.snapshot import BackendState
-    from dagster_gpu.request import GpuRequest
+    from dagster_gpu.core.request import GpuRequest
 
 #: The environment variable that carries the step context (``dagster_gpu.worker.context.StepContext`` as JSON)
 #: from the executor to the step worker; each backend passes it on to the worker's environment.
@@ -103,7 +103,7 @@ class StepLaunch:
         env: environment for the worker: ``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS`` and
             ``DAGSTER_GPU_STEP_CONTEXT`` (JSON, see ``dagster_gpu.worker.context``). Contains no secret
             in clear text; secrets are passed by reference (env var names, Secret refs).
-        request: the step's GPU request (:class:`dagster_gpu.request.GpuRequest`).
+        request: the step's GPU request (:class:`dagster_gpu.core.request.GpuRequest`).
         placement: where and why (:class:`dagster_gpu.policy.placement.Placement`).
         tags: the run's tags.
         launches_to_come: for a backend that coalesces launches (``Backend.coalesces_launches``), how

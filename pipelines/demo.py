@@ -131,8 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         args.backend, args.home.resolve(), os.environ.get(WORKER_PYTHON_ENV) if args.slurm_version != DEFAULT_SLURM_VERSION else None)}}
 
     import dagster as dg
-    from dagster_gpu.cli_common import console as make_console
-    from dagster_gpu.report import run_backfill_with_progress
+    from dagster_gpu.commands.common import console as make_console
+    from dagster_gpu.commands.progress import run_backfill_with_progress
     from pipelines.definitions import defs, fortune_corpus, fortune_embeddings, fortune_index
 
     console = make_console()
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     span = time.time() - t0
     if args.summary_json:
-        from dagster_gpu.report import useful_fraction
+        from dagster_gpu.commands.progress import useful_fraction
 
         args.summary_json.write_text(json.dumps({
             "partitions": len(rows), "ok": sum(r.ok for r in rows), "span_s": round(span, 1),
@@ -182,8 +182,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def observe_corpus(instance, files) -> int:
     """Record one observation of the corpus asset per file whose source version differs from the one last
-    observed (as a corpus sensor tick does: :func:`dagster_gpu.source_versions.observations`); returns how many."""
-    from dagster_gpu.source_versions import corpus_asset_key, observations, observed_versions
+    observed (as a corpus sensor tick does: :func:`dagster_gpu.instance.source_versions.observations`); returns how many."""
+    from dagster_gpu.instance.source_versions import corpus_asset_key, observations, observed_versions
     from pipelines.definitions import fortune_embeddings
 
     key = corpus_asset_key(fortune_embeddings.key)
@@ -196,8 +196,8 @@ def observe_corpus(instance, files) -> int:
 def index_backfill(instance, defs, index_asset, keys, args, run_config, console) -> int:
     """A backfill of ``index_asset`` over ``keys`` (the embedded partitions), the daemon running until it ends;
     prints the index's rows and the backfill's outcome. Returns the number of partitions not indexed."""
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
-    from dagster_gpu.index.asset import META_EMBEDDINGS, META_TABLE, META_URI
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
+    from dagster_gpu.definitions.vector_index import META_EMBEDDINGS, META_TABLE, META_URI
     from dagster_gpu.index.lance import VectorIndex
 
     t0 = time.time()

@@ -15,8 +15,8 @@ from pathlib import Path
 import dagster as dg
 
 from dagster_gpu import CorpusSource, GpuRequest, TextFormat, corpus_source, embedding_asset, gpu_executor
-from dagster_gpu.index.asset import vector_index_asset
-from dagster_gpu.sensors import corpus_sensor
+from dagster_gpu.definitions.vector_index import vector_index_asset
+from dagster_gpu.definitions.sensors import corpus_sensor
 
 ROOT = Path(os.environ.get("DAGSTER_GPU_IXE_DIR", "/nonexistent"))
 corpus = CorpusSource(url=str(ROOT / "corpus"), text_format=TextFormat(format="text", record_separator_line="%"))

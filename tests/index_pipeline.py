@@ -6,7 +6,7 @@ from pathlib import Path
 import dagster as dg
 
 from dagster_gpu import CorpusSource, TextFormat, embedding_asset
-from dagster_gpu.index.asset import vector_index_asset
+from dagster_gpu.definitions.vector_index import vector_index_asset
 
 ROOT = Path(os.environ.get("DAGSTER_GPU_INDEX_TEST_DIR", "/tmp/dagster-gpu-index-test"))
 emb = embedding_asset(name="emb", corpus=CorpusSource(url=str(ROOT / "corpus"), text_format=TextFormat()),

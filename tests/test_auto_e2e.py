@@ -62,7 +62,7 @@ def _cheapest(md: dict, backend: str) -> dict:
 # GresUsed, --test-only) runs on 24.11 in test_slurm_e2e's policy_state test and on the recorded 24.11 outputs.
 @pytest.mark.parametrize("slurm_cluster", [pytest.param("22.05", id="slurm-22.05")], indirect=True)
 def test_auto_backfill_puts_whole_gpus_on_slurm_and_mig_steps_on_kubernetes(instance, tmp_path):
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
     from tests import auto_pipeline as p
 
     keys = p.KEYS[:3]

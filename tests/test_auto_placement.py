@@ -11,7 +11,7 @@ from dagster_gpu.executor.auto import gather_snapshot, step_size
 from dagster_gpu.local.backend import LocalBackend
 from dagster_gpu.policy import choose_placement
 from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
-from dagster_gpu.request import TAG_CORPUS_URL, GpuRequest
+from dagster_gpu.core.request import TAG_CORPUS_URL, GpuRequest
 
 
 class _Handler:

@@ -7,7 +7,7 @@ import dagster as dg
 from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus
 from dagster._core.storage.tags import BACKFILL_ID_TAG
 
-from dagster_gpu.backfill import submit_asset_backfill
+from dagster_gpu.commands.backfill import submit_asset_backfill
 from dagster_gpu.executor.backfill_hint import launches_to_come, run_queue_slots
 
 parts = dg.StaticPartitionsDefinition([f"p{i}" for i in range(10)])

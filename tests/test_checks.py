@@ -15,7 +15,7 @@ import pyarrow.parquet as pq
 from dagster._core.instance_for_test import instance_for_test
 
 from dagster_gpu import CorpusSource, TextFormat, embedding_asset
-from dagster_gpu.checks import (
+from dagster_gpu.instance.checks import (
     CHECKS, HASH_PER_RECORD_ID, OUTPUT_READABLE, RECHECK, ROWS_MATCH_RECORDS, VECTOR_DIM, VECTORS_FINITE,
     OutputFacts, check_evaluations, check_outputs, check_specs, evaluate, read_facts, recheck_asset_check,
     verify_output,
@@ -252,7 +252,7 @@ def test_failed_partitions_record_failed_checks_with_the_reason(tmp_path):
     (Dagster alone leaves them PLANNED: "in progress" until the run ends, then "execution failed" without a
     reason); the partition that succeeds reads SUCCEEDED in the per-partition status, which needs each
     evaluation to target the partition's materialization."""
-    from dagster_gpu.checks import PARTITION_FAILURE
+    from dagster_gpu.instance.checks import PARTITION_FAILURE
 
     corpus_dir = tmp_path / "corpus"
     corpus_dir.mkdir()

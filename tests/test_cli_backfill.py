@@ -14,12 +14,12 @@ from dagster._core.events import EngineEventData
 from rich.console import Console
 
 from dagster_gpu import CorpusSource, TextFormat, asset_job, embedding_asset
-from dagster_gpu.backfill import PartitionSummary, summarize_partitions, wait_for_bills
-from dagster_gpu.billing.billed import BilledShare, billed_share, unit_of
-from dagster_gpu.cli import main
-from dagster_gpu.failures import failure_detail, first_line, log_location
-from dagster_gpu.partitions import NoCorpus, corpus_of, register_corpus_files, select_partitions
-from dagster_gpu.report import failures_table, print_summary
+from dagster_gpu.commands.backfill import PartitionSummary, summarize_partitions, wait_for_bills
+from dagster_gpu.instance.bills import BilledShare, billed_share, unit_of
+from dagster_gpu.commands.main import main
+from dagster_gpu.instance.failures import failure_detail, first_line, log_location
+from dagster_gpu.definitions.partitions import NoCorpus, corpus_of, register_corpus_files, select_partitions
+from dagster_gpu.commands.progress import failures_table, print_summary
 
 _EVENT = {dg.DagsterRunStatus.FAILURE: "PIPELINE_FAILURE", dg.DagsterRunStatus.STARTED: "PIPELINE_START",
           dg.DagsterRunStatus.SUCCESS: "PIPELINE_SUCCESS", dg.DagsterRunStatus.CANCELED: "PIPELINE_CANCELED"}
@@ -284,7 +284,7 @@ def test_stale_lists_why_and_prune_deletes_the_output_of_the_deleted_file_only(s
 
 def test_a_partition_whose_index_rows_cannot_be_deleted_stays_registered_with_its_output(setup, tmp_path):
     from dagster_gpu.index.lance import VectorIndex
-    from dagster_gpu.partitions import prune_partitions
+    from dagster_gpu.definitions.partitions import prune_partitions
 
     corpus, asset, _defs, _module = setup
     out = tmp_path / "out" / "c_embeddings"

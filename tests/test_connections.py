@@ -6,7 +6,7 @@ from __future__ import annotations
 import dagster as dg
 import sqlalchemy
 
-from dagster_gpu.connections import hold_storage_connections
+from dagster_gpu.instance.connections import hold_storage_connections
 
 
 def _connections_opened(instance: dg.DagsterInstance, queries: int) -> int:

@@ -8,7 +8,7 @@ import sys
 from dagster_gpu.contracts import Backend, StepLaunch, UnitBill, WorkerState, WorkerStatus, describe_partitions
 from dagster_gpu.executor.observations import unit_rate
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 
 
 def test_importing_the_contract_imports_no_dagster():

@@ -76,7 +76,7 @@ def test_worker_killed_without_outcome_fails_step_with_exit_code(env):
 
 def test_ui_terminate_kills_worker_process_group(env, tmp_path):
     """Terminate as the UI does it (run coordinator -> run launcher -> run worker interrupt -> terminate_step)."""
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill
     from tests.locations import e2e_location as loc
     from tests.test_e2e_local import _workspace
 

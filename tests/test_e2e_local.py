@@ -73,9 +73,9 @@ def _process_bills(instance, asset_key) -> dict[str, list[dict]]:
 def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
     from sentence_transformers import SentenceTransformer
 
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
     from dagster_gpu.embedding.model import resolve_model_path
-    from dagster_gpu.keys import partition_key_for
+    from dagster_gpu.core.partition_keys import partition_key_for
     from tests.locations import e2e_location as loc
 
     loc = importlib.reload(loc)  # the location reads $DAGSTER_GPU_TEST_CORPUS at import; another test may have imported it
@@ -179,13 +179,13 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
             assert summary[o["_partition"]].billed_cost_usd == pytest.approx(o["billing/cost_usd"], abs=1e-15), o
             assert summary[o["_partition"]].bill_source == "process"
     assert bad.billed_cost_usd is not None and bad.billed_cost_usd > 0
-    from dagster_gpu.billing.billed import billed_total
+    from dagster_gpu.instance.bills import billed_total
 
     assert billed_total(summary.values()) == f"{sum(o['billing/cost_usd'] for g in bills.values() for o in g):.6f}"
     starting = instance.get_records_for_run(runs[0].dagster_run.run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING).records
     assert starting and "local/pid" in starting[0].event_log_entry.dagster_event.engine_event_data.metadata
     # the Runs page shows where each partition ran and, once its step measured it, what it cost
-    from dagster_gpu.ranges import run_partition_keys
+    from dagster_gpu.instance.run_ranges import run_partition_keys
 
     for r in runs:
         run = r.dagster_run
@@ -194,7 +194,7 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
         cost = sum(summary[pk].cost_usd for pk in run_keys if summary[pk].ok)  # the run's partitions, added up
         assert float(run.tags["dagster_gpu/cost_usd"]) == pytest.approx(cost, abs=1e-5)
     # each good partition's materialization ran its five blocking output checks, all passed
-    from dagster_gpu.checks import CHECKS
+    from dagster_gpu.instance.checks import CHECKS
 
     for name in CHECKS:
         recs = instance.event_log_storage.get_asset_check_execution_history(

@@ -15,7 +15,7 @@ from dagster._core.definitions.data_version import StaleStatus
 from dagster._utils.test.data_versions import get_stale_status_resolver  # what the UI's stale status runs on
 
 from dagster_gpu import CorpusSource, TextFormat, TokenChunks, embedding_asset
-from dagster_gpu.checks import CHECKS
+from dagster_gpu.instance.checks import CHECKS
 from dagster_gpu.embedding.writer import read_lineage
 from prompt_models import make_prompt_model
 

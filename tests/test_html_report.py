@@ -12,7 +12,7 @@ from dagster._core.events import EngineEventData
 from dagster._core.instance_for_test import instance_for_test
 
 from dagster_gpu import CorpusSource, TextFormat, embedding_asset
-from dagster_gpu.html_report import collect, render_html, report_main, row_from, useful_fraction
+from dagster_gpu.commands.report import collect, render_html, report_main, row_from, useful_fraction
 from dagster_gpu.policy.placement import Alternative, Placement
 
 

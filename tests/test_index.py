@@ -125,8 +125,8 @@ def _embeddings(tmp_path):
 
 
 def test_index_asset_materializes_partitions_and_checks_rows(tmp_path):
-    from dagster_gpu.assets import output_uri_for
-    from dagster_gpu.index.asset import vector_index_asset
+    from dagster_gpu.definitions.assets import output_uri_for
+    from dagster_gpu.definitions.vector_index import vector_index_asset
 
     emb = _embeddings(tmp_path)
     idx = vector_index_asset(emb, uri=str(tmp_path / "lance"), ann_min_rows=10**9)
@@ -205,7 +205,7 @@ def test_demo_code_location_has_the_index_and_search_finds_it(monkeypatch, tmp_p
     monkeypatch.setenv("DAGSTER_GPU_INDEX_URI", str(tmp_path / "lance"))
     monkeypatch.delitem(sys.modules, "pipelines.definitions", raising=False)
     import pipelines.definitions as d
-    from dagster_gpu.index.search import _index_of
+    from dagster_gpu.commands.search import _index_of
 
     assert d.fortune_index.partitions_def == d.fortune_embeddings.partitions_def
     assert d.fortune_index.op.tags["dagster-gpu/gpu-count"] == "0"

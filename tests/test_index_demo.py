@@ -9,7 +9,7 @@ import sys
 import dagster as dg
 import pytest
 
-from dagster_gpu.cli import main
+from dagster_gpu.commands.main import main
 from dagster_gpu.index.lance import VectorIndex
 from tests.conftest import fortune_records
 

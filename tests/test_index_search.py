@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from dagster_gpu.cli import main
+from dagster_gpu.commands.main import main
 from dagster_gpu.embedding.encoder import Encoder
 from dagster_gpu.embedding.model import load_model
-from dagster_gpu.index.asset import load_partition
+from dagster_gpu.definitions.vector_index import load_partition
 from dagster_gpu.index.lance import VectorIndex
-from dagster_gpu.index.search import QueryOptions, choose_fingerprint, embed_query, query_options, SearchError
+from dagster_gpu.commands.search import QueryOptions, choose_fingerprint, embed_query, query_options, SearchError
 from tests.index_helpers import write_output
 
 DOCS = {
@@ -29,7 +29,7 @@ def model():
 
 
 def _index(root: Path, model, fingerprints=("fp1-minilm", "fp1-minilm"), revision=None) -> VectorIndex:
-    from dagster_gpu.assets import output_uri_for
+    from dagster_gpu.definitions.assets import output_uri_for
 
     enc = Encoder(model.model, 8)
     ix = VectorIndex(str(root / "lance"), "emb")

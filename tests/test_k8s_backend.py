@@ -19,7 +19,7 @@ from dagster_gpu.executor.settle import Settler
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import KubeClient
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 from tests.k8s_helpers import NAMESPACE, executor_api, labelled, require_cluster, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.e2e]

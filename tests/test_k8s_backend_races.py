@@ -140,7 +140,7 @@ class _PreparedKube(_Kube):
 
 
 def test_a_shared_claim_that_failed_to_prepare_stops_shared_placements_on_its_pool():
-    from dagster_gpu.policy.sharing_failures import SharingFailures
+    from dagster_gpu.k8s.sharing_failures import SharingFailures
 
     kube, memory = _PreparedKube(), SharingFailures(None)
     b = KubernetesBackend(kube, m.K8sSettings(namespace="dagster-gpu", secret_env=()), create_timeout_s=120,

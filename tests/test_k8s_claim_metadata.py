@@ -45,7 +45,7 @@ from pathlib import Path  # noqa: E402
 
 from dagster_gpu.k8s.dra import allocation, choice_from_json, device_choice  # noqa: E402
 from dagster_gpu.k8s.pod import K8sSettings  # noqa: E402
-from dagster_gpu.request import GpuRequest  # noqa: E402
+from dagster_gpu.core.request import GpuRequest  # noqa: E402
 from dagster_gpu.k8s.claim import claim_facts  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "k8s"

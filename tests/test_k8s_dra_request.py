@@ -17,10 +17,10 @@ import kubernetes_validate
 import pytest
 from kubernetes.utils import parse_quantity
 
-from dagster_gpu.device_memory import memory_fits, min_memory_mib
+from dagster_gpu.core.device_memory import memory_fits, min_memory_mib
 from dagster_gpu.k8s import dra
 from dagster_gpu.k8s.pod import K8sSettings
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 
 DATA = Path(__file__).resolve().parent / "data" / "k8s"
 DEVICES = {d["name"]: d for s in json.loads((DATA / "slices_static_mig.json").read_text())["items"] for d in s["spec"]["devices"]}

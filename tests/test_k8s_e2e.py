@@ -90,7 +90,7 @@ def _billed(instance, asset_key, pk):
 
 
 def _backfill(instance, asset, keys, tmp_path, sleep_s, timeout_s=600, on_running=None):
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
     from tests import k8s_pipeline
 
     bid = submit_asset_backfill(instance, k8s_pipeline.defs, asset.key, keys, tags={"test/sleep": str(sleep_s)})
@@ -319,7 +319,7 @@ def test_a_sharing_config_the_driver_refuses_fails_at_once_with_the_kubelets_mes
         "dynamic resources: NodePrepareResources failed for claim dagster-gpu/" in msg, msg
     assert "invalid GPU sharing settings: &{TimeSlicing" in msg, msg
     assert elapsed < 60, elapsed  # not the 120 s create timeout
-    from dagster_gpu.policy.sharing_failures import SharingFailures, default_path
+    from dagster_gpu.k8s.sharing_failures import SharingFailures, default_path
 
     blocked = SharingFailures(default_path()).blocked()  # the instance's memory: no more shared placements there
     assert blocked and all("invalid GPU sharing settings" in r for r in blocked.values()), blocked

@@ -24,8 +24,8 @@ from dagster_gpu.k8s import dra
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.policy.sharing_failures import SharingFailures
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.k8s.sharing_failures import SharingFailures
+from dagster_gpu.core.request import GpuRequest
 
 DATA = Path(__file__).resolve().parent / "data" / "k8s"
 A100 = "NVIDIA A100-SXM4-80GB"

@@ -14,7 +14,7 @@ from dagster_gpu.contracts import StepLaunch
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s import names
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 
 K8S_VERSION = "1.34.0"
 REPO = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Partition keys derived from corpus file names (dagster_gpu.keys)."""
+"""Partition keys derived from corpus file names (dagster_gpu.core.partition_keys)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from dagster_gpu.keys import MAX_KEY_LENGTH, PartitionKeyError, partition_key_for, validate_partition_key
+from dagster_gpu.core.partition_keys import MAX_KEY_LENGTH, PartitionKeyError, partition_key_for, validate_partition_key
 
 # Kubernetes label value syntax ("Labels and Selectors"): <= 63 chars, [A-Za-z0-9._-], alphanumeric at both ends.
 K8S_LABEL_VALUE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")

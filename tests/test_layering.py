@@ -19,7 +19,7 @@ import subprocess
 import sys
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -119,6 +119,7 @@ class Map:
     layer_of: dict[str, str]  # dotted module name -> layer
     debts: dict[tuple[str, str], str]  # (importer, imported) -> the line's text
     duplicates: list[str]
+    shims: dict[str, str] = field(default_factory=dict)  # compatibility shim -> the module it forwards to
 
 
 def _dotted(cell_path: str) -> str:
@@ -178,7 +179,14 @@ def _parse(text: str) -> Map:
         ticks = _ticked(cells[0])
         assert len(ticks) == 2, f"{MAP}: a known debt names one import `importer` -> `imported`: {cells[0]!r}"
         debts[(_dotted(ticks[0]), _dotted(ticks[1]))] = " | ".join(cells)
-    return Map(layers, layer_of, debts, duplicates)
+    shims = {}
+    if "Compatibility shims:" in text.split("### Layers")[0]:
+        section = text[text.index("Compatibility shims:"):text.index("### Layers")]
+        for line in section.splitlines():
+            ticks = _ticked(line) if line.startswith("| `") else []
+            if len(ticks) >= 2:
+                shims[_dotted(ticks[0])] = _dotted(ticks[1])
+    return Map(layers, layer_of, debts, duplicates, shims)
 
 
 @lru_cache(maxsize=1)
@@ -294,7 +302,10 @@ def test_no_module_cycle_outside_the_known_debts():
 def test_no_package_cycle_outside_the_known_debts():
     g: dict[str, set[str]] = defaultdict(set)
     why: dict[tuple[str, str], str] = {}
+    shims = _map().shims
     for src, deps in _edges_outside_debts().items():
+        if src in shims:
+            continue  # a shim's one import forwards to its new home; nothing imports a shim (test below)
         for dst, line in deps.items():
             a, b = _package(src), _package(dst)
             if a != b:
@@ -326,7 +337,7 @@ def test_dagster_free_layers_import_no_dagster():
 def test_the_stated_rules_are_the_maps():
     m = _map()
     core = {x for x, lay in m.layer_of.items() if lay == "core"}
-    assert {"dagster_gpu.billing", "dagster_gpu.request"} <= core, "billing and request are core"
+    assert {"dagster_gpu.billing", "dagster_gpu.core.request"} <= core, "billing and request are core"
     assert m.layers["core"].may_import == frozenset(), "core imports no other layer"
     assert m.layers["policy"].may_import == frozenset({"core"}), "policy imports nothing above billing/request (core)"
     assert all(m.layer_of[x] == "policy" for x in _files() if x.startswith("dagster_gpu.policy"))
@@ -335,8 +346,47 @@ def test_the_stated_rules_are_the_maps():
     assert all(m.layer_of[x] in ("executor", "backends") for x in _files() if x.startswith("dagster_gpu.executor"))
     assert all(m.layer_of[x] == "worker" for x in _files() if x.startswith("dagster_gpu.worker"))
     assert not any("commands" in lay.may_import for lay in m.layers.values()), "nothing imports the commands"
-    assert m.layer_of["dagster_gpu.cli"] == "commands" and m.layer_of["dagster_gpu.commands"] == "commands"
+    assert m.layer_of["dagster_gpu.commands.main"] == "commands" and m.layer_of["dagster_gpu.commands"] == "commands"
     assert all(m.layer_of[x] == "commands" for x in _files() if x.startswith("dagster_gpu.commands"))
+
+
+def test_compatibility_shims_only_forward_and_nothing_imports_them():
+    shims = _map().shims
+    assert shims, f"{MAP.name} lists the compatibility shims (old path -> new home)"
+    g, files = _graph(), _files()
+    for shim, target in shims.items():
+        assert shim in files and target in files, f"shim {shim} -> {target}: both must exist"
+        assert set(g[shim]) == {target}, f"{_rel(shim)} imports {sorted(g[shim])}, a shim imports only {_rel(target)}"
+        importers = [_rel(s) for s, ds in g.items() if shim in ds]
+        assert not importers, f"{_rel(shim)} is a compatibility shim, imported by nothing in the package: {importers}"
+        assert len(files[shim].read_text().splitlines()) <= 30, f"{_rel(shim)}: a shim holds nothing but its forward"
+
+
+def test_the_root_holds_only_the_public_surface_and_the_contract():
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert root == ["__init__.py", "contracts.py"], (
+        f"modules at the package root besides __init__.py and contracts.py (move each into the folder of its layer): {root}")
+
+
+def _console_scripts() -> dict[str, str]:
+    """name -> ``module:function`` of pyproject.toml's ``[project.scripts]``."""
+    import tomllib
+
+    return tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["project"].get("scripts", {})
+
+
+def test_every_command_lives_in_commands():
+    scripts = _console_scripts()
+    assert scripts, "pyproject.toml declares the dagster-gpu console script"
+    outside = {n: t for n, t in scripts.items() if not t.startswith("dagster_gpu.commands.")}
+    assert not outside, f"console scripts outside dagster_gpu/commands/: {outside}"
+    mains = []
+    for module, path in _files().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.endswith("_main") \
+                    and node.col_offset == 0 and not module.startswith("dagster_gpu.commands"):
+                mains.append(f"{_rel(module)}:{node.lineno} {node.name}")
+    assert not mains, f"command entry points (*_main) outside dagster_gpu/commands/: {mains}"
 
 
 def test_policy_imports_only_policy_and_core():
@@ -348,7 +398,7 @@ def test_policy_imports_only_policy_and_core():
 
 def test_the_cli_is_imported_by_nothing():
     m = _map()
-    importers = [f"{_rel(s)}:{ln}" for s, ds in _graph().items() for d, ln in ds.items() if d == "dagster_gpu.cli"]
+    importers = [f"{_rel(s)}:{ln}" for s, ds in _graph().items() for d, ln in ds.items() if d == "dagster_gpu.commands.main"]
     assert not importers, f"the CLI entry point is imported by {importers}"
     outside = [f"{_rel(s)}:{ln} -> {_rel(d)}" for s, ds in _graph().items() for d, ln in ds.items()
                if m.layer_of.get(d) == "commands" and m.layer_of.get(s) != "commands"]
@@ -361,13 +411,13 @@ def test_the_import_reader_sees_function_level_type_checking_relative_and_by_nam
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n    from dagster_gpu.policy.placement import Placement\n"
         "def f():\n    from dagster_gpu.executor.settle import Settler\n    import dagster_gpu.slurm.ids as ids\n"
-        "from . import jsonfile\nfrom .policy import DeviceGroup\nfrom dagster_gpu.k8s import manifests\n"
-        "RUN = ['python', '-m', 'dagster_gpu.worker.supervise']\nLOG = 'dagster_gpu'\n"
+        "from .core import jsonfile\nfrom .policy import DeviceGroup\nfrom dagster_gpu.k8s import manifests\n"
+        "RUN = ['python', '-m', 'dagster_gpu.local.supervise']\nLOG = 'dagster_gpu'\n"
     )
     assert sorted(_imported(f, "dagster_gpu.x", _files())) == sorted([
         ("dagster_gpu.policy.placement", 3), ("dagster_gpu.executor.settle", 5), ("dagster_gpu.slurm.ids", 6),
-        ("dagster_gpu.jsonfile", 7), ("dagster_gpu.policy", 8), ("dagster_gpu.k8s.manifests", 9),
-        ("dagster_gpu.worker.supervise", 10)])
+        ("dagster_gpu.core.jsonfile", 7), ("dagster_gpu.policy", 8), ("dagster_gpu.k8s.manifests", 9),
+        ("dagster_gpu.local.supervise", 10)])
 
 
 def test_the_map_parser_reads_layers_modules_and_debts():

@@ -11,7 +11,7 @@ import pytest
 from dagster_gpu.embedding.pipeline import EmbeddingResult
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
-from dagster_gpu.request import GpuRequest, GpuRequestError
+from dagster_gpu.core.request import GpuRequest, GpuRequestError
 from dagster_gpu.telemetry.stats import TelemetrySummary, summarize
 from dagster_gpu.worker.backend_env import backend_metadata
 from dagster_gpu.billing.measured import Billing, measure

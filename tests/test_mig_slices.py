@@ -10,7 +10,7 @@ from dagster_gpu.billing.ratecard import RateCard, RateCardError, mig_fraction, 
 from dagster_gpu.k8s.billing import pod_interval_metadata
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.policy.snapshot import DeviceGroup
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 from dagster_gpu.slurm import gpu_types
 
 A30 = "NVIDIA A30"

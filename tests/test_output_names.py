@@ -1,5 +1,5 @@
-"""Output file names (dagster_gpu.keys.output_name_for) and finding an output whichever rule wrote it
-(dagster_gpu.outputs.locate_output), on a real file system and a real S3 server (moto)."""
+"""Output file names (dagster_gpu.core.partition_keys.output_name_for) and finding an output whichever rule wrote it
+(dagster_gpu.embedding.outputs.locate_output), on a real file system and a real S3 server (moto)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ import string
 
 import pytest
 
-from dagster_gpu.assets import output_uri_for
+from dagster_gpu.definitions.assets import output_uri_for
 from dagster_gpu.corpus.listing import CorpusSource
-from dagster_gpu.keys import (
+from dagster_gpu.core.partition_keys import (
     PartitionKeyError,
     legacy_output_name_for,
     output_name_for,
     partition_key_for,
     partition_key_of_output,
 )
-from dagster_gpu.outputs import locate_output, output_uri_candidates
+from dagster_gpu.embedding.outputs import locate_output, output_uri_candidates
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,7 @@ from dagster_gpu.contracts import StepLaunch
 from dagster_gpu.k8s.backend import KubernetesBackend
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 from dagster_gpu.slurm.client import SlurmRejected, SubmittedJob
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, SubmissionRejected, TaskRequest, steps_covered
 from dagster_gpu.slurm.spool import Spool

@@ -246,7 +246,7 @@ def test_decision_over_many_pools_is_the_least_cost_and_repeatable():
 def test_memory_is_judged_as_marketed_on_published_totals():
     """Kubernetes pools carry the driver's published memory (an "80GB" H100: NVML's 81559Mi = 79.65 GiB,
     a 1g.10gb slice 9728Mi = 9.5 GiB; NVIDIA/k8s-dra-driver-gpu v25.12.0 deviceinfo.go): memory_gib 80 and 10
-    accept them (dagster_gpu.device_memory), 94 does not accept the H100."""
+    accept them (dagster_gpu.core.device_memory), 94 does not accept the H100."""
     h100 = DeviceGroup("NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3", 79.65, 1, 1)
     mig = DeviceGroup("mig-1g.10gb", A100, 9.5, 7, 7, mig_profile="1g.10gb")
     p = decide(GpuRequest(memory_gib=80), SIZE, snap(k8s=K(h100)), model=MODEL)

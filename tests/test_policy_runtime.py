@@ -4,7 +4,7 @@ import pytest
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy import DeviceGroup, KubernetesState, SlurmState, Snapshot, after_submit
-from dagster_gpu.policy.history import point_from_metadata, points_from_metadata
+from dagster_gpu.instance.history import point_from_metadata, points_from_metadata
 from dagster_gpu.policy.runtime import (
     FALLBACK_BYTES_PER_ROW, FALLBACK_ROWS, FALLBACK_TEXTS_PER_SECOND, HistoryPoint, RuntimeModel, StepSize,
 )
@@ -64,7 +64,7 @@ def test_history_points_from_metadata_plain_and_dagster_values():
 def test_fetch_history_from_a_real_instance():
     from dagster import AssetKey, AssetMaterialization, DagsterInstance
 
-    from dagster_gpu.policy.history import fetch_history, runtime_model
+    from dagster_gpu.instance.history import fetch_history, runtime_model
 
     with DagsterInstance.ephemeral() as inst:
         for i, tps in enumerate((100.0, 300.0, 200.0)):

@@ -18,7 +18,7 @@ from dagster_gpu.k8s.dra import device_choice
 from dagster_gpu.k8s.pod import K8sSettings
 from dagster_gpu.policy import DeviceGroup, GpuRequest, KubernetesState, Placement, RuntimeModel, Snapshot, StepSize, decide
 from dagster_gpu.policy.ranges import plan_range
-from dagster_gpu.policy.sharing_failures import ALL_POOLS, SharingFailures, default_path
+from dagster_gpu.k8s.sharing_failures import ALL_POOLS, SharingFailures, default_path
 
 A100 = "NVIDIA A100-SXM4-80GB"
 H100 = "NVIDIA H100 80GB HBM3"

@@ -10,7 +10,7 @@ from dagster_gpu.corpus import CorpusSource
 from dagster_gpu.policy import DeviceGroup, KubernetesState, RuntimeModel, SlurmState, Snapshot
 from dagster_gpu.commands.whatif import list_partitions, whatif_main
 from dagster_gpu.policy.whatif import plan, totals
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 
 A100 = "NVIDIA A100-SXM4-80GB"
 
@@ -50,7 +50,7 @@ def test_whatif_plans_the_assets_partition_keys(tmp_path, capsys, monkeypatch):
     import dagster as dg
 
     from dagster_gpu import embedding_asset
-    from dagster_gpu.partitions import register_corpus_files
+    from dagster_gpu.definitions.partitions import register_corpus_files
 
     d = tmp_path / "mixed"
     (d / "2024").mkdir(parents=True)

@@ -39,7 +39,7 @@ def make_corpus(d: Path, n: int = N, records: int = 30) -> list[str]:
 
 def _worker_pids(run_id: str) -> list[int]:
     """Step-worker processes of ``run_id`` on this host (Slurm tasks and the node agent's pods run here)."""
-    from dagster_gpu.step_args import step_args_from_env
+    from dagster_gpu.instance.step_args import step_args_from_env
 
     out = []
     for p in psutil.process_iter(["cmdline"]):
@@ -89,7 +89,7 @@ class Killer(threading.Thread):
 
 
 def run_ranged_backfill(instance, tmp_path: Path, workspace: Path, env: dict, unit_key: str, source: str) -> dict:
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
     from tests import ranged_pipeline as p
 
     keys = make_corpus(Path(env["RANGED_TEST_CORPUS"]))

@@ -10,7 +10,7 @@ import pytest
 
 from dagster_gpu.corpus.listing import CorpusNotFound, CorpusSource
 from dagster_gpu.corpus.readers import CorpusReadError, ReadStats, TextFormat, read_batches
-from dagster_gpu.keys import partition_key_for
+from dagster_gpu.core.partition_keys import partition_key_for
 
 FORTUNE = TextFormat(format="text", record_separator_line="%")
 LINES = TextFormat(format="text", record_separator_line=None)

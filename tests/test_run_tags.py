@@ -3,8 +3,8 @@
 import dagster as dg
 from dagster._core.test_utils import create_run_for_test
 
-from dagster_gpu.run_tags import COST_TAG, RAN_ON_TAG, add_cost, ran_on, tag_launch
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.instance.run_tags import COST_TAG, RAN_ON_TAG, add_cost, ran_on, tag_launch
+from dagster_gpu.core.request import GpuRequest
 
 
 def test_tags_are_added_and_costs_add_up():

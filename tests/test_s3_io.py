@@ -85,7 +85,7 @@ def test_asset_writes_and_checks_outputs_with_the_output_storage_options(s3, s3_
     from dagster._core.instance_for_test import instance_for_test
 
     from dagster_gpu import embedding_asset
-    from dagster_gpu.checks import CHECKS
+    from dagster_gpu.instance.checks import CHECKS
 
     corpus_endpoint, corpus_client = s3
     out_endpoint, out_client = s3_output

@@ -11,9 +11,9 @@ import dagster as dg
 import pytest
 
 from dagster_gpu import CorpusSource, TextFormat, asset_job, backfill_missing_schedule, corpus_sensor, embedding_asset
-from dagster_gpu.partitions import prune_deleted_files
-from dagster_gpu.ranges import range_run_tags
-from dagster_gpu.partition_status import partition_status, partitions_to_rerun
+from dagster_gpu.definitions.partitions import prune_deleted_files
+from dagster_gpu.instance.run_ranges import range_run_tags
+from dagster_gpu.instance.partition_status import partition_status, partitions_to_rerun
 
 
 def _defs(corpus: CorpusSource, output_url: str):
@@ -197,7 +197,7 @@ def test_schedule_leaves_out_partitions_of_runs_in_flight_that_the_status_cache_
         single = instance.create_run_for_job(job_def, tags={"dagster/partition": "f5"})
         _finish(instance, single, dg.DagsterRunStatus.STARTED)
         from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
-        from dagster_gpu.partition_status import dynamic_partitions_def, partitions_in_flight
+        from dagster_gpu.instance.partition_status import dynamic_partitions_def, partitions_in_flight
 
         cache = get_and_update_asset_status_cache_value(instance, asset.key, dynamic_partitions_def(asset))
         assert cache is None or not cache.serialized_in_progress_partition_subset or \

@@ -23,7 +23,7 @@ from dagster_gpu.local.backend import LocalBackend
 from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
 from dagster_gpu.executor.observations import unit_rate
 from dagster_gpu.executor.settle import Settler
-from dagster_gpu.jsonfile import write_json
+from dagster_gpu.core.jsonfile import write_json
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.slurm.client import SlurmClient, SlurmRejected
 from dagster_gpu.slurm.parse import parse_sacct
@@ -329,7 +329,7 @@ def _local_worker(backend: LocalBackend, seconds: float, ctx: str) -> tuple[dict
 
     from dagster_gpu.contracts import StepLaunch
     from dagster_gpu.policy.placement import Placement
-    from dagster_gpu.request import GpuRequest
+    from dagster_gpu.core.request import GpuRequest
 
     h = backend.launch(StepLaunch(
         run_id="r1", step_key="s", partition_keys=(), attempt=0, argv=(sys.executable, "-c", f"import time; time.sleep({seconds})"),
@@ -414,7 +414,7 @@ def test_unit_bills_sensor_bills_units_no_run_worker_billed(tmp_path):
     """The sensor is the sweep that comes after the last run worker gave up waiting (slurmdbd was down)."""
     import dagster as dg
 
-    from dagster_gpu.bills_sensor import unit_bills_sensor
+    from dagster_gpu.definitions.bills_sensor import unit_bills_sensor
 
     backend, client = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
     batch = _batch(backend, 29, 10)  # no poll saw it end: sacct failed until the run workers had exited
@@ -430,7 +430,7 @@ def test_unit_bills_sensor_bills_units_no_run_worker_billed(tmp_path):
 
 
 def test_unit_bills_sensor_builds_the_configured_remote_backends(tmp_path):
-    from dagster_gpu.bills_sensor import remote_backends
+    from dagster_gpu.definitions.bills_sensor import remote_backends
 
     built = remote_backends({"slurm": {"spool_dir": str(tmp_path / "spool")}}, tmp_path)
     assert [b.name for b in built] == ["slurm"]  # local is on by default but bills nothing

@@ -4,7 +4,7 @@ import pytest
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy.runtime import RuntimeModel
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 from dagster_gpu.sim.engine import Simulation, simulate
 from dagster_gpu.sim.metrics import figures, timeline
 from dagster_gpu.sim.model import (

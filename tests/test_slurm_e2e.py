@@ -158,7 +158,7 @@ H_WEIRD = "p it's \"$(touch /tmp/pwned)\"; `x` & y"
 def test_backfill_40_partitions_throttle_4(home):
     import dagster as dg
 
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
     from tests.slurm_pipeline import defs
 
     home_dir, env = home
@@ -195,7 +195,7 @@ def test_terminate_mid_backfill(home):
     from dagster._core.execution.backfill import BulkActionStatus
     from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
 
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill
     from tests.slurm_pipeline import defs
 
     home_dir, env = home

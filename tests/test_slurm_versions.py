@@ -266,7 +266,7 @@ def _backend(tmp_path, **kw):
 def _req(**kw):
     from types import SimpleNamespace
 
-    from dagster_gpu.request import GpuRequest
+    from dagster_gpu.core.request import GpuRequest
 
     return SimpleNamespace(request=GpuRequest(**kw))
 
@@ -360,7 +360,7 @@ def test_launch_records_what_sbatch_asks_and_the_bill_prices_it(tmp_path):
     from types import SimpleNamespace
 
     from dagster_gpu.slurm.accounting import task_bill
-    from dagster_gpu.request import GpuRequest
+    from dagster_gpu.core.request import GpuRequest
     from dagster_gpu.slurm.coalescer import TaskAssignment
 
     b = _backend(tmp_path, throttle=2)

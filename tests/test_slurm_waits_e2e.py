@@ -54,7 +54,7 @@ def _backend(tmp_path, client, **kw):
 def _launch(key: str, argv: tuple[str, ...]):
     from dagster_gpu.contracts import StepLaunch
     from dagster_gpu.policy.placement import Placement
-    from dagster_gpu.request import GpuRequest
+    from dagster_gpu.core.request import GpuRequest
 
     return StepLaunch(
         run_id=f"waits-{key}", step_key="trivial", partition_keys=(key,), attempt=0, argv=argv, env={},

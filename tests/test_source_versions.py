@@ -16,10 +16,10 @@ from dagster._utils.test.data_versions import get_stale_status_resolver
 
 from dagster_gpu import CorpusSource, TextFormat, embedding_asset
 from dagster_gpu.corpus.listing import CorpusNotFound, source_version
-from dagster_gpu.partitions import partition_staleness
-from dagster_gpu.ranges import range_run_tags
-from dagster_gpu.sensors import corpus_sensor
-from dagster_gpu.source_versions import (
+from dagster_gpu.definitions.partitions import partition_staleness
+from dagster_gpu.instance.run_ranges import range_run_tags
+from dagster_gpu.definitions.sensors import corpus_sensor
+from dagster_gpu.instance.source_versions import (
     SOURCE_VERSION_KEY, corpus_asset_key, corpus_source, observed_versions, recorded_versions,
 )
 
@@ -94,7 +94,7 @@ def _materialization(instance, key, pk):
 
 
 def test_versions_reach_the_materialization_dagster_staleness_and_the_sensor(tmp_path, monkeypatch):
-    from dagster_gpu.index.asset import load_partition, vector_index_asset
+    from dagster_gpu.definitions.vector_index import load_partition, vector_index_asset
     from dagster_gpu.index.lance import VectorIndex
     from dagster_gpu.worker import unit
 
@@ -187,7 +187,7 @@ def test_versions_reach_the_materialization_dagster_staleness_and_the_sensor(tmp
 _GQL_DEFS = '''
 import dagster as dg
 from dagster_gpu import CorpusSource, embedding_asset
-from dagster_gpu.source_versions import corpus_source
+from dagster_gpu.instance.source_versions import corpus_source
 corpus = CorpusSource(url={corpus!r})
 spec, asset = corpus_source(embedding_asset(name="g_emb", corpus=corpus, output_url={out!r}, device="cpu"), corpus)
 defs = dg.Definitions(assets=[spec, asset])
@@ -199,7 +199,7 @@ def test_the_ui_graphql_shows_the_partition_whose_file_changed_as_stale(tmp_path
     code server loading the definitions), on materializations tagged as the unit tags them."""
     from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql
 
-    from dagster_gpu.source_versions import input_tags
+    from dagster_gpu.instance.source_versions import input_tags
 
     (tmp_path / "corpus").mkdir()
     defs_file = tmp_path / "gql_defs.py"

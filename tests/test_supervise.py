@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dagster_gpu.worker.supervise import describe_exit, main, read_status
+from dagster_gpu.local.supervise import describe_exit, main, read_status
 
 PY = sys.executable
 
@@ -18,7 +18,7 @@ PY = sys.executable
 def supervise(tmp_path: Path, *cmd: str, timeout: float = 30) -> tuple[int, dict]:
     status = tmp_path / "status.json"
     proc = subprocess.run(
-        [PY, "-m", "dagster_gpu.worker.supervise", "--status-file", str(status), "--", *cmd],
+        [PY, "-m", "dagster_gpu.local.supervise", "--status-file", str(status), "--", *cmd],
         capture_output=True, text=True, timeout=timeout,
     )
     return proc.returncode, read_status(status)
@@ -51,7 +51,7 @@ def test_sigterm_to_supervisor_is_forwarded(tmp_path):
     status = tmp_path / "status.json"
     ready = tmp_path / "ready"
     child = f"import pathlib, time; pathlib.Path({str(ready)!r}).write_text('x'); time.sleep(60)"
-    proc = subprocess.Popen([PY, "-m", "dagster_gpu.worker.supervise", "--status-file", str(status), "--", PY, "-c", child])
+    proc = subprocess.Popen([PY, "-m", "dagster_gpu.local.supervise", "--status-file", str(status), "--", PY, "-c", child])
     try:
         deadline = time.monotonic() + 30
         while not ready.exists():

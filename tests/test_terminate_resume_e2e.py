@@ -47,7 +47,7 @@ def test_ui_terminate_with_resume_configured_cancels_every_array_task(monkeypatc
     from dagster._core.execution.backfill import BulkActionStatus
     from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
 
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill
     from dagster_gpu.slurm.client import SlurmClient
     from tests.slurm_pipeline import defs
 

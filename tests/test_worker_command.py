@@ -18,7 +18,7 @@ from dagster_gpu.contracts import StepLaunch, WorkerStatus
 from dagster_gpu.local.backend import LocalBackend
 from dagster_gpu.executor.command import WORKER_FIXED_ENV, worker_argv, worker_env
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dagster_gpu"
 

@@ -10,13 +10,13 @@ Live by default: the backends configured in ``--executor-config`` (gpu_executor'
 ``execution: config:`` mapping; none given = ``local`` only) are asked for their state exactly as
 ``backend: auto`` asks them before a launch (:func:`dagster_gpu.executor.auto.gather_snapshot`; an
 unreachable backend is planned around, with the reason), and the throughput comes from ``--asset``'s
-earlier materializations in ``$DAGSTER_HOME``'s instance (:func:`dagster_gpu.policy.history.runtime_model`).
+earlier materializations in ``$DAGSTER_HOME``'s instance (:func:`dagster_gpu.instance.history.runtime_model`).
 ``--save-snapshot FILE`` writes the live snapshot as JSON for later offline plans; ``--snapshot FILE``
 plans offline from such a file (example: ``resources/whatif-snapshot.json``).
 
 CORPUS is a directory or an fsspec URL (``s3://bucket/prefix``); each corpus file is one partition, listed
 and keyed by :class:`dagster_gpu.corpus.CorpusSource` exactly as the asset's partitions are (key = the file
-name, see :func:`dagster_gpu.keys.partition_key_for`; ``--pattern``/``--recursive`` as the asset's
+name, see :func:`dagster_gpu.core.partition_keys.partition_key_for`; ``--pattern``/``--recursive`` as the asset's
 CorpusSource has them, or ``-m MODULE --asset KEY`` to take the asset's own), its size in bytes the
 partition size. The plans are :func:`dagster_gpu.policy.whatif.plan`'s, one per mode (``auto``, ``slurm``,
 ``kubernetes``); printed: backend + estimated cost per partition (its share of its unit's) and the totals of
@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Sequence
 
 from dagster_gpu.billing.ratecard import RateCard
-from dagster_gpu.code_module import import_code_module
+from dagster_gpu.commands.code_module import import_code_module
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
 from dagster_gpu.policy.snapshot import Snapshot
 from dagster_gpu.policy.whatif import MODES, PlanRow, plan, totals
-from dagster_gpu.request import BACKENDS, GpuRequest
+from dagster_gpu.core.request import BACKENDS, GpuRequest
 
 
 def list_partitions(corpus: CorpusSource) -> list[tuple[str, int]]:
@@ -91,15 +91,15 @@ def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int]:
     ``max_partitions_per_run`` with ``-m MODULE --asset KEY`` (CORPUS, when also given, must be its URL),
     else one on CORPUS with ``--pattern``/``--recursive`` and 50 (embedding_asset's default). Raises
     ValueError."""
-    from dagster_gpu.assets import DEFAULT_PARTITIONS_PER_RUN
+    from dagster_gpu.definitions.assets import DEFAULT_PARTITIONS_PER_RUN
 
     if args.module:
         if not args.asset:
             raise ValueError("-m/--module needs --asset KEY (the asset whose corpus to plan)")
         import dagster as dg
 
-        from dagster_gpu.partitions import corpus_of
-        from dagster_gpu.sensors import max_partitions_per_run
+        from dagster_gpu.definitions.partitions import corpus_of
+        from dagster_gpu.definitions.sensors import max_partitions_per_run
 
         module = import_code_module(args.module)
         defs = getattr(module, "defs", None)
@@ -138,7 +138,7 @@ def instance_runtime_model(asset_key: str | None) -> RuntimeModel:
         return RuntimeModel.from_history([])
     import dagster as dg
 
-    from dagster_gpu.policy.history import runtime_model
+    from dagster_gpu.instance.history import runtime_model
 
     return runtime_model(dg.DagsterInstance.get(), asset_key)
 
@@ -196,7 +196,7 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
 def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows: int, configured: set[str]) -> None:
     from rich.table import Table
 
-    from dagster_gpu.cli_common import console
+    from dagster_gpu.commands.common import console
 
     con = console()
     auto = plans["auto"]

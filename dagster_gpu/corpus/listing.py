@@ -10,7 +10,7 @@ from typing import Any, Mapping, Sequence
 import fsspec
 
 from dagster_gpu.corpus.readers import TextFormat
-from dagster_gpu.keys import partition_key_for
+from dagster_gpu.core.partition_keys import partition_key_for
 
 #: Our own temporary outputs, editor droppings and marker files (``_SUCCESS``) are never corpus files: a
 #: name starting with ``.`` or ``_`` (a file's or any directory's on its path) is not listed.
@@ -22,7 +22,7 @@ class CorpusFile:
     """One corpus file = one partition.
 
     Attributes:
-        key: partition key (see dagster_gpu.keys).
+        key: partition key (see dagster_gpu.core.partition_keys).
         uri: full URL (``file:///…`` paths are given as plain absolute paths, ``s3://…`` otherwise).
         relative_name: path relative to the corpus root.
         size_bytes: size in bytes.
@@ -109,7 +109,7 @@ class CorpusSource:
     ) -> dict[str, CorpusFile]:
         """The files behind partition ``keys`` (key -> CorpusFile), without listing the corpus per key.
 
-        A key that was not rewritten from its file name (see :func:`dagster_gpu.keys.partition_key_for`)
+        A key that was not rewritten from its file name (see :func:`dagster_gpu.core.partition_keys.partition_key_for`)
         names its file directly: up to ``max_direct_lookups`` such keys are resolved with one ``info`` call
         each. Any other key (a rewritten or recursive name, a missing file), or a longer list, costs one
         listing of the corpus for the whole call, never one per key. Raises CorpusNotFound naming every key

@@ -13,10 +13,10 @@ from typing import Sequence
 
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.policy import StepSize, choose_placement
-from dagster_gpu.policy.history import runtime_model
+from dagster_gpu.instance.history import runtime_model
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.policy.snapshot import KubernetesState, LocalState, SlurmState, Snapshot
-from dagster_gpu.request import TAG_ASSET_KEY, TAG_CORPUS_URL, GpuRequest
+from dagster_gpu.core.request import TAG_ASSET_KEY, TAG_CORPUS_URL, GpuRequest
 _STATE_TYPES = {"local": LocalState, "slurm": SlurmState, "kubernetes": KubernetesState}
 
 

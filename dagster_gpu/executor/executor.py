@@ -16,7 +16,7 @@ Run config (``execution: config:``)::
     sleep_seconds: 0.5                             # event-log polling period
     check_step_health_interval_seconds: 5
 
-The per-step GPU request comes from the asset's op tags (``dagster_gpu.request``). Steps are verified
+The per-step GPU request comes from the asset's op tags (``dagster_gpu.core.request``). Steps are verified
 (``should_verify_step``) so a duplicate worker never runs a step twice.
 """
 

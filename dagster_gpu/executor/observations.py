@@ -29,8 +29,8 @@ from dagster_gpu.billing.keys import (
 from dagster_gpu.billing.metering import cost_usd
 from dagster_gpu.billing.ratecard import gpu_hour_rate
 from dagster_gpu.contracts import UnitBill, read_step_context
-from dagster_gpu.step_args import step_args_from_env
-from dagster_gpu.ranges import run_partition_keys
+from dagster_gpu.instance.step_args import step_args_from_env
+from dagster_gpu.instance.run_ranges import run_partition_keys
 from dagster_gpu.billing.measured import billed_device
 
 log = logging.getLogger(__name__)

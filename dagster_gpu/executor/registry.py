@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from dagster_gpu.contracts import Backend, BackendNotConfigured
 from dagster_gpu.k8s import backend as kubernetes_backend
 from dagster_gpu.local.backend import LocalBackend, LocalSettings
-from dagster_gpu.settings import from_section
+from dagster_gpu.instance.settings import from_section
 from dagster_gpu.slurm import backend as slurm_backend
 
 #: The remote backends' modules by the name gpu_executor's config gives their sections.

@@ -31,18 +31,18 @@ from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHandler, StepHandlerContext
 
 from dagster_gpu.billing.ratecard import RateCard
-from dagster_gpu.connections import hold_storage_connections
+from dagster_gpu.instance.connections import hold_storage_connections
 from dagster_gpu.contracts import Backend, Handle, StepLaunch, WorkerStatus, describe_partitions
 from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env, worker_python_for
-from dagster_gpu.ranges import run_partition_keys
+from dagster_gpu.instance.run_ranges import run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
-from dagster_gpu.run_tags import tag_launch
+from dagster_gpu.instance.run_tags import tag_launch
 from dagster_gpu.executor.settle import Settler
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.request import TAG_PARTITIONS_DEF, GpuRequest
+from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.context import StepContext
 
 log = logging.getLogger(__name__)

@@ -66,7 +66,7 @@ from dagster_gpu.k8s.settings import KubernetesSettings, config_field, settings_
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
 from dagster_gpu.k8s.inventory import device_groups
-from dagster_gpu.policy.sharing_failures import SharingFailures, default_path
+from dagster_gpu.k8s.sharing_failures import SharingFailures, default_path
 from dagster_gpu.policy.snapshot import KubernetesState
 
 log = logging.getLogger(__name__)
@@ -294,7 +294,7 @@ class KubernetesBackend(Backend):
             st = verdict.state
             if verdict.cause == FAILED_PREPARE and handle.get("sharing"):
                 # the driver refuses this sharing config on the pool (its feature gate is off): the policy
-                # stops choosing shared placements there (dagster_gpu.policy.sharing_failures)
+                # stops choosing shared placements there (dagster_gpu.k8s.sharing_failures)
                 self.sharing_failures.record(str(handle.get("placement_device") or "") or None,
                                              st.message.split("kubelet events: ", 1)[-1])
             return self._remember(uid, WorkerState(st.status, st.exit_code, st.message, abandoned=True), None)

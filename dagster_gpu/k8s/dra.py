@@ -1,11 +1,11 @@
 """The DRA side of a step (pure): its device request, the ResourceClaimTemplate, and reading claims back.
 
-A step's :class:`~dagster_gpu.request.GpuRequest` becomes one DRA device request named ``gpu``:
+A step's :class:`~dagster_gpu.core.request.GpuRequest` becomes one DRA device request named ``gpu``:
 
 * a whole GPU: DeviceClass ``gpu.nvidia.com`` with CEL selectors for the product-name prefix
   (``device.attributes['gpu.nvidia.com'].productName.startsWith('NVIDIA A100')``) and the minimum memory
   (``device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('76185Mi')) >= 0`` for ``memory_gib: 80``:
-  the marketed-size rule of :mod:`dagster_gpu.device_memory`), ``count`` devices;
+  the marketed-size rule of :mod:`dagster_gpu.core.device_memory`), ``count`` devices;
 * a MIG slice: DeviceClass ``mig.nvidia.com`` with ``profile == '1g.10gb'`` plus the same product and
   memory selectors, the memory judged against the slice's own capacity (a 1g.10gb slice publishes 9728Mi);
 * the request follows the policy's placement exactly: a ``mig-<profile>`` placement asks for that slice, a
@@ -40,10 +40,10 @@ from typing import TYPE_CHECKING, Any, Iterable, Mapping, Protocol, Sequence
 from kubernetes import client
 
 from dagster_gpu.billing.ratecard import mig_fraction
-from dagster_gpu.device_memory import min_memory_mib
+from dagster_gpu.core.device_memory import min_memory_mib
 
 if TYPE_CHECKING:
-    from dagster_gpu.request import GpuRequest
+    from dagster_gpu.core.request import GpuRequest
 
 DRIVER = "gpu.nvidia.com"
 GPU_CLASS = "gpu.nvidia.com"
@@ -137,7 +137,7 @@ def _cel_string(s: str) -> str:
 
 def memory_selector(gib: float) -> str:
     """CEL: the device's ``memory`` capacity satisfies ``memory_gib: gib`` by the marketed-size rule
-    (:func:`dagster_gpu.device_memory.min_memory_mib`: at least 93 % of ``gib`` GiB, so an "80GB" H100's
+    (:func:`dagster_gpu.core.device_memory.min_memory_mib`: at least 93 % of ``gib`` GiB, so an "80GB" H100's
     81559Mi matches 80). Raises ManifestError for a negative or non-finite ``gib``."""
     try:
         mib = min_memory_mib(gib)

@@ -102,7 +102,7 @@ def device_groups(
 
     ``pending`` maps a pool's rate-card device type to our Pending pods waiting for it. v1beta1 slices (devices
     under ``basic``) are accepted as well as v1/v1beta2. ``memory_gib`` is the device's published ``memory``
-    in GiB (2 decimals; an "80GB" H100 publishes 79.65): :func:`dagster_gpu.device_memory.memory_fits` judges
+    in GiB (2 decimals; an "80GB" H100 publishes 79.65): :func:`dagster_gpu.core.device_memory.memory_fits` judges
     it against a request.
     """
     taken = allocated_device_ids(claims)

@@ -1,6 +1,6 @@
 """The ``local`` backend: each step worker is a subprocess on this host, in its own process group.
 
-The worker runs under ``dagster_gpu.worker.supervise``, which records the exit code in a status file,
+The worker runs under ``dagster_gpu.local.supervise``, which records the exit code in a status file,
 so health checks work after the orchestrating process restarts (no parent to ``wait()`` on) and a
 worker that dies without its step recording an outcome is reported with its exit code.
 
@@ -30,14 +30,14 @@ import psutil
 
 from dagster_gpu.billing.keys import SOURCE
 from dagster_gpu.contracts import STEP_CONTEXT_ENV, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, read_step_context
-from dagster_gpu.settings import config_field as settings_config_field
-from dagster_gpu.settings import setting
-from dagster_gpu.log_tail import log_tail
+from dagster_gpu.instance.settings import config_field as settings_config_field
+from dagster_gpu.instance.settings import setting
+from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
-from dagster_gpu.step_args import ENV_VAR as STEP_ARGS_ENV
+from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
 from dagster_gpu.telemetry.nvml import list_gpus
 from dagster_gpu.worker.backend_env import LOCAL_UNIT_ENV as UNIT_ENV
-from dagster_gpu.worker.supervise import read_status
+from dagster_gpu.local.supervise import read_status
 
 
 @dataclass(frozen=True)
@@ -128,7 +128,7 @@ class LocalBackend(Backend):
             env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices
         with open(log_file, "ab") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "dagster_gpu.worker.supervise", "--status-file", str(status_file), "--", *launch.argv],
+                [sys.executable, "-m", "dagster_gpu.local.supervise", "--status-file", str(status_file), "--", *launch.argv],
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -25,7 +25,7 @@ from dagster_gpu.policy.snapshot import (
     Snapshot,
     after_submit,
 )
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 
 
 def choose_placement(
@@ -43,7 +43,7 @@ def choose_placement(
         step_size: a :class:`StepSize`, the partition's corpus size in bytes (int), or a ranged step's
             partition sizes (a sequence of those or None; the range is placed as one work unit).
         snapshot: filled by the backends (``rate_card``, when given, replaces the snapshot's).
-        history: earlier materializations (``dagster_gpu.policy.history.fetch_history``) or a ready
+        history: earlier materializations (``dagster_gpu.instance.history.fetch_history``) or a ready
             :class:`RuntimeModel`; None = the stated fallback throughput.
         force: the executor config's backend when it is not ``auto`` (a ``dagster-gpu/backend`` tag wins:
             :func:`~dagster_gpu.policy.forced.forced_backend`).

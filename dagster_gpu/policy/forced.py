@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from dagster_gpu.policy.placement import Alternative, Placement
-from dagster_gpu.request import TAG_BACKEND, GpuRequest
+from dagster_gpu.core.request import TAG_BACKEND, GpuRequest
 
 
 @dataclass(frozen=True)

@@ -41,12 +41,12 @@ from dataclasses import dataclass
 
 from dagster_gpu.billing.metering import charge
 from dagster_gpu.billing.ratecard import RateCardError
-from dagster_gpu.device_memory import memory_fits
+from dagster_gpu.core.device_memory import memory_fits
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import BackendState, DeviceGroup, LocalState, SlurmState, Snapshot
-from dagster_gpu.request import BACKENDS, GpuRequest
+from dagster_gpu.core.request import BACKENDS, GpuRequest
 
 ORDER = BACKENDS  # ("local", "slurm", "kubernetes"): tie order, and the order of alternatives
 

@@ -51,7 +51,7 @@ from dagster_gpu.policy.policy import (
 )
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import BackendState, LocalState, SlurmState, Snapshot, after_submit
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 
 _DEFAULT_MODEL = RuntimeModel()
 

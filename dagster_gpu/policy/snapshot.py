@@ -27,7 +27,7 @@ distinct (device type, product, memory, MIG profile) among the NVIDIA driver's R
 shared counters, as dynamic MIG's, counted by what the counters allow); ``free`` counts devices not in any
 ResourceClaim's ``status.allocation``; ``pending`` counts our Pending pods by their placement-device annotation;
 ``start_estimate_s`` is not filled (None); ``no_sharing`` lists the pools where a shared claim failed to
-prepare (the driver's sharing feature gates are off: ``dagster_gpu.policy.sharing_failures``).
+prepare (the driver's sharing feature gates are off: ``dagster_gpu.k8s.sharing_failures``).
 
 *Local* (:class:`LocalState`, ``LocalBackend.policy_state``): one group per GPU product NVML sees, ``free``
 = total minus our running workers; a CPU-only host has none (it can only run ``count == 0`` steps, priced
@@ -152,7 +152,7 @@ class KubernetesState(BackendState):
     Attributes (besides :class:`BackendState`):
         namespace: where our pods run.
         no_sharing: device types of pools where a shared (TimeSlicing/MPS) claim failed to prepare (``*``:
-            every pool), from :class:`dagster_gpu.policy.sharing_failures.SharingFailures`; a ``shared_ok``
+            every pool), from :class:`dagster_gpu.k8s.sharing_failures.SharingFailures`; a ``shared_ok``
             step placed there gets an unshared device (``Placement.shared`` False).
     """
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy.runtime import RuntimeModel
 from dagster_gpu.policy.snapshot import DeviceKind
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 
 A100 = "NVIDIA A100-SXM4-80GB"
 

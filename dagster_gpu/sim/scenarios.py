@@ -23,7 +23,7 @@ from functools import lru_cache
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy.runtime import RuntimeModel
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 from dagster_gpu.sim.calibration import UnitCalibration, load_calibration
 from dagster_gpu.sim.model import (
     BackgroundJob, ClusterSpec, Preemption, Resident, Scenario, Task, full_gpus, mig_slices,

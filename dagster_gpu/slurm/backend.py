@@ -87,9 +87,9 @@ import dagster as dg
 
 from dagster_gpu.contracts import TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, with_step_context
 from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
-from dagster_gpu.settings import config_field as settings_config_field
-from dagster_gpu.settings import apply_renamed, from_section, renamed, setting
-from dagster_gpu.log_tail import log_tail
+from dagster_gpu.instance.settings import config_field as settings_config_field
+from dagster_gpu.instance.settings import apply_renamed, from_section, renamed, setting
+from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python

@@ -23,7 +23,7 @@ from typing import MutableMapping, Sequence
 from dagster import DagsterEventType, DagsterInstance
 from dagster._record import copy
 
-from dagster_gpu.step_args import ENV_VAR, decode_step_args, encode_step_args
+from dagster_gpu.instance.step_args import ENV_VAR, decode_step_args, encode_step_args
 
 #: This module's name, which the Slurm backend puts in each manifest entry (``requeue_module``) for the
 #: array task's runner (``dagster_gpu/slurm/script.py``) to run first in a requeued attempt.

@@ -42,7 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from dagster_gpu.jsonfile import read_json, write_json  # noqa: F401  (re-exported: the spool's files)
+from dagster_gpu.core.jsonfile import read_json, write_json  # noqa: F401  (re-exported: the spool's files)
 from dagster_gpu.slurm.trust import UntrustedPathError, check_dir, read_trusted, resolve_gid
 
 log = logging.getLogger(__name__)

@@ -1,74 +1,16 @@
-"""Run a command and write its exit code to a status file (JSON), for backends that outlive parents.
+"""Compatibility shim: ``python -m dagster_gpu.worker.supervise`` runs :mod:`dagster_gpu.local.supervise`.
 
-Usage: ``python -m dagster_gpu.worker.supervise --status-file PATH -- CMD [ARGS...]``.
-
-The status file is written atomically: ``{"exit_code": N, "message": "...", "started": t0, "finished": t1}``
-(seconds since the epoch). SIGTERM/SIGINT are forwarded to the child so a graceful stop reaches the step.
+Local workers launched by earlier versions were started with this module path (the local backend's command
+line); the supervisor now lives beside the local backend. Kept so that such a command line still runs.
 """
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-from dagster_gpu.jsonfile import read_json, write_json
+from dagster_gpu.local.supervise import describe_exit, main, read_status, write_status
 
-
-def read_status(path: Path) -> dict | None:
-    """The status dict, or None while the command runs (or if the file is unreadable)."""
-    return read_json(path)
-
-
-def write_status(path: Path, status: dict) -> None:
-    write_json(path, status, mode=0o644)
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"worker killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"worker killed by signal {-code}"
-    return f"worker exited with code {code}"
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 4 or args[0] != "--status-file" or args[2] != "--":
-        print("usage: python -m dagster_gpu.worker.supervise --status-file PATH -- CMD [ARGS...]", file=sys.stderr)
-        return 2
-    status_path, cmd = Path(args[1]), args[3:]
-    started = time.time()
-    pending: list[int] = []
-    holder: dict[str, subprocess.Popen] = {}
-
-    def forward(signum, _frame):
-        child = holder.get("child")
-        if child is None:
-            pending.append(signum)  # arrived before the child existed: delivered right after it starts
-            return
-        try:
-            child.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
-    try:
-        child = subprocess.Popen(cmd)
-    except OSError as e:
-        write_status(status_path, {"exit_code": 127, "message": f"cannot start worker {cmd[0]!r}: {e}", "started": started, "finished": time.time()})
-        return 127
-    holder["child"] = child
-    for signum in pending:
-        child.send_signal(signum)
-    code = child.wait()
-    write_status(status_path, {"exit_code": code, "message": describe_exit(code), "started": started, "finished": time.time()})
-    return code if code >= 0 else 128 - code
-
+__all__ = ["describe_exit", "main", "read_status", "write_status"]
 
 if __name__ == "__main__":
     sys.exit(main())

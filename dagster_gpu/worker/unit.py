@@ -4,7 +4,7 @@ The unit loads the model once and embeds its partitions back to back. Each parti
 materialized on its own, as soon as it ends (``AssetMaterialization(partition=key)`` with its own rows,
 seconds, throughput, utilization, GPU-seconds, cost and placement), so a unit killed mid-range leaves its
 finished partitions materialized. Each materialization is followed by the asset's five blocking output checks
-for that partition (:mod:`dagster_gpu.checks`). A partition whose file is missing or unreadable fails alone: its five
+for that partition (:mod:`dagster_gpu.instance.checks`). A partition whose file is missing or unreadable fails alone: its five
 checks are recorded failed at once, with the reason; the unit goes on with the next one and raises ``dagster.Failure``
 at the end naming every failed partition and why (Dagster then shows those partitions failed: a failed ranged run's
 partitions minus those it materialized).
@@ -27,7 +27,7 @@ import psutil
 
 from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
 from dagster_gpu.billing.keys import COST_USD
-from dagster_gpu.checks import (
+from dagster_gpu.instance.checks import (
     check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, verify_output,
 )
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
@@ -36,16 +36,16 @@ from dagster_gpu.embedding.devices import device_labels, unit_devices
 from dagster_gpu.embedding.fingerprint import fingerprint, pooling_description
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
 from dagster_gpu.embedding.pipeline import EmbeddingResult, embed_partition, make_encoder
-from dagster_gpu.run_tags import add_cost
+from dagster_gpu.instance.run_tags import add_cost
 from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
 from dagster_gpu.billing.measured import measure
-from dagster_gpu.connections import hold_storage_connections
+from dagster_gpu.instance.connections import hold_storage_connections
 from dagster_gpu.worker.context import StepContext
 from dagster_gpu.worker.embed_ahead import EmbedAhead
 from dagster_gpu.k8s.claim import allocated_device_uuids, claim_metadata
 from dagster_gpu.worker.metadata import build_metadata
-from dagster_gpu.source_versions import SOURCE_VERSION_KEY, input_tags, version_at_read
+from dagster_gpu.instance.source_versions import SOURCE_VERSION_KEY, input_tags, version_at_read
 
 
 @dataclass(frozen=True)

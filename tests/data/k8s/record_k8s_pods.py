@@ -27,7 +27,7 @@ from dagster_gpu.k8s.backend import KubernetesBackend  # noqa: E402
 from dagster_gpu.k8s import manifests as m  # noqa: E402
 from dagster_gpu.k8s.client import KubeClient  # noqa: E402
 from dagster_gpu.policy.placement import Placement  # noqa: E402
-from dagster_gpu.request import GpuRequest  # noqa: E402
+from dagster_gpu.core.request import GpuRequest  # noqa: E402
 from tests.k8s_helpers import NAMESPACE, admin_api, executor_api, require_cluster, wait_for  # noqa: E402
 
 OUT = Path(__file__).resolve().parent

@@ -3,7 +3,7 @@
     dagster-gpu search -m pipelines.definitions -a fortune_embeddings_index "text" [-k 10]
             [--fingerprint fp1-…] [--model DIR_OR_ID] [--device cpu] [--exact] [--json]
 
-``-a`` names the index asset (:func:`dagster_gpu.index.asset.vector_index_asset`) or the embedding asset it
+``-a`` names the index asset (:func:`dagster_gpu.definitions.vector_index.vector_index_asset`) or the embedding asset it
 follows. The query is embedded as the rows were: the fingerprint's lineage (recorded from the outputs'
 parquet metadata) gives the model, its revision, ``max_seq_length``, ``normalize``, ``truncate_dim`` and
 ``output_dtype``; the prompt is the model's ``"query"`` prompt (``prompts.query_prompt``: what
@@ -105,7 +105,7 @@ def _index_of(defs, asset: str):
     an index asset nor an embedding asset with one."""
     import dagster as dg
 
-    from dagster_gpu.index.asset import META_EMBEDDINGS, META_TABLE, META_URI
+    from dagster_gpu.definitions.vector_index import META_EMBEDDINGS, META_TABLE, META_URI
     from dagster_gpu.index.lance import VectorIndex
 
     key = dg.AssetKey.from_user_string(asset)
@@ -143,7 +143,7 @@ def search_main(argv: list[str]) -> int:
     if args.k < 1:
         ap.error("-k must be at least 1")
 
-    from dagster_gpu.code_module import load_definitions
+    from dagster_gpu.commands.code_module import load_definitions
     from dagster_gpu.embedding.model import ModelNotFound
 
     loaded = load_definitions(args.module, args.attribute, "dagster-gpu search")
@@ -170,7 +170,7 @@ def search_main(argv: list[str]) -> int:
         return 0
     from rich.table import Table
 
-    from dagster_gpu.cli_common import console
+    from dagster_gpu.commands.common import console
 
     t = Table(title=f"{len(rows)} nearest rows of {key.to_user_string()} (fingerprint {fp or '(none)'}, "
                     f"model {opts.model}, query prompt {prompt!r})")

@@ -22,10 +22,10 @@ from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.storage.dagster_run import RunsFilter
 from dagster._core.utils import make_new_backfill_id
 
-from dagster_gpu.billing.billed import BilledShare, PendingBill, billed_share, unit_of
+from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, unit_of
 from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, WALL_SECONDS
-from dagster_gpu.failures import launch_metadata, partition_line, step_failure_message
-from dagster_gpu.ranges import range_tags, run_partition_keys
+from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
+from dagster_gpu.instance.run_ranges import range_tags, run_partition_keys
 
 _DONE_BACKFILL = {
     BulkActionStatus.COMPLETED,
@@ -269,7 +269,7 @@ class PartitionSummary(PendingBill):
     Units: seconds, USD. ``cost_usd`` is the measured cost on the materialization; ``bill`` the partition's
     share of its unit's scheduler bill (``billed_cost_usd``, ``bill_source``: sacct, pod-interval, process),
     None until that bill lands; a failed partition has a billed share too (the time its unit spent on it).
-    ``unit``: the (metadata key, value) naming the work unit that last ran it (:data:`dagster_gpu.billing.billed.UNIT_KEYS`).
+    ``unit``: the (metadata key, value) naming the work unit that last ran it (:data:`dagster_gpu.instance.bills.UNIT_KEYS`).
     """
 
     partition_key: str
@@ -298,7 +298,7 @@ def summarize_partitions(
     """The latest materialization of each partition (or the failure of the backfill run that covered it:
     the failed partition's own line of the run's failure message when the unit named it), with the
     partition's share of its unit's scheduler bill once that has landed (``bill``:
-    :func:`dagster_gpu.billing.billed.billed_share`; a failed partition's share too)."""
+    :func:`dagster_gpu.instance.bills.billed_share`; a failed partition's share too)."""
     failures: dict[str, tuple[str, str]] = {}
     if backfill_id:
         messages: dict[str, str] = {}
@@ -355,7 +355,7 @@ def wait_for_bills(
     poll_s: float = 2.0,
     on_wait: Callable[[int], None] | None = None,
 ) -> list[PartitionSummary]:
-    """``rows`` with the bills of those pending (:attr:`~dagster_gpu.billing.billed.PendingBill.bill_pending`) read
+    """``rows`` with the bills of those pending (:attr:`~dagster_gpu.instance.bills.PendingBill.bill_pending`) read
     again every ``poll_s`` seconds until none is pending or ``timeout_s`` seconds passed. A unit's bill lands
     after the backfill's runs end: the run worker bills its units at its exit (each backend's
     ``settle_wait_seconds``) and the bills sensor sweeps what it could not, so the daemon must still be

@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from dagster_gpu.code_module import load_definitions
+from dagster_gpu.commands.code_module import load_definitions
 
 
 def stale_main(argv: list[str]) -> int:
@@ -25,9 +25,9 @@ def stale_main(argv: list[str]) -> int:
 
     import dagster as dg
 
-    from dagster_gpu.cli_common import console as make_console, instance_or_none
+    from dagster_gpu.commands.common import console as make_console, instance_or_none
     from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
-    from dagster_gpu.partitions import NoCorpus, corpus_of, partition_staleness
+    from dagster_gpu.definitions.partitions import NoCorpus, corpus_of, partition_staleness
 
     prog = "dagster-gpu stale"
     loaded = load_definitions(args.module, args.attribute, prog)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Collection, Mapping, Sequence
 
-from dagster_gpu.source_versions import Recorded
+from dagster_gpu.instance.source_versions import Recorded
 
 
 @dataclass(frozen=True)

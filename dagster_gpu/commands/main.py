@@ -30,7 +30,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dagster_gpu.code_module import load_definitions
+from dagster_gpu.commands.code_module import load_definitions
 
 
 def _backfill(argv: list[str]) -> int:
@@ -56,10 +56,10 @@ def _backfill(argv: list[str]) -> int:
 
     import dagster as dg
 
-    from dagster_gpu.cli_common import console as make_console, instance_or_none
+    from dagster_gpu.commands.common import console as make_console, instance_or_none
     from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
-    from dagster_gpu.partitions import NoCorpus, corpus_of, indexes_following, prune_partitions, register_corpus_files, select_partitions
-    from dagster_gpu.report import run_backfill_with_progress
+    from dagster_gpu.definitions.partitions import NoCorpus, corpus_of, indexes_following, prune_partitions, register_corpus_files, select_partitions
+    from dagster_gpu.commands.progress import run_backfill_with_progress
 
     console = make_console()
     loaded = load_definitions(args.module, args.attribute, "dagster-gpu backfill")
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "backfill":
         return _backfill(rest)
     if cmd == "stale":
-        from dagster_gpu.stale_cli import stale_main
+        from dagster_gpu.commands.stale import stale_main
 
         return stale_main(rest)
     if cmd == "whatif":
@@ -136,11 +136,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return whatif_main(rest)
     if cmd == "report":
-        from dagster_gpu.html_report import report_main
+        from dagster_gpu.commands.report import report_main
 
         return report_main(rest)
     if cmd == "search":
-        from dagster_gpu.index.search import search_main
+        from dagster_gpu.commands.search import search_main
 
         return search_main(rest)
     print(f"dagster-gpu: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)

@@ -2,7 +2,7 @@
 backfill or of an asset's last N materializations.
 
 Per partition: cost (USD) by backend (as measured, and its share of its unit's scheduler bill:
-:func:`dagster_gpu.billing.billed.billed_share`), GPU-seconds, useful fraction, GPU utilization, texts/s against
+:func:`dagster_gpu.instance.bills.billed_share`), GPU-seconds, useful fraction, GPU utilization, texts/s against
 rows, the placement chosen and the policy's estimated cost against the measured one; totals per
 backend; each failed partition with its run and the reason. Sources: each materialization's metadata
 (keys in README "Metadata on each materialization"), each failed run's step failure, and each run's
@@ -27,10 +27,10 @@ from typing import Any, Mapping, Sequence
 import dagster as dg
 
 from dagster_gpu.billing.keys import COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS, WALL_SECONDS
-from dagster_gpu.cli_common import instance_or_none
-from dagster_gpu.billing.billed import BilledShare, PendingBill, billed_share, billed_total, unit_of
-from dagster_gpu.failures import launch_metadata, partition_line, step_failure_message
-from dagster_gpu.ranges import PartitionRangeError, run_partition_keys
+from dagster_gpu.commands.common import instance_or_none
+from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, billed_total, unit_of
+from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
+from dagster_gpu.instance.run_ranges import PartitionRangeError, run_partition_keys
 from dagster_gpu.worker.metadata import placement_from_metadata
 
 

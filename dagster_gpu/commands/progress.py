@@ -8,9 +8,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dagster_gpu.backfill import BackfillProgress, PartitionSummary
-from dagster_gpu.billing.billed import billed_total
-from dagster_gpu.failures import FailureDetail
+from dagster_gpu.commands.backfill import BackfillProgress, PartitionSummary
+from dagster_gpu.instance.bills import billed_total
+from dagster_gpu.instance.failures import FailureDetail
 
 
 def progress_bar(console: Console) -> Progress:
@@ -80,7 +80,7 @@ def failures_table(details: Sequence[FailureDetail]) -> Table:
 
 def print_summary(console: Console, instance, rows: Sequence[PartitionSummary], title: str) -> None:
     """The summary table, then the failed partitions (if any) with their run, error and log."""
-    from dagster_gpu.failures import failure_detail
+    from dagster_gpu.instance.failures import failure_detail
 
     console.print(summary_table(rows, title=title))
     failed = [failure_detail(instance, r.partition_key, r.run_id, r.error) for r in rows if not r.ok]
@@ -107,11 +107,11 @@ def run_backfill_with_progress(
 
     ``run_config`` applies to every run (e.g. ``{"execution": {"config": {"backend": "slurm", ...}}}``).
     After the runs end the daemon keeps running up to ``bills_wait_s`` seconds, until every work unit's
-    scheduler bill has landed (:func:`dagster_gpu.backfill.wait_for_bills`); stopping it at once would stop
+    scheduler bill has landed (:func:`dagster_gpu.commands.backfill.wait_for_bills`); stopping it at once would stop
     run workers still waiting for sacct. Returns the per-partition summary (see
-    :func:`dagster_gpu.backfill.summarize_partitions`).
+    :func:`dagster_gpu.commands.backfill.summarize_partitions`).
     """
-    from dagster_gpu.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills
 
     console = console or Console()
     backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title, run_config=run_config)

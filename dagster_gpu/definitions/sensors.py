@@ -7,14 +7,14 @@
   ``<hash of the range's keys and versions>:<first>..<last>``, so a version of a file is never requested
   twice by the sensor. A file rewritten while its run reads it is found changed at the next tick after
   that run (the run recorded the version from before its read). With the asset depending on its corpus
-  source asset (:func:`dagster_gpu.source_versions.corpus_source`), the tick also records one observation
+  source asset (:func:`dagster_gpu.instance.source_versions.corpus_source`), the tick also records one observation
   per partition whose file version changed (its data version). With ``prune=True`` it deletes the partitions
-  of files gone, their outputs and their index rows (:func:`dagster_gpu.partitions.prune_partitions`). The
+  of files gone, their outputs and their index rows (:func:`dagster_gpu.definitions.partitions.prune_partitions`). The
   cursor records how many files and the newest modification time seen (for the UI); the set of existing
   partitions is the authority, so files arriving out of modification-time order are never missed.
 - :func:`backfill_missing_schedule`: requests runs for partitions never materialized, or failed (as the
   UI's partitions view shows them: a failed ranged run's partitions that it did not materialize), and with
-  ``stale=True`` the stale ones (:mod:`dagster_gpu.stale`), skipping partitions with a run in flight;
+  ``stale=True`` the stale ones (:mod:`dagster_gpu.instance.stale`), skipping partitions with a run in flight;
   consecutive keys share ranged runs, a key that is fine ends a range.
 """
 
@@ -27,10 +27,10 @@ from typing import Any, Callable, Mapping, Sequence
 import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
-from dagster_gpu.partition_status import dynamic_partitions_def, partition_status, partitions_to_rerun
-from dagster_gpu.partitions import corpus_of, indexes_following, partition_staleness, prune_partitions
-from dagster_gpu.ranges import contiguous_ranges, range_run_tags
-from dagster_gpu.source_versions import (
+from dagster_gpu.instance.partition_status import dynamic_partitions_def, partition_status, partitions_to_rerun
+from dagster_gpu.definitions.partitions import corpus_of, indexes_following, partition_staleness, prune_partitions
+from dagster_gpu.instance.run_ranges import contiguous_ranges, range_run_tags
+from dagster_gpu.instance.source_versions import (
     corpus_asset_key, depends_on_corpus, observations, observed_versions, recorded_versions,
 )
 
@@ -167,7 +167,7 @@ def backfill_missing_schedule(
 ) -> dg.ScheduleDefinition:
     """A schedule (dynamic partitions cannot use build_schedule_from_partitioned_job) that re-requests
     missing and failed partitions of ``asset``, and with ``stale`` its stale ones (file or fingerprint
-    changed, :func:`dagster_gpu.partitions.partition_staleness` against ``corpus``, default the asset's corpus
+    changed, :func:`dagster_gpu.definitions.partitions.partition_staleness` against ``corpus``, default the asset's corpus
     URL with every file)."""
     job = job or asset_job(asset)
 

@@ -6,18 +6,18 @@ from typing import Any, Mapping, Sequence
 
 import dagster as dg
 
-from dagster_gpu.checks import check_specs
+from dagster_gpu.instance.checks import check_specs
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.embedding.fingerprint import config_fingerprint
-from dagster_gpu.request import TAG_ASSET_KEY, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, GpuRequest
+from dagster_gpu.core.request import TAG_ASSET_KEY, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.unit import UnitSpec, run_unit
 
 
 def output_uri_for(output_url: str, asset_name: str, partition_key: str) -> str:
-    """``<output_url>/<asset_name>/<output name>``: :func:`dagster_gpu.keys.output_name_for` (``<key>.parquet``
+    """``<output_url>/<asset_name>/<output name>``: :func:`dagster_gpu.core.partition_keys.output_name_for` (``<key>.parquet``
     for a lower-case key; unique under case folding, no doubled extension). Outputs written under the
-    earlier ``<key>.parquet`` name are found by :func:`dagster_gpu.outputs.locate_output`."""
-    from dagster_gpu.keys import output_name_for
+    earlier ``<key>.parquet`` name are found by :func:`dagster_gpu.embedding.outputs.locate_output`."""
+    from dagster_gpu.core.partition_keys import output_name_for
 
     return posixpath.join(output_url.rstrip("/"), asset_name, output_name_for(partition_key))
 

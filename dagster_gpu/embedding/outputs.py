@@ -1,6 +1,6 @@
 """Finding a partition's output file, whichever naming rule wrote it (I/O: fsspec).
 
-Outputs are written at :func:`dagster_gpu.assets.output_uri_for` (name: :func:`dagster_gpu.keys.output_name_for`).
+Outputs are written at :func:`dagster_gpu.definitions.assets.output_uri_for` (name: :func:`dagster_gpu.core.partition_keys.output_name_for`).
 Before that rule, every output was ``<key>.parquet``; for a key with upper-case letters or ending in
 ``.parquet`` the two names differ, and :func:`locate_output` reads the earlier one when the current one
 is absent, so outputs written before stay readable until the partition is materialized again. (On a
@@ -15,7 +15,7 @@ import posixpath
 
 import fsspec
 
-from dagster_gpu.keys import legacy_output_name_for, output_name_for
+from dagster_gpu.core.partition_keys import legacy_output_name_for, output_name_for
 
 
 def output_uri_candidates(output_url: str, asset_name: str, partition_key: str) -> list[str]:

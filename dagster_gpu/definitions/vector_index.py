@@ -8,7 +8,7 @@ from typing import Any, Mapping
 import dagster as dg
 
 from dagster_gpu.index.lance import DEFAULT_ANN_MIN_ROWS, VectorIndex
-from dagster_gpu.request import TAG_PARTITIONS_DEF, GpuRequest
+from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 
 #: The index asset's check: rows of the partition in the index = rows of its output parquet.
 ROWS_CHECK = "index_rows_match_output"
@@ -91,7 +91,7 @@ def vector_index_asset(
     ``index_rows_match_output`` are recorded. A partition whose output is missing or does not fit the table
     fails alone (dagster.Failure at the end names each); the table's other partitions are never touched.
     """
-    from dagster_gpu.outputs import locate_output
+    from dagster_gpu.embedding.outputs import locate_output
 
     emb_key = embeddings.key
     emb_name = emb_key.path[-1]
@@ -112,7 +112,7 @@ def vector_index_asset(
         name=name, key_prefix=list(emb_key.path[:-1]) or None, partitions_def=pdef, deps=[emb_key],
         group_name=group_name, kinds={"lancedb"}, output_required=False,
         # a CPU step: gpu_executor places it on a CPU (policy: count == 0); the partitions definition's name lets
-        # gpu_executor resolve a ranged run's keys (dagster_gpu.ranges.run_partition_keys), as for embedding_asset
+        # gpu_executor resolve a ranged run's keys (dagster_gpu.instance.run_ranges.run_partition_keys), as for embedding_asset
         op_tags={**GpuRequest(count=0).to_tags(), TAG_PARTITIONS_DEF: pdef.name or ""},
         backfill_policy=dg.BackfillPolicy.multi_run(per_run),
         description=f"LanceDB table {table!r} at {uri}: the rows of {emb_key.to_user_string()}, each partition replaced in one commit.",
@@ -120,7 +120,7 @@ def vector_index_asset(
         check_specs=_check_specs(key, pdef),
     )
     def _index(context: dg.AssetExecutionContext):
-        from dagster_gpu.checks import materialization_target
+        from dagster_gpu.instance.checks import materialization_target
 
         failed: dict[str, str] = {}
         for pk in context.partition_keys:

@@ -7,8 +7,8 @@
   ``corpus_sensor`` does each tick), so a new corpus needs no sensor first.
 - :func:`select_partitions`: all registered, or the ``missing`` (never materialized) and/or ``failed``
   (latest run failed; a canceled run leaves them missing) ones, as ``backfill_missing_schedule`` computes them
-  (:func:`dagster_gpu.partition_status.partition_status`, as the UI's partitions view shows them; partitions in
-  progress are left out), and/or the ``stale`` ones (:func:`partition_staleness`, :mod:`dagster_gpu.stale`).
+  (:func:`dagster_gpu.instance.partition_status.partition_status`, as the UI's partitions view shows them; partitions in
+  progress are left out), and/or the ``stale`` ones (:func:`partition_staleness`, :mod:`dagster_gpu.instance.stale`).
 - :func:`prune_partitions`: deletes the partitions of files gone from the corpus, and with ``delete_outputs``
   their output parquet files and their rows in every vector index following the asset.
 """
@@ -23,10 +23,10 @@ from typing import Any, Iterable, Mapping
 import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
-from dagster_gpu.partition_status import dynamic_partitions_def, partition_status
-from dagster_gpu.request import TAG_CORPUS_URL
-from dagster_gpu.source_versions import recorded_versions
-from dagster_gpu.stale import Staleness, find_stale
+from dagster_gpu.instance.partition_status import dynamic_partitions_def, partition_status
+from dagster_gpu.core.request import TAG_CORPUS_URL
+from dagster_gpu.instance.source_versions import recorded_versions
+from dagster_gpu.instance.stale import Staleness, find_stale
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def indexes_following(assets: Iterable[dg.AssetsDefinition], asset_key: dg.Asset
     """The vector indexes (:class:`dagster_gpu.index.lance.VectorIndex`) of the index assets that follow
     ``asset_key`` (their ``dagster_gpu/embeddings_asset`` metadata), opened as ``dagster-gpu search`` opens
     them (object-store credentials from the environment)."""
-    from dagster_gpu.index.asset import META_EMBEDDINGS, META_TABLE, META_URI
+    from dagster_gpu.definitions.vector_index import META_EMBEDDINGS, META_TABLE, META_URI
     from dagster_gpu.index.lance import VectorIndex
 
     out, seen = [], set()
@@ -126,7 +126,7 @@ def prune_partitions(
 ) -> list[Pruned]:
     """Delete the dynamic partitions of ``asset`` whose corpus file is gone, except those with a run in
     progress; with ``delete_outputs``, first each one's rows in ``indexes`` (``VectorIndex.delete_partition``)
-    and its output parquet file(s) (:func:`dagster_gpu.outputs.locate_output` under the asset's
+    and its output parquet file(s) (:func:`dagster_gpu.embedding.outputs.locate_output` under the asset's
     ``dagster_gpu/output_url``, either naming rule; fsspec with ``output_storage_options``). Nothing of any
     other partition is touched. A partition whose deletion fails stays registered (``Pruned.error``), so the
     next prune tries again; the others go on. ``files``: the corpus listing when the caller has just made it.
@@ -173,7 +173,7 @@ def _delete_outputs(output_url: str, asset_name: str, key: str, storage_options:
     """Delete the partition's output file(s) (the current name, then an earlier ``<key>.parquet``); their URIs."""
     import fsspec
 
-    from dagster_gpu.outputs import locate_output
+    from dagster_gpu.embedding.outputs import locate_output
 
     deleted: list[str] = []
     opts = dict(storage_options or {})
@@ -185,8 +185,8 @@ def _delete_outputs(output_url: str, asset_name: str, key: str, storage_options:
 
 
 def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource) -> Staleness:
-    """:func:`dagster_gpu.stale.find_stale` of ``asset``'s registered partitions: the corpus listing's source
-    versions, each partition's latest materialization (:func:`dagster_gpu.source_versions.recorded_versions`),
+    """:func:`dagster_gpu.instance.stale.find_stale` of ``asset``'s registered partitions: the corpus listing's source
+    versions, each partition's latest materialization (:func:`dagster_gpu.instance.source_versions.recorded_versions`),
     the asset's code version, the partitions in progress. Raises CorpusNotFound / CorpusUnreadable for the
     corpus, TypeError when the asset's partitions are not dynamic."""
     pdef = dynamic_partitions_def(asset)
