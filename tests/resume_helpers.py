@@ -14,7 +14,7 @@ def launch_handle(instance, run_id: str) -> dict | None:
     """The handle in the run's STEP_WORKER_STARTING event (None before the step was launched)."""
     from dagster._core.events import DagsterEventType
 
-    from dagster_gpu.executor.step_handler import HANDLE_KEY
+    from dagster_gpu.instance.events import HANDLE_KEY
 
     for rec in instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_WORKER_STARTING).records:
         md = rec.event_log_entry.dagster_event.engine_event_data.metadata

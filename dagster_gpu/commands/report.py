@@ -32,6 +32,7 @@ from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, b
 from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.instance.run_ranges import PartitionRangeError, run_partition_keys
 from dagster_gpu.worker.metadata import placement_from_metadata
+from dagster_gpu.instance.events import metadata_get
 
 
 @dataclass(frozen=True)
@@ -55,20 +56,15 @@ class ReportRow(PendingBill):
     unit: tuple[str, str] | None = None  # (metadata key, value) of the work unit that ran it
 
 
-def _v(md: Mapping[str, Any], key: str) -> Any:
-    x = md.get(key)
-    return getattr(x, "value", x)
-
-
 def useful_fraction(md: Mapping[str, Any]) -> float | None:
     """See the module docstring; clipped to [0, 1]."""
-    given = _v(md, "embedding/useful_fraction")
+    given = metadata_get(md, "embedding/useful_fraction")
     if isinstance(given, (int, float)):
         return max(0.0, min(1.0, float(given)))
-    emb = _v(md, "embedding/seconds")
-    billed = _v(md, WALL_SECONDS)
+    emb = metadata_get(md, "embedding/seconds")
+    billed = metadata_get(md, WALL_SECONDS)
     if not isinstance(billed, (int, float)):
-        gs, dev = _v(md, GPU_SECONDS), _v(md, DEVICES)
+        gs, dev = metadata_get(md, GPU_SECONDS), metadata_get(md, DEVICES)
         billed = gs / dev if isinstance(gs, (int, float)) and isinstance(dev, (int, float)) and dev > 0 else gs
     if not isinstance(emb, (int, float)) or not isinstance(billed, (int, float)) or billed <= 0:
         return None
@@ -84,18 +80,18 @@ def row_from(partition: str, run_id: str, md: Mapping[str, Any], launch_md: Mapp
     est = chosen.cost_usd / max(1, partitions_in_run) if chosen and chosen.cost_usd is not None else None
 
     def num(key: str) -> float | None:
-        x = _v(md, key)
+        x = metadata_get(md, key)
         return float(x) if isinstance(x, (int, float)) else None
 
-    rows = _v(md, "embedding/rows")
+    rows = metadata_get(md, "embedding/rows")
     return ReportRow(
-        partition=partition, run_id=run_id, backend=str(_v(md, "dagster_gpu/backend") or "?"),
+        partition=partition, run_id=run_id, backend=str(metadata_get(md, "dagster_gpu/backend") or "?"),
         rows=int(rows) if isinstance(rows, (int, float)) else None,
         texts_per_second=num("embedding/texts_per_second"), cost_usd=num(COST_USD),
         gpu_seconds=num(GPU_SECONDS), useful_fraction=useful_fraction(md),
         utilization_percent=num("gpu/utilization_mean_percent"),
-        gpu_unavailable_reason=_v(md, "gpu/unavailable_reason"),
-        device=str(_v(md, DEVICE_TYPE) or (placement.device if placement else "") or ""),
+        gpu_unavailable_reason=metadata_get(md, "gpu/unavailable_reason"),
+        device=str(metadata_get(md, DEVICE_TYPE) or (placement.device if placement else "") or ""),
         estimated_cost_usd=est, placement_reason=placement.reason if placement else "",
     )
 

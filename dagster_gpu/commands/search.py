@@ -107,6 +107,7 @@ def _index_of(defs, asset: str):
 
     from dagster_gpu.definitions.vector_index import META_EMBEDDINGS, META_TABLE, META_URI
     from dagster_gpu.index.lance import VectorIndex
+    from dagster_gpu.instance.events import metadata_values
 
     key = dg.AssetKey.from_user_string(asset)
     keys = defs.resolve_all_asset_keys()
@@ -115,7 +116,7 @@ def _index_of(defs, asset: str):
 
     def meta(k):
         md = defs.get_assets_def(k).metadata_by_key.get(k, {})
-        return {n: getattr(v, "value", v) for n, v in md.items()}
+        return metadata_values(md)
 
     md = meta(key)
     if META_URI not in md:

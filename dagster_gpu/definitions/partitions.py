@@ -27,6 +27,7 @@ from dagster_gpu.instance.partition_status import dynamic_partitions_def, partit
 from dagster_gpu.core.request import TAG_CORPUS_URL
 from dagster_gpu.instance.source_versions import recorded_versions
 from dagster_gpu.instance.stale import Staleness, find_stale
+from dagster_gpu.instance.events import metadata_value, metadata_values
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +108,7 @@ def indexes_following(assets: Iterable[dg.AssetsDefinition], asset_key: dg.Asset
     out, seen = [], set()
     for a in assets:
         for k, md in a.metadata_by_key.items():
-            md = {n: getattr(v, "value", v) for n, v in md.items()}
+            md = metadata_values(md)
             if md.get(META_EMBEDDINGS) == asset_key.to_user_string() and (md[META_URI], md[META_TABLE]) not in seen:
                 seen.add((md[META_URI], md[META_TABLE]))
                 out.append(VectorIndex(md[META_URI], md[META_TABLE]))
@@ -166,7 +167,7 @@ def _output_url(asset: dg.AssetsDefinition) -> str:
     url = md.get("dagster_gpu/output_url")
     if url is None:
         raise ValueError(f"asset {asset.key.to_user_string()} has no dagster_gpu/output_url metadata: not made by embedding_asset")
-    return str(getattr(url, "value", url))
+    return str(metadata_value(url))
 
 
 def _delete_outputs(output_url: str, asset_name: str, key: str, storage_options: Mapping[str, Any] | None) -> list[str]:

@@ -9,6 +9,7 @@ import dagster as dg
 
 from dagster_gpu.index.lance import DEFAULT_ANN_MIN_ROWS, VectorIndex
 from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
+from dagster_gpu.instance.events import metadata_value
 
 #: The index asset's check: rows of the partition in the index = rows of its output parquet.
 ROWS_CHECK = "index_rows_match_output"
@@ -99,7 +100,7 @@ def vector_index_asset(
     src_url = output_url or emb_meta.get("dagster_gpu/output_url")
     if not src_url:
         raise ValueError(f"vector_index_asset: {emb_key.to_user_string()} has no dagster_gpu/output_url metadata; pass output_url")
-    src_url = str(getattr(src_url, "value", src_url))
+    src_url = str(metadata_value(src_url))
     pdef = embeddings.partitions_def
     name = name or f"{emb_name}_index"
     key = dg.AssetKey([*emb_key.path[:-1], name])

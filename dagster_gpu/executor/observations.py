@@ -32,13 +32,9 @@ from dagster_gpu.contracts import UnitBill, read_step_context
 from dagster_gpu.instance.step_args import step_args_from_env
 from dagster_gpu.instance.run_ranges import run_partition_keys
 from dagster_gpu.billing.measured import billed_device
+from dagster_gpu.instance.events import metadata_get
 
 log = logging.getLogger(__name__)
-
-
-def _value(md: Mapping[str, Any], key: str) -> Any:
-    v = md.get(key)
-    return getattr(v, "value", v)
 
 
 def unit_rate(bill: UnitBill, device_type: str | None, parent_product: str | None = None) -> float:
@@ -101,7 +97,7 @@ def write_unit_bill(
             continue
         mat = ev.step_materialization_data.materialization
         done_in_run.add(mat.partition or "")
-        unit = _value(mat.metadata, bill.match[0]) if bill.match is not None else None
+        unit = metadata_get(mat.metadata, bill.match[0]) if bill.match is not None else None
         if unit is not None and str(unit) != bill.match[1]:
             continue  # materialized by another unit of the step (an earlier attempt)
         materialized[mat.partition or ""] = (mat.asset_key, mat.metadata)
@@ -112,16 +108,16 @@ def write_unit_bill(
     failed = [k for k in keys if k not in done_in_run]
     if not materialized and not failed:
         failed = list(keys) or [""]
-    measured = [(k, float(_value(md, GPU_SECONDS) or 0.0)) for k, (_, md) in materialized.items()]
+    measured = [(k, float(metadata_get(md, GPU_SECONDS) or 0.0)) for k, (_, md) in materialized.items()]
     first = next((md for _, md in materialized.values() if md.get(DEVICE_TYPE) is not None), {})
     total = bill.gpu_seconds
     if bill.wall_seconds is not None:  # no scheduler counted the devices: those the unit's materializations report
-        devices = _value(first, DEVICES)
+        devices = metadata_get(first, DEVICES)
         total = bill.wall_seconds * (float(devices) if devices is not None else 1.0)
     parts = apportion_unit_bill(total, measured, failed)
     n = len(parts)
-    product = _value(first, "gpu/product_name")
-    rate = unit_rate(bill, _value(first, DEVICE_TYPE) or bill.device_type,
+    product = metadata_get(first, "gpu/product_name")
+    rate = unit_rate(bill, metadata_get(first, DEVICE_TYPE) or bill.device_type,
                      billed_device("cuda", str(product), 1, None)[1] if product else None)
     # a partition the unit did not materialize belongs to the run's asset (a run without an asset selection:
     # the asset its other partitions materialized)
@@ -139,7 +135,7 @@ def write_unit_bill(
             UNIT_GPU_SECONDS: float(total),
             UNIT_PARTITIONS: n,
         }
-        m = _value(mat_md, GPU_SECONDS)
+        m = metadata_get(mat_md, GPU_SECONDS)
         if isinstance(m, (int, float)):
             md[MEASURED_GPU_SECONDS] = float(m)
             md[DIFFERENCE_GPU_SECONDS] = float(share) - float(m)

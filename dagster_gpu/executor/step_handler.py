@@ -26,12 +26,13 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from dagster import DagsterEventType, DagsterRunStatus, MetadataValue
+from dagster import DagsterRunStatus, MetadataValue
 from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHandler, StepHandlerContext
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.instance.connections import hold_storage_connections
+from dagster_gpu.instance.events import BACKEND_KEY, HANDLE_KEY, launches, outcome_recorded
 from dagster_gpu.contracts import Backend, Handle, StepLaunch, WorkerStatus, describe_partitions
 from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backfill_hint import launches_to_come
@@ -47,9 +48,6 @@ from dagster_gpu.worker.context import StepContext
 
 log = logging.getLogger(__name__)
 
-HANDLE_KEY = "dagster_gpu/handle"
-BACKEND_KEY = "dagster_gpu/backend"
-_OUTCOMES = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_UP_FOR_RETRY}
 
 
 class GpuStepHandler(StepHandler):
@@ -190,33 +188,15 @@ class GpuStepHandler(StepHandler):
         handle found in the event log (a resumed run re-attaching) is handed to the settler."""
         run_id = ctx.dagster_run.run_id
         attempt = self._attempt(ctx, step_key)
-        records = ctx.instance.get_records_for_run(
-            run_id, of_type=DagsterEventType.STEP_WORKER_STARTING, ascending=False, limit=50
-        ).records
-        for rec in records:
-            ev = rec.event_log_entry.dagster_event
-            if ev is None or ev.step_key != step_key:
-                continue
-            md = ev.engine_event_data.metadata if ev.engine_event_data else {}
-            if HANDLE_KEY in md and BACKEND_KEY in md:
-                handle = md[HANDLE_KEY].value
-                name = md[BACKEND_KEY].value
+        for launch in launches(ctx.instance, run_id, latest_first=True, limit=50):
+            if launch.step_key == step_key and launch.has_handle:
+                name, handle = launch.backend, launch.handle
                 with self._lock:
-                    self._launched[(run_id, step_key, attempt)] = (name, handle, rec.storage_id)
+                    self._launched[(run_id, step_key, attempt)] = (name, handle, launch.storage_id)
                 self.settler.track(self.backend(name), handle)
-                return name, handle, rec.storage_id
+                return name, handle, launch.storage_id
         with self._lock:
             return self._launched.get((run_id, step_key, attempt))
-
-    @staticmethod
-    def _outcome_recorded(ctx: StepHandlerContext, step_key: str, after_storage_id: int | None) -> bool:
-        records = ctx.instance.get_records_for_run(ctx.dagster_run.run_id, of_type=set(_OUTCOMES)).records
-        return any(
-            rec.event_log_entry.dagster_event is not None
-            and rec.event_log_entry.dagster_event.step_key == step_key
-            and (after_storage_id is None or rec.storage_id > after_storage_id)
-            for rec in records
-        )
 
     def check_step_health(self, step_handler_context: StepHandlerContext) -> CheckStepHealthResult:
         ctx = step_handler_context
@@ -229,7 +209,7 @@ class GpuStepHandler(StepHandler):
         state = self.backend(name).state(handle)
         if state.status not in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
             return CheckStepHealthResult.healthy()
-        if self._outcome_recorded(ctx, step_key, launched_at):
+        if outcome_recorded(ctx.instance, ctx.dagster_run.run_id, [step_key], launched_at):
             return CheckStepHealthResult.healthy()
         code = "" if state.exit_code is None else f", exit code {state.exit_code}"
         where = describe_partitions(self.partition_keys(ctx, step_key))

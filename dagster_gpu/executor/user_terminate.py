@@ -17,30 +17,22 @@ holds a GPU and ends COMPLETED instead of CANCELLED.
 
 from __future__ import annotations
 
-from dagster import DagsterEventType, DagsterRunStatus, MetadataValue
+from dagster import DagsterRunStatus, MetadataValue
 from dagster._core.errors import DagsterExecutionInterruptedError
 from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.executor.step_delegating import StepDelegatingExecutor
 
-from dagster_gpu.executor.step_handler import BACKEND_KEY, HANDLE_KEY
-
-_OUTCOMES = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_UP_FOR_RETRY}
+from dagster_gpu.instance.events import HANDLE_KEY, last_outcomes, launches
 
 
 def unfinished_launches(instance, run_id: str) -> list[tuple[str, str, dict]]:
     """(step key, backend name, handle) of every launch of the run whose step recorded no outcome after it."""
-    launches: dict[str, tuple[int, str, dict]] = {}
-    for rec in instance.get_records_for_run(run_id, of_type=DagsterEventType.STEP_WORKER_STARTING).records:
-        ev = rec.event_log_entry.dagster_event
-        md = ev.engine_event_data.metadata if ev and ev.engine_event_data else {}
-        if ev and ev.step_key and HANDLE_KEY in md and BACKEND_KEY in md:
-            launches[ev.step_key] = (rec.storage_id, md[BACKEND_KEY].value, md[HANDLE_KEY].value)
-    done: dict[str, int] = {}
-    for rec in instance.get_records_for_run(run_id, of_type=_OUTCOMES).records:
-        ev = rec.event_log_entry.dagster_event
-        if ev and ev.step_key:
-            done[ev.step_key] = max(done.get(ev.step_key, 0), rec.storage_id)
-    return [(k, name, h) for k, (sid, name, h) in launches.items() if done.get(k, 0) < sid]
+    latest: dict[str, tuple[int, str, dict]] = {}
+    for launch in launches(instance, run_id):
+        if launch.step_key and launch.has_handle:
+            latest[launch.step_key] = (launch.storage_id, launch.backend, launch.handle)
+    done = last_outcomes(instance, run_id)
+    return [(k, name, h) for k, (sid, name, h) in latest.items() if done.get(k, 0) < sid]
 
 
 class GpuStepDelegatingExecutor(StepDelegatingExecutor):

@@ -17,6 +17,7 @@ from typing import Any, Iterable, Mapping
 import dagster as dg
 
 from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, SOURCE
+from dagster_gpu.instance.events import metadata_values
 
 #: The metadata keys naming a work unit, one per backend (``UnitBill.match`` of the Slurm, Kubernetes and
 #: local backends).
@@ -69,13 +70,9 @@ def billed_total(rows: Iterable[PendingBill]) -> str:
     return f"{sum(r.billed_cost_usd or 0.0 for r in rows):.6f}" + (f" ({pending} pending)" if pending else "")
 
 
-def _values(md: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: getattr(v, "value", v) for k, v in md.items()}
-
-
 def unit_of(md: Mapping[str, Any]) -> tuple[str, str] | None:
     """The (key, value) naming the unit in materialization, launch or observation metadata; None without one."""
-    v = _values(md)
+    v = metadata_values(md)
     for key in UNIT_KEYS:
         if v.get(key) not in (None, ""):
             return key, str(v[key])
@@ -91,7 +88,7 @@ def billed_share(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition
         dg.AssetRecordsFilter(asset_key=asset_key, asset_partitions=[partition_key]), limit=OBSERVATIONS_PER_PARTITION).records
     for rec in recs:  # newest first
         obs = rec.asset_observation
-        md = _values(obs.metadata) if obs is not None else {}
+        md = metadata_values(obs.metadata) if obs is not None else {}
         if md.get(SOURCE) and md.get(COST_USD) is not None and unit_of(md) == unit:
             return BilledShare(float(md[COST_USD]), float(md.get(GPU_SECONDS) or 0.0),
                                str(md[SOURCE]))

@@ -51,6 +51,7 @@ from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetC
 
 from dagster_gpu.embedding.writer import CHUNK_COLUMN, DOC_ID_COLUMN, HASH_COLUMN, ID_COLUMN, TEXT_COLUMN, VECTOR_COLUMN
 
+from dagster_gpu.instance.events import metadata_value
 OUTPUT_READABLE = "output_readable"
 ROWS_MATCH_RECORDS = "rows_match_records"
 VECTOR_DIM = "vector_dim"
@@ -329,8 +330,7 @@ def recheck_outcomes(md: Mapping[str, Any], storage_options: Mapping[str, Any] |
     def val(key: str) -> Any:
         if key not in md:
             raise KeyError(f"materialization metadata has no {key!r}")
-        v = md[key]
-        return getattr(v, "value", v)
+        return metadata_value(md[key])
 
     return verify_output(
         str(val("embedding/output_uri")), expected_dim=int(val("embedding/dim")),

@@ -11,6 +11,8 @@ from typing import Any, Mapping
 
 import dagster as dg
 
+from dagster_gpu.instance.events import latest_launch_metadata, metadata_values
+
 
 @dataclass(frozen=True)
 class FailureDetail:
@@ -42,7 +44,7 @@ def first_line(text: str | None, limit: int = 160) -> str:
 
 def log_location(launch_md: Mapping[str, Any], run_id: str | None) -> str:
     """Where the full log of a step is, from its launch event's metadata (values or MetadataValues)."""
-    v = {k: getattr(x, "value", x) for k, x in launch_md.items()}
+    v = metadata_values(launch_md)
     if v.get("local/log_file"):
         return str(v["local/log_file"])
     if v.get("slurm/log_file"):
@@ -56,12 +58,7 @@ def log_location(launch_md: Mapping[str, Any], run_id: str | None) -> str:
 def launch_metadata(instance: dg.DagsterInstance, run_id: str) -> Mapping[str, Any]:
     """The metadata of the run's latest step launch (``STEP_WORKER_STARTING``: the backend's handle, e.g.
     ``slurm/job_id``, ``k8s/pod``, ``local/unit``, the log file); {} when the run launched no worker."""
-    recs = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING, ascending=False, limit=1).records
-    for r in recs:
-        ev = r.event_log_entry.dagster_event
-        if ev is not None and ev.engine_event_data:
-            return ev.engine_event_data.metadata
-    return {}
+    return latest_launch_metadata(instance, run_id)
 
 
 def failure_detail(instance: dg.DagsterInstance, partition_key: str, run_id: str | None, error: str | None) -> FailureDetail:

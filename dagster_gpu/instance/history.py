@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
+from dagster_gpu.instance.events import metadata_get
 
 ROWS_KEY = "embedding/rows"
 TPS_KEY = "embedding/texts_per_second"
@@ -19,21 +20,16 @@ UTIL_KEY = "gpu/utilization_mean_percent"
 SIZE_KEYS = ("corpus/bytes", "embedding/input_bytes", "dagster_gpu/partition_bytes")
 
 
-def _value(md: Mapping[str, Any], key: str) -> Any:
-    v = md.get(key)
-    return getattr(v, "value", v)
-
-
 def point_from_metadata(md: Mapping[str, Any]) -> HistoryPoint | None:
     """One :class:`HistoryPoint` from a materialization's metadata (MetadataValue or plain values)."""
-    rows, tps = _value(md, ROWS_KEY), _value(md, TPS_KEY)
+    rows, tps = metadata_get(md, ROWS_KEY), metadata_get(md, TPS_KEY)
     try:
         rows_i, tps_f = int(rows), float(tps)
     except (TypeError, ValueError):
         return None
-    size = next((_value(md, k) for k in SIZE_KEYS if _value(md, k) is not None), None)
-    util = _value(md, UTIL_KEY)
-    product = _value(md, PRODUCT_KEY)
+    size = next((metadata_get(md, k) for k in SIZE_KEYS if metadata_get(md, k) is not None), None)
+    util = metadata_get(md, UTIL_KEY)
+    product = metadata_get(md, PRODUCT_KEY)
     return HistoryPoint(
         rows=rows_i,
         texts_per_second=tps_f,

@@ -31,7 +31,8 @@ from dagster._core.definitions.data_version import (
     get_input_event_pointer_tag,
 )
 
-from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
+from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
+from dagster_gpu.instance.events import metadata_value
 
 #: Materialization metadata: the source version of the file the partition was embedded from.
 SOURCE_VERSION_KEY = "corpus/source_version"
@@ -163,6 +164,6 @@ def observations(corpus_key: dg.AssetKey, files: Sequence[CorpusFile], observed:
 def _text(v) -> str | None:
     if v is None:
         return None
-    v = getattr(v, "value", v)
+    v = metadata_value(v)
     v = getattr(v, "path", v) if not isinstance(v, str) else v
     return None if v is None else str(v)

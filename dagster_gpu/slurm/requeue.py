@@ -20,16 +20,15 @@ import os
 import sys
 from typing import MutableMapping, Sequence
 
-from dagster import DagsterEventType, DagsterInstance
+from dagster import DagsterInstance
 from dagster._record import copy
 
+from dagster_gpu.instance.events import outcome_recorded
 from dagster_gpu.instance.step_args import ENV_VAR, decode_step_args, encode_step_args
 
 #: This module's name, which the Slurm backend puts in each manifest entry (``requeue_module``) for the
 #: array task's runner (``dagster_gpu/slurm/script.py``) to run first in a requeued attempt.
 MODULE = "dagster_gpu.slurm.requeue"
-
-_OUTCOMES = {DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_UP_FOR_RETRY}
 
 
 def prepare_requeued_attempt(env: MutableMapping[str, str], step_key: str | None) -> bool:
@@ -37,11 +36,10 @@ def prepare_requeued_attempt(env: MutableMapping[str, str], step_key: str | None
     log; else rewrite the step args in ``env`` with ``should_verify_step=False`` and return True.
     Raises KeyError when ``env`` has no step args."""
     args = decode_step_args(env[ENV_VAR])
+    keys = args.step_keys_to_execute or ([step_key] if step_key else [])
     with DagsterInstance.from_ref(args.instance_ref) as instance:
-        recs = instance.get_records_for_run(args.run_id, of_type=_OUTCOMES).records
-    keys = set(args.step_keys_to_execute or ([step_key] if step_key else []))
-    if any(r.event_log_entry.dagster_event and r.event_log_entry.dagster_event.step_key in keys for r in recs):
-        return False
+        if outcome_recorded(instance, args.run_id, keys):
+            return False
     env[ENV_VAR] = encode_step_args(copy(args, should_verify_step=False))
     return True
 
