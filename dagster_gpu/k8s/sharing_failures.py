@@ -16,13 +16,13 @@ Dagster instance, or in-process only without a path.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Mapping
+
+from dagster_gpu.core.jsonfile import read_json, write_json
 
 ALL_POOLS = "*"
 DEFAULT_TTL_S = 6 * 3600.0
@@ -54,10 +54,7 @@ class SharingFailures:
     def _load(self) -> dict[str, dict]:
         if self.path is None:
             return dict(self._mem)
-        try:
-            d = json.loads(self.path.read_text())
-        except (OSError, ValueError):
-            return {}
+        d = read_json(self.path)
         return {k: v for k, v in d.items() if isinstance(v, dict) and isinstance(v.get("at"), (int, float))} \
             if isinstance(d, dict) else {}
 
@@ -65,11 +62,7 @@ class SharingFailures:
         if self.path is None:
             self._mem = d
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".sharing-failures.", dir=self.path.parent)
-        with os.fdopen(fd, "w") as f:
-            json.dump(d, f, sort_keys=True)
-        os.replace(tmp, self.path)
+        write_json(self.path, d, mode=0o600, sort_keys=True)
 
     def record(self, pool: str | None, reason: str, now: float | None = None) -> None:
         """Remember that a shared claim on ``pool`` (None: :data:`ALL_POOLS`) failed to prepare."""

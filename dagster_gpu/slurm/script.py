@@ -40,7 +40,6 @@ import json
 import os
 import stat
 import sys
-import tempfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -80,18 +79,9 @@ def write_job_script(directory: Path, name: str = "dagster-gpu-array.sh") -> Pat
     """(Re)write :data:`JOB_SCRIPT` as ``<directory>/<name>``, mode 0700, atomically: a new temp file
     (O_EXCL, unpredictable name) in the same directory, then ``rename`` over the old one. Returns the
     path; check it with :func:`verify_job_script` right before ``sbatch`` reads it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / name
-    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(JOB_SCRIPT)
-            os.fchmod(f.fileno(), 0o700)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    from dagster_gpu.core.jsonfile import write_atomic  # the package's writer; an array task runs this file by path
+
+    return write_atomic(directory / name, JOB_SCRIPT, mode=0o700)
 
 
 def verify_job_script(path: Path) -> str:
@@ -118,17 +108,10 @@ def write_manifest(path: Path, batch: str, tasks: Sequence[Mapping], env_files: 
             raise ManifestError(f"task {i}: argv must be a non-empty list of strings")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in dict(t.get("env", {})).items()):
             raise ManifestError(f"task {i}: env must map str to str")
+    from dagster_gpu.core.jsonfile import write_atomic  # the package's writer; an array task runs this file by path
+
     doc = {"version": MANIFEST_VERSION, "batch": batch, "env_files": list(env_files), "tasks": list(tasks)}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # 0600, O_EXCL
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(path, json.dumps(doc), mode=0o600)
 
 
 def manifest_sha256(path: Path) -> str:
