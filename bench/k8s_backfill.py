@@ -35,6 +35,7 @@ sys.path[:0] = [str(REPO)]
 import dagster as dg  # noqa: E402
 
 from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill  # noqa: E402
+from pipelines.instance_yaml import dagster_yaml  # noqa: E402
 from tests.conftest import pg_settings  # noqa: E402
 
 PIPELINE = REPO / "tests" / "k8s_pipeline.py"
@@ -54,24 +55,7 @@ def make_home(pg: dict, max_runs: int, *, name: str = "k8s", pipeline: Path = PI
     conn.cursor().execute(f"CREATE DATABASE {db}")
     conn.close()
     home = Path(tempfile.mkdtemp(prefix=f"dagster-{name}-bench-"))
-    (home / "dagster.yaml").write_text(f"""storage:
-  postgres:
-    postgres_db:
-      username: {{env: DAGSTER_PG_USER}}
-      password: {{env: DAGSTER_PG_PASSWORD}}
-      hostname: {{env: DAGSTER_PG_HOST}}
-      port: {{env: DAGSTER_PG_PORT}}
-      db_name: {db}
-      scheme: postgresql+psycopg2
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: QueuedRunCoordinator
-  config: {{max_concurrent_runs: {max_runs}, dequeue_interval_seconds: 1}}
-{extra_yaml}compute_logs:
-  module: dagster._core.storage.noop_compute_log_manager
-  class: NoOpComputeLogManager
-telemetry: {{enabled: false}}
-""")
+    (home / "dagster.yaml").write_text(dagster_yaml(db, max_runs=max_runs, noop_compute_logs=True, extra=extra_yaml))
     (home / "workspace.yaml").write_text(
         f"load_from:\n  - python_file:\n      relative_path: {pipeline}\n      working_directory: {REPO}\n"
         f"      location_name: {name}_bench\n")

@@ -22,6 +22,8 @@ import shlex
 import subprocess
 from pathlib import Path
 
+from pipelines.instance_yaml import dagster_yaml
+
 REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ("local", "slurm", "kubernetes", "auto")
 K8S_DIR = Path(os.environ.get("DAGSTER_GPU_K8S_DIR", "/tmp/dagster-gpu-k8s"))
@@ -154,29 +156,9 @@ def _k8s_secret(password: str) -> None:
 def instance_yaml(backend: str, max_runs: int, home: Path) -> str:
     """dagster.yaml: SQLite for ``local``; PostgreSQL (password by env reference, the home's own database) for
     the others."""
-    storage = "" if backend == "local" else f"""storage:
-  postgres:
-    postgres_db:
-      username: {{env: DAGSTER_PG_USER}}
-      password: {{env: DAGSTER_PG_PASSWORD}}
-      hostname: {{env: DAGSTER_PG_HOST}}
-      port: {{env: DAGSTER_PG_PORT}}
-      db_name: {demo_db(home)}
-      scheme: postgresql+psycopg2
-"""
-    return f"""# project-local Dagster instance for the demo ({'SQLite under this directory' if backend == 'local' else 'PostgreSQL'})
-{storage}run_coordinator:
-  module: dagster._core.run_coordinator
-  class: QueuedRunCoordinator
-  config:
-    max_concurrent_runs: {max_runs}
-    dequeue_interval_seconds: 1
-run_monitoring:
-  enabled: true
-  poll_interval_seconds: 5
-telemetry:
-  enabled: false
-"""
+    header = f"# project-local Dagster instance for the demo ({'SQLite under this directory' if backend == 'local' else 'PostgreSQL'})\n"
+    return header + dagster_yaml(None if backend == "local" else demo_db(home), max_runs=max_runs,
+                                 extra="run_monitoring:\n  enabled: true\n  poll_interval_seconds: 5\n")
 
 
 def executor_config(backend: str, home: Path, slurm_worker_python: str | None = None) -> dict:

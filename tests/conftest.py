@@ -11,6 +11,7 @@ from typing import Iterator
 
 import pytest
 
+from pipelines.instance_yaml import dagster_yaml
 from tests import slurm_helpers as SH
 
 # Under CI=true (and in scripts/test.sh) a skipped end-to-end test fails the session (tests/strict_e2e.py).
@@ -72,25 +73,7 @@ def slurm_cluster(request, monkeypatch) -> Iterator[SH.SlurmCluster]:
 
 def instance_yaml(db: str, max_runs: int = 2) -> str:
     """dagster.yaml for a PostgreSQL instance; the password is an env var reference, never written out."""
-    return f"""
-storage:
-  postgres:
-    postgres_db:
-      username: {{env: DAGSTER_PG_USER}}
-      password: {{env: DAGSTER_PG_PASSWORD}}
-      hostname: {{env: DAGSTER_PG_HOST}}
-      db_name: {db}
-      port: {{env: DAGSTER_PG_PORT}}
-      scheme: postgresql+psycopg2
-run_coordinator:
-  module: dagster._core.run_coordinator
-  class: QueuedRunCoordinator
-  config:
-    max_concurrent_runs: {max_runs}
-    dequeue_interval_seconds: 1
-telemetry:
-  enabled: false
-"""
+    return dagster_yaml(db, max_runs=max_runs)
 
 
 @contextmanager

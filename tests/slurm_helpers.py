@@ -14,6 +14,8 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipelines.instance_yaml import dagster_yaml
+
 REPO = Path(__file__).resolve().parents[1]
 CLUSTER_SH = REPO / "resources" / "slurm" / "cluster.sh"
 TRIXIE_SH = REPO / "resources" / "slurm" / "trixie.sh"
@@ -120,27 +122,8 @@ def make_dagster_home(max_concurrent_runs: int = 50, extra_yaml: str = "") -> tu
         capture_output=True,
     )
     home = Path(tempfile.mkdtemp(prefix="dagster-slurm-home-"))
-    (home / "dagster.yaml").write_text(
-        f"""storage:
-  postgres:
-    postgres_db:
-      username: dagster
-      password: {{env: DAGSTER_PG_PASSWORD}}
-      hostname: 127.0.0.1
-      port: {PG_PORT}
-      db_name: {db}
-      scheme: postgresql+psycopg2
-run_coordinator:
-  module: dagster._core.run_coordinator.queued_run_coordinator
-  class: QueuedRunCoordinator
-  config: {{max_concurrent_runs: {max_concurrent_runs}, dequeue_interval_seconds: 1}}
-compute_logs:
-  module: dagster._core.storage.noop_compute_log_manager
-  class: NoOpComputeLogManager
-telemetry: {{enabled: false}}
-"""
-        + extra_yaml
-    )
+    (home / "dagster.yaml").write_text(dagster_yaml(db, max_runs=max_concurrent_runs, user="dagster", host="127.0.0.1",
+                                                    port=PG_PORT, noop_compute_logs=True, extra=extra_yaml))
     (home / "workspace.yaml").write_text(f"load_from:\n  - python_file:\n      relative_path: {PIPELINE}\n      location_name: slurm_tests\n")
     env = {
         **os.environ,
