@@ -30,13 +30,10 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-from dagster._core.definitions.executor_definition import multiple_process_executor_requirements
-from dagster._core.execution.retries import RetryMode
 
 from dagster_gpu import CorpusSource, GpuRequest, TextFormat, asset_job, backfill_missing_schedule, embedding_asset, unit_bills_sensor
-from dagster_gpu.executor.executor import GPU_EXECUTOR_CONFIG
+from dagster_gpu.executor.executor import gpu_executor_with
 from dagster_gpu.executor.step_handler import GpuStepHandler
-from dagster_gpu.executor.user_terminate import GpuStepDelegatingExecutor
 from tests import k8s_pipeline, slurm_pipeline  # the code location's working directory is the repository
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/ (a python_file code location adds only its working directory)
@@ -101,19 +98,8 @@ class FaultStepHandler(GpuStepHandler):
         yield from super().launch_step(step_handler_context)
 
 
-
-@dg.executor(name="gpu_executor", config_schema=GPU_EXECUTOR_CONFIG, requirements=multiple_process_executor_requirements())
-def fault_gpu_executor(init_context: dg.InitExecutorContext) -> GpuStepDelegatingExecutor:
-    """gpu_executor (dagster_gpu.executor.executor) with :class:`FaultStepHandler`."""
-    cfg = dict(init_context.executor_config)
-    instance = init_context.instance
-    log_dir = Path(instance.root_directory if instance.is_persistent else os.getcwd()) / "dagster_gpu" / "local-workers"
-    handler = FaultStepHandler(cfg, log_dir)
-    return GpuStepDelegatingExecutor(
-        handler, retries=RetryMode.from_config(cfg["retries"]), sleep_seconds=cfg.get("sleep_seconds"),
-        check_step_health_interval_seconds=cfg["check_step_health_interval_seconds"],
-        max_concurrent=cfg.get("max_concurrent"), tag_concurrency_limits=cfg.get("tag_concurrency_limits"),
-        should_verify_step=True)
+#: gpu_executor (dagster_gpu.executor.executor) with :class:`FaultStepHandler`.
+fault_gpu_executor = gpu_executor_with(FaultStepHandler)
 
 
 defs = dg.Definitions(assets=[fault_embeddings], jobs=[fault_job], schedules=[missing_schedule],

@@ -29,15 +29,13 @@ import dagster as dg
 from dagster._core.definitions.executor_definition import multiple_process_executor_requirements
 from dagster._core.execution.retries import RetryMode, get_retries_config
 from dagster._core.execution.tags import get_tag_concurrency_limits_config
-from dagster._core.executor.step_delegating import StepDelegatingExecutor
-
-from dagster_gpu.local.backend import config_field as local_config_field
-from dagster_gpu.executor.registry import REMOTE_BACKENDS
+from dagster_gpu.executor.registry import BACKENDS
 from dagster_gpu.executor.step_handler import GpuStepHandler
+from dagster_gpu.executor.user_terminate import GpuStepDelegatingExecutor
 
 
-def _remote_fields() -> dict[str, dg.Field]:
-    return {name: module.config_field() for name, module in REMOTE_BACKENDS.items()}
+def _backend_fields() -> dict[str, dg.Field]:
+    return {name: module.config_field() for name, module in BACKENDS.items()}
 
 
 GPU_EXECUTOR_CONFIG = {
@@ -48,8 +46,7 @@ GPU_EXECUTOR_CONFIG = {
     ),
     "rate_card": dg.Field(dg.StringSource, is_required=False, description="Rate card YAML (USD per GPU-hour)."),
     "worker_python": dg.Field(dg.StringSource, is_required=False, description="Python interpreter for step workers of every backend whose section sets no worker_python (default: on kubernetes the image's python from PATH, elsewhere the code location's interpreter)."),
-    "local": local_config_field(),
-    **_remote_fields(),
+    **_backend_fields(),
     "retries": get_retries_config(),
     "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, is_required=False),
     "tag_concurrency_limits": get_tag_concurrency_limits_config(),
@@ -58,19 +55,32 @@ GPU_EXECUTOR_CONFIG = {
 }
 
 
+def gpu_executor_with(step_handler_class: type[GpuStepHandler]) -> dg.ExecutorDefinition:
+    """gpu_executor (same name, config schema and requirements) whose steps go through ``step_handler_class``,
+    a :class:`GpuStepHandler` subclass built as ``step_handler_class(config, default_log_dir)``."""
+
+    @dg.executor(name="gpu_executor", config_schema=GPU_EXECUTOR_CONFIG, requirements=multiple_process_executor_requirements())
+    def _gpu_executor(init_context: dg.InitExecutorContext) -> GpuStepDelegatingExecutor:
+        return _build(init_context, step_handler_class)
+
+    return _gpu_executor
+
+
 @dg.executor(
     name="gpu_executor",
     config_schema=GPU_EXECUTOR_CONFIG,
     requirements=multiple_process_executor_requirements(),
 )
-def gpu_executor(init_context: dg.InitExecutorContext) -> StepDelegatingExecutor:
+def gpu_executor(init_context: dg.InitExecutorContext) -> GpuStepDelegatingExecutor:
     """Step-delegating executor placing each step on ``local``, ``slurm`` or ``kubernetes`` (see module doc)."""
+    return _build(init_context, GpuStepHandler)
+
+
+def _build(init_context: dg.InitExecutorContext, step_handler_class: type[GpuStepHandler]) -> GpuStepDelegatingExecutor:
     cfg = dict(init_context.executor_config)
     instance = init_context.instance
     default_log_dir = Path(instance.root_directory if instance.is_persistent else os.getcwd()) / "dagster_gpu" / "local-workers"
-    handler = GpuStepHandler(cfg, default_log_dir)
-    from dagster_gpu.executor.user_terminate import GpuStepDelegatingExecutor
-
+    handler = step_handler_class(cfg, default_log_dir)
     return GpuStepDelegatingExecutor(
         handler,
         retries=RetryMode.from_config(cfg["retries"]),

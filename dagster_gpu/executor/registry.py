@@ -1,9 +1,10 @@
 """Backends by name: how each is built from its section of gpu_executor's config.
 
-``local`` is always available. ``slurm`` and ``kubernetes`` are the modules of :data:`REMOTE_BACKENDS`, each
-exposing ``config_field() -> dagster.Field`` (its config section) and ``build_backend(section: dict, config)
--> Backend``. A backend whose section is absent from the executor config is not configured: selecting it
-raises BackendNotConfigured with what to add.
+One table, :data:`BACKENDS`, none special: each backend's module exposes ``config_field() -> dagster.Field``
+(its config section), ``configured(section | None) -> bool`` (whether gpu_executor's config makes it usable)
+and ``build_backend(section, config, default_log_dir) -> Backend``. ``local`` is configured unless its
+section disables it; ``slurm`` and ``kubernetes`` when their section is present. Selecting a backend whose
+section is absent and required raises BackendNotConfigured with what to add.
 """
 
 from __future__ import annotations
@@ -13,36 +14,31 @@ from typing import Any, Mapping
 
 from dagster_gpu.contracts import Backend, BackendNotConfigured
 from dagster_gpu.k8s import backend as kubernetes_backend
-from dagster_gpu.local.backend import LocalBackend, LocalSettings
-from dagster_gpu.instance.settings import from_section
+from dagster_gpu.local import backend as local_backend
 from dagster_gpu.slurm import backend as slurm_backend
 
-#: The remote backends' modules by the name gpu_executor's config gives their sections.
-REMOTE_BACKENDS = {
+#: Every backend's module by the name gpu_executor's config gives its section.
+BACKENDS = {
+    "local": local_backend,
     "slurm": slurm_backend,
     "kubernetes": kubernetes_backend,
 }
 
 
 def configured_backends(config: Mapping[str, Any]) -> list[str]:
-    """Names of backends usable under ``config``: ``local`` unless disabled, plus each remote section given."""
-    names = ["local"] if from_section(LocalSettings, config.get("local") or {}).enabled else []
-    names += [n for n in REMOTE_BACKENDS if config.get(n) is not None]
-    return names
+    """Names of backends usable under ``config`` (``local`` unless disabled, plus each remote section given)."""
+    return [n for n, module in BACKENDS.items() if module.configured(config.get(n))]
 
 
 def build_backend(name: str, config: Mapping[str, Any], default_log_dir: Path) -> Backend:
     """Instantiate backend ``name``. Raises BackendNotConfigured naming the missing config section."""
-    if name == "local":
-        s = from_section(LocalSettings, config.get("local") or {})
-        return LocalBackend(log_dir=s.log_dir or default_log_dir, cuda_visible_devices=s.cuda_visible_devices,
-                            terminate_grace_s=s.terminate_grace_seconds, settle_wait_s=s.settle_wait_seconds)
-    if name not in REMOTE_BACKENDS:
+    module = BACKENDS.get(name)
+    if module is None:
         raise BackendNotConfigured(f"unknown backend {name!r}; expected local, slurm or kubernetes")
     section = config.get(name)
-    if section is None:
+    if section is None and not module.configured(None):
         raise BackendNotConfigured(
             f"the {name} backend is not configured: add a `{name}:` section to gpu_executor's config "
             f"(execution: config: {name}: ...), see README.md"
         )
-    return REMOTE_BACKENDS[name].build_backend(dict(section), config)
+    return module.build_backend(None if section is None else dict(section), config, default_log_dir)

@@ -51,6 +51,7 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any, Mapping
 
 from kubernetes.client.rest import ApiException
@@ -77,8 +78,15 @@ if os.environ.get("DAGSTER_GPU_K8S_LOG"):  # optional log file for the backend's
     log.setLevel(logging.INFO)
 
 
-def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any]) -> "KubernetesBackend":
-    """The backend for gpu_executor (called by ``dagster_gpu.executor.registry``)."""
+def configured(section: Mapping[str, Any] | None) -> bool:
+    """The registry hook: the Kubernetes backend is configured when gpu_executor's config has a ``kubernetes:``
+    section."""
+    return section is not None
+
+
+def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any],
+                  default_log_dir: Path | None = None) -> "KubernetesBackend":
+    """The registry hook: a KubernetesBackend from the ``kubernetes:`` section (its logs are the pods')."""
     s = KubernetesSettings.from_section(section)
     api = load_api_client(s.kubeconfig, s.context, s.in_cluster)
     pod = s.pod_settings()

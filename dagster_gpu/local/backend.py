@@ -31,7 +31,7 @@ import psutil
 from dagster_gpu.billing.keys import SOURCE
 from dagster_gpu.contracts import STEP_CONTEXT_ENV, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, read_step_context
 from dagster_gpu.instance.settings import config_field as settings_config_field
-from dagster_gpu.instance.settings import setting
+from dagster_gpu.instance.settings import from_section, setting
 from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
 from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
@@ -55,6 +55,19 @@ class LocalSettings:
 def config_field() -> dg.Field:
     """The ``local:`` section of gpu_executor's config, generated from :class:`LocalSettings`."""
     return settings_config_field(LocalSettings, "Local backend: step workers as subprocesses on this host.")
+
+
+def configured(section: Mapping[str, Any] | None) -> bool:
+    """The registry hook: the local backend is configured unless its section (optional) disables it."""
+    return from_section(LocalSettings, section or {}).enabled
+
+
+def build_backend(section: Mapping[str, Any] | None, config: Mapping[str, Any], default_log_dir: Path) -> "LocalBackend":
+    """The registry hook: a LocalBackend from the ``local:`` section (None: the defaults); its workers' logs go
+    to the section's ``log_dir``, else ``default_log_dir``."""
+    s = from_section(LocalSettings, section or {})
+    return LocalBackend(log_dir=s.log_dir or default_log_dir, cuda_visible_devices=s.cuda_visible_devices,
+                        terminate_grace_s=s.terminate_grace_seconds, settle_wait_s=s.settle_wait_seconds)
 
 
 @dataclass(frozen=True)

@@ -573,6 +573,12 @@ def config_field() -> dg.Field:
     return settings_config_field(SlurmSettings, "Slurm backend settings (dagster_gpu.slurm.backend).")
 
 
-def build_backend(section: Mapping[str, Any], config: Mapping[str, Any] | None = None) -> SlurmBackend:
-    """The registry hook: a SlurmBackend from the ``slurm:`` section."""
+def configured(section: Mapping[str, Any] | None) -> bool:
+    """The registry hook: the Slurm backend is configured when gpu_executor's config has a ``slurm:`` section."""
+    return section is not None
+
+
+def build_backend(section: Mapping[str, Any], config: Mapping[str, Any] | None = None,
+                  default_log_dir: Path | None = None) -> SlurmBackend:
+    """The registry hook: a SlurmBackend from the ``slurm:`` section (its logs go to the spool)."""
     return SlurmBackend(SlurmSettings.from_section(section))
