@@ -71,6 +71,7 @@ def _run_requeued_task(tmp_path: Path, manifest: Path) -> subprocess.CompletedPr
 
 def test_a_requeued_array_task_of_an_earlier_manifest_reruns_a_step_without_outcome(tmp_path):
     marker = tmp_path / "ran"
+    (tmp_path / "home").mkdir()
     with DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
         run_id = instance.create_run_for_job(noop_job).run_id
         cp = _run_requeued_task(tmp_path, _old_manifest(tmp_path, instance, run_id, marker))
@@ -81,6 +82,7 @@ def test_a_requeued_array_task_of_an_earlier_manifest_reruns_a_step_without_outc
 
 def test_a_requeued_array_task_of_an_earlier_manifest_skips_a_step_that_recorded_its_outcome(tmp_path):
     marker = tmp_path / "ran"
+    (tmp_path / "home").mkdir()
     with DagsterInstance.local_temp(str(tmp_path / "home")) as instance:
         run_id = instance.create_run_for_job(noop_job).run_id
         instance.report_dagster_event(
