@@ -62,14 +62,15 @@ def test_mig_step_runs_and_reports_pod_interval(backend):
     assert h["device_class"] == "mig.nvidia.com" and h["device_fraction"] == pytest.approx(1 / 7)
     s = _wait_terminal(backend, h)
     assert s.status == WorkerStatus.SUCCEEDED and s.exit_code == 0, s
-    md = backend.post_run_metadata(h)
-    assert md["billing/source"] == "pod-interval"
+    bill = backend.accounting(h)  # the pod-interval bill, from the end this process read
+    md = bill.metadata
+    assert md["billing/source"] == "pod-interval" and md["dagster_gpu/backend"] == "kubernetes"
     assert md["k8s/resource_claim"].startswith(h["pod"] + "-gpu-")
     driver, pool, device = md["k8s/allocated_devices"].split("/")
     assert (driver, pool) == ("gpu.nvidia.com", "gpu-node-0") and device.startswith("gpu-2-mig-1g10gb-19-")
     assert 1.0 <= md["k8s/running_seconds"] <= 5.0
-    assert md["billing/gpu_seconds"] == pytest.approx(md["k8s/running_seconds"] / 7)
-    assert md["billing/cost_usd"] == pytest.approx(md["billing/gpu_seconds"] * 2.40 / 3600)
+    assert bill.gpu_seconds == pytest.approx(md["k8s/running_seconds"] / 7)
+    assert bill.rate_usd_per_gpu_hour == pytest.approx(2.40) and bill.match == ("k8s/pod", h["pod"])
     # delete_finished_pods: nothing of the step is left; the claim went with the pod
     sel = m.run_selector(launch.run_id)
     wait_for(lambda: not any(labelled(backend.kube.api, sel).values()), 30, what="cleanup")
@@ -84,7 +85,7 @@ def test_failed_step_reports_exit_code_and_the_last_lines_of_its_log(backend):
     head, log = s.message.split("\n", 1)
     assert head == f"pod {h['pod']} Failed (Error); termination message:"
     assert log.splitlines() == [f"line {i}" for i in range(21, 100)] + ["ValueError: bad record"]
-    assert backend.post_run_metadata(h)["k8s/allocated_devices"] in (
+    assert backend.accounting(h).metadata["k8s/allocated_devices"] in (
         "gpu.nvidia.com/gpu-node-0/gpu-0", "gpu.nvidia.com/gpu-node-0/gpu-1")
 
 
@@ -131,7 +132,7 @@ def test_older_resource_api_shapes_work_on_a_real_server(version):
     h = _start(b, _launch(["sleep", "1"], GpuRequest(mig_ok=True)))
     s = _wait_terminal(b, h)
     assert s.status == WorkerStatus.SUCCEEDED
-    assert b.post_run_metadata(h)["k8s/allocated_devices"].startswith("gpu.nvidia.com/gpu-node-0/gpu-2-mig-1g10gb-19-")
+    assert b.accounting(h).metadata["k8s/allocated_devices"].startswith("gpu.nvidia.com/gpu-node-0/gpu-2-mig-1g10gb-19-")
 
 
 def test_stuck_creating_fails_with_kubelet_reason_and_leaves_nothing():

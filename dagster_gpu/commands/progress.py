@@ -8,9 +8,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dagster_gpu.commands.backfill import BackfillProgress, PartitionSummary
+from dagster_gpu.commands.backfill import (
+    BackfillProgress, DaemonProcess, PartitionSummary, submit_asset_backfill, summarize_partitions, wait_for_backfill,
+    wait_for_bills,
+)
 from dagster_gpu.instance.bills import billed_total
-from dagster_gpu.instance.failures import FailureDetail
+from dagster_gpu.instance.failures import FailureDetail, failure_detail
 
 
 def progress_bar(console: Console) -> Progress:
@@ -80,8 +83,6 @@ def failures_table(details: Sequence[FailureDetail]) -> Table:
 
 def print_summary(console: Console, instance, rows: Sequence[PartitionSummary], title: str) -> None:
     """The summary table, then the failed partitions (if any) with their run, error and log."""
-    from dagster_gpu.instance.failures import failure_detail
-
     console.print(summary_table(rows, title=title))
     failed = [failure_detail(instance, r.partition_key, r.run_id, r.error) for r in rows if not r.ok]
     if failed:
@@ -111,8 +112,6 @@ def run_backfill_with_progress(
     run workers still waiting for sacct. Returns the per-partition summary (see
     :func:`dagster_gpu.commands.backfill.summarize_partitions`).
     """
-    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills
-
     console = console or Console()
     backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title, run_config=run_config)
     console.print(f"Backfill [bold]{backfill_id}[/bold]: {len(partition_keys)} partitions of {asset_key.to_user_string()}")

@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -120,8 +122,6 @@ def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int]:
 
 def live_snapshot(executor_config: dict) -> Snapshot:
     """Ask each backend configured in ``executor_config`` for its state, as ``backend: auto`` does."""
-    import tempfile
-
     from dagster_gpu.executor.auto import gather_snapshot
     from dagster_gpu.executor.step_handler import GpuStepHandler
 
@@ -132,8 +132,6 @@ def live_snapshot(executor_config: dict) -> Snapshot:
 def instance_runtime_model(asset_key: str | None) -> RuntimeModel:
     """The asset's runtime model from ``$DAGSTER_HOME``'s instance; the no-history fallback when there
     is no asset or no ``DAGSTER_HOME``."""
-    import os
-
     if not asset_key or not os.environ.get("DAGSTER_HOME"):
         return RuntimeModel.from_history([])
     import dagster as dg

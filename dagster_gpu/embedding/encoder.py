@@ -594,7 +594,3 @@ class _Replica:
             else:
                 with torch.cuda.device(replica.device), torch.cuda.stream(replica.stream):
                     yield
-
-
-#: The former name (issue 2), kept for callers that import it.
-OverlappedEncoder = Encoder

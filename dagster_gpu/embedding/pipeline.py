@@ -26,6 +26,7 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -160,8 +161,6 @@ def rows_of(batch: RecordBatch, r, doc_id_prefix: str, schema: pa.Schema, includ
 def _to_table(batch: RecordBatch, vectors: np.ndarray, dim: int, schema: pa.Schema, doc_id_prefix: str = "") -> pa.Table:
     """One output row per record of ``batch`` (its whole text, ``token_count`` 0: not counted) from ``vectors``
     [n, dim] computed elsewhere (bench/worker_rss.py's in-memory baseline)."""
-    from types import SimpleNamespace
-
     r = SimpleNamespace(vectors=np.asarray(vectors).reshape(len(batch), dim), tokens=np.zeros(len(batch), np.int64),
                         truncated_rows=0)
     return rows_of(batch, r, doc_id_prefix, schema, include_text=False)[0]

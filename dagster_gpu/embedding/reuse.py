@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any, Mapping
 
 import fsspec
@@ -160,8 +161,6 @@ def merge(planned: Planned, r, previous: ReuseMap):
     ``reused_rows`` and ``reused_tokens``) from ``r``, the ``Encoded`` of ``planned.embed_texts`` only, and the
     reused rows. Rows are in record order, then chunk order: the layout a full embed of the batch gives.
     ``record_tokens`` / ``covered_tokens`` cover the embedded records only."""
-    from types import SimpleNamespace
-
     n_new = len(planned.embed_texts)
     rv = np.asarray(r.vectors)
     ri = getattr(r, "record_index", None)

@@ -40,6 +40,7 @@ Dagster 1.13.27 facts this module relies on (read in ``dagster/_core``, checked 
 
 from __future__ import annotations
 
+import hashlib
 import re
 import warnings
 from dataclasses import dataclass, field
@@ -50,8 +51,8 @@ import numpy as np
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 
 from dagster_gpu.embedding.writer import CHUNK_COLUMN, DOC_ID_COLUMN, HASH_COLUMN, ID_COLUMN, TEXT_COLUMN, VECTOR_COLUMN
-
 from dagster_gpu.instance.events import metadata_value
+
 OUTPUT_READABLE = "output_readable"
 ROWS_MATCH_RECORDS = "rows_match_records"
 VECTOR_DIM = "vector_dim"
@@ -119,8 +120,6 @@ def read_facts(output_uri: str, storage_options: Mapping[str, Any] | None = None
 
     Memory: one record batch of ``batch_rows`` rows plus each row's (doc_id, chunk_index) and record id.
     """
-    import hashlib
-
     import fsspec
     import pyarrow as pa
     import pyarrow.compute as pc

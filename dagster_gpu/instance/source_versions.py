@@ -95,8 +95,6 @@ def version_at_read(corpus: CorpusSource, file: CorpusFile) -> str:
     """``file``'s source version right before its read starts (:meth:`CorpusSource.current_version`), so a
     file rewritten during the read records the older version and is found changed afterwards; the listed
     version when the store cannot say (the read then fails with its own error)."""
-    from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
-
     try:
         return corpus.current_version(file)
     except (CorpusNotFound, CorpusUnreadable):

@@ -63,7 +63,7 @@ from dagster_gpu.k8s.billing import pod_interval_metadata
 from dagster_gpu.k8s.pod_state import (
     FAILED_PREPARE, PodTimeouts, needs_events, pod_state, terminated,
 )
-from dagster_gpu.k8s.settings import KubernetesSettings, config_field, settings_from_config  # noqa: F401
+from dagster_gpu.k8s.settings import KubernetesSettings, config_field  # noqa: F401  (config_field: the registry reads it here)
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
 from dagster_gpu.k8s.inventory import device_groups
@@ -160,8 +160,6 @@ class KubernetesBackend(Backend):
                  sharing_failures: SharingFailures | None = None):
         self.kube = kube
         self.settings = settings
-        self.pending_timeout_s = pending_timeout_s
-        self.create_timeout_s = create_timeout_s
         self.timeouts = PodTimeouts(pending_s=pending_timeout_s, create_s=create_timeout_s, pull_s=image_pull_timeout_s)
         self.delete_finished_pods = delete_finished_pods
         self.sharing_failures = sharing_failures if sharing_failures is not None else SharingFailures(default_path())
@@ -433,13 +431,6 @@ class KubernetesBackend(Backend):
             self.kube.delete_claim(c)
 
     # -- post-run figures ---------------------------------------------------------------------------------
-    def post_run_metadata(self, handle: Handle) -> dict[str, Any] | None:
-        """The pod-interval figures of an ended pod whose end this process read (:func:`pod_interval_metadata`),
-        or None before it ended or if it never ran."""
-        with self._lock:
-            final = self._final.get(str(handle["pod_uid"]))
-        return self._metadata(handle, final["facts"]) if final is not None else None
-
     def _metadata(self, handle: Handle, facts: Mapping[str, Any] | None) -> dict[str, Any] | None:
         if facts is None:
             return None

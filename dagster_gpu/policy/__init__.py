@@ -8,6 +8,7 @@ A ranged step (several partitions, issue 8) is sized with ``StepSize.for_range``
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Iterable, Sequence
 
 from dagster_gpu.billing.ratecard import RateCard
@@ -56,8 +57,6 @@ def choose_placement(
     elif not isinstance(step_size, StepSize):
         step_size = StepSize.for_range(step_size)
     if rate_card is not None:
-        from dataclasses import replace
-
         snapshot = replace(snapshot, rate_card=rate_card)
     model = history if isinstance(history, RuntimeModel) else RuntimeModel.from_history(history or ())
     return decide(request, step_size, snapshot, model=model, force=force)

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from dataclasses import replace
 
 from dagster_gpu.billing.metering import charge
 from dagster_gpu.billing.ratecard import RateCardError
@@ -208,8 +209,6 @@ def _cpu_when_no_gpu(alts: tuple[Alternative, ...], request: GpuRequest, step_si
         return alts
     cpu = _cpu_alternative("local", state, step_size, model or _DEFAULT_MODEL, snapshot)
     if cpu.feasible:
-        from dataclasses import replace
-
         dl = request.deadline_s
         cpu = replace(cpu, note=f"no GPU devices on this host: the worker runs on CPU (device auto); {cpu.note}",
                       meets_deadline=dl is None or cpu.finish_s <= dl + config.deadline_slack_s)
@@ -217,8 +216,6 @@ def _cpu_when_no_gpu(alts: tuple[Alternative, ...], request: GpuRequest, step_si
 
 
 def _delayed(a: Alternative, back_in_s: float, reason: str) -> Alternative:
-    from dataclasses import replace
-
     note = f"unreachable ({reason or 'no answer'}), back in {back_in_s:.0f} s (announced); {a.note}"
     if not a.feasible:
         return replace(a, note=note)
@@ -226,8 +223,6 @@ def _delayed(a: Alternative, back_in_s: float, reason: str) -> Alternative:
 
 
 def _with_meets(a: Alternative, meets: bool) -> Alternative:
-    from dataclasses import replace
-
     return replace(a, meets_deadline=meets)
 
 

@@ -6,6 +6,7 @@ Units: seconds for every time (from the start of the simulated window), USD per 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from dataclasses import replace
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy.runtime import RuntimeModel
@@ -107,8 +108,6 @@ class Task:
 
     def req(self) -> GpuRequest:
         """The request with this task's deadline as its service class."""
-        from dataclasses import replace
-
         return replace(self.request, deadline_s=self.deadline_s)
 
 

@@ -76,6 +76,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -119,8 +120,6 @@ def default_spool_dir() -> str:
     else a new directory made exclusively by ``tempfile.mkdtemp`` (mode 0700). That last one is logged
     (WARNING) and exported as ``$DAGSTER_GPU_SLURM_SPOOL`` so this process and its children share it;
     a deployment sets ``spool_dir`` or ``DAGSTER_HOME`` instead."""
-    import tempfile
-
     if os.environ.get(SPOOL_ENV):
         return os.environ[SPOOL_ENV]
     if os.environ.get("DAGSTER_HOME"):

@@ -29,6 +29,7 @@ import functools
 import json
 import logging
 import os
+import sys
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -392,6 +393,4 @@ class ArrayCoalescer:
 
 def default_python() -> str:
     """The interpreter array tasks use by default: this one (same venv on a shared path)."""
-    import sys
-
     return os.environ.get("DAGSTER_GPU_SLURM_PYTHON") or sys.executable

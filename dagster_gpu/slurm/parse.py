@@ -490,8 +490,8 @@ class Sdiag:
 
 
 _SDIAG_COUNTER = re.compile(r"^Jobs (submitted|started|completed|canceled|failed):\s+(\d+)$")
+#: one line of either RPC section, by message type or by user: ``NAME (ID) count:N ...``
 _SDIAG_RPC = re.compile(r"^(?P<name>\S+)\s+\(\s*\d+\)\s+count:(?P<count>\d+)\b")
-_SDIAG_USER = re.compile(r"^(?P<name>\S+)\s+\(\s*\d+\)\s+count:(?P<count>\d+)\b")
 
 
 def parse_sdiag(text: str) -> Sdiag:
@@ -520,7 +520,7 @@ def parse_sdiag(text: str) -> Sdiag:
             if m:
                 by_type[m.group("name")] = int(m.group("count"))
         elif section == "user":
-            m = _SDIAG_USER.match(line)
+            m = _SDIAG_RPC.match(line)
             if m:
                 by_user[m.group("name")] = int(m.group("count"))
     return Sdiag(

@@ -18,6 +18,7 @@ billed its own interval on the device, and the shares of a unit add up to its me
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -346,8 +347,6 @@ def version_tags(code_version: str, fingerprint: str, source: CorpusFile) -> dic
     """The materialization's tags: the asset's code version, and as data version the first 16 hex digits of
     sha256 over the fingerprint and the corpus file's version (key, size, mtime): a changed file or another
     configuration gives another data version."""
-    import hashlib
-
     version = f"{fingerprint}\0{source.key}\0{source.size_bytes}\0{source.mtime!r}"
     tags = {DATA_VERSION_TAG: hashlib.sha256(version.encode()).hexdigest()[:16]}
     if code_version:
