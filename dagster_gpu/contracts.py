@@ -28,7 +28,7 @@ A work unit's life on a backend, and who calls what:
       for exactly one caller across processes (Kubernetes: the graceful delete of the pod with its UID
       precondition; Slurm: an O_EXCL marker in the spool; local: the launching process, the only one
       that can bill its worker);
-   d. that caller writes the bill with :class:`dagster_gpu.executor.observations.ObservationWriter`
+   d. that caller writes the bill with :class:`dagster_gpu.executor.bill_writer.ObservationWriter`
       (one AssetObservation per partition of the unit).
 
 ``unsettled()`` lists units of *any* orchestrating process that ended and were never settled (a run
@@ -162,14 +162,14 @@ Handle = Mapping[str, str | int | float]
 
 @dataclass(frozen=True)
 class UnitBill:
-    """What the scheduler billed one unit (written into Dagster by ``dagster_gpu.executor.observations``).
+    """What the scheduler billed one unit (written into Dagster by ``dagster_gpu.executor.bill_writer``).
 
     Attributes:
         gpu_seconds: the unit's GPU-seconds by the scheduler's accounting (sacct, pod interval).
         rate_usd_per_gpu_hour: USD per GPU-hour the unit is charged at; None: looked up in ``rates`` (the
             backend's rate table) with the one pricing rule (``dagster_gpu.billing.ratecard.gpu_hour_rate``)
             for the device type and parent product the unit's materializations report (``default`` when none):
-            ``dagster_gpu.executor.observations.unit_rate``.
+            ``dagster_gpu.executor.bill_writer.unit_rate``.
         metadata: the scheduler's own figures (``slurm/*``, ``k8s/*``, ``billing/source``…), put on every
             partition's observation as they are.
         match: (metadata key, value) that the unit's own materializations carry (``slurm/job_id`` of the

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 from dagster_gpu.contracts import Backend, StepLaunch, UnitBill, WorkerState, WorkerStatus, describe_partitions
-from dagster_gpu.executor.observations import unit_rate
+from dagster_gpu.executor.bill_writer import unit_rate
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.core.request import GpuRequest
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dagster as dg
 import sqlalchemy
 
-from dagster_gpu.executor.observations import store_observations
+from dagster_gpu.executor.bill_writer import store_observations
 
 
 def test_a_units_observations_land_as_one_batch_per_asset_with_their_partitions(pg_home):

@@ -21,7 +21,7 @@ from dagster_gpu.contracts import UnitBill, WorkerStatus
 from dagster_gpu.k8s.backend import KubernetesBackend
 from dagster_gpu.local.backend import LocalBackend
 from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
-from dagster_gpu.executor.observations import unit_rate
+from dagster_gpu.executor.bill_writer import unit_rate
 from dagster_gpu.executor.settle import Settler
 from dagster_gpu.core.jsonfile import write_json
 from dagster_gpu.k8s import manifests as m
@@ -378,7 +378,7 @@ def test_a_process_bill_is_priced_at_the_units_devices_and_split_over_its_partit
     import dagster as dg
     from dagster._core.instance_for_test import instance_for_test
 
-    from dagster_gpu.executor.observations import write_unit_bill
+    from dagster_gpu.executor.bill_writer import write_unit_bill
 
     @dg.asset(partitions_def=dg.DynamicPartitionsDefinition(name="p"), backfill_policy=dg.BackfillPolicy.single_run())
     def emb(context):
@@ -404,7 +404,7 @@ def test_a_process_bill_is_priced_at_the_units_devices_and_split_over_its_partit
 
 @pytest.mark.parametrize("empty", [True, False])
 def test_observation_writer_writes_nothing_for_an_empty_bill_or_a_bill_naming_no_step(empty):
-    from dagster_gpu.executor.observations import ObservationWriter
+    from dagster_gpu.executor.bill_writer import ObservationWriter
 
     bill = UnitBill.nothing("never ran") if empty else UnitBill(1.0, 1.0, {}, env={"TASK": "x"})
     assert ObservationWriter().write(bill) == 0

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from dagster_gpu.slurm.client import SlurmClient
-from dagster_gpu.slurm.script import JOB_SCRIPT, RUNNER, ManifestError, read_env_file, task_entry, write_job_script, write_manifest
+from dagster_gpu.slurm.script import JOB_SCRIPT, RUNNER, TaskManifestError, read_env_file, task_entry, write_job_script, write_manifest
 from dagster_gpu.slurm.spool import Spool
 
 
@@ -23,9 +23,9 @@ def test_job_script_is_constant_and_manifest_is_private(tmp_path):
     assert os.stat(m).st_mode & 0o777 == 0o600
     doc = json.loads(m.read_text())
     assert task_entry(doc, 0)["argv"] == ["echo", weird]
-    with pytest.raises(ManifestError):
+    with pytest.raises(TaskManifestError):
         task_entry(doc, 1)
-    with pytest.raises(ManifestError):
+    with pytest.raises(TaskManifestError):
         write_manifest(tmp_path / "x.json", "b", [{"argv": "echo hi", "env": {}}])  # a string is not argv
 
 
@@ -48,7 +48,7 @@ def test_env_file_must_be_private(tmp_path):
     f = tmp_path / "secrets.env"
     f.write_text("# comment\nDAGSTER_PG_PASSWORD=s3cret=x\n\n")
     os.chmod(f, 0o644)
-    with pytest.raises(ManifestError, match="0600"):
+    with pytest.raises(TaskManifestError, match="0600"):
         read_env_file(str(f))
     os.chmod(f, 0o600)
     assert read_env_file(str(f)) == {"DAGSTER_PG_PASSWORD": "s3cret=x"}

@@ -2,7 +2,7 @@
 
 Every bill in Dagster is metadata under these keys: the worker's measured bill on each partition's
 AssetMaterialization (``dagster_gpu.worker.metadata``) and the scheduler's bill on each partition's
-AssetObservation (``dagster_gpu.executor.observations``); the report, the backfill summary and the
+AssetObservation (``dagster_gpu.executor.bill_writer``); the report, the backfill summary and the
 bills read-back (``dagster_gpu.instance.bills``) read them by the same names. Units are in the names:
 seconds, GPU-seconds (whole-GPU equivalents × seconds), USD, USD per GPU-hour.
 """

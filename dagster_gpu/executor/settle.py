@@ -9,7 +9,7 @@ the backend contract (``dagster_gpu.contracts``), in this order:
    task's end; slurmdbd is down): the unit stays tracked and is asked again on the next pass;
 3. ``Backend.elect_bill_writer(handle)``: the end-of-unit cleanup (the Kubernetes pod's graceful delete with its UID
    precondition; the Slurm spool's O_EXCL marker); True for exactly one caller across processes;
-4. that caller writes the bill with :class:`~dagster_gpu.executor.observations.ObservationWriter`: one
+4. that caller writes the bill with :class:`~dagster_gpu.executor.bill_writer.ObservationWriter`: one
    AssetObservation per partition of the unit (``billing/source``: ``sacct`` or ``pod-interval``), one
    storage batch. A write that fails after the election (the Dagster storage restarting at that moment)
    keeps the bill in this settler, which tracks the unit and writes it on its next pass; only this
@@ -35,7 +35,7 @@ import time
 from typing import Callable
 
 from dagster_gpu.contracts import TERMINAL, Backend, Handle, UnitBill
-from dagster_gpu.executor.observations import ObservationWriter
+from dagster_gpu.executor.bill_writer import ObservationWriter
 
 log = logging.getLogger(__name__)
 

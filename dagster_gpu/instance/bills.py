@@ -2,7 +2,7 @@
 
 I/O adapter over the event log. A unit's bill (sacct, the pod's running interval, the local worker's process
 interval) lands after the unit ends as one runless ``AssetObservation`` per partition the unit covered
-(:func:`dagster_gpu.executor.observations.write_unit_bill`), materialized or not. Each observation carries
+(:func:`dagster_gpu.executor.bill_writer.write_unit_bill`), materialized or not. Each observation carries
 the key that names its unit, as do the unit's materializations and its launch event (``STEP_WORKER_STARTING``
 metadata): ``slurm/job_id`` (the array task), ``k8s/pod`` or ``local/unit``. A partition's billed share is
 the newest observation of that partition whose unit key matches the unit that last ran it; None while the

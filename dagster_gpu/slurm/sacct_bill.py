@@ -7,7 +7,7 @@ time each attempt held its GPUs):
 - ``billing/gpu_seconds``: sum of ``ElapsedRaw × (gres/gpu + gres/shard ÷ shards_per_gpu)``;
 - ``slurm/billing_tres_seconds``: sum of ``ElapsedRaw × billing`` (TRESBillingWeights applied);
 Pure: the Slurm backend (``dagster_gpu.slurm.accounting``) finds the finished tasks and
-hands each task's figures to :class:`dagster_gpu.executor.observations.ObservationWriter`, which splits them
+hands each task's figures to :class:`dagster_gpu.executor.bill_writer.ObservationWriter`, which splits them
 over the partitions of the task's work unit (cost at the slurm rate card's GPU-hour rate, measured and
 difference figures per partition).
 """

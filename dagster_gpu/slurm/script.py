@@ -71,7 +71,7 @@ RUNNER = str(Path(__file__).resolve())
 REFUSED_EXIT = 3
 
 
-class ManifestError(RuntimeError):
+class TaskManifestError(RuntimeError):
     """The manifest is missing, malformed, or has no entry for this array task (message says which)."""
 
 
@@ -105,9 +105,9 @@ def write_manifest(path: Path, batch: str, tasks: Sequence[Mapping], env_files: 
     for i, t in enumerate(tasks):
         argv = t.get("argv")
         if not isinstance(argv, (list, tuple)) or not argv or not all(isinstance(a, str) for a in argv):
-            raise ManifestError(f"task {i}: argv must be a non-empty list of strings")
+            raise TaskManifestError(f"task {i}: argv must be a non-empty list of strings")
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in dict(t.get("env", {})).items()):
-            raise ManifestError(f"task {i}: env must map str to str")
+            raise TaskManifestError(f"task {i}: env must map str to str")
     from dagster_gpu.core.jsonfile import write_atomic  # the package's writer; an array task runs this file by path
 
     doc = {"version": MANIFEST_VERSION, "batch": batch, "env_files": list(env_files), "tasks": list(tasks)}
@@ -156,20 +156,20 @@ def make_own_output_private() -> None:
 
 
 def read_env_file(path: str) -> dict[str, str]:
-    """``KEY=VALUE`` lines (``#`` comments, blank lines skipped). Raises ManifestError (naming the
+    """``KEY=VALUE`` lines (``#`` comments, blank lines skipped). Raises TaskManifestError (naming the
     path, owner, group and mode) if the file is missing, not a regular file, not owned by this user,
     or readable or writable by group/others (checked on the open file)."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     except OSError as e:
-        raise ManifestError(f"env file {path}: {e}") from e
+        raise TaskManifestError(f"env file {path}: {e}") from e
     with os.fdopen(fd) as f:
         st = os.fstat(f.fileno())
         problem = trust.file_problem(st, os.getuid())
         if problem is None and st.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
             problem = "it must be 0600 (owner only)"
         if problem:
-            raise ManifestError(f"env file {trust.describe(path, st)}: {problem}")
+            raise TaskManifestError(f"env file {trust.describe(path, st)}: {problem}")
         text = f.read()
     out: dict[str, str] = {}
     for line in text.splitlines():
@@ -183,12 +183,12 @@ def read_env_file(path: str) -> dict[str, str]:
 
 
 def task_entry(manifest: Mapping, task_id: int) -> Mapping:
-    """Entry ``task_id`` of a parsed manifest. Raises ManifestError."""
+    """Entry ``task_id`` of a parsed manifest. Raises TaskManifestError."""
     if manifest.get("version") != MANIFEST_VERSION:
-        raise ManifestError(f"unsupported manifest version {manifest.get('version')!r}")
+        raise TaskManifestError(f"unsupported manifest version {manifest.get('version')!r}")
     tasks = manifest.get("tasks") or []
     if not 0 <= task_id < len(tasks):
-        raise ManifestError(f"array task {task_id} has no manifest entry ({len(tasks)} tasks)")
+        raise TaskManifestError(f"array task {task_id} has no manifest entry ({len(tasks)} tasks)")
     return tasks[task_id]
 
 
@@ -209,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for f in manifest.get("env_files", []):
             env.update(read_env_file(f))
         env.update(entry.get("env", {}))
-    except (OSError, ValueError, KeyError, ManifestError) as e:  # UntrustedPathError is an OSError
+    except (OSError, ValueError, KeyError, TaskManifestError) as e:  # UntrustedPathError is an OSError
         print(
             f"dagster-gpu: refusing to start array task {os.environ.get('SLURM_ARRAY_JOB_ID')}_"
             f"{os.environ.get('SLURM_ARRAY_TASK_ID')} from {args[0]} (nothing was run): {e}",
