@@ -257,7 +257,7 @@ def test_a_mig_slice_is_priced_the_same_by_the_policy_the_worker_and_the_pod_int
 
     launch = StepLaunch(run_id="r", step_key="embed", partition_keys=("a.txt",), attempt=0, argv=("python",), env={},
                         request=GpuRequest(mig_ok=True, memory_gib=10), placement=placement)
-    pod, _, _ = m.step_objects(launch, m.K8sSettings(secret_env=()))
+    pod, _, _ = m.step_objects(launch, m.PodSettings(secret_env=()))
     pod.metadata = V1ObjectMeta(**{**pod.metadata.to_dict(), "uid": "u1", "namespace": "ns",
                                    "creation_timestamp": dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)})
     handle = m.handle_from_pod(pod)  # what a process that did not launch the pod bills from

@@ -40,7 +40,7 @@ def backend():
     kube = KubeClient(executor_api(), NAMESPACE)
     assert kube.resource_api_version == "v1"
     # No Secret named like the default PostgreSQL one exists here: no secret env for these shell steps.
-    settings = m.K8sSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_seconds=10)
+    settings = m.PodSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_seconds=10)
     return KubernetesBackend(kube, settings, pending_timeout_s=5, create_timeout_s=30)
 
 
@@ -128,7 +128,7 @@ def test_older_resource_api_shapes_work_on_a_real_server(version):
               for v in g.versions]
     if f"resource.k8s.io/{version}" not in groups:
         pytest.skip(f"resource.k8s.io/{version} not served (cluster.sh serves it; an older cluster.sh may not)")
-    b = KubernetesBackend(kube, m.K8sSettings(namespace=NAMESPACE, secret_env=()), pending_timeout_s=30)
+    b = KubernetesBackend(kube, m.PodSettings(namespace=NAMESPACE, secret_env=()), pending_timeout_s=30)
     h = _start(b, _launch(["sleep", "1"], GpuRequest(mig_ok=True)))
     s = _wait_terminal(b, h)
     assert s.status == WorkerStatus.SUCCEEDED
@@ -139,7 +139,7 @@ def test_stuck_creating_fails_with_kubelet_reason_and_leaves_nothing():
     """A pod bound to the node whose container cannot start (missing Secret) fails after create_timeout."""
     require_cluster()
     kube = KubeClient(executor_api(), NAMESPACE)
-    settings = m.K8sSettings(namespace=NAMESPACE, secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "no-such-secret", "pw"),))
+    settings = m.PodSettings(namespace=NAMESPACE, secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "no-such-secret", "pw"),))
     b = KubernetesBackend(kube, settings, pending_timeout_s=30, create_timeout_s=4)
     launch = _launch(["true"], GpuRequest(count=1))
     h = _start(b, launch)

@@ -68,7 +68,7 @@ class _Kube:
 
 def _backend():
     kube = _Kube()
-    b = KubernetesBackend(kube, m.K8sSettings(namespace="ns", secret_env=()), pending_timeout_s=30,
+    b = KubernetesBackend(kube, m.PodSettings(namespace="ns", secret_env=()), pending_timeout_s=30,
                           create_timeout_s=4, rates={"default": 1.0})
     b.claims = _NoWatch()
     handle = {"namespace": "ns", "pod": "p", "pod_uid": UID, "template": "t", "launched_at": time.time() - 10}
@@ -143,7 +143,7 @@ def test_a_shared_claim_that_failed_to_prepare_stops_shared_placements_on_its_po
     from dagster_gpu.k8s.sharing_failures import SharingFailures
 
     kube, memory = _PreparedKube(), SharingFailures(None)
-    b = KubernetesBackend(kube, m.K8sSettings(namespace="dagster-gpu", secret_env=()), create_timeout_s=120,
+    b = KubernetesBackend(kube, m.PodSettings(namespace="dagster-gpu", secret_env=()), create_timeout_s=120,
                           rates={"default": 1.0}, sharing_failures=memory)
     b.claims = _NoWatch()
     pod = kube.body["metadata"]
@@ -156,7 +156,7 @@ def test_a_shared_claim_that_failed_to_prepare_stops_shared_placements_on_its_po
     assert b.policy_state().no_sharing == ("NVIDIA A100-SXM4-80GB",)
     # an unshared claim that failed to prepare says nothing about sharing
     memory2 = SharingFailures(None)
-    b2 = KubernetesBackend(_PreparedKube(), m.K8sSettings(namespace="dagster-gpu", secret_env=()),
+    b2 = KubernetesBackend(_PreparedKube(), m.PodSettings(namespace="dagster-gpu", secret_env=()),
                            rates={"default": 1.0}, sharing_failures=memory2)
     b2.claims = _NoWatch()
     assert b2.state({**handle, "sharing": ""}).status == WorkerStatus.FAILED and memory2.blocked() == {}

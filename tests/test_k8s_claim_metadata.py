@@ -44,7 +44,7 @@ import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from dagster_gpu.k8s.dra import allocation, choice_from_json, device_choice  # noqa: E402
-from dagster_gpu.k8s.pod import K8sSettings  # noqa: E402
+from dagster_gpu.k8s.pod import PodSettings  # noqa: E402
 from dagster_gpu.core.request import GpuRequest  # noqa: E402
 from dagster_gpu.k8s.claim import claim_facts  # noqa: E402
 
@@ -75,7 +75,7 @@ def test_a_whole_gpu_claim_names_the_gpu_and_its_subrequest_resolves_the_bill():
     md, uuids = claim_facts("c", claim, SLICES)
     assert uuids == ["GPU-3f1e9a52-7c4d-4b8e-9a61-2d5c8e0f1a01"] and md["k8s/device_request"] == "gpu/gpu"
     # the pod's device-request annotation (DeviceChoice.to_json) resolved by the allocated subrequest
-    ann = json.loads(json.dumps(device_choice(GpuRequest(count=1, mig_ok=True), None, K8sSettings()).to_json()))
+    ann = json.loads(json.dumps(device_choice(GpuRequest(count=1, mig_ok=True), None, PodSettings()).to_json()))
     held = choice_from_json(ann).resolve(md["k8s/device_request"])
     assert (held.device_class, held.device_type, held.device_fraction) == ("gpu.nvidia.com", "default", 1.0)
     assert choice_from_json(ann).resolve("gpu/mig").device_fraction == 1 / 7

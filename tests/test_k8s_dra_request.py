@@ -19,7 +19,7 @@ from kubernetes.utils import parse_quantity
 
 from dagster_gpu.core.device_memory import memory_fits, min_memory_mib
 from dagster_gpu.k8s import dra
-from dagster_gpu.k8s.pod import K8sSettings
+from dagster_gpu.k8s.pod import PodSettings
 from dagster_gpu.core.request import GpuRequest
 
 DATA = Path(__file__).resolve().parent / "data" / "k8s"
@@ -47,14 +47,14 @@ def _template(choice) -> dict:
 
 
 def test_a_whole_gpu_placement_gets_a_whole_gpu_even_when_mig_is_ok():
-    choice = dra.device_choice(GpuRequest(count=1, mig_ok=True), "NVIDIA H100 80GB HBM3", K8sSettings())
+    choice = dra.device_choice(GpuRequest(count=1, mig_ok=True), "NVIDIA H100 80GB HBM3", PodSettings())
     req = _template(choice)["spec"]["spec"]["devices"]["requests"][0]
     assert req["exactly"]["deviceClassName"] == "gpu.nvidia.com" and "firstAvailable" not in req
     assert choice.device_type == "NVIDIA H100 80GB HBM3" and choice.device_fraction == 1.0
 
 
 def test_without_a_placement_mig_ok_asks_for_the_slice_first_then_a_whole_gpu():
-    choice = dra.device_choice(GpuRequest(count=1, mig_ok=True, memory_gib=10), None, K8sSettings())
+    choice = dra.device_choice(GpuRequest(count=1, mig_ok=True, memory_gib=10), None, PodSettings())
     t = _template(choice)
     (req,) = t["spec"]["spec"]["devices"]["requests"]
     assert req["name"] == "gpu" and "exactly" not in req
@@ -73,20 +73,20 @@ def test_without_a_placement_mig_ok_asks_for_the_slice_first_then_a_whole_gpu():
 
 
 def test_first_available_sharing_configs_name_their_subrequests():
-    choice = dra.device_choice(GpuRequest(count=1, mig_ok=True, shared_ok=True), None, K8sSettings(sharing_strategy="MPS"))
+    choice = dra.device_choice(GpuRequest(count=1, mig_ok=True, shared_ok=True), None, PodSettings(sharing_strategy="MPS"))
     cfg = _template(choice)["spec"]["spec"]["devices"]["config"]
     assert [(c["requests"], c["opaque"]["parameters"]["kind"]) for c in cfg] == [
         (["gpu/mig"], "MigDeviceConfig"), (["gpu/gpu"], "GpuConfig")]
 
 
 def test_a_slice_too_small_for_the_memory_is_not_offered():
-    choice = dra.device_choice(GpuRequest(count=1, mig_ok=True, memory_gib=20), None, K8sSettings())
+    choice = dra.device_choice(GpuRequest(count=1, mig_ok=True, memory_gib=20), None, PodSettings())
     assert choice.alternatives == () and choice.device_class == "gpu.nvidia.com"
 
 
 def test_memory_gib_80_matches_an_80gb_h100_and_10_a_1g10gb_slice():
     for gib, device in ((80, H100), (10, MIG_1G)):
-        choice = dra.device_choice(GpuRequest(count=1, memory_gib=gib), None, K8sSettings(mig_profile=None))
+        choice = dra.device_choice(GpuRequest(count=1, memory_gib=gib), None, PodSettings(mig_profile=None))
         assert _memory_ok(choice.selectors, device), (gib, choice.selectors)
     # and not a smaller marketed size: 81559Mi does not satisfy 94 (H100 NVL), 9728Mi not 20
     assert not _memory_ok([dra.memory_selector(94)], H100) and not _memory_ok([dra.memory_selector(20)], MIG_1G)

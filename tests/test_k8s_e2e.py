@@ -69,7 +69,7 @@ def _sweep() -> int:
     from dagster_gpu.k8s import manifests as m
     from dagster_gpu.k8s.client import KubeClient
 
-    b = KubernetesBackend(KubeClient(executor_api(), NAMESPACE), m.K8sSettings(namespace=NAMESPACE), settle_wait_s=0,
+    b = KubernetesBackend(KubeClient(executor_api(), NAMESPACE), m.PodSettings(namespace=NAMESPACE), settle_wait_s=0,
                           sweep_grace_s=0)
     return Settler().sweep(b)
 

@@ -65,7 +65,7 @@ class _Kube:
 
 def _backend(memory):
     kube = _Kube()
-    b = KubernetesBackend(kube, m.K8sSettings(namespace="ns", secret_env=(), sharing_strategy="TimeSlicing"),
+    b = KubernetesBackend(kube, m.PodSettings(namespace="ns", secret_env=(), sharing_strategy="TimeSlicing"),
                           rates=RATES, sharing_failures=memory)
     b.claims = _NoWatch()
     return b, kube
@@ -109,7 +109,7 @@ def _first_available_handle():
     """What a process that did not launch the pod bills from: handle_from_pod of a firstAvailable step pod."""
     launch = StepLaunch(run_id="r", step_key="embed", partition_keys=("a.txt",), attempt=0, argv=("python",), env={},
                         request=GpuRequest(mig_ok=True), placement=Placement(backend="kubernetes", reason="forced"))
-    pod, template, choice = m.step_objects(launch, m.K8sSettings(secret_env=()))
+    pod, template, choice = m.step_objects(launch, m.PodSettings(secret_env=()))
     assert [a.subrequest for a in choice.alternatives] == ["mig", "gpu"]
     pod.metadata = V1ObjectMeta(**{**pod.metadata.to_dict(), "uid": "u1", "namespace": "ns",
                                    "creation_timestamp": dt.datetime(2025, 1, 1, tzinfo=dt.timezone.utc)})
@@ -161,8 +161,8 @@ def test_the_launch_handle_carries_the_device_request_the_bill_resolves():
 def test_pod_py_uses_the_public_mig_profile_names():
     assert not hasattr(dra, "_PROFILE")
     with pytest.raises(m.ManifestError, match="mig_profile"):
-        m.K8sSettings(mig_profile="1g.10")
-    assert m.K8sSettings(mig_profile="3g.40gb").mig_profile == "3g.40gb"
+        m.PodSettings(mig_profile="1g.10")
+    assert m.PodSettings(mig_profile="3g.40gb").mig_profile == "3g.40gb"
 
 
 def _context_fraction(request, settings=None):
@@ -170,7 +170,7 @@ def _context_fraction(request, settings=None):
     from dagster_gpu.worker.context import ENV_VAR
 
     kube = _Kube()
-    b = KubernetesBackend(kube, settings or m.K8sSettings(namespace="ns", secret_env=()), rates=RATES,
+    b = KubernetesBackend(kube, settings or m.PodSettings(namespace="ns", secret_env=()), rates=RATES,
                           sharing_failures=SharingFailures(None))
     b.claims = _NoWatch()
     ctx = {"backend": "kubernetes", "placement": {"backend": "kubernetes", "reason": "t"}, "rates": RATES,

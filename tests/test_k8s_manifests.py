@@ -55,7 +55,7 @@ CASES = {
 @pytest.mark.parametrize("sharing", [None, "TimeSlicing", "MPS"])
 def test_every_manifest_validates_against_1_34(case, sharing):
     req, device = CASES[case]
-    settings = m.K8sSettings(sharing_strategy=sharing, container_context={
+    settings = m.PodSettings(sharing_strategy=sharing, container_context={
         "env_vars": ["FOO=bar"], "env_secrets": ["extra-env"], "image_pull_policy": "IfNotPresent",
         "volumes": [{"name": "data", "emptyDir": {}}], "volume_mounts": [{"name": "data", "mountPath": "/data"}],
         "labels": {"team": "search"}, "resources": {"limits": {"memory": "4Gi"}}})
@@ -82,7 +82,7 @@ def test_every_manifest_validates_against_1_34(case, sharing):
 
 
 def test_selectors_and_fractions():
-    s = m.K8sSettings()
+    s = m.PodSettings()
     c = m.device_choice(GpuRequest(count=1, memory_gib=79, product="NVIDIA A100"), None, s)
     assert c.device_class == "gpu.nvidia.com" and c.device_fraction == 1.0
     assert c.selectors == (
@@ -93,7 +93,7 @@ def test_selectors_and_fractions():
     assert mig.device_class == "mig.nvidia.com" and mig.mig_profile == "1g.10gb"
     assert mig.device_fraction == pytest.approx(1 / 7) and mig.device_type == "mig-1g.10gb"
     assert mig.selectors == ("device.attributes['gpu.nvidia.com'].profile == '1g.10gb'",)
-    assert m.device_choice(GpuRequest(count=1, mig_ok=True), None, m.K8sSettings(mig_profile=None)).device_class == "gpu.nvidia.com"
+    assert m.device_choice(GpuRequest(count=1, mig_ok=True), None, m.PodSettings(mig_profile=None)).device_class == "gpu.nvidia.com"
     assert m.device_choice(GpuRequest(count=2), None, s).device_fraction == 2.0
     # a quote in a product name cannot break out of the CEL string literal
     assert m.product_selector("x') || true || ('") == \
@@ -109,7 +109,7 @@ def test_labels_are_valid_and_distinct():
     assert len(set(vals)) == len(vals)
     for v in vals:
         assert len(v) <= 63 and names._LABEL_OK.match(v), v
-    pod, template, _ = m.step_objects(_launch(GpuRequest(), pk="s3://bucket/doc 1.txt"), m.K8sSettings())
+    pod, template, _ = m.step_objects(_launch(GpuRequest(), pk="s3://bucket/doc 1.txt"), m.PodSettings())
     assert pod.metadata.labels[m.LABEL_PARTITION] == m.sanitize_label_value("s3://bucket/doc 1.txt")
     assert pod.metadata.annotations[m.ANNOTATION_PARTITION_KEY] == "s3://bucket/doc 1.txt"
     assert template.spec.metadata.labels == template.metadata.labels  # generated claims carry the run labels
@@ -119,18 +119,18 @@ def test_labels_are_valid_and_distinct():
 
 def test_no_secret_value_in_pod_spec():
     launch = _launch(GpuRequest())
-    pod, _, _ = m.step_objects(launch, m.K8sSettings())
+    pod, _, _ = m.step_objects(launch, m.PodSettings())
     env = {e["name"]: e for e in m.to_dict(pod)["spec"]["containers"][0]["env"]}
     assert env["DAGSTER_PG_PASSWORD"] == {"name": "DAGSTER_PG_PASSWORD", "valueFrom": {
         "secretKeyRef": {"name": "dagster-postgresql-secret", "key": "postgresql-password"}}}
     assert env["DAGSTER_GPU_K8S_POD"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
     bad = StepLaunch(**{**launch.__dict__, "env": {**launch.env, "DAGSTER_PG_PASSWORD": "hunter2"}})
     with pytest.raises(m.ManifestError, match="clear text"):
-        m.step_objects(bad, m.K8sSettings())
+        m.step_objects(bad, m.PodSettings())
     spec = m.to_dict(pod)["spec"]
     assert spec["restartPolicy"] == "Never" and spec["automountServiceAccountToken"] is False
     assert "serviceAccountName" not in spec  # the namespace's default account, no token
-    named, _, _ = m.step_objects(launch, m.K8sSettings(container_context={"service_account_name": "dagster-gpu-worker"}))
+    named, _, _ = m.step_objects(launch, m.PodSettings(container_context={"service_account_name": "dagster-gpu-worker"}))
     spec = m.to_dict(named)["spec"]
     assert spec["serviceAccountName"] == "dagster-gpu-worker" and spec["automountServiceAccountToken"] is True
 
@@ -166,27 +166,27 @@ def test_cluster_manifests_validate(path):
 
 
 def test_pod_env_json_roundtrip_contains_no_model_objects():
-    pod, template, _ = m.step_objects(_launch(GpuRequest(mig_ok=True)), m.K8sSettings())
+    pod, template, _ = m.step_objects(_launch(GpuRequest(mig_ok=True)), m.PodSettings())
     json.dumps(m.to_dict(pod))
     ann = json.loads(template.metadata.annotations[m.ANNOTATION_DEVICE_REQUEST])
     assert ann["migProfile"] == "1g.10gb"
 
 
 def test_handle_from_pod_recovers_what_the_launcher_knew():
-    pod, template, choice = m.step_objects(_launch(GpuRequest(mig_ok=True), pk="doc 1/ä.txt"), m.K8sSettings())
+    pod, template, choice = m.step_objects(_launch(GpuRequest(mig_ok=True), pk="doc 1/ä.txt"), m.PodSettings())
     pod.metadata.uid = "u-1"
     h = m.handle_from_pod(pod)
     assert h["pod"] == pod.metadata.name and h["template"] == template.metadata.name and h["pod_uid"] == "u-1"
     assert h["device_type"] == "mig-1g.10gb" and h["device_fraction"] == pytest.approx(1 / 7)
     assert h["partition_key"] == "doc 1/ä.txt"
-    cpu_pod, _, _ = m.step_objects(_launch(GpuRequest(count=0)), m.K8sSettings())
+    cpu_pod, _, _ = m.step_objects(_launch(GpuRequest(count=0)), m.PodSettings())
     assert m.handle_from_pod(cpu_pod)["device_type"] == "cpu" and m.handle_from_pod(cpu_pod)["template"] == ""
 
 
 def test_container_context_is_merged_as_dagster_k8s_does():
     """User fields pass through (node selector, tolerations, a sidecar, security context); lists are
     concatenated; the step's own fields win; a user env var shadowing the step's or a Secret's is dropped."""
-    settings = m.K8sSettings(secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "pg", "password"),), container_context={
+    settings = m.PodSettings(secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "pg", "password"),), container_context={
         "env_vars": ["FOO=bar", "DAGSTER_PG_PASSWORD=leaked", "DAGSTER_GPU_STEP_CONTEXT=other"],
         "volumes": [{"name": "data", "emptyDir": {}}], "volume_mounts": [{"name": "data", "mountPath": "/data"}],
         "resources": {"requests": {"memory": "2Gi"}, "limits": {"memory": "4Gi"}},
@@ -222,18 +222,18 @@ def test_container_context_is_merged_as_dagster_k8s_does():
 def test_step_container_falls_back_to_its_log_for_the_termination_message_unless_the_user_says_otherwise():
     """FallbackToLogsOnError: the kubelet puts a failed worker's last log lines in ``terminated.message``,
     which the backend reads into the step failure; a user's own policy in container_context is kept."""
-    pod, _, _ = m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings())
+    pod, _, _ = m.step_objects(_launch(GpuRequest(count=1)), m.PodSettings())
     assert validate(pod)["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
-    pod, _, _ = m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(container_context={
+    pod, _, _ = m.step_objects(_launch(GpuRequest(count=1)), m.PodSettings(container_context={
         "run_k8s_config": {"container_config": {"termination_message_policy": "File"}}}))
     assert validate(pod)["spec"]["containers"][0]["terminationMessagePolicy"] == "File"
 
 
 def test_a_bad_container_context_names_the_setting():
     with pytest.raises(m.ManifestError, match="container_context"):
-        m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(container_context={"no_such_field": 1}))
+        m.step_objects(_launch(GpuRequest(count=1)), m.PodSettings(container_context={"no_such_field": 1}))
     with pytest.raises(m.ManifestError, match="container_context: .*node_selectr"):
-        m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(container_context={
+        m.step_objects(_launch(GpuRequest(count=1)), m.PodSettings(container_context={
             "run_k8s_config": {"pod_spec_config": {"node_selectr": {"a": "b"}}}}))
 
 
@@ -259,26 +259,26 @@ def test_step_pod_is_pod_security_restricted_compliant_by_default():
     """The fields k8s.io/pod-security-admission's restricted checks read (check_runAsNonRoot.go,
     check_allowPrivilegeEscalation.go, check_capabilities_restricted.go, check_seccompProfile_restricted.go,
     check_runAsUser.go); the test namespace enforces the profile, so an e2e pod proves admission too."""
-    d = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings())[0])
+    d = validate(m.step_objects(_launch(GpuRequest(count=1)), m.PodSettings())[0])
     assert d["spec"]["securityContext"] == {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 1000,
                                             "seccompProfile": {"type": "RuntimeDefault"}}
     assert d["spec"]["containers"][0]["securityContext"] == {"allowPrivilegeEscalation": False,
                                                              "capabilities": {"drop": ["ALL"]}}
-    own = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(run_as_user=None, container_context={
+    own = validate(m.step_objects(_launch(GpuRequest(count=1)), m.PodSettings(run_as_user=None, container_context={
         "run_k8s_config": {"pod_spec_config": {"security_context": {"fs_group": 2000, "run_as_user": 4242}}}}))[0])
     assert own["spec"]["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"},
                                               "fsGroup": 2000, "runAsUser": 4242}
-    off = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(restricted_security_context=False))[0])
+    off = validate(m.step_objects(_launch(GpuRequest(count=1)), m.PodSettings(restricted_security_context=False))[0])
     assert "securityContext" not in off["spec"] and "securityContext" not in off["spec"]["containers"][0]
     with pytest.raises(m.ManifestError, match="run_as_user"):
-        m.K8sSettings(run_as_user=0)
+        m.PodSettings(run_as_user=0)
 
 
 def test_gpu_steps_tolerate_the_gpu_taint_cpu_steps_do_not_and_tolerations_are_configurable():
-    gpu = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings())[0])
+    gpu = validate(m.step_objects(_launch(GpuRequest(count=1)), m.PodSettings())[0])
     assert gpu["spec"]["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
-    cpu = validate(m.step_objects(_launch(GpuRequest(count=0)), m.K8sSettings())[0])
+    cpu = validate(m.step_objects(_launch(GpuRequest(count=0)), m.PodSettings())[0])
     assert "tolerations" not in cpu["spec"]
     mine = ({"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoExecute", "tolerationSeconds": 60},)
-    own = validate(m.step_objects(_launch(GpuRequest(count=1)), m.K8sSettings(tolerations=mine))[0])
+    own = validate(m.step_objects(_launch(GpuRequest(count=1)), m.PodSettings(tolerations=mine))[0])
     assert own["spec"]["tolerations"] == list(mine)  # camelCase as in YAML, replacing the default

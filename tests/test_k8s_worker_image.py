@@ -15,7 +15,7 @@ from pathlib import Path
 from packaging.requirements import Requirement
 
 from dagster_gpu.executor.command import DEFAULT_WORKER_PYTHON
-from dagster_gpu.k8s.pod import WORKER_UID, K8sSettings
+from dagster_gpu.k8s.pod import WORKER_UID, PodSettings
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = (REPO / "docker" / "Dockerfile").read_text()
@@ -64,7 +64,7 @@ def test_what_the_image_copies_exists_and_the_default_code_location_is_the_demos
 
 def test_the_image_runs_as_the_pods_default_non_root_user_with_its_venv_python_first_on_path():
     assert _args("USER")[-1] == f"{WORKER_UID}:{WORKER_UID}" and WORKER_UID != 0
-    assert K8sSettings().run_as_user == WORKER_UID  # the pod's runAsUser/runAsGroup
+    assert PodSettings().run_as_user == WORKER_UID  # the pod's runAsUser/runAsGroup
     env = " ".join(_args("ENV"))
     assert re.search(r"\bPATH=/opt/venv/bin:\$PATH\b", env) and "python -m venv /opt/venv" in " ".join(_args("RUN"))
     assert DEFAULT_WORKER_PYTHON["kubernetes"] == "python"  # found in /opt/venv/bin through PATH

@@ -38,7 +38,7 @@ def test_an_a30_slice_is_priced_at_a_quarter_of_its_parent():
 
 
 def test_an_a30_slice_on_kubernetes_is_a_quarter_in_the_claim_the_bill_and_the_policy():
-    choice = m.device_choice(GpuRequest(mig_ok=True, product=A30), "mig-1g.6gb", m.K8sSettings(secret_env=()))
+    choice = m.device_choice(GpuRequest(mig_ok=True, product=A30), "mig-1g.6gb", m.PodSettings(secret_env=()))
     assert (choice.device_type, choice.mig_profile, choice.device_fraction) == ("mig-1g.6gb", "1g.6gb", 0.25)
     handle = {"namespace": "ns", "pod": "p", "device_type": choice.device_type,
               "device_fraction": choice.device_fraction, "product": choice.product}
@@ -47,5 +47,5 @@ def test_an_a30_slice_on_kubernetes_is_a_quarter_in_the_claim_the_bill_and_the_p
     pool = DeviceGroup("mig-1g.6gb", A30, 6.0, free=4, total=4, mig_profile="1g.6gb")
     assert pool.fraction == 0.25
     # the default mig_profile's firstAvailable slice with no product named: the A30-only profile says 4
-    fa = m.device_choice(GpuRequest(mig_ok=True), None, m.K8sSettings(secret_env=(), mig_profile="1g.6gb"))
+    fa = m.device_choice(GpuRequest(mig_ok=True), None, m.PodSettings(secret_env=(), mig_profile="1g.6gb"))
     assert fa.alternatives[0].device_fraction == 0.25

@@ -62,7 +62,7 @@ class _RefusingKube:
 
 def test_kubernetes_launch_error_names_the_range():
     kube = _RefusingKube()
-    b = KubernetesBackend(kube, m.K8sSettings(namespace="ns", secret_env=()), rates={"default": 1.0})
+    b = KubernetesBackend(kube, m.PodSettings(namespace="ns", secret_env=()), rates={"default": 1.0})
     b.claims = _NoWatch()
     with pytest.raises(RuntimeError) as e:
         b.launch(_launch(RANGE))
@@ -74,14 +74,14 @@ def test_kubernetes_launch_error_names_the_range():
 
 
 def test_kubernetes_pod_labels_a_range_and_annotates_a_single_key():
-    ranged, _, _ = m.step_objects(_launch(RANGE), m.K8sSettings())
+    ranged, _, _ = m.step_objects(_launch(RANGE), m.PodSettings())
     assert ranged.metadata.labels[m.LABEL_PARTITION] == m.partition_label(RANGE)
     assert ranged.metadata.labels[m.LABEL_PARTITION].startswith("p001..p003-")
     assert m.ANNOTATION_PARTITION_KEY not in ranged.metadata.annotations
-    single, _, _ = m.step_objects(_launch(("doc 1.txt",)), m.K8sSettings())
+    single, _, _ = m.step_objects(_launch(("doc 1.txt",)), m.PodSettings())
     assert single.metadata.annotations[m.ANNOTATION_PARTITION_KEY] == "doc 1.txt"
     assert single.metadata.labels[m.LABEL_PARTITION] == m.sanitize_label_value("doc 1.txt")
-    none, _, _ = m.step_objects(_launch(()), m.K8sSettings())
+    none, _, _ = m.step_objects(_launch(()), m.PodSettings())
     assert m.LABEL_PARTITION not in none.metadata.labels and m.ANNOTATION_PARTITION_KEY not in none.metadata.annotations
 
 

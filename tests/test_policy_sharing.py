@@ -15,7 +15,7 @@ import pytest
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.k8s.dra import device_choice
-from dagster_gpu.k8s.pod import K8sSettings
+from dagster_gpu.k8s.pod import PodSettings
 from dagster_gpu.policy import DeviceGroup, GpuRequest, KubernetesState, Placement, RuntimeModel, Snapshot, StepSize, decide
 from dagster_gpu.policy.ranges import plan_range
 from dagster_gpu.k8s.sharing_failures import ALL_POOLS, SharingFailures, default_path
@@ -38,7 +38,7 @@ def test_a_pool_where_sharing_failed_gets_an_unshared_claim():
     assert (ok.device, ok.shared) == (A100, True)
     no = decide(req, StepSize(rows=1000), _snap([A100]), model=MODEL)
     assert (no.device, no.shared) == (A100, False) and "unshared: a shared claim failed to prepare on " + A100 in no.reason
-    settings = K8sSettings(sharing_strategy="TimeSlicing")
+    settings = PodSettings(sharing_strategy="TimeSlicing")
     assert device_choice(req, ok.device, settings, shared=ok.shared).sharing == "TimeSlicing"
     assert device_choice(req, no.device, settings, shared=no.shared).sharing is None
     # another pool is unaffected, "*" blocks every pool; a step that is not shared_ok is not concerned

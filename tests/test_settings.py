@@ -44,8 +44,8 @@ def test_the_executor_schema_uses_the_generated_sections():
 
 
 def test_empty_kubernetes_section_gives_the_manifest_defaults():
-    assert settings_from_config(_resolve(config_field(), {})) == m.K8sSettings()
-    assert settings_from_config({}) == m.K8sSettings()
+    assert settings_from_config(_resolve(config_field(), {})) == m.PodSettings()
+    assert settings_from_config({}) == m.PodSettings()
 
 
 def test_kubernetes_section_values_reach_the_pod_settings():

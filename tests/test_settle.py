@@ -275,7 +275,7 @@ class _Kube:
 
 def _k8s(**kw) -> tuple[KubernetesBackend, _Kube]:
     kube = _Kube()
-    b = KubernetesBackend(kube, m.K8sSettings(namespace="ns", secret_env=()), rates={"NVIDIA A100-SXM4-80GB": 3.6, "default": 1.0}, **kw)
+    b = KubernetesBackend(kube, m.PodSettings(namespace="ns", secret_env=()), rates={"NVIDIA A100-SXM4-80GB": 3.6, "default": 1.0}, **kw)
     b.claims = _Watch()
     return b, kube
 

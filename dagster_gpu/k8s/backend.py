@@ -150,7 +150,7 @@ class KubernetesBackend(Backend):
     name = "kubernetes"
     workers_survive_orchestrator = True
 
-    def __init__(self, kube: KubeClient, settings: m.K8sSettings,
+    def __init__(self, kube: KubeClient, settings: m.PodSettings,
                  pending_timeout_s: float = KubernetesSettings.pending_timeout_seconds,
                  create_timeout_s: float = KubernetesSettings.create_timeout_seconds,
                  image_pull_timeout_s: float = KubernetesSettings.image_pull_timeout_seconds,

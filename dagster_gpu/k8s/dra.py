@@ -64,7 +64,7 @@ def is_mig_profile(name: str) -> bool:
 
 
 class DeviceSettings(Protocol):
-    """What :func:`device_choice` reads of the backend's settings (``dagster_gpu.k8s.pod.K8sSettings``
+    """What :func:`device_choice` reads of the backend's settings (``dagster_gpu.k8s.pod.PodSettings``
     has both): the MIG profile for ``mig_ok`` requests (None: whole GPUs only) and the sharing strategy
     (``TimeSlicing``/``MPS``, None: no sharing config)."""
 

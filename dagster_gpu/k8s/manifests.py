@@ -20,5 +20,5 @@ from dagster_gpu.k8s.names import (  # noqa: F401
     partition_label, run_selector, sanitize_label_value, step_labels,
 )
 from dagster_gpu.k8s.pod import (  # noqa: F401
-    CONTAINER_NAME, K8sSettings, SecretEnv, build_pod, handle_from_pod, owner_reference, step_objects,
+    CONTAINER_NAME, PodSettings, SecretEnv, build_pod, handle_from_pod, owner_reference, step_objects,
 )

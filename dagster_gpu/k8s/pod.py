@@ -76,7 +76,7 @@ class SecretEnv:
 
 
 @dataclass(frozen=True)
-class K8sSettings:
+class PodSettings:
     """What the ``kubernetes:`` section of gpu_executor's config says about the objects to create.
 
     Attributes:
@@ -127,7 +127,7 @@ class K8sSettings:
             raise ManifestError("termination_grace_period_seconds must be >= 0")
 
 
-def _container_context_config(settings: K8sSettings) -> tuple[dict, dict, dict]:
+def _container_context_config(settings: PodSettings) -> tuple[dict, dict, dict]:
     """(container config, pod spec config, pod template metadata) of the user's ``container_context``, read by
     dagster-k8s (``K8sContainerContext.create_from_config``: its config schema, then ``run_k8s_config``, whose
     env vars, secrets, volumes, resources... are already folded into snake_case dicts; deep copies).
@@ -150,7 +150,7 @@ def _model(klass: type, config: Mapping[str, Any], what: str) -> Any:
         raise ManifestError(f"kubernetes.container_context: the merged {what} is not a valid {klass.__name__}: {e}") from None
 
 
-def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_name: str | None,
+def build_pod(launch: StepLaunch, settings: PodSettings, name: str, template_name: str | None,
               extra_env: Mapping[str, str] | None = None) -> client.V1Pod:
     """The step's Pod (``restartPolicy: Never``), the user's ``container_context`` merged as dagster-k8s does.
 
@@ -170,7 +170,7 @@ def build_pod(launch: StepLaunch, settings: K8sSettings, name: str, template_nam
 
     Args:
         launch: the step (argv, env without secrets, request, run/step/partition for labels).
-        settings: see :class:`K8sSettings`.
+        settings: see :class:`PodSettings`.
         name: the pod name (:func:`~dagster_gpu.k8s.names.object_name`).
         template_name: the ResourceClaimTemplate to claim a device from, or None for a CPU-only step.
         extra_env: more plain env vars (no secrets).
@@ -262,7 +262,7 @@ def owner_reference(pod_name: str, pod_uid: str) -> dict:
     return {"metadata": {"ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name, "uid": pod_uid}]}}
 
 
-def step_objects(launch: StepLaunch, settings: K8sSettings, shared: bool | None = None,
+def step_objects(launch: StepLaunch, settings: PodSettings, shared: bool | None = None,
                  ) -> tuple[client.V1Pod, client.V1ResourceClaimTemplate | None, DeviceChoice | None]:
     """(pod, template or None, device choice or None) for ``launch``; names from :func:`object_name`.
 

@@ -1,7 +1,7 @@
 """The ``kubernetes:`` section of gpu_executor's config: one settings class, its Dagster schema generated from it.
 
 The defaults of what the pod and ResourceClaimTemplate look like (namespace, image, MIG profile, grace
-period, requests, the PostgreSQL password Secret) are :class:`dagster_gpu.k8s.manifests.K8sSettings`'s,
+period, requests, the PostgreSQL password Secret) are :class:`dagster_gpu.k8s.manifests.PodSettings`'s,
 referenced here, not restated; the backend's own (timeouts, the exit wait for bills) are written here once.
 """
 
@@ -16,7 +16,7 @@ from dagster_gpu.instance.settings import config_field as settings_config_field
 from dagster_gpu.instance.settings import apply_renamed, from_section, renamed, setting
 from dagster_gpu.k8s import manifests as m
 
-_PG = m.K8sSettings().secret_env[0]  # the default PostgreSQL password Secret reference
+_PG = m.PodSettings().secret_env[0]  # the default PostgreSQL password Secret reference
 
 
 @dataclass(frozen=True)
@@ -35,17 +35,17 @@ class KubernetesSettings:
     kubeconfig: str | None = setting(None, "kubeconfig path (default $KUBECONFIG / ~/.kube/config).")
     context: str | None = setting(None, "kubeconfig context.")
     in_cluster: bool = setting(False, "Use the in-cluster ServiceAccount token instead of a kubeconfig.")
-    namespace: str = setting(m.K8sSettings.namespace, "Namespace of the step pods and their templates.")
-    image: str = setting(m.K8sSettings.image, "The step worker's container image.")
+    namespace: str = setting(m.PodSettings.namespace, "Namespace of the step pods and their templates.")
+    image: str = setting(m.PodSettings.image, "The step worker's container image.")
     postgres_password_secret: PostgresPasswordSecret | None = setting(
         default_factory=PostgresPasswordSecret,
         description="Secret holding the Dagster PostgreSQL password (passed by secretKeyRef, never by value); null: none.")
     env_secret_refs: tuple[m.SecretEnv, ...] = setting((), "More env vars from Secret keys: [{env, secret, key}].")
     container_context: Mapping[str, Any] = setting(
         default_factory=dict, description="dagster-k8s K8sContainerContext fields (env_vars, env_secrets, volumes, ...).")
-    mig_profile: str | None = setting(m.K8sSettings.mig_profile, "MIG profile for mig-ok requests; null: whole GPUs only.")
+    mig_profile: str | None = setting(m.PodSettings.mig_profile, "MIG profile for mig-ok requests; null: whole GPUs only.")
     sharing_strategy: str | None = setting(
-        m.K8sSettings.sharing_strategy, "Opaque GpuConfig sharing strategy for shared-ok requests.",
+        m.PodSettings.sharing_strategy, "Opaque GpuConfig sharing strategy for shared-ok requests.",
         schema=dg.Enum("K8sSharing", [dg.EnumValue(v) for v in m.SHARING_STRATEGIES]))
     pending_timeout_seconds: float = setting(300.0, "Seconds a pod may stay unschedulable before its step fails.")
     create_timeout_seconds: float = setting(
@@ -53,10 +53,10 @@ class KubernetesSettings:
                "(the clock starts again when the kubelet reports Pulled).")
     image_pull_timeout_seconds: float = setting(1800.0, "Seconds one image pull (kubelet Pulling event, no Pulled "
                                                         "yet) may run before the step fails.")
-    termination_grace_period_seconds: int = setting(m.K8sSettings.termination_grace_period_seconds,
+    termination_grace_period_seconds: int = setting(m.PodSettings.termination_grace_period_seconds,
                                                     "The pod's terminationGracePeriodSeconds.")
-    cpu_request: str | None = setting(m.K8sSettings.cpu_request, "The container's CPU request (quantity).")
-    memory_request: str | None = setting(m.K8sSettings.memory_request, "The container's memory request (quantity).")
+    cpu_request: str | None = setting(m.PodSettings.cpu_request, "The container's CPU request (quantity).")
+    memory_request: str | None = setting(m.PodSettings.memory_request, "The container's memory request (quantity).")
     delete_finished_pods: bool = setting(True, "Delete a pod once it ended and its interval was read (the settler).")
     settle_wait_seconds: float = setting(15.0, "At orchestrator exit, wait this long for launched pods to end "
                                                "(and be billed and deleted).")
@@ -71,7 +71,7 @@ class KubernetesSettings:
               "seccomp RuntimeDefault, no privilege escalation, drop ALL); container_context.security_context "
               "overrides it key by key.")
     run_as_user: int | None = setting(
-        m.K8sSettings.run_as_user, "runAsUser/runAsGroup of step pods (the worker image's user); null: the image's USER.")
+        m.PodSettings.run_as_user, "runAsUser/runAsGroup of step pods (the worker image's user); null: the image's USER.")
     tolerations: tuple[Mapping[str, Any], ...] | None = setting(
         None, "Tolerations of step pods ([{key, operator, value, effect}]); default: GPU steps tolerate the "
               "nvidia.com/gpu NoSchedule taint, CPU steps nothing.")
@@ -84,14 +84,14 @@ class KubernetesSettings:
         """Settings from the ``kubernetes:`` section (absent keys take the defaults above)."""
         return from_section(cls, section)
 
-    def pod_settings(self) -> m.K8sSettings:
+    def pod_settings(self) -> m.PodSettings:
         """What the pod and ResourceClaimTemplate look like (raises ManifestError for a bad value)."""
         secret_env = []
         pg = self.postgres_password_secret
         if pg is not None:
             secret_env.append(m.SecretEnv(pg.env, pg.name, pg.key))
         secret_env += list(self.env_secret_refs)
-        return m.K8sSettings(
+        return m.PodSettings(
             namespace=self.namespace,
             image=self.image,
             secret_env=tuple(secret_env),
@@ -114,6 +114,6 @@ def config_field() -> dg.Field:
         KubernetesSettings, "Kubernetes backend: one pod per step, GPU by DRA ResourceClaimTemplate (resource.k8s.io/v1).")
 
 
-def settings_from_config(section: Mapping[str, Any]) -> m.K8sSettings:
+def settings_from_config(section: Mapping[str, Any]) -> m.PodSettings:
     """The pod settings of a ``kubernetes:`` section (already defaulted by Dagster's config system or not)."""
     return KubernetesSettings.from_section(section).pod_settings()

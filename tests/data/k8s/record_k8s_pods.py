@@ -47,14 +47,14 @@ def main() -> int:
     require_cluster()
     kube = KubeClient(executor_api(), NAMESPACE)
     admin = KubeClient(admin_api(), NAMESPACE)
-    plain = m.K8sSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_seconds=5)
-    stuck = m.K8sSettings(namespace=NAMESPACE, secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "no-such-secret", "pw"),))
+    plain = m.PodSettings(namespace=NAMESPACE, secret_env=(), termination_grace_period_seconds=5)
+    stuck = m.PodSettings(namespace=NAMESPACE, secret_env=(m.SecretEnv("DAGSTER_PG_PASSWORD", "no-such-secret", "pw"),))
     kw = dict(pending_timeout_s=3600, create_timeout_s=3600, delete_finished_pods=False,
               settle_wait_s=0, sweep_grace_s=-1, rates={"default": 1.0})
     tag = uuid.uuid4().hex[:8]  # a new image tag: its first pull on the node, so the pull takes its full time
-    slow = m.K8sSettings(namespace=NAMESPACE, secret_env=(), image=f"registry.example.com/slow-pull/dagster-gpu:{tag}")
-    missing = m.K8sSettings(namespace=NAMESPACE, secret_env=(), image="registry.example.com/does-not-exist/dagster-gpu:1")
-    shared = m.K8sSettings(namespace=NAMESPACE, secret_env=(), sharing_strategy="TimeSlicing")
+    slow = m.PodSettings(namespace=NAMESPACE, secret_env=(), image=f"registry.example.com/slow-pull/dagster-gpu:{tag}")
+    missing = m.PodSettings(namespace=NAMESPACE, secret_env=(), image="registry.example.com/does-not-exist/dagster-gpu:1")
+    shared = m.PodSettings(namespace=NAMESPACE, secret_env=(), sharing_strategy="TimeSlicing")
     b, b_stuck = KubernetesBackend(kube, plain, **kw), KubernetesBackend(kube, stuck, **kw)
     b_slow, b_missing, b_shared = (KubernetesBackend(kube, x, **kw) for x in (slow, missing, shared))
 
