@@ -40,6 +40,48 @@ class BackfillTimeout(TimeoutError):
     """The backfill did not finish within the given seconds; the message names what was still running."""
 
 
+class DaemonDied(RuntimeError):
+    """The daemon following the backfill stopped before it finished: the message says how (exit code and the
+    last lines of its log, or how long ago its last heartbeat was)."""
+
+
+#: A daemon counts as alive while its backfill loop's last heartbeat is at most this old (seconds). Dagster
+#: writes one every 30 s (``dagster._daemon.controller.DEFAULT_HEARTBEAT_INTERVAL_SECONDS``); its own
+#: liveness check tolerates 1,800 s more, far too long to tell a running daemon from one stopped a minute ago.
+HEARTBEAT_FRESH_S = 90.0
+#: While following another daemon's backfill, a heartbeat this old (seconds) means that daemon is gone.
+HEARTBEAT_GONE_S = 300.0
+
+
+def live_backfill_daemon(instance: dg.DagsterInstance, fresh_s: float = HEARTBEAT_FRESH_S, now: float | None = None):
+    """The last heartbeat (``DaemonHeartbeat``: ``daemon_id``, ``timestamp``) of the instance's BACKFILL daemon
+    when it is at most ``fresh_s`` seconds old (errors it reports do not matter: it runs), else None. A daemon writes a heartbeat per
+    loop every 30 s (``dagster._daemon.daemon.DagsterDaemon._check_add_heartbeat``); with the instance setting
+    ``daemon_skip_heartbeats_without_errors`` it writes none while healthy, so it cannot be seen here."""
+    from dagster._daemon.backfill import BackfillDaemon
+    from dagster._daemon.controller import get_daemon_statuses
+
+    daemon_type = BackfillDaemon.daemon_type()
+    status = get_daemon_statuses(instance, [daemon_type], curr_time_seconds=now if now is not None else time.time(), ignore_errors=True,
+                                 heartbeat_interval_seconds=0, heartbeat_tolerance_seconds=fresh_s)[daemon_type]
+    return status.last_heartbeat if status.healthy else None
+
+
+class RunningDaemon:
+    """A daemon this process did not start (``dagster dev``, a deployed ``dagster-daemon``), followed through its
+    heartbeats in the instance."""
+
+    def __init__(self, instance: dg.DagsterInstance, heartbeat, gone_s: float = HEARTBEAT_GONE_S):
+        self.instance, self.daemon_id, self.gone_s = instance, heartbeat.daemon_id, gone_s
+
+    def why_dead(self) -> str | None:
+        """None while its BACKFILL heartbeat is under ``gone_s`` seconds old, else what was seen."""
+        if live_backfill_daemon(self.instance, self.gone_s) is None:
+            return (f"the dagster-daemon already running on this instance (id {self.daemon_id}) sent no heartbeat "
+                    f"for {self.gone_s:.0f} s")
+        return None
+
+
 def submit_asset_backfill(
     instance: dg.DagsterInstance,
     defs: dg.Definitions,
@@ -80,6 +122,9 @@ class BackfillProgress:
     running: int = 0
     runs: int = 0
     status: str = "REQUESTED"
+    #: runs of the backfill not finished yet (set by :func:`wait_for_backfill`): a run whose partitions are all
+    #: done may still be settling its work units' bills
+    runs_in_flight: int = 0
 
     @property
     def done(self) -> int:
@@ -171,29 +216,65 @@ def backfill_progress(
 
 
 class DaemonProcess:
-    """``dagster-daemon run -w <workspace>`` as a child process group (context manager)."""
+    """``dagster-daemon run -w <workspace>`` as a child process group (context manager).
 
-    def __init__(self, workspace: str | Path, env: Mapping[str, str] | None = None, log_file: Path | None = None):
+    Its output goes to ``log_file`` (a temporary file when None, kept when the daemon dies so that its path
+    can be given). ``instance``: the instance it serves; when given, the heartbeats it wrote are deleted
+    after it stopped (Dagster leaves them, and they would make the next ``dagster-gpu backfill`` take a
+    stopped daemon for a running one: :func:`live_backfill_daemon`)."""
+
+    #: Seconds :meth:`__exit__` may take at most: SIGTERM, 30 s for the daemon, then 10 s for its children.
+    STOP_S = 40
+
+    def __init__(self, workspace: str | Path, env: Mapping[str, str] | None = None, log_file: Path | None = None,
+                 instance: dg.DagsterInstance | None = None):
         self.workspace = str(workspace)
         self.env = {**os.environ, **(env or {})}
         self.log_file = log_file
+        self.instance = instance
         self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
 
     def __enter__(self) -> "DaemonProcess":
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dagster._daemon", "run", "-w", self.workspace],
-            env=self.env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
+        import tempfile
+
+        if self.log_file is None:
+            fd, name = tempfile.mkstemp(prefix="dagster-daemon-", suffix=".log")
+            os.close(fd)
+            self.log_file = Path(name)
+        self.started_at = time.time()
+        with open(self.log_file, "ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "dagster._daemon", "run", "-w", self.workspace],
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
         return self
+
+    def why_dead(self, lines: int = 12) -> str | None:
+        """None while the daemon runs; once it exited, its exit code and the last ``lines`` lines of its log."""
+        from dagster_gpu.core.log_tail import log_tail
+
+        if not self.proc or self.proc.poll() is None:
+            return None
+        tail = log_tail(Path(self.log_file), lines=lines, max_bytes=16384) if self.log_file else ""
+        return (f"dagster-daemon exited with code {self.proc.returncode}; the last lines of its log {self.log_file}:\n"
+                + (tail.strip() or "(empty)"))
 
     def __exit__(self, *exc) -> None:
         """Stop the daemon's process group, then whatever it started in other sessions (its code
-        server and run workers): SIGTERM, and SIGKILL for those alive 10 s (30 s for the daemon) later."""
+        server and run workers): SIGTERM, and SIGKILL for those alive 10 s (30 s for the daemon) later;
+        then forget its heartbeats (see the class)."""
+        try:
+            self._stop()
+        finally:
+            if self.instance is not None:
+                forget_heartbeats(self.instance, self.started_at)
+
+    def _stop(self) -> None:
         import psutil
 
         if not self.proc or self.proc.poll() is not None:
@@ -222,6 +303,42 @@ class DaemonProcess:
                 pass
 
 
+def forget_heartbeats(instance: dg.DagsterInstance, since: float) -> bool:
+    """Delete the instance's daemon heartbeats when every one was written since ``since`` (epoch seconds) by
+    a single daemon (the one that was started then and has stopped); True when deleted. Heartbeats of any
+    other daemon, or older ones, are left alone."""
+    beats = instance.get_daemon_heartbeats()
+    if not beats or len({b.daemon_id for b in beats.values()}) != 1 or min(b.timestamp for b in beats.values()) < since:
+        return False
+    instance.wipe_daemon_heartbeats()
+    return True
+
+
+def abandon_backfill(instance: dg.DagsterInstance, backfill_id: str) -> str:
+    """Cancel a backfill whose daemon is gone, so that no later daemon picks it up: its queued runs are
+    canceled; with no run in flight it is marked CANCELED, else CANCELING (the next daemon on the instance
+    terminates those runs and then marks it CANCELED: ``dagster._core.execution.backfill.
+    cancel_backfill_runs_and_cancellation_complete``). Returns one line saying which."""
+    from dagster._core.storage.dagster_run import NOT_FINISHED_STATUSES
+
+    bf = instance.get_backfill(backfill_id)
+    if bf is None or bf.status in _DONE_BACKFILL:
+        return f"backfill {backfill_id} is {bf.status.value.lower() if bf else 'gone'}; nothing to cancel"
+    from dagster._core.storage.tags import BACKFILL_ID_TAG
+
+    queued = instance.get_runs(RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}, statuses=[dg.DagsterRunStatus.QUEUED]))
+    for run in queued:
+        instance.report_run_canceling(run, message="Canceled from the queue: dagster-gpu backfill stopped following it.")
+        instance.report_run_canceled(run)
+    in_flight = instance.get_run_ids(RunsFilter(tags={BACKFILL_ID_TAG: backfill_id}, statuses=NOT_FINISHED_STATUSES))
+    if in_flight:
+        instance.update_backfill(bf.with_status(BulkActionStatus.CANCELING))
+        return (f"backfill {backfill_id} marked CANCELING: the next dagster-daemon on this instance terminates its "
+                f"{len(in_flight)} run(s) still in flight ({', '.join(in_flight)}) and marks it canceled")
+    instance.update_backfill(bf.with_status(BulkActionStatus.CANCELED).with_end_timestamp(time.time()))
+    return f"backfill {backfill_id} canceled ({len(queued)} queued run(s) canceled; no run was in flight)"
+
+
 def _die_with_parent() -> None:
     """Linux: SIGTERM the daemon if the process that started it dies (no orphaned daemons)."""
     try:
@@ -240,21 +357,23 @@ def wait_for_backfill(
     timeout_s: float = 3600,
     poll_s: float = 1.0,
     on_progress: Callable[[BackfillProgress], None] | None = None,
-    daemon: DaemonProcess | None = None,
+    daemon: DaemonProcess | RunningDaemon | None = None,
     partitions_def_name: str | None = None,
 ) -> BackfillProgress:
-    """Poll until the backfill's status is final and no run is in flight; raises BackfillTimeout.
+    """Poll until the backfill's status is final and no run is in flight; raises BackfillTimeout, and
+    DaemonDied when ``daemon`` stops first (its ``why_dead()`` as the message).
     ``partitions_def_name`` resolves ranged runs' partitions (required when the asset has a BackfillPolicy)."""
     deadline = time.monotonic() + timeout_s
     runs = BackfillRuns(instance, backfill_id, partitions_def_name)
     while True:
         p = backfill_progress(instance, backfill_id, total, runs)
+        p.runs_in_flight = _runs_in_flight(instance, backfill_id)
         if on_progress:
             on_progress(p)
-        if BulkActionStatus(p.status) in _DONE_BACKFILL and p.running == 0 and not _runs_in_flight(instance, backfill_id):
+        if BulkActionStatus(p.status) in _DONE_BACKFILL and p.running == 0 and not p.runs_in_flight:
             return p
-        if daemon and daemon.proc and daemon.proc.poll() is not None:
-            raise RuntimeError(f"dagster-daemon exited with code {daemon.proc.returncode} before backfill {backfill_id} finished")
+        if daemon is not None and (why := daemon.why_dead()) is not None:
+            raise DaemonDied(f"backfill {backfill_id} not finished ({p.done}/{p.total} partitions done): {why}")
         if time.monotonic() > deadline:
             raise BackfillTimeout(
                 f"backfill {backfill_id}: {p.done}/{p.total} partitions done after {timeout_s:.0f} s ({p.running} running)"
@@ -371,6 +490,6 @@ def wait_for_bills(
     return rows
 
 
-def _runs_in_flight(instance: dg.DagsterInstance, backfill_id: str) -> bool:
-    return any(rec.dagster_run.status not in _FINISHED
+def _runs_in_flight(instance: dg.DagsterInstance, backfill_id: str) -> int:
+    return sum(rec.dagster_run.status not in _FINISHED
                for rec in instance.get_run_records(RunsFilter.for_backfill(backfill_id)))

@@ -6,8 +6,10 @@
         backfill of the selected partitions (all registered by default; --missing: never materialized;
         --failed: latest run failed or canceled; --stale: file or fingerprint changed, as `stale` lists them;
         --prune first deletes the partitions of files no longer in the corpus, their output parquet files
-        and their rows in the vector indexes that follow the asset) to $DAGSTER_HOME's instance, run the
-        Dagster daemon until it ends, show progress, the per-partition summary and the failed partitions.
+        and their rows in the vector indexes that follow the asset) to $DAGSTER_HOME's instance; when a
+        dagster-daemon already runs on it (`dagster dev`, a deployment: its heartbeats) leave the backfill to
+        it, else run a daemon on -w's workspace until the backfill ends; show progress, the per-partition
+        summary and the failed partitions. A daemon that dies, the timeout or Ctrl-C cancels the backfill.
     dagster-gpu stale -m MODULE -a ASSET [--json]
         list the partitions whose file (source version) or embedding fingerprint (the asset's code version)
         changed since their latest materialization, with why; never materialized ones are "missing".
@@ -46,7 +48,9 @@ def _backfill(argv: list[str]) -> int:
     ap.add_argument("--prune", action="store_true",
                     help="first delete the partitions whose corpus file is gone, their outputs and index rows "
                          "(their materializations stay)")
-    ap.add_argument("-w", "--workspace", default="workspace.yaml", help="workspace the daemon loads")
+    ap.add_argument("-w", "--workspace", default="workspace.yaml",
+                    help="workspace the dagster-daemon this command starts loads (default ./workspace.yaml); not "
+                         "needed when a daemon already runs on the instance: the backfill is submitted to it")
     ap.add_argument("--timeout", type=float, default=24 * 3600.0)
     ap.add_argument("--bills-wait", type=float, default=60.0,
                     help="seconds to keep the daemon up after the runs end for the schedulers' bills (default 60)")
@@ -59,7 +63,7 @@ def _backfill(argv: list[str]) -> int:
     from dagster_gpu.commands.common import console as make_console, instance_or_none
     from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
     from dagster_gpu.definitions.partitions import NoCorpus, corpus_of, indexes_following, prune_partitions, register_corpus_files, select_partitions
-    from dagster_gpu.commands.progress import run_backfill_with_progress
+    from dagster_gpu.commands.progress import BackfillAbandoned, run_backfill_with_progress
 
     console = make_console()
     loaded = load_definitions(args.module, args.attribute, "dagster-gpu backfill")
@@ -75,6 +79,16 @@ def _backfill(argv: list[str]) -> int:
     asset = defs.get_assets_def(key)
     instance = instance_or_none("dagster-gpu backfill")
     if instance is None:
+        return 2
+    from pathlib import Path
+
+    from dagster_gpu.commands.backfill import live_backfill_daemon
+
+    running = live_backfill_daemon(instance)
+    if running is None and not Path(args.workspace).is_file():
+        print(f"dagster-gpu backfill: workspace file {args.workspace} not found: no dagster-daemon runs on this "
+              f"instance, and the one this command starts loads the code from it (-w PATH, e.g. the repository's "
+              f"workspace.yaml)", file=sys.stderr)
         return 2
     if args.prune or not args.no_register:
         try:
@@ -111,11 +125,15 @@ def _backfill(argv: list[str]) -> int:
         what = " and ".join(w for w, on in flags if on) or "registered"
         print(f"no {what} partitions of {args.asset} to backfill", file=sys.stderr)
         return 0 if (args.missing or args.failed or args.stale) else 2
-    rows = run_backfill_with_progress(
-        instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout,
-        partitions_def_name=asset.partitions_def.name,
-        console=console, bills_wait_s=args.bills_wait,
-    )
+    try:
+        rows = run_backfill_with_progress(
+            instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout,
+            partitions_def_name=asset.partitions_def.name,
+            console=console, bills_wait_s=args.bills_wait, running_daemon=running,
+        )
+    except BackfillAbandoned as e:
+        print(f"dagster-gpu backfill: {e}", file=sys.stderr)
+        return 1
     return 1 if any(not r.ok for r in rows) else 0
 
 

@@ -9,8 +9,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from dagster_gpu.commands.backfill import (
-    BackfillProgress, DaemonProcess, PartitionSummary, submit_asset_backfill, summarize_partitions, wait_for_backfill,
-    wait_for_bills,
+    BackfillProgress, BackfillTimeout, DaemonDied, DaemonProcess, PartitionSummary, RunningDaemon, abandon_backfill,
+    submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills,
 )
 from dagster_gpu.instance.bills import billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
@@ -33,17 +33,20 @@ def progress_detail(p: BackfillProgress) -> str:
 
 
 def useful_fraction(rows: Sequence[PartitionSummary]) -> float | None:
-    """Embedding seconds ÷ billed wall seconds (``billing/wall_seconds``) summed over the materialized
-    partitions (None when nothing was billed)."""
-    embed = sum(r.seconds or 0.0 for r in rows if r.ok and r.billed_seconds)
-    billed = sum(r.billed_seconds or 0.0 for r in rows if r.ok)
-    return embed / billed if billed > 0 else None
+    """The materialized partitions' useful fraction: Σ embedding seconds ÷ Σ measured seconds
+    (``billing/wall_seconds``), :func:`dagster_gpu.billing.metering.useful_fraction`; None when nothing was
+    measured."""
+    from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
+
+    return ratio_of_sums((r.seconds, r.billed_seconds) for r in rows if r.ok)
 
 
 def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition summary") -> Table:
-    """Columns: partition, rows, seconds, texts/s, backend, GPU-seconds, cost (USD) as measured, useful
-    fraction, billed (USD): the partition's share of its unit's scheduler bill ("pending" until it lands;
-    failed partitions have one too). Failures in red."""
+    """Columns: partition, rows, seconds (embedding), texts/s (texts that reached the model), backend, measured
+    GPU-seconds and measured cost (USD): the step worker's own measurement; useful fraction (embedding ÷
+    measured seconds; its footer the ratio of sums, as in the HTML report); scheduler's bill (USD): the
+    partition's share of its unit's bill from sacct / the pod interval / the process ("pending" until it
+    lands; failed partitions have one too). Failures in red."""
     t = Table(title=title, show_footer=True)
     ok = [r for r in rows if r.ok]
     t.add_column("partition", footer=f"{len(ok)}/{len(rows)} ok")
@@ -51,11 +54,11 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
     t.add_column("seconds", justify="right", footer=f"{sum(r.seconds or 0 for r in ok):.1f}")
     t.add_column("texts/s", justify="right")
     t.add_column("backend")
-    t.add_column("GPU-seconds", justify="right", footer=f"{sum(r.gpu_seconds or 0 for r in ok):.1f}")
-    t.add_column("cost (USD)", justify="right", footer=f"{sum(r.cost_usd or 0 for r in ok):.6f}")
+    t.add_column("measured GPU-s", justify="right", footer=f"{sum(r.gpu_seconds or 0 for r in ok):.1f}")
+    t.add_column("measured (USD)", justify="right", footer=f"{sum(r.cost_usd or 0 for r in ok):.6f}")
     uf = useful_fraction(rows)
     t.add_column("useful", justify="right", footer="" if uf is None else f"{uf:.2f}")
-    t.add_column("billed (USD)", justify="right", footer=billed_total(rows))  # failed partitions' shares too
+    t.add_column("scheduler's bill (USD)", justify="right", footer=billed_total(rows))  # failed partitions' shares too
     for r in rows:
         billed = f"{r.billed_cost_usd:.6f}" if r.billed_cost_usd is not None else ("pending" if r.bill_pending else "")
         if r.ok:
@@ -89,6 +92,48 @@ def print_summary(console: Console, instance, rows: Sequence[PartitionSummary], 
         console.print(failures_table(failed))
 
 
+class BackfillFollower:
+    """The progress bar of a backfill (context manager; call it with each :class:`BackfillProgress`), and
+    one line, once, when every partition is done but runs are still in flight (their run workers billing
+    their work units), with how long that takes at most."""
+
+    def __init__(self, console: Console, total: int):
+        self.bar = progress_bar(console)
+        self.task = self.bar.add_task("backfill", total=total, detail="")
+        self.said_settling = False
+
+    def __enter__(self) -> "BackfillFollower":
+        self.bar.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.bar.__exit__(*exc)
+
+    def __call__(self, p: BackfillProgress) -> None:
+        self.bar.update(self.task, completed=p.done, detail=progress_detail(p))
+        if p.done == p.total and p.runs_in_flight and not self.said_settling:
+            self.said_settling = True
+            self.bar.console.print(f"All {p.total} partitions done; waiting for {p.runs_in_flight} run(s) to end while "
+                                   f"their run workers bill their work units: {settle_wait_note()}", soft_wrap=True)
+
+
+class BackfillAbandoned(RuntimeError):
+    """``dagster-gpu backfill`` stopped following a backfill before it ended (its daemon died, the timeout
+    passed, or Ctrl-C): the message says why and what became of the backfill (canceled, or still running)."""
+
+
+def settle_wait_note() -> str:
+    """How long a run worker may stay up after its partitions are done, billing its work units: each backend's
+    default ``settle_wait_seconds`` (its settings class), as one phrase."""
+    from dagster_gpu.k8s.settings import KubernetesSettings
+    from dagster_gpu.local.backend import LocalSettings
+    from dagster_gpu.slurm.backend import SlurmSettings
+
+    waits = (("local", LocalSettings), ("slurm", SlurmSettings), ("kubernetes", KubernetesSettings))
+    return ("each waits at most its backend's settle_wait_seconds (default "
+            + ", ".join(f"{b} {cls.settle_wait_seconds:.0f} s" for b, cls in waits) + ")")
+
+
 def run_backfill_with_progress(
     instance,
     defs,
@@ -103,32 +148,61 @@ def run_backfill_with_progress(
     partitions_def_name: str | None = None,
     run_config=None,
     bills_wait_s: float = 60.0,
+    running_daemon=None,
 ) -> list[PartitionSummary]:
-    """Submit an asset backfill, run the daemon with a progress bar until it ends, print the summary.
+    """Submit an asset backfill, follow it with a progress bar until it ends, print the summary.
 
+    ``running_daemon``: the heartbeat of a daemon already serving the instance
+    (:func:`dagster_gpu.commands.backfill.live_backfill_daemon`): the backfill is left to it and followed in the
+    instance, as the UI does. Without one a daemon is started on ``workspace`` (its output in ``daemon_log``,
+    else a temporary file) and stopped at the end.
     ``run_config`` applies to every run (e.g. ``{"execution": {"config": {"backend": "slurm", ...}}}``).
     After the runs end the daemon keeps running up to ``bills_wait_s`` seconds, until every work unit's
     scheduler bill has landed (:func:`dagster_gpu.commands.backfill.wait_for_bills`); stopping it at once would stop
-    run workers still waiting for sacct. Returns the per-partition summary (see
-    :func:`dagster_gpu.commands.backfill.summarize_partitions`).
+    run workers still waiting for sacct. Each wait is said on the console with its bound. Returns the
+    per-partition summary (see :func:`dagster_gpu.commands.backfill.summarize_partitions`).
+
+    Raises BackfillAbandoned when the daemon dies, ``timeout_s`` passes or the user interrupts: a backfill
+    whose daemon this command started (or whose daemon is gone) is canceled first
+    (:func:`dagster_gpu.commands.backfill.abandon_backfill`), so that no later daemon runs it unasked.
     """
+    from contextlib import nullcontext
+
     console = console or Console()
     backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title, run_config=run_config)
     console.print(f"Backfill [bold]{backfill_id}[/bold]: {len(partition_keys)} partitions of {asset_key.to_user_string()}")
-    with DaemonProcess(workspace, log_file=daemon_log) as daemon, progress_bar(console) as bar:
-        task = bar.add_task("backfill", total=len(partition_keys), detail="")
-        final = wait_for_backfill(
-            instance, backfill_id, len(partition_keys), timeout_s=timeout_s, daemon=daemon,
-            on_progress=lambda p: bar.update(task, completed=p.done, detail=progress_detail(p)),
-            partitions_def_name=partitions_def_name,
-        )
-        rows = summarize_partitions(instance, asset_key, partition_keys, backfill_id, partitions_def_name)
-        pending = sum(r.bill_pending for r in rows)
-        if pending and bills_wait_s > 0:
-            console.print(f"Waiting up to {bills_wait_s:.0f} s for the schedulers' bills of {pending} partition(s)")
-        rows = wait_for_bills(instance, asset_key, rows, timeout_s=bills_wait_s)
+    if running_daemon is not None:
+        import time
+
+        console.print(f"Submitted to the dagster-daemon already running on this instance (id {running_daemon.daemon_id}, "
+                      f"last heartbeat {max(0.0, time.time() - running_daemon.timestamp):.0f} s ago); following it",
+                      soft_wrap=True)
+        daemon_cm = nullcontext(RunningDaemon(instance, running_daemon))
+    else:
+        daemon_cm = DaemonProcess(workspace, log_file=daemon_log, instance=instance)
+    try:
+        with daemon_cm as daemon:
+            with BackfillFollower(console, len(partition_keys)) as follow:
+                final = wait_for_backfill(instance, backfill_id, len(partition_keys), timeout_s=timeout_s, daemon=daemon,
+                                          on_progress=follow, partitions_def_name=partitions_def_name)
+            rows = summarize_partitions(instance, asset_key, partition_keys, backfill_id, partitions_def_name)
+            pending = sum(r.bill_pending for r in rows)
+            if pending and bills_wait_s > 0:
+                console.print(f"Waiting up to {bills_wait_s:.0f} s (--bills-wait) for the schedulers' bills of "
+                              f"{pending} partition(s)", soft_wrap=True)
+            rows = wait_for_bills(instance, asset_key, rows, timeout_s=bills_wait_s)
+            if running_daemon is None:
+                console.print(f"Stopping the dagster-daemon this command started (up to {DaemonProcess.STOP_S} s)")
+    except (DaemonDied, BackfillTimeout, KeyboardInterrupt) as e:
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
+        if running_daemon is not None and not isinstance(e, DaemonDied):
+            what = (f"backfill {backfill_id} goes on in the running dagster-daemon (cancel it in the UI: "
+                    f"Overview → Backfills → {backfill_id} → Cancel)")
+        else:
+            what = abandon_backfill(instance, backfill_id)
+        raise BackfillAbandoned(f"{why}\n{what}") from (None if isinstance(e, KeyboardInterrupt) else e)
     print_summary(console, instance, rows, title=f"Backfill {backfill_id}: {final.status.lower()} in {final.runs} run(s)")
     uf = useful_fraction(rows)
     if uf is not None:
-        console.print(f"Useful fraction (embedding seconds ÷ billed seconds, all partitions): {uf:.3f}")
+        console.print(f"Useful fraction (Σ embedding seconds ÷ Σ measured seconds, materialized partitions): {uf:.3f}")
     return rows
