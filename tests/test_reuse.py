@@ -85,6 +85,7 @@ def test_duplicates_reordering_insertions_deletions_edits(tmp_path, model):
     # only new or changed texts (and the truncated one) reached the encoder; BASE[4] was deleted
     assert seen == ["Inserted record.", "Two lines\n  of wisdom from the TERMINAL.", BASE[5]]
     assert res.reused_rows == 4 and res.rows == 7 and res.records_embedded == 7
+    assert res.rows_embedded == 3 and res.texts_per_second == pytest.approx(3 / res.seconds)  # not 7 / seconds
     _, full, _ = embed(tmp_path, model, "f", new, tmp_path / "full.parquet", reuse=False)
     assert check_like_full(t, full, prev, {sha(BASE[i]) for i in (0, 2, 3)}) == 4
     assert res.tokens == int(np.sum(full.column("token_count").to_numpy())) - int(
@@ -96,6 +97,7 @@ def test_unchanged_file_embeds_nothing(tmp_path, model):
     _, prev, _ = embed(tmp_path, model, "f", BASE[:5], out)
     res, t, seen = embed(tmp_path, model, "f", BASE[:5], out)
     assert seen == [] and res.reused_rows == 5 and res.tokens == 0
+    assert res.rows == 5 and res.rows_embedded == 0 and res.texts_per_second == 0.0  # no text reached the model
     assert vectors(t).tobytes() == vectors(prev).tobytes()
     assert t.drop(["vector"]).to_pylist() == prev.drop(["vector"]).to_pylist()
 

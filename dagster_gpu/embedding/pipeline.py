@@ -98,9 +98,16 @@ class EmbeddingResult:
         return self.covered_tokens / self.record_tokens if self.record_tokens else 1.0
 
     @property
+    def rows_embedded(self) -> int:
+        """Output rows whose vector the model computed: ``rows`` less ``reused_rows``."""
+        return max(0, self.rows - self.reused_rows)
+
+    @property
     def texts_per_second(self) -> float:
-        """rows / seconds (0.0 for an empty partition)."""
-        return self.rows / self.seconds if self.rows and self.seconds > 0 else 0.0
+        """Texts that reached the model per second: ``rows_embedded`` / ``seconds`` (0.0 when none did: an
+        empty partition, or a file whose every row was reused; reused rows cost no model time and would
+        inflate the figure the cost policy learns runtimes from)."""
+        return self.rows_embedded / self.seconds if self.rows_embedded and self.seconds > 0 else 0.0
 
 
 @dataclass
