@@ -97,3 +97,56 @@ def test_report_of_real_materializations(tmp_path, monkeypatch):
     assert not re.search(r'(src|href)="(https?:)?//', page) and "<script" not in page and "<link" not in page
     assert "<tr><td>bad</td><td><code>abcd1234</code></td><td>a &lt;b&gt;reason&lt;/b&gt;</td></tr>" in page
     print(tmp_path / "full.html")
+
+
+def _md(emb: float, wall: float) -> dict:
+    return {"embedding/seconds": emb, "billing/wall_seconds": wall, "embedding/useful_fraction": emb / wall,
+            "embedding/rows": 10, "dagster_gpu/backend": "local", "billing/cost_usd": wall * 1e-5,
+            "billing/gpu_seconds": wall}
+
+
+def test_useful_fraction_is_one_ratio_of_sums_in_the_cli_and_the_report():
+    """One partition of 1 s of 10 measured, one of 90 of 100: 91 ÷ 110 = 0.827 (the mean of ratios, 0.5, is not
+    the share of measured time that embedded). The CLI's summary and the HTML report give the same figure."""
+    from dagster_gpu.backfill import PartitionSummary
+    from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
+    from dagster_gpu.html_report import total_useful_fraction
+    from dagster_gpu.report import useful_fraction as cli_useful_fraction
+
+    mds = {"tiny": _md(1.0, 10.0), "big": _md(90.0, 100.0)}
+    rows = [row_from(k, "r1", md, None) for k, md in mds.items()]
+    cli_rows = [PartitionSummary(k, ok=True, seconds=md["embedding/seconds"], billed_seconds=md["billing/wall_seconds"])
+                for k, md in mds.items()] + [PartitionSummary("bad", ok=False, error="x")]
+    assert total_useful_fraction(rows) == pytest.approx(91 / 110)
+    assert cli_useful_fraction(cli_rows) == pytest.approx(91 / 110)
+    assert [r.useful_fraction for r in rows] == [pytest.approx(0.1), pytest.approx(0.9)]
+    assert ratio_of_sums([(None, 3.0), (1.0, None)]) is None and ratio_of_sums([(5.0, 4.0)]) == 1.0  # clipped
+    page = render_html(rows, [], "t")
+    assert "useful fraction <b>0.827</b>" in page
+    assert "<td>0.827</td></tr>" in page  # the per-backend row: the same ratio of sums, not a mean of ratios
+
+
+def test_report_counts_partitions_and_marks_the_pruned_one():
+    """11 materializations of 8 partitions (3 materialized twice), one of them since pruned."""
+    keys = [f"p{i}" for i in range(8)]
+    rows = [row_from(k, f"r{i}", _md(1.0, 2.0), None) for i, k in enumerate(keys + keys[:3])]
+    page = render_html(rows, [("p9", "r9", "bad")], "t", registered=set(keys) - {"p1"})
+    assert "11 materialization(s) of 8 partition(s) (1 since pruned: p1), 1 failed" in page
+    assert "11 partition(s)" not in page
+    assert page.count('(pruned)</span>') == 2  # p1's two rows
+    assert re.search(r"<tr><td>p1 <span class=\"pruned\"", page) and "<tr><td>p2</td>" in page
+    # a backfill's page, one materialization each: "partition(s) materialized", nothing marked without registered
+    page = render_html(rows[:8], [], "t")
+    assert "8 partition(s) materialized, 0 failed" in page and "(pruned)" not in page
+
+
+def test_policy_estimate_is_shown_beside_the_measured_outcome():
+    p = Placement("local", "cheapest", device="cpu",
+                  alternatives=(Alternative("local", device="cpu", runtime_s=24.0, cost_usd=0.0004),))
+    launch = {"dagster_gpu/placement": dg.MetadataValue.json(p.to_json())}
+    rows = [row_from(k, "r1", _md(4.0, 10.0), launch, partitions_in_run=2) for k in ("a", "b")]
+    assert [(r.estimated_seconds, r.measured_seconds) for r in rows] == [(12.0, 10.0), (12.0, 10.0)]
+    page = render_html(rows, [], "t")
+    # per backend: 2 × 0.0002 estimated against 2 × 0.0001 measured
+    assert "<td>0.000400 (×2.00 of measured)</td>" in page
+    assert "<td>10.0</td><td>12.0</td>" in page  # measured s, estimate s

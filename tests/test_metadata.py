@@ -74,6 +74,7 @@ def test_cpu_metadata_keys_and_types():
     assert md["billing/rate_usd_per_gpu_hour"] == 0.05
     assert md["billing/cost_usd"] == pytest.approx(3.0 * 0.05 / 3600)
     assert md["billing/source"] == "measured"
+    assert md["billing/what"].startswith("measured by the step worker") and "not the scheduler's bill" in md["billing/what"]
     assert md["gpu/unavailable_reason"] == "CPU-only: the model ran on CPU (no NVIDIA driver: NVML unavailable (x))"
     for key in ("gpu/utilization_mean_percent", "gpu/utilization_p95_percent", "gpu/memory_peak_mib",
                 "gpu/device_fraction", "gpu/device_uuids", "gpu/product_name"):

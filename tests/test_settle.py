@@ -378,6 +378,7 @@ def test_a_process_bill_is_priced_at_the_units_devices_and_split_over_its_partit
     import dagster as dg
     from dagster._core.instance_for_test import instance_for_test
 
+    from dagster_gpu.billing.keys import what_billed
     from dagster_gpu.executor.bill_writer import write_unit_bill
 
     @dg.asset(partitions_def=dg.DynamicPartitionsDefinition(name="p"), backfill_policy=dg.BackfillPolicy.single_run())
@@ -400,6 +401,9 @@ def test_a_process_bill_is_priced_at_the_units_devices_and_split_over_its_partit
     assert {o["billing/unit_gpu_seconds"] for o in got.values()} == {10.0}
     assert {o["billing/rate_usd_per_gpu_hour"] for o in got.values()} == {3.6}  # the materializations' device type
     assert "not materialized" in got["c"]["billing/note"]
+    # the partition page tells the scheduler's bill from the worker's measurement, in words
+    assert {o["billing/what"] for o in got.values()} == {what_billed(got["a"]["billing/source"])}
+    assert got["a"]["billing/what"].startswith(f"the scheduler's bill ({got['a']['billing/source']})")
 
 
 @pytest.mark.parametrize("empty", [True, False])

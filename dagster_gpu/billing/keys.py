@@ -36,3 +36,20 @@ UNIT_PARTITIONS = "billing/unit_partitions"
 MEASURED_GPU_SECONDS = "billing/measured_gpu_seconds"
 #: The scheduler's share minus the measured GPU-seconds.
 DIFFERENCE_GPU_SECONDS = "billing/difference_gpu_seconds"
+#: Text saying whose figures a bill's ``billing/*`` keys hold, on the same page as them: the step worker's own
+#: measurement (materialization) or the scheduler's bill (observation), so two GPU-seconds side by side are
+#: told apart.
+WHAT = "billing/what"
+
+
+def what_measured() -> str:
+    """:data:`WHAT` on the materialization (``billing/source: measured``)."""
+    return ("measured by the step worker (its own clock: this partition's interval plus its share of the "
+            "unit's start-up); not the scheduler's bill, which arrives later as this partition's "
+            "observation (billing/source sacct, pod-interval or process)")
+
+
+def what_billed(source: str) -> str:
+    """:data:`WHAT` on a scheduler-bill observation whose ``billing/source`` is ``source``."""
+    return (f"the scheduler's bill ({source}): this partition's share of its work unit's billed time; the "
+            f"materialization's billing/* figures are the step worker's own measurement")

@@ -53,3 +53,20 @@ def charge(rates: Mapping[str, float], device_type: str, devices: float, seconds
     secs = gpu_seconds(devices, seconds)
     rate = gpu_hour_rate(rates, device_type, parent_product)
     return Charge(device_type, float(devices), float(seconds), secs, rate, cost_usd(secs, rate))
+
+
+def useful_fraction(pairs) -> float | None:
+    """The useful fraction of one partition or of many: Σ embedding seconds ÷ Σ measured seconds (a ratio of
+    sums, never a mean of ratios, so a tiny partition weighs what it cost), clipped to [0, 1].
+
+    ``pairs``: ``(embedding seconds, measured seconds)`` per partition: ``embedding/seconds`` (read, embed,
+    write) and ``billing/wall_seconds``, the wall seconds the step worker measured for the partition (its own
+    interval plus its share of the unit's start-up), the figure its measured bill is priced on; pairs with
+    either figure None are left out. The scheduler's bill (sacct, pod interval) lands later and is not used:
+    one definition for every materialization, backend and report. None when no measured second is left."""
+    emb = meas = 0.0
+    for e, m in pairs:
+        if e is None or m is None:
+            continue
+        emb, meas = emb + float(e), meas + float(m)
+    return max(0.0, min(1.0, emb / meas)) if meas > 0 else None

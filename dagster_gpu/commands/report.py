@@ -9,9 +9,16 @@ backend; each failed partition with its run and the reason. Sources: each materi
 launch event (``STEP_WORKER_STARTING`` metadata ``dagster_gpu/placement``, whose
 chosen alternative carries the estimate ``cost_usd``).
 
-Useful fraction = embedding seconds ÷ billed seconds (DESIGN.md): ``embedding/useful_fraction`` when the
-materialization has it, else ``embedding/seconds`` ÷ ``billing/wall_seconds`` (the billed wall time),
-else ÷ (``billing/gpu_seconds`` ÷ ``billing/devices``); None when neither is known.
+Useful fraction = embedding seconds ÷ measured seconds (:func:`dagster_gpu.billing.metering.useful_fraction`):
+per partition ``embedding/useful_fraction`` when the materialization has it, else ``embedding/seconds`` ÷
+``billing/wall_seconds`` (the wall seconds the step worker measured), else ÷ (``billing/gpu_seconds`` ÷
+``billing/devices``, the same seconds); None when neither is known. Totals (per backend, whole report) are
+the ratio of sums, as in ``dagster-gpu backfill``'s summary. "Measured" figures are the step worker's own
+(materialization metadata ``billing/*``, ``billing/source: measured``); "the scheduler's bill" is each
+partition's share of its work unit's bill (observations with ``billing/source`` sacct, pod-interval, process).
+
+The page counts partitions, not materializations (``--last N`` may hold one partition twice), and marks a
+partition no longer registered (pruned: its corpus file was deleted).
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from dagster_gpu.commands.common import instance_or_none
 from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, billed_total, unit_of
 from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.instance.run_ranges import PartitionRangeError, run_partition_keys
+from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
 from dagster_gpu.worker.metadata import placement_from_metadata
 from dagster_gpu.instance.events import metadata_get
 
@@ -53,7 +61,21 @@ class ReportRow(PendingBill):
     estimated_cost_usd: float | None
     placement_reason: str
     bill: BilledShare | None = None  # its share of its unit's scheduler bill; None until that lands
+    embedding_seconds: float | None = None  # embedding/seconds
+    estimated_seconds: float | None = None  # the policy's runtime estimate (its share of the unit's)
+    measured_seconds: float | None = None  # the wall seconds the worker measured (billing/wall_seconds)
     unit: tuple[str, str] | None = None  # (metadata key, value) of the work unit that ran it
+
+
+def _measured_seconds(md: Mapping[str, Any]) -> float | None:
+    """``billing/wall_seconds``, else ``billing/gpu_seconds`` ÷ ``billing/devices`` (the same seconds)."""
+    wall = metadata_get(md, WALL_SECONDS)
+    if isinstance(wall, (int, float)):
+        return float(wall)
+    gs, dev = metadata_get(md, GPU_SECONDS), metadata_get(md, DEVICES)
+    if isinstance(gs, (int, float)):
+        return float(gs) / float(dev) if isinstance(dev, (int, float)) and dev > 0 else float(gs)
+    return None
 
 
 def useful_fraction(md: Mapping[str, Any]) -> float | None:
@@ -62,13 +84,12 @@ def useful_fraction(md: Mapping[str, Any]) -> float | None:
     if isinstance(given, (int, float)):
         return max(0.0, min(1.0, float(given)))
     emb = metadata_get(md, "embedding/seconds")
-    billed = metadata_get(md, WALL_SECONDS)
-    if not isinstance(billed, (int, float)):
-        gs, dev = metadata_get(md, GPU_SECONDS), metadata_get(md, DEVICES)
-        billed = gs / dev if isinstance(gs, (int, float)) and isinstance(dev, (int, float)) and dev > 0 else gs
-    if not isinstance(emb, (int, float)) or not isinstance(billed, (int, float)) or billed <= 0:
-        return None
-    return max(0.0, min(1.0, float(emb) / float(billed)))
+    return ratio_of_sums([(emb if isinstance(emb, (int, float)) else None, _measured_seconds(md))])
+
+
+def total_useful_fraction(rows: Sequence["ReportRow"]) -> float | None:
+    """Σ embedding seconds ÷ Σ measured seconds over ``rows`` (the ratio of sums)."""
+    return ratio_of_sums((r.embedding_seconds, r.measured_seconds) for r in rows)
 
 
 def row_from(partition: str, run_id: str, md: Mapping[str, Any], launch_md: Mapping[str, Any] | None,
@@ -78,6 +99,7 @@ def row_from(partition: str, run_id: str, md: Mapping[str, Any], launch_md: Mapp
     placement = placement_from_metadata(launch_md or {})
     chosen = placement.chosen if placement else None
     est = chosen.cost_usd / max(1, partitions_in_run) if chosen and chosen.cost_usd is not None else None
+    est_s = chosen.runtime_s / max(1, partitions_in_run) if chosen and chosen.runtime_s is not None else None
 
     def num(key: str) -> float | None:
         x = metadata_get(md, key)
@@ -93,6 +115,7 @@ def row_from(partition: str, run_id: str, md: Mapping[str, Any], launch_md: Mapp
         gpu_unavailable_reason=metadata_get(md, "gpu/unavailable_reason"),
         device=str(metadata_get(md, DEVICE_TYPE) or (placement.device if placement else "") or ""),
         estimated_cost_usd=est, placement_reason=placement.reason if placement else "",
+        embedding_seconds=num("embedding/seconds"), measured_seconds=_measured_seconds(md), estimated_seconds=est_s,
     )
 
 
@@ -229,9 +252,11 @@ def _scatter(xs, ys, labels, title, xlabel, ylabel, diagonal=False) -> str:
     return _svg(fig)
 
 
-def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]], title: str) -> str:
+def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]], title: str,
+                registered: set[str] | None = None) -> str:
     """The whole page: totals, per-backend table, charts (inline SVG), placements, failed partitions
-    ((partition key, run id, why) as :func:`collect` gives them)."""
+    ((partition key, run id, why) as :func:`collect` gives them). ``registered``: the partition keys the
+    asset has now; a row's partition not among them is marked pruned (None: nothing is marked)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -240,26 +265,38 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
     for r in rows:
         per_backend.setdefault(r.backend, []).append(r)
     total = sum(r.cost_usd or 0 for r in rows)
-
+    partitions = {r.partition for r in rows}
+    pruned = sorted(partitions - registered) if registered is not None else []
+    uf = total_useful_fraction(rows)
+    counted = (f"{len(partitions)} partition(s) materialized" if len(partitions) == len(rows)
+               else f"{len(rows)} materialization(s) of {len(partitions)} partition(s)")
     parts = [f"<h1>{e(title)}</h1>",
-             f"<p>{len(rows)} partition(s) materialized, {len(failed)} failed; measured cost "
-             f"<b>{total:.6f} USD</b>, {sum(r.gpu_seconds or 0 for r in rows):.1f} GPU-seconds; billed by the "
-             f"schedulers (the materialized partitions' shares of their units' bills): <b>{billed_total(rows)} USD</b>.</p>"]
-    parts.append("<h2>Per backend</h2><table><tr><th>backend</th><th>partitions</th><th>rows</th><th>GPU-seconds</th>"
-                 "<th>cost (USD)</th><th>billed (USD)</th><th>estimated (USD)</th><th>mean useful fraction</th></tr>")
+             f"<p>{counted}" + (f" ({len(pruned)} since pruned: {e(', '.join(pruned))})" if pruned else "")
+             + f", {len(set(k for k, _, _ in failed))} failed; measured cost "
+             f"<b>{total:.6f} USD</b>, {sum(r.gpu_seconds or 0 for r in rows):.1f} GPU-seconds"
+             + (f", useful fraction <b>{uf:.3f}</b> (Σ embedding ÷ Σ measured seconds)" if uf is not None else "")
+             + f"; the scheduler's bill (the materialized partitions' shares of their units' bills): "
+             f"<b>{billed_total(rows)} USD</b>.</p>"]
+    parts.append("<h2>Per backend</h2><table><tr><th>backend</th><th>partitions</th><th>materializations</th><th>rows</th>"
+                 "<th>measured GPU-seconds</th><th>measured (USD)</th><th>scheduler's bill (USD)</th><th>estimated (USD)</th>"
+                 "<th>useful fraction</th></tr>")
     for b, rs in sorted(per_backend.items()):
-        uf = [r.useful_fraction for r in rs if r.useful_fraction is not None]
+        buf = total_useful_fraction(rs)
         est = [r.estimated_cost_usd for r in rs if r.estimated_cost_usd is not None]
-        parts.append(f"<tr><td>{e(b)}</td><td>{len(rs)}</td><td>{sum(r.rows or 0 for r in rs)}</td>"
+        paired = [r for r in rs if r.estimated_cost_usd is not None and r.cost_usd]
+        ratio = (sum(r.estimated_cost_usd for r in paired) / sum(r.cost_usd for r in paired)) if paired else None
+        parts.append(f"<tr><td>{e(b)}</td><td>{len({r.partition for r in rs})}</td><td>{len(rs)}</td>"
+                     f"<td>{sum(r.rows or 0 for r in rs)}</td>"
                      f"<td>{sum(r.gpu_seconds or 0 for r in rs):.1f}</td><td>{sum(r.cost_usd or 0 for r in rs):.6f}</td>"
-                     f"<td>{billed_total(rs)}</td><td>{f'{sum(est):.6f}' if est else '–'}</td>"
-                     f"<td>{f'{sum(uf) / len(uf):.2f}' if uf else '–'}</td></tr>")
+                     f"<td>{billed_total(rs)}</td><td>{f'{sum(est):.6f}' if est else '–'}"
+                     f"{f' (×{ratio:.2f} of measured)' if ratio is not None else ''}</td>"
+                     f"<td>{'–' if buf is None else f'{buf:.3f}'}</td></tr>")
     parts.append("</table>")
     if rows:
         parts.append('<h2>Charts</h2><div class="charts">')
-        parts.append(_bars(rows, "cost_usd", "Cost per partition", "USD", "n/a"))
-        parts.append(_bars(rows, "gpu_seconds", "GPU-seconds per partition", "GPU-seconds", "n/a"))
-        parts.append(_bars(rows, "useful_fraction", "Useful fraction (embedding ÷ billed seconds)", "fraction", "n/a"))
+        parts.append(_bars(rows, "cost_usd", "Measured cost per partition", "USD", "n/a"))
+        parts.append(_bars(rows, "gpu_seconds", "Measured GPU-seconds per partition", "GPU-seconds", "n/a"))
+        parts.append(_bars(rows, "useful_fraction", "Useful fraction (embedding ÷ measured seconds)", "fraction", "n/a"))
         parts.append(_bars(rows, "utilization_percent", "Mean GPU utilization", "percent", "unavailable"))
         tp = [r for r in rows if r.rows is not None and r.texts_per_second is not None]
         parts.append(_scatter([r.rows for r in tp], [r.texts_per_second for r in tp], [r.backend for r in tp],
@@ -274,23 +311,28 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
                          "<code>dagster-gpu/backend</code> tag); with <code>backend: auto</code> each launch records "
                          "the estimated cost of every alternative.</p>")
     parts.append("<h2>Partitions</h2><table><tr><th>partition</th><th>run</th><th>backend</th><th>device</th><th>rows</th>"
-                 "<th>texts/s</th><th>utilization %</th><th>GPU-s</th><th>useful</th><th>cost USD</th><th>billed USD</th><th>estimate USD</th>"
+                 "<th>texts/s</th><th>utilization %</th><th>measured GPU-s</th><th>useful</th><th>measured USD</th>"
+                 "<th>scheduler's bill USD</th><th>estimate USD</th><th>measured s</th><th>estimate s</th>"
                  "<th>placement reason</th></tr>")
     f = lambda x, d: "–" if x is None else f"{x:.{d}f}"  # noqa: E731
     for r in rows:
         util = f(r.utilization_percent, 1) if r.utilization_percent is not None else f'<span title="{e(r.gpu_unavailable_reason or "")}">n/a</span>'
-        parts.append(f"<tr><td>{e(r.partition)}</td><td><code>{e(r.run_id[:8])}</code></td><td>{e(r.backend)}</td>"
+        mark = ' <span class="pruned" title="its corpus file was deleted and the partition removed">(pruned)</span>' \
+            if r.partition in pruned else ""
+        parts.append(f"<tr><td>{e(r.partition)}{mark}</td><td><code>{e(r.run_id[:8])}</code></td><td>{e(r.backend)}</td>"
                      f"<td>{e(r.device or '')}</td><td>{r.rows if r.rows is not None else '–'}</td><td>{f(r.texts_per_second, 1)}</td>"
                      f"<td>{util}</td><td>{f(r.gpu_seconds, 2)}</td><td>{f(r.useful_fraction, 2)}</td><td>{f(r.cost_usd, 6)}</td>"
                      f"<td>{'pending' if r.bill_pending else f(r.billed_cost_usd, 6)}</td>"
-                     f"<td>{f(r.estimated_cost_usd, 6)}</td><td>{e(r.placement_reason)}</td></tr>")
+                     f"<td>{f(r.estimated_cost_usd, 6)}</td><td>{f(r.measured_seconds, 1)}</td><td>{f(r.estimated_seconds, 1)}</td>"
+                     f"<td>{e(r.placement_reason)}</td></tr>")
     parts.append("</table>")
     if failed:
         parts.append("<h2>Failed partitions</h2><table><tr><th>partition</th><th>run</th><th>why</th></tr>" + "".join(
             f"<tr><td>{e(k)}</td><td><code>{e(rid)}</code></td><td>{e(why)}</td></tr>" for k, rid, why in failed) + "</table>")
     style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px;text-align:right}"
-             "td:first-child,th:first-child{text-align:left}.charts svg{max-width:48%;height:auto;margin:4px}")
+             "td:first-child,th:first-child{text-align:left}.charts svg{max-width:48%;height:auto;margin:4px}"
+             ".pruned{color:#b00}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{style}</style></head>"
             f"<body>{''.join(parts)}</body></html>\n")
 
@@ -325,7 +367,11 @@ def report_main(argv: Sequence[str] | None = None) -> int:
         print(f"dagster-gpu report: {e}", file=sys.stderr)
         return 2
     what = f"backfill {args.backfill}" if args.backfill else f"last {args.last} materializations"
-    out.write_text(render_html(rows, failed, f"{args.asset}: {what}"))
+    pdef = args.partitions_def or f"{key.path[-1]}_files"
+    registered = set(instance.get_dynamic_partitions(pdef)) or None  # None: no such dynamic partitions: mark nothing
+    out.write_text(render_html(rows, failed, f"{args.asset}: {what}", registered=registered))
     runs = len({rid for _, rid, _ in failed})
-    print(f"{args.output}: {len(rows)} partition(s), {len(failed)} failed partition(s) in {runs} failed run(s)")
+    n = len({r.partition for r in rows})
+    print(f"{args.output}: {len(rows)} materialization(s) of {n} partition(s), {len(failed)} failed partition(s) "
+          f"in {runs} failed run(s)")
     return 0

@@ -24,7 +24,7 @@ from dagster._serdes import serialize_value
 from dagster_gpu.billing.apportion import apportion_unit_bill
 from dagster_gpu.billing.keys import (
     COST_USD, DEVICE_TYPE, DEVICES, DIFFERENCE_GPU_SECONDS, GPU_SECONDS, MEASURED_GPU_SECONDS, NOTE, RATE_USD_PER_GPU_HOUR,
-    SOURCE, UNIT_GPU_SECONDS, UNIT_PARTITIONS,
+    SOURCE, UNIT_GPU_SECONDS, UNIT_PARTITIONS, WHAT, what_billed,
 )
 from dagster_gpu.billing.metering import cost_usd
 from dagster_gpu.billing.ratecard import gpu_hour_rate
@@ -134,6 +134,7 @@ def write_unit_bill(
             COST_USD: cost_usd(share, rate),
             UNIT_GPU_SECONDS: float(total),
             UNIT_PARTITIONS: n,
+            WHAT: what_billed(str(bill.metadata.get(SOURCE, "scheduler"))),
         }
         m = metadata_get(mat_md, GPU_SECONDS)
         if isinstance(m, (int, float)):

@@ -12,7 +12,9 @@ from typing import Any, Mapping
 
 import dagster as dg
 
-from dagster_gpu.billing.keys import COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS, RATE_USD_PER_GPU_HOUR, SOURCE, WALL_SECONDS
+from dagster_gpu.billing.keys import (
+    COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS, RATE_USD_PER_GPU_HOUR, SOURCE, WALL_SECONDS, WHAT, what_measured,
+)
 from dagster_gpu.embedding.pipeline import EmbeddingResult
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.telemetry.stats import TelemetrySummary
@@ -143,6 +145,7 @@ def build_metadata(
         RATE_USD_PER_GPU_HOUR: _num(RATE_USD_PER_GPU_HOUR, billing.rate_usd_per_gpu_hour),
         COST_USD: _num(COST_USD, billing.cost_usd),
         SOURCE: billing.source,
+        WHAT: what_measured(),
         "gpu/samples": int(telemetry.samples),
     }
     if telemetry.device_uuids:
