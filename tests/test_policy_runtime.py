@@ -98,3 +98,19 @@ def test_after_submit_consumes_free_then_queues():
     s2 = after_submit(s1, "slurm", A100, A100)
     assert s2.slurm.pools[0].pending == 1 and s2.slurm.pools[0].start_estimate_s is None
     assert s2.slurm.running_tasks == 1
+
+
+def test_history_counts_only_texts_that_reached_the_model():
+    """Reused rows cost no model time: a fully reused file teaches no throughput, a partly reused one its
+    embedded rows' rate, whatever texts/s the materialization recorded (older ones counted reused rows)."""
+    fresh = {"embedding/rows": 1000, "embedding/texts_per_second": 100.0, "embedding/seconds": 10.0,
+             "embedding/reused_rows": 0, "corpus/bytes": 100_000}
+    reused = {"embedding/rows": 1000, "embedding/texts_per_second": 2702.0, "embedding/seconds": 0.37,
+              "embedding/reused_rows": 1000, "corpus/bytes": 100_000}
+    partly = {"embedding/rows": 1000, "embedding/texts_per_second": 200.0, "embedding/seconds": 5.0,
+              "embedding/reused_rows": 600, "corpus/bytes": 100_000}
+    pts = points_from_metadata([fresh, reused, partly])
+    assert [p.texts_per_second for p in pts] == [100.0, 0.0, 80.0]
+    m = RuntimeModel.from_history(pts)
+    assert m.n_history == 2 and m.texts_per_second == pytest.approx(90.0)  # median of 100 and 80; 2702 never counted
+    assert m.rows_per_byte == pytest.approx(0.01)

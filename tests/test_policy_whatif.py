@@ -211,7 +211,8 @@ def test_whatif_reads_the_assets_history_from_the_instance(corpus, capsys, monke
                 "emb", partition="p", metadata={"embedding/rows": 1000, "embedding/texts_per_second": tps,
                                                 "gpu/product_name": A100}))
         assert whatif_main([str(corpus), "--asset", "emb", "--json"]) == 0
-        assert json.loads(capsys.readouterr().out)["runtime_model"] == "history of 3 materialization(s): median 200 texts/s"
+        assert json.loads(capsys.readouterr().out)["runtime_model"] == (
+            "history of 3 materialization(s): GPU median 200 texts/s (3 on a GPU); 200 bytes/row")
 
 
 def test_whatif_asks_the_live_slurm_cluster(corpus, tmp_path, capsys, monkeypatch):

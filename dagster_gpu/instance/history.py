@@ -1,20 +1,30 @@
 """Thin Dagster adapter: read earlier materializations of an asset into :class:`HistoryPoint` records.
 
 The only I/O of the policy package. It reads, per materialization, ``embedding/rows``,
-``embedding/texts_per_second``, ``gpu/product_name``, ``gpu/utilization_mean_percent`` and the corpus
-file size (the first of :data:`SIZE_KEYS` present). Records missing rows or texts/s are skipped.
+``embedding/texts_per_second``, ``gpu/product_name`` (``cpu`` when ``billing/device_type`` is ``cpu``),
+``gpu/utilization_mean_percent`` and the corpus file size (the first of :data:`SIZE_KEYS` present). Records missing rows or texts/s are skipped.
+
+Texts/s counts only the rows that reached the model: with ``embedding/seconds`` and ``embedding/reused_rows``
+present it is recomputed as (rows − reused rows) ÷ seconds, so materializations recorded before the worker
+wrote it so (rows ÷ seconds, reused rows included) teach the same figure.
 """
 
 from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
+from dagster_gpu.billing.keys import DEVICE_TYPE
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
 from dagster_gpu.instance.events import metadata_get
 
 ROWS_KEY = "embedding/rows"
 TPS_KEY = "embedding/texts_per_second"
+SECONDS_KEY = "embedding/seconds"
+REUSED_KEY = "embedding/reused_rows"
 PRODUCT_KEY = "gpu/product_name"
+#: The rate card's device type the step was billed as: ``cpu`` for a step that embedded on the CPU (which
+#: writes no ``gpu/product_name``).
+DEVICE_TYPE_KEY = DEVICE_TYPE
 UTIL_KEY = "gpu/utilization_mean_percent"
 #: Metadata keys holding the partition's corpus file size in bytes, first match wins.
 SIZE_KEYS = ("corpus/bytes", "embedding/input_bytes", "dagster_gpu/partition_bytes")
@@ -27,9 +37,14 @@ def point_from_metadata(md: Mapping[str, Any]) -> HistoryPoint | None:
         rows_i, tps_f = int(rows), float(tps)
     except (TypeError, ValueError):
         return None
+    seconds, reused = metadata_get(md, SECONDS_KEY), metadata_get(md, REUSED_KEY)
+    if isinstance(seconds, (int, float)) and seconds > 0 and isinstance(reused, (int, float)):
+        tps_f = max(0, rows_i - int(reused)) / float(seconds)
     size = next((metadata_get(md, k) for k in SIZE_KEYS if metadata_get(md, k) is not None), None)
     util = metadata_get(md, UTIL_KEY)
     product = metadata_get(md, PRODUCT_KEY)
+    if not product and str(metadata_get(md, DEVICE_TYPE_KEY) or "").lower() == "cpu":
+        product = "cpu"  # measured on the CPU: it teaches CPU throughput, never a GPU's
     return HistoryPoint(
         rows=rows_i,
         texts_per_second=tps_f,

@@ -160,14 +160,25 @@ class RuntimeModel:
     typical_rows: float = FALLBACK_ROWS
     per_partition_s: float = 0.0
 
+    #: materializations on a GPU among ``n_history`` (the rest ran on the CPU; None: all of them); 0 = the GPU
+    #: figures are the fallback
+    n_gpu_history: int | None = None
+
     @property
     def source(self) -> str:
+        """Where each figure comes from, in words (what ``whatif`` prints)."""
         if self.n_history == 0:
             return (
                 f"fallback (no history): {self.texts_per_second:g} texts/s, "
                 f"{1 / self.rows_per_byte:g} bytes/row"
             )
-        return f"history of {self.n_history} materialization(s): median {self.texts_per_second:.0f} texts/s"
+        n_gpu = self.n_history if self.n_gpu_history is None else self.n_gpu_history
+        n_cpu = self.n_history - n_gpu
+        gpu = (f"GPU median {self.texts_per_second:.0f} texts/s ({n_gpu} on a GPU)" if n_gpu
+               else f"GPU {self.texts_per_second:g} texts/s (fallback: no GPU history)")
+        cpu = f"CPU median {self.cpu_texts_per_second:.1f} texts/s ({n_cpu} on the CPU)" if self.cpu_texts_per_second else ""
+        return (f"history of {self.n_history} materialization(s): {gpu}" + (f"; {cpu}" if cpu else "")
+                + f"; {1 / self.rows_per_byte:.0f} bytes/row")
 
     @classmethod
     def from_history(cls, points: Iterable[HistoryPoint], cpu_slowdown: float = 20.0) -> "RuntimeModel":
@@ -175,7 +186,7 @@ class RuntimeModel:
         pts = [p for p in points if p.rows > 0 and p.texts_per_second > 0]
         gpu = [p for p in pts if (p.product or "").lower() != "cpu"]
         cpu = [p for p in pts if (p.product or "").lower() == "cpu"]
-        kw: dict = {"cpu_slowdown": cpu_slowdown, "n_history": len(pts)}
+        kw: dict = {"cpu_slowdown": cpu_slowdown, "n_history": len(pts), "n_gpu_history": len(gpu)}
         if gpu:
             kw["texts_per_second"] = statistics.median(p.texts_per_second for p in gpu)
             by: dict[str, list[float]] = {}

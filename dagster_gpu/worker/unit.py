@@ -28,6 +28,7 @@ import psutil
 
 from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
 from dagster_gpu.billing.keys import COST_USD
+from dagster_gpu.billing.metering import useful_fraction
 from dagster_gpu.instance.checks import (
     check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, verify_output,
 )
@@ -364,7 +365,7 @@ def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wa
     unit = {
         "dagster_gpu/unit_partitions": int(position[1]),
         "dagster_gpu/unit_position": int(position[0]),
-        "embedding/useful_fraction": min(1.0, result.seconds / wall_s) if wall_s > 0 else 0.0,
+        "embedding/useful_fraction": useful_fraction([(result.seconds, wall_s)]) or 0.0,
         **(devices or {}),  # embedding/devices (count), embedding/device_names
     }
     return build_metadata(
@@ -375,6 +376,7 @@ def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wa
         billing=billing,
         backend=step.backend,
         placement=step.placement,
-        backend_metadata={**backend_metadata(step.backend), **claim, **unit, "corpus/file": source.uri},
+        backend_metadata={**backend_metadata(step.backend), **claim, **unit, "corpus/file": source.uri,
+                          "corpus/bytes": int(source.size_bytes)},  # the cost policy's partition size
         lineage=lineage,
     )
