@@ -58,7 +58,7 @@ def live_backfill_daemon(instance: dg.DagsterInstance, fresh_s: float = HEARTBEA
     when it is at most ``fresh_s`` seconds old (errors it reports do not matter: it runs), else None. A daemon writes a heartbeat per
     loop every 30 s (``dagster._daemon.daemon.DagsterDaemon._check_add_heartbeat``); with the instance setting
     ``daemon_skip_heartbeats_without_errors`` it writes none while healthy, so it cannot be seen here."""
-    from dagster._daemon.backfill import BackfillDaemon
+    from dagster._daemon.daemon import BackfillDaemon
     from dagster._daemon.controller import get_daemon_statuses
 
     daemon_type = BackfillDaemon.daemon_type()

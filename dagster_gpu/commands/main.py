@@ -137,12 +137,25 @@ def _backfill(argv: list[str]) -> int:
     return 1 if any(not r.ok for r in rows) else 0
 
 
+def quiet_dagster_warnings() -> None:
+    """Silence Dagster's BetaWarning and PreviewWarning (a parameter or API "currently in beta/preview"): they
+    speak to the author of the code location, once per import, and would open every command's output. The
+    code location's own process (``dagster dev``, the daemon) still shows them."""
+    import warnings
+
+    import dagster as dg
+
+    for category in (dg.BetaWarning, dg.PreviewWarning):
+        warnings.filterwarnings("ignore", category=category)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    quiet_dagster_warnings()
     if cmd == "backfill":
         return _backfill(rest)
     if cmd == "stale":
