@@ -17,23 +17,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from dagster_gpu.embedding.writer import AtomicParquetWriter, lineage_metadata, output_schema, output_table  # noqa: E402
 
 
-def output_rows(n: int, dim: int, *, pk: str, fingerprint: str, seed: int = 0, vectors=None, model_revision="sha256:test"):
-    """An output table (writer's schema, lineage metadata with ``fingerprint``) of ``n`` rows of ``pk``."""
+def output_rows(n: int, dim: int, *, pk: str, fingerprint: str, seed: int = 0, vectors=None, model_revision="sha256:test",
+                texts=None, carried=None):
+    """An output table (writer's schema, lineage metadata with ``fingerprint``) of ``n`` rows of ``pk``; with
+    ``texts`` its ``text`` column (include_text), with ``carried`` ({name: pyarrow array}) carried columns."""
+    import pyarrow as pa
+
     rng = np.random.default_rng(seed)
     vec = rng.standard_normal((n, dim)).astype(np.float32) if vectors is None else np.asarray(vectors, np.float32)
     vec /= np.linalg.norm(vec, axis=1, keepdims=True)
     kv = lineage_metadata(fingerprint=fingerprint, model="all-MiniLM-L6-v2", model_revision=model_revision,
                           lineage={"normalize": True, "max_seq_length": 256, "output_dtype": "float32"})
-    schema = output_schema(dim, metadata=kv)
+    schema = output_schema(dim, metadata=kv, include_text=texts is not None,
+                           carried=[pa.field(k, v.type) for k, v in (carried or {}).items()])
     t = output_table(schema, doc_ids=[f"{pk}/{i}" for i in range(n)], record_ids=list(range(n)), chunk_index=[0] * n,
                      char_start=[0] * n, char_end=[10] * n, token_count=[5] * n, hashes=[f"{seed:032x}{i:032x}" for i in range(n)],
-                     vectors=vec)
+                     vectors=vec, texts=texts, carried=carried)
     return t, schema
 
 
 def write_output(path: Path, n: int, dim: int, *, pk: str, fingerprint: str, seed: int = 0, vectors=None,
-                 model_revision: str = "sha256:test") -> Path:
-    t, schema = output_rows(n, dim, pk=pk, fingerprint=fingerprint, seed=seed, vectors=vectors, model_revision=model_revision)
+                 model_revision: str = "sha256:test", texts=None, carried=None) -> Path:
+    t, schema = output_rows(n, dim, pk=pk, fingerprint=fingerprint, seed=seed, vectors=vectors, model_revision=model_revision,
+                            texts=texts, carried=carried)
     path.parent.mkdir(parents=True, exist_ok=True)
     with AtomicParquetWriter(str(path), schema) as w:
         w.write(t)

@@ -89,3 +89,36 @@ def test_search_refuses_other_weights_than_the_rows(tmp_path, monkeypatch, capsy
     assert main(["search", "-m", "tests.index_pipeline", "-a", "emb_index", "dog"]) == 2
     err = capsys.readouterr().err
     assert f"here is revision {model.revision}, the rows were embedded with sha256:0000000000000000" in err
+
+
+def test_search_shows_the_text_and_the_carried_columns(tmp_path, monkeypatch, capfd, model):
+    """An index of outputs that kept their text (include_text) and carry a column: --json and the table show both,
+    and nothing warns (LanceDB's "_distance" deprecation warning included)."""
+    import warnings
+
+    import pyarrow as pa
+
+    from dagster_gpu.assets import output_uri_for
+
+    monkeypatch.setenv("DAGSTER_GPU_INDEX_TEST_DIR", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tests.index_pipeline", raising=False)
+    enc = Encoder(model.model, 8)
+    ix = VectorIndex(str(tmp_path / "lance"), "emb")
+    for pk, texts in DOCS.items():
+        uri = Path(output_uri_for(str(tmp_path / "out"), "emb", pk))
+        write_output(uri, len(texts), model.dim, pk=pk, fingerprint="fp1-minilm", vectors=enc.encode(texts).vectors,
+                     model_revision=model.revision, texts=texts,
+                     carried={"author": pa.array([f"{pk}-author-{i}" for i in range(len(texts))])})
+        load_partition(ix, pk, str(uri))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["search", "-m", "tests.index_pipeline", "-a", "emb", "a cat playing", "-k", "2", "--json"]) == 0
+    captured = capfd.readouterr()
+    rows = [json.loads(line) for line in captured.out.splitlines()]
+    assert rows[0]["doc_id"] == "pets.txt/0"
+    assert rows[0]["text"] == DOCS["pets.txt"][0] and rows[0]["author"] == "pets.txt-author-0"
+    assert "_distance" not in captured.err  # LanceDB's Rust log goes to fd 2: capfd sees it
+    assert main(["search", "-m", "tests.index_pipeline", "-a", "emb_index", "interest rates", "-k", "1"]) == 0
+    out = capfd.readouterr().out
+    assert "text" in out and "author" in out and "money.txt-author-0" in out
+    assert "The central bank raised interest rates" in out

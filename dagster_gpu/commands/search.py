@@ -128,6 +128,32 @@ def _index_of(defs, asset: str):
     return VectorIndex(md[META_URI], md[META_TABLE]), key, md.get(META_EMBEDDINGS)
 
 
+#: Index columns that are bookkeeping, not content: never shown by ``search`` (the vector, hashes, token counts,
+#: the index's own row number and fingerprint, the record id behind doc_id, LanceDB's distance).
+HIDDEN_COLUMNS = frozenset({"vector", "_distance", "record_id", "token_count", "text_sha256", "record_sha256",
+                            "index_row", "fingerprint", "doc_id", "partition_key", "chunk_index", "char_start", "char_end"})
+TEXT_COLUMN = "text"
+#: Characters of a row's text in the table (``--json`` prints it whole).
+TEXT_LIMIT = 200
+
+
+def shown_columns(column_names) -> list[str]:
+    """The content columns of a search result: ``text`` first (when the embedding asset kept it,
+    ``include_text=True``), then the carried columns (``TextFormat.carry_columns``) in the table's order."""
+    rest = [c for c in column_names if c not in HIDDEN_COLUMNS]
+    return ([TEXT_COLUMN] if TEXT_COLUMN in rest else []) + [c for c in rest if c != TEXT_COLUMN]
+
+
+def _plain(v):
+    """A JSON-able value (dates and other Arrow scalars as their ISO/str form)."""
+    return v if v is None or isinstance(v, (str, int, float, bool, list, dict)) else str(v)
+
+
+def _cell(v, limit: int) -> str:
+    text = "" if v is None else str(v).replace("\n", " ")
+    return text if len(text) <= limit else text[:limit - 1] + "…"
+
+
 def search_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="dagster-gpu search", description="nearest rows of a vector index asset")
     ap.add_argument("-m", "--module", required=True, help="module holding the Definitions (e.g. pipelines.definitions)")
@@ -164,7 +190,9 @@ def search_main(argv: list[str]) -> int:
         print(f"dagster-gpu search: {e}", file=sys.stderr)
         return 2
     have = [c for c in cols if c in res.column_names]
-    rows = [{**{c: r[c] for c in have}, "distance": float(r["_distance"])} for r in res.to_pylist()]
+    shown = shown_columns(res.column_names)  # the text (include_text) and the carried columns
+    rows = [{**{c: r[c] for c in have}, **{c: _plain(r[c]) for c in shown}, "distance": float(r["_distance"])}
+            for r in res.to_pylist()]
     if args.json:
         for r in rows:
             print(json.dumps(r))
@@ -175,10 +203,12 @@ def search_main(argv: list[str]) -> int:
 
     t = Table(title=f"{len(rows)} nearest rows of {key.to_user_string()} (fingerprint {fp or '(none)'}, "
                     f"model {opts.model}, query prompt {prompt!r})")
-    for c in ("doc_id", "partition", "chunk", "chars", "distance"):
-        t.add_column(c, justify="right" if c in ("chunk", "distance") else "left")
+    for c in ("doc_id", "partition", "chunk", "chars", *shown, "distance"):
+        t.add_column(c, justify="right" if c in ("chunk", "distance") else "left",
+                     overflow="fold" if c == TEXT_COLUMN else "ellipsis")
     for r in rows:
         t.add_row(str(r.get("doc_id", "")), str(r.get("partition_key", "")), str(r.get("chunk_index", "")),
-                  f"{r.get('char_start', '')}-{r.get('char_end', '')}", f"{r['distance']:.4f}")
+                  f"{r.get('char_start', '')}-{r.get('char_end', '')}",
+                  *(_cell(r[c], TEXT_LIMIT if c == TEXT_COLUMN else 40) for c in shown), f"{r['distance']:.4f}")
     console().print(t)
     return 0

@@ -230,8 +230,8 @@ class VectorIndex:
         q = tbl.search(list(map(float, vector)), vector_column_name=VECTOR_COLUMN).distance_type("cosine").limit(int(k))
         if fingerprint is not None:
             q = q.where(f"{FINGERPRINT_COLUMN} = {sql_string(fingerprint)}", prefilter=True)
-        if columns:
-            q = q.select(list(columns))
+        if columns:  # with _distance: Lance warns about (and will change) a vector search's projection without it
+            q = q.select(list(dict.fromkeys([*columns, "_distance"])))
         if exact:
             q = q.bypass_vector_index()
         else:
