@@ -247,8 +247,11 @@ def test_stale_lists_why_and_prune_deletes_the_output_of_the_deleted_file_only(s
         v = {f.key: f.version for f in corpus.list_files()}
         for pk in ("done.txt", "failed.txt", "running.txt", "canceled.txt"):
             (out / f"{pk}.parquet").write_bytes(b"PAR1")
+            # canceled.txt was embedded with max_seq_length 64 (its materialization recorded its options)
+            old = {**asset.metadata_by_key[asset.key]["dagster_gpu/config"].value, "max_seq_length": 64}
             instance.report_runless_asset_event(dg.AssetMaterialization(
-                asset.key, partition=pk, metadata={"corpus/source_version": v[pk]},
+                asset.key, partition=pk, metadata={"corpus/source_version": v[pk],
+                                                   **({"embedding/config": dg.MetadataValue.json(old)} if pk == "canceled.txt" else {})},
                 tags={"dagster/code_version": "cfg1-0000000000000000" if pk == "canceled.txt" else cv}))
         Path(corpus.url, "done.txt").write_text("a record, edited\n")
         os.utime(Path(corpus.url, "done.txt"), (time.time() + 5, time.time() + 5))
@@ -257,7 +260,7 @@ def test_stale_lists_why_and_prune_deletes_the_output_of_the_deleted_file_only(s
         assert main(["stale", "-m", "cli_test_defs", "-a", "c_embeddings", "--json"]) == 0
         got = json.loads(capsys.readouterr().out)
         assert [(s["partition_key"], s["reasons"]) for s in got["stale"]] == [
-            ("canceled.txt", [f"fingerprint changed: cfg1-0000000000000000 → {cv}"]),
+            ("canceled.txt", [f"fingerprint changed (max_seq_length 64 → null): cfg1-0000000000000000 → {cv}"]),
             ("done.txt", [f"source changed: {v['done.txt']} → {edited}"])]
         assert got["missing"] == ["never.txt"] and got["gone"] == [] and got["in_progress"] == []
         assert main(["stale", "-m", "cli_test_defs", "-a", "c_embeddings"]) == 0

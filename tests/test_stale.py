@@ -42,3 +42,18 @@ def test_an_asset_without_a_code_version_is_stale_only_for_its_files():
     # a materialization that recorded no code version, under an asset that has one
     s = find_stale(["a"], {"a": "etag:1"}, {"a": Recorded("etag:1", None)}, FP_NEW)
     assert s.stale[0].reasons == (f"fingerprint changed: none recorded → {FP_NEW}",)
+
+
+def test_a_fingerprint_change_names_the_options_that_changed():
+    from dagster_gpu.embedding.fingerprint import config_fields, config_fingerprint
+
+    old = config_fields(model="all-MiniLM-L6-v2", max_seq_length=256)
+    new = config_fields(model="all-MiniLM-L6-v2", max_seq_length=128, prompt_name="query")
+    fp_old, fp_new = config_fingerprint(model="all-MiniLM-L6-v2", max_seq_length=256), config_fingerprint(
+        model="all-MiniLM-L6-v2", max_seq_length=128, prompt_name="query")
+    recorded = {"a": Recorded("etag:1", fp_old, config=old), "b": Recorded("etag:1", fp_old)}
+    s = find_stale(["a", "b"], {"a": "etag:1", "b": "etag:1"}, recorded, fp_new, config=new)
+    assert dict((p.partition_key, p.reasons) for p in s.stale) == {
+        "a": (f'fingerprint changed (prompt_name null → "query"; max_seq_length 256 → 128): {fp_old} → {fp_new}',),
+        "b": (f"fingerprint changed (options not recorded by that materialization): {fp_old} → {fp_new}",),
+    }

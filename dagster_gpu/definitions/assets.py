@@ -8,9 +8,13 @@ import dagster as dg
 
 from dagster_gpu.instance.checks import check_specs
 from dagster_gpu.corpus.listing import CorpusSource
-from dagster_gpu.embedding.fingerprint import config_fingerprint
+from dagster_gpu.embedding.fingerprint import config_fields, config_fingerprint
 from dagster_gpu.core.request import TAG_ASSET_KEY, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.unit import UnitSpec, run_unit
+
+#: Definition metadata of an embedding asset: its embedding options (JSON, ``config_fields``), what its
+#: code version hashes; ``dagster-gpu stale`` compares each materialization's ``embedding/config`` with it.
+CONFIG_METADATA_KEY = "dagster_gpu/config"
 
 
 def output_uri_for(output_url: str, asset_name: str, partition_key: str) -> str:
@@ -116,10 +120,12 @@ def embedding_asset(
     vector_type(output_dtype)  # an unknown dtype fails at definition, naming the choices
     if truncate_dim is not None and int(truncate_dim) < 1:
         raise ValueError(f"embedding_asset {name!r}: truncate_dim must be >= 1, got {truncate_dim}")
-    code_version = config_fingerprint(
+    options = dict(
         model=model, revision=revision, prompt_name=prompt_name, prompt=prompt, normalize=normalize,
         truncate_dim=truncate_dim, output_dtype=output_dtype, max_seq_length=max_seq_length,
         chunking=chunking.describe() if chunking is not None else None)
+    code_version = config_fingerprint(**options)
+    config = config_fields(**options)
     spec = UnitSpec(
         corpus=corpus,
         output_uri_for=lambda key: output_uri_for(output_url, name, key),
@@ -142,6 +148,7 @@ def embedding_asset(
         cache_folder=cache_folder,
         trust_remote_code=trust_remote_code,
         code_version=code_version,
+        config=config,
         reuse=reuse,
     )
 
@@ -161,7 +168,8 @@ def embedding_asset(
         backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run),
         output_required=False,
         description=f"Sentence embeddings ({model}) of each file of corpus {corpus.url}, one parquet file per partition under {output_url}.",
-        metadata={"dagster_gpu/corpus_url": corpus.url, "dagster_gpu/output_url": output_url},
+        metadata={"dagster_gpu/corpus_url": corpus.url, "dagster_gpu/output_url": output_url,
+                  CONFIG_METADATA_KEY: dg.MetadataValue.json(config)},
         code_version=code_version,
         check_specs=check_specs(dg.AssetKey([*(key_prefix or []), name]), pdef),
     )

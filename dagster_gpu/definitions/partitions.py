@@ -195,7 +195,12 @@ def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
     current = {f.key: f.version for f in corpus.list_files()}
     recorded = recorded_versions(instance, asset.key)
     in_progress = partition_status(instance, asset)[2]
-    return find_stale(keys, current, recorded, asset.code_versions_by_key.get(asset.key), in_progress)
+    from dagster_gpu.definitions.assets import CONFIG_METADATA_KEY
+
+    config = asset.metadata_by_key.get(asset.key, {}).get(CONFIG_METADATA_KEY)
+    config = getattr(config, "value", config)
+    return find_stale(keys, current, recorded, asset.code_versions_by_key.get(asset.key), in_progress,
+                      config=dict(config) if isinstance(config, Mapping) else None)
 
 
 def select_partitions(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from typing import Any, Mapping
 
 
 def _canonical(fields: dict[str, Any]) -> str:
@@ -44,17 +44,33 @@ def fingerprint(*, model_revision: str, model: str, prompt: str, pooling: dict, 
         "max_seq_length": int(max_seq_length), "chunking": _chunking(chunking)})
 
 
-def config_fingerprint(*, model: str, revision: str | None = None, prompt_name: str | None = None,
-                       prompt: str | None = None, normalize: bool = True, truncate_dim: int | None = None,
-                       output_dtype: str = "float32", max_seq_length: int | None = None,
-                       chunking: Any = None) -> str:
-    """``"cfg1-<16 hex>"`` of the embedding options as the user gave them (None = the model's default), for
-    the asset's ``code_version``: another model, revision, prompt, output option or chunking -> another string."""
-    return _digest("cfg1", {
+def config_fields(*, model: str, revision: str | None = None, prompt_name: str | None = None,
+                  prompt: str | None = None, normalize: bool = True, truncate_dim: int | None = None,
+                  output_dtype: str = "float32", max_seq_length: int | None = None,
+                  chunking: Any = None) -> dict[str, Any]:
+    """The embedding options as the user gave them (None = the model's default), JSON-able: what
+    :func:`config_fingerprint` hashes, recorded on each materialization (``embedding/config``) so that
+    ``dagster-gpu stale`` can name the option that changed."""
+    return {
         "v": 1, "model": str(model), "revision": revision, "prompt_name": prompt_name, "prompt": prompt,
         "normalize": bool(normalize), "truncate_dim": None if truncate_dim is None else int(truncate_dim),
         "output_dtype": str(output_dtype), "max_seq_length": None if max_seq_length is None else int(max_seq_length),
-        "chunking": _chunking(chunking)})
+        "chunking": _chunking(chunking)}
+
+
+def config_fingerprint(**options: Any) -> str:
+    """``"cfg1-<16 hex>"`` of :func:`config_fields` (same keyword arguments), for the asset's ``code_version``:
+    another model, revision, prompt, output option or chunking -> another string."""
+    return _digest("cfg1", config_fields(**options))
+
+
+def changed_options(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+    """``"name old → new"`` for each option of :func:`config_fields` that differs between ``old`` and ``new``
+    (the version key ``v`` left out), in the fields' order; values as JSON."""
+    import json
+
+    keys = [k for k in dict.fromkeys([*new, *old]) if k != "v"]
+    return [f"{k} {json.dumps(old.get(k))} → {json.dumps(new.get(k))}" for k in keys if old.get(k) != new.get(k)]
 
 
 def pooling_description(st) -> dict:

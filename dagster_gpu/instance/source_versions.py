@@ -21,7 +21,7 @@ embeddings whose file or code version changed as "Unsynced" with those causes.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import dagster as dg
 from dagster._core.definitions.data_version import (
@@ -38,6 +38,8 @@ from dagster_gpu.instance.events import metadata_value
 SOURCE_VERSION_KEY = "corpus/source_version"
 #: Materialization metadata written by the embedding side: the embedding fingerprint of the output.
 FINGERPRINT_KEY = "embedding/fingerprint"
+#: Materialization metadata: the embedding options the partition ran under (JSON, ``config_fields``).
+CONFIG_KEY = "embedding/config"
 
 _NULL_POINTER = "NULL"  # dagster's NULL_EVENT_POINTER
 _BATCH = 500  # storage ids per event-log query
@@ -112,6 +114,9 @@ class Recorded:
     fingerprint: str | None = None
     output_uri: str | None = None
     run_id: str | None = None
+    #: the embedding options it ran under (``embedding/config``, :func:`dagster_gpu.embedding.fingerprint.config_fields`);
+    #: None: not recorded
+    config: Mapping[str, Any] | None = None
 
 
 def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
@@ -138,6 +143,7 @@ def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
                 fingerprint=_text(md.get(FINGERPRINT_KEY)),
                 output_uri=_text(md.get("embedding/output_uri")),
                 run_id=rec.run_id or None,
+                config=_json(md.get(CONFIG_KEY)),
             )
     return out
 
@@ -165,3 +171,9 @@ def _text(v) -> str | None:
     v = metadata_value(v)
     v = getattr(v, "path", v) if not isinstance(v, str) else v
     return None if v is None else str(v)
+
+
+def _json(v) -> Mapping[str, Any] | None:
+    """A JSON metadata value's mapping (MetadataValue.json or a plain dict), else None."""
+    v = getattr(v, "value", getattr(v, "data", v))
+    return dict(v) if isinstance(v, Mapping) else None

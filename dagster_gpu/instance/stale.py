@@ -2,8 +2,8 @@
 
 A partition is **stale** when its latest materialization read another version of its file than the corpus
 holds now (``source changed: old → new``), or ran under another code version than the asset's current one
-(the asset's ``code_version`` is its embedding configuration's fingerprint: ``fingerprint changed: old →
-new``). A partition never materialized is **missing**, not stale; one whose file is gone is **gone** (for
+(the asset's ``code_version`` is its embedding configuration's fingerprint: ``fingerprint changed (max_seq_length
+256 → 128): old → new``, naming the options that changed when both sides recorded them). A partition never materialized is **missing**, not stale; one whose file is gone is **gone** (for
 ``backfill --prune``); one whose materialization recorded no source version (made before versions were
 recorded) is stale only for a fingerprint change. A partition with a run in progress is left out.
 """
@@ -11,8 +11,9 @@ recorded) is stale only for a fingerprint change. A partition with a run in prog
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Collection, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
+from dagster_gpu.embedding.fingerprint import changed_options
 from dagster_gpu.instance.source_versions import Recorded
 
 
@@ -58,6 +59,7 @@ def find_stale(
     recorded: Mapping[str, Recorded],
     code_version: str | None,
     in_progress: Collection[str] = (),
+    config: Mapping[str, Any] | None = None,
 ) -> Staleness:
     """Classify registered partition ``keys`` (the definition's order).
 
@@ -67,6 +69,8 @@ def find_stale(
         recorded: partition key -> what its latest materialization recorded (absent: never materialized).
         code_version: the asset's current code version (None: the asset has none, no fingerprint staleness).
         in_progress: keys with a run in progress.
+        config: the asset's current embedding options (``config_fields``): a fingerprint change then names
+            the options that changed, from what the materialization recorded (``Recorded.config``).
     """
     stale: list[StalePartition] = []
     missing: list[str] = []
@@ -92,7 +96,11 @@ def find_stale(
             reasons.append(f"source changed: {src_old} → {src_new}")
         if code_version is not None and rec.code_version != code_version:
             fp_old, fp_new = rec.code_version, code_version
-            reasons.append(f"fingerprint changed: {fp_old or 'none recorded'} → {fp_new}")
+            what = changed_options(rec.config, config) if rec.config is not None and config is not None else []
+            if not what and config is not None:
+                what = ["options not recorded by that materialization"] if rec.config is None else []
+            reasons.append(f"fingerprint changed{' (' + '; '.join(what) + ')' if what else ''}: "
+                           f"{fp_old or 'none recorded'} → {fp_new}")
         if reasons:
             stale.append(StalePartition(k, tuple(reasons), src_old, src_new, fp_old, fp_new))
     return Staleness(tuple(stale), tuple(missing), tuple(gone), tuple(running))

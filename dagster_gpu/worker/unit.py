@@ -47,7 +47,7 @@ from dagster_gpu.worker.context import StepContext
 from dagster_gpu.worker.embed_ahead import EmbedAhead
 from dagster_gpu.k8s.claim import allocated_device_uuids, claim_metadata
 from dagster_gpu.worker.metadata import build_metadata
-from dagster_gpu.instance.source_versions import SOURCE_VERSION_KEY, input_tags, version_at_read
+from dagster_gpu.instance.source_versions import CONFIG_KEY, SOURCE_VERSION_KEY, input_tags, version_at_read
 
 
 @dataclass(frozen=True)
@@ -81,6 +81,9 @@ class UnitSpec:
     #: the asset's code version (:func:`dagster_gpu.embedding.fingerprint.config_fingerprint`), tagged on each
     #: materialization so Dagster compares it with the definition's; "" = none.
     code_version: str = ""
+    #: the options ``code_version`` hashes (:func:`dagster_gpu.embedding.fingerprint.config_fields`), recorded on
+    #: each materialization as ``embedding/config`` (JSON) so that ``stale`` names the option that changed
+    config: Mapping[str, Any] | None = None
     #: re-embedding a partition under the same fingerprint takes the previous output's vectors of unchanged
     #: texts (:mod:`dagster_gpu.embedding.reuse`); False embeds every record.
     reuse: bool = True
@@ -366,6 +369,7 @@ def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wa
         "dagster_gpu/unit_partitions": int(position[1]),
         "dagster_gpu/unit_position": int(position[0]),
         "embedding/useful_fraction": useful_fraction([(result.seconds, wall_s)]) or 0.0,
+        **({CONFIG_KEY: dg.MetadataValue.json(dict(spec.config))} if spec.config else {}),
         **(devices or {}),  # embedding/devices (count), embedding/device_names
     }
     return build_metadata(
