@@ -6,7 +6,7 @@ one run per partition, side by side in one command.
 Runs ``python -m pipelines.demo`` twice on the same corpus, each with a fresh instance and output directory:
 ``--per-run 1`` (one run, worker and model load per partition: the path before ranged runs) and the default
 (runs of 50 partitions: one work unit embeds up to 50 files). Prints each backfill's span (submit to last run
-finished), the useful fraction (embedding seconds ÷ billed seconds), the speedup of the span, and writes
+finished), the useful fraction (embedding seconds ÷ measured seconds), the speedup of the span, and writes
 ``demo.useful_fraction`` and ``demo.speedup`` to bench/results/summary.json (whole corpus only).
 """
 

@@ -18,12 +18,12 @@ from dagster_gpu.instance.history import runtime_model
 from dagster_gpu.policy.runtime import FALLBACK_TEXTS_PER_SECOND, StepSize
 from tests.conftest import fortune_records
 
-#: partition -> records (one fortune file cut in five, so every partition has texts of the same kind)
-SIZES = {"h1": 60, "h2": 90, "h3": 120, "new1": 80, "new2": 150}
+#: partition -> records (one fortune file, "people", cut in five, so every partition has texts of the same kind)
+SIZES = {"h1": 150, "h2": 200, "h3": 250, "new1": 200, "new2": 300}
 
 
 def test_estimate_within_2x_of_a_measured_cpu_run(tmp_path, capsys):
-    records = fortune_records("fortunes", sum(SIZES.values()))
+    records = fortune_records("people", sum(SIZES.values()))
     assert len(records) == sum(SIZES.values())
     d = tmp_path / "corpus"
     d.mkdir()
@@ -46,6 +46,7 @@ def test_estimate_within_2x_of_a_measured_cpu_run(tmp_path, capsys):
         for pk, md in history.items():
             assert md["corpus/bytes"] == (d / pk).stat().st_size  # what the model scales rows by
             assert md["billing/device_type"] == "cpu"
+            assert md["embedding/config"] == asset.metadata_by_key[asset.key]["dagster_gpu/config"].value  # for stale
         model = runtime_model(instance, asset.key)
         assert model.n_history == 3 and model.n_gpu_history == 0
         measured_tps = sorted(md["embedding/texts_per_second"] for md in history.values())[1]
