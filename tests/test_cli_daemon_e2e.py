@@ -52,7 +52,7 @@ def test_missing_workspace_is_one_line_before_anything_is_stored(corpus):
 
     assert not Path("workspace.yaml").exists()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    cp = subprocess.run([sys.executable, "-m", "dagster_gpu.cli", "backfill", "-m", MODULE, "-a", ASSET],
+    cp = subprocess.run([sys.executable, "-m", "dagster_gpu.commands.main", "backfill", "-m", MODULE, "-a", ASSET],
                         capture_output=True, text=True, env=env, timeout=600)
     assert cp.returncode == 2, cp.stderr
     err = cp.stderr

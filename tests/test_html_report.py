@@ -108,10 +108,10 @@ def _md(emb: float, wall: float) -> dict:
 def test_useful_fraction_is_one_ratio_of_sums_in_the_cli_and_the_report():
     """One partition of 1 s of 10 measured, one of 90 of 100: 91 ÷ 110 = 0.827 (the mean of ratios, 0.5, is not
     the share of measured time that embedded). The CLI's summary and the HTML report give the same figure."""
-    from dagster_gpu.backfill import PartitionSummary
+    from dagster_gpu.commands.backfill import PartitionSummary
     from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
-    from dagster_gpu.html_report import total_useful_fraction
-    from dagster_gpu.report import useful_fraction as cli_useful_fraction
+    from dagster_gpu.commands.report import total_useful_fraction
+    from dagster_gpu.commands.progress import useful_fraction as cli_useful_fraction
 
     mds = {"tiny": _md(1.0, 10.0), "big": _md(90.0, 100.0)}
     rows = [row_from(k, "r1", md, None) for k, md in mds.items()]

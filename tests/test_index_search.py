@@ -98,7 +98,7 @@ def test_search_shows_the_text_and_the_carried_columns(tmp_path, monkeypatch, ca
 
     import pyarrow as pa
 
-    from dagster_gpu.assets import output_uri_for
+    from dagster_gpu.definitions.assets import output_uri_for
 
     monkeypatch.setenv("DAGSTER_GPU_INDEX_TEST_DIR", str(tmp_path))
     monkeypatch.delitem(sys.modules, "tests.index_pipeline", raising=False)
