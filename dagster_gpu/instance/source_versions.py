@@ -165,3 +165,37 @@ def _text(v) -> str | None:
     v = metadata_value(v)
     v = getattr(v, "path", v) if not isinstance(v, str) else v
     return None if v is None else str(v)
+
+
+@dataclass(frozen=True)
+class FailedRead:
+    """A partition's latest failed attempt, as its unit recorded it on the failed evaluations of its checks
+    (:func:`dagster_gpu.instance.checks.partition_failed_evaluations`): the source version of the file it read (None:
+    it failed before reading one) and when (epoch seconds)."""
+
+    source_version: str | None
+    timestamp: float
+
+
+def failed_reads(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partitions: Iterable[str]) -> dict[str, FailedRead]:
+    """Partition key -> :class:`FailedRead` of its latest failed ``output_readable`` evaluation, for
+    ``partitions`` (keys with none are absent). One event-log query per partition: pass the failed ones only
+    (:func:`dagster_gpu.instance.partition_status.partition_status`)."""
+    from dagster._core.definitions.asset_checks.asset_check_spec import AssetCheckKey
+    from dagster._core.event_api import PartitionKeyFilter
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+    from dagster_gpu.instance.checks import FAILED_SOURCE_VERSION, OUTPUT_READABLE
+
+    check_key = AssetCheckKey(asset_key, OUTPUT_READABLE)
+    out: dict[str, FailedRead] = {}
+    for k in partitions:
+        recs = instance.event_log_storage.get_asset_check_execution_history(
+            check_key, limit=1, status={AssetCheckExecutionRecordStatus.FAILED}, partition_filter=PartitionKeyFilter(key=k))
+        if not recs:
+            continue
+        ev = recs[0].event.dagster_event if recs[0].event is not None else None
+        data = ev.asset_check_evaluation_data if ev is not None else None
+        out[k] = FailedRead(_text((data.metadata if data is not None else {}).get(FAILED_SOURCE_VERSION)),
+                            float(recs[0].create_timestamp))
+    return out
