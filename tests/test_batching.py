@@ -57,3 +57,37 @@ def test_bridge_merges_only_cheap_fine_gaps():
     assert bridge_ranges(keys, ["a", "c", "g"], 3, bridgeable=fine, cost=COST) == [("a", "b", "c"), ("g",)]
     with pytest.raises(ValueError):
         bridge_ranges(keys, ["a"], 0)
+
+
+def test_trickle_prices_the_knob_off_and_on():
+    from dagster_gpu.policy.batching import trickle
+
+    cost = UnitCost(15.719, 1.032, 1e-4)  # a 2 kB file: 0.2 s of embedding
+    off = trickle(5, 2000, cost, rate_usd_per_hour=0.36, tick_s=30)
+    # a tick finds 6 files: 2880 units a day, each 15.719 + 6 × 1.232 s
+    assert off.files_per_unit == 6 and off.units_per_day == pytest.approx(2880)
+    assert off.useful_fraction == pytest.approx(7.392 / 23.111)
+    assert off.billed_s_per_day == pytest.approx(2880 * 23.111)
+    assert off.cost_usd_per_day == pytest.approx(2880 * 23.111 * 0.36 / 3600)
+    on = trickle(5, 2000, cost, rate_usd_per_hour=0.36, tick_s=30, max_delay_s=120)
+    # 13 files (the fewest reaching 50 %: 13 × 1.232 >= 15.719) arrive in 60 s, within the 120 s delay
+    assert on.files_per_unit == 13 and on.useful_fraction >= 0.5 and on.cost_usd_per_day < off.cost_usd_per_day
+    assert on.freshness_mean_s == pytest.approx(12 * 5 / 2 + 15 + 15.719 + 13 * 1.232)
+    # a short delay caps the wait: in 30 s the first file and 6 more gather
+    assert trickle(5, 2000, cost, rate_usd_per_hour=0.36, tick_s=30, max_delay_s=30).files_per_unit == 7
+    with pytest.raises(ValueError):
+        trickle(0, 2000, cost, rate_usd_per_hour=0.36)
+
+
+def test_whatif_trickle_json(tmp_path, capsys):
+    import json
+
+    from dagster_gpu.commands.whatif import whatif_main
+
+    hist = tmp_path / "history.json"
+    hist.write_text(json.dumps([{"rows": 10, "texts_per_second": 50.0, "bytes": 2000, "product": "cpu"}]))
+    assert whatif_main(["--trickle-every", "5", "--file-bytes", "2000", "--max-delay", "120", "--history", str(hist), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["trickle"]
+    assert [(r["max_delay_seconds"], r["files_per_unit"]) for r in rows] == [(None, 6), (120.0, 13)]
+    assert rows[1]["useful_fraction"] >= 0.5 > rows[0]["useful_fraction"]
+    assert rows[1]["cost_usd_per_day"] < rows[0]["cost_usd_per_day"]
