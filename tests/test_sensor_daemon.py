@@ -12,6 +12,7 @@ PostgreSQL instance; code location tests/locations/sensor_location.py):
 
 from __future__ import annotations
 
+import importlib
 import re
 import time
 from pathlib import Path
@@ -108,8 +109,9 @@ def test_held_files_are_requested_once_in_one_run_across_a_daemon_restart(pg, tm
             waited = float(re.search(r"oldest waited (\d+) s of 45", t.skip_reason).group(1))
             assert abs(waited - (t.timestamp - first.timestamp)) < 8, (t.skip_reason, t.timestamp - first.timestamp)
             assert t.skip_reason.startswith("held 3 files")
-    # the ticks after it find nothing due (the files are partitions of a queued run)
-    after = [t for t in ticks if t.timestamp > release.timestamp]
+    # the ticks after it find nothing due (the files are partitions of a queued run); a tick the daemon's stop
+    # interrupted stays STARTED
+    after = [t for t in ticks if t.timestamp > release.timestamp and t.status != TickStatus.STARTED]
     assert after and all(t.status == TickStatus.SKIPPED and "no new or changed files" in t.skip_reason for t in after)
 
 
@@ -135,6 +137,7 @@ def _latest_id(instance, key: dg.AssetKey, pk: str) -> int:
 
 def test_a_fixed_broken_file_is_embedded_and_the_index_follows_with_no_command(pg, tmp_path, monkeypatch):
     from dagster_gpu.instance.partition_status import partition_status
+    from dagster_gpu.instance.source_versions import failed_reads
     from tests.locations import sensor_location
 
     corpus = tmp_path / "corpus"
@@ -145,6 +148,7 @@ def test_a_fixed_broken_file_is_embedded_and_the_index_follows_with_no_command(p
     monkeypatch.setenv("DAGSTER_GPU_SD_DIR", str(tmp_path))
     monkeypatch.setenv("DAGSTER_GPU_SD_INTERVAL", "5")
     monkeypatch.delenv("DAGSTER_GPU_SD_MAX_DELAY", raising=False)
+    sensor_location = importlib.reload(sensor_location)  # it reads $DAGSTER_GPU_SD_DIR at import
     log = tmp_path / "daemon.log"
     emb, ix = dg.AssetKey("sd_embeddings"), dg.AssetKey("sd_embeddings_index")
     with fresh_pg_home(pg, tmp_path, monkeypatch, max_runs=2):
@@ -153,6 +157,9 @@ def test_a_fixed_broken_file_is_embedded_and_the_index_follows_with_no_command(p
         with DaemonProcess(_workspace(tmp_path), log_file=log):
             _wait(lambda: partition_status(instance, asset)[:2] == ({"good.txt"}, {"bad.txt"}), 900,
                   "good.txt materialized and bad.txt failed", log)
+            # the failed attempt recorded the version of bad.txt it read (on its failed checks)
+            read = failed_reads(instance, emb, ["bad.txt"])["bad.txt"]
+            assert read.source_version == sensor_location.corpus.file_for_key("bad.txt").version
             _wait(lambda: _latest_id(instance, ix, "good.txt") > _latest_id(instance, emb, "good.txt"), 600,
                   "the index of good.txt", log)
             assert _index_rows(tmp_path) == {"good.txt": _output_rows(tmp_path, "good.txt")}
