@@ -332,6 +332,19 @@ def test_a_fixed_broken_file_is_requested_again_and_an_unchanged_one_is_not(tmp_
         os.utime(d / "lost.txt", (later, later))
         both = _tick(sensor, instance, defs, first.cursor)
         assert [r.partition_key_range for r in both.run_requests] == [dg.PartitionKeyRange("bad.txt", "lost.txt")]
+        # that run is lost before reading anything (no failed checks): the same files are due at the same versions
+        # (good.txt, failed now, is no longer bridged); tick after tick the same run keys, which Dagster does not
+        # run twice (the schedule retries them, a bounded number of times)
+        _failed_attempt(instance, asset, job_def, ["bad.txt", "good.txt", "lost.txt"])
+        again = _tick(sensor, instance, defs, first.cursor)
+        assert [r.partition_key for r in again.run_requests] == ["bad.txt", "lost.txt"]
+        assert [r.run_key for r in _tick(sensor, instance, defs, first.cursor).run_requests] == [r.run_key for r in again.run_requests]
+        # good.txt (bridged above, failed now without a read) changes: due as changed since its materialization
+        (d / "good.txt").write_text("fine, and more\n")
+        os.utime(d / "good.txt", (later + 1, later + 1))
+        changed = _tick(sensor, instance, defs, first.cursor)
+        assert [r.partition_key_range for r in changed.run_requests] == [dg.PartitionKeyRange("bad.txt", "lost.txt")]
+        assert changed.run_requests[0].run_key != both.run_requests[0].run_key
 
 
 def test_schedule_retries_a_failed_partition_a_bounded_number_of_times_per_file_version(tmp_path):

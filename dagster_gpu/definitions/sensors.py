@@ -145,8 +145,12 @@ def corpus_sensor(
 
 
 def _due_again(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, files: Sequence[CorpusFile]):
-    """(registered files due again: changed since their latest materialization, or fixed since their latest
-    failed attempt; none in progress, in the listing's order), and (materialized, failed, in progress) keys."""
+    """(registered files due again, none in progress, in the listing's order), and (materialized, failed, in
+    progress) keys. A file is due when its version differs from the one its latest attempt *read*: its latest
+    materialization, or for a failed partition its latest failed attempt that read the file, whichever is later
+    (an attempt that failed before reading it, e.g. its worker was lost, does not count: the same versions
+    make the same run key, which Dagster does not run twice; the schedule retries those). A failed attempt
+    that recorded no version counts as having read the file if it failed after the file's modification."""
     status = partition_status(instance, asset)
     _, failed, in_progress = status
     recorded = recorded_versions(instance, asset.key)
@@ -155,13 +159,11 @@ def _due_again(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, files: 
     for f in files:
         if f.key in in_progress or not f.version:
             continue
-        if f.key in failed:
-            fr = fails.get(f.key)
-            if fr is not None and (fr.source_version != f.version if fr.source_version else f.mtime > fr.timestamp):
+        r, fr = recorded.get(f.key), fails.get(f.key)
+        if fr is not None and (r is None or r.timestamp is None or fr.timestamp >= r.timestamp):
+            if fr.source_version != f.version if fr.source_version else f.mtime > fr.timestamp:
                 due.append(f)
-            continue
-        r = recorded.get(f.key)
-        if r is not None and r.source_version not in (None, f.version):
+        elif r is not None and r.source_version not in (None, f.version):
             due.append(f)
     return due, status
 

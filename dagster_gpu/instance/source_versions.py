@@ -105,13 +105,15 @@ def version_at_read(corpus: CorpusSource, file: CorpusFile) -> str:
 class Recorded:
     """What a partition's latest materialization recorded: the source version it read (None: not
     recorded), the code version it ran under (``dagster/code_version``; None: not recorded), the embedding
-    fingerprint (``embedding/fingerprint`` metadata; None: not recorded), its output URI, and its run."""
+    fingerprint (``embedding/fingerprint`` metadata; None: not recorded), its output URI, its run, and when
+    (epoch seconds; None: not known)."""
 
     source_version: str | None
     code_version: str | None
     fingerprint: str | None = None
     output_uri: str | None = None
     run_id: str | None = None
+    timestamp: float | None = None
 
 
 def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
@@ -138,6 +140,7 @@ def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
                 fingerprint=_text(md.get(FINGERPRINT_KEY)),
                 output_uri=_text(md.get("embedding/output_uri")),
                 run_id=rec.run_id or None,
+                timestamp=float(rec.timestamp) if rec.timestamp is not None else None,
             )
     return out
 
