@@ -310,8 +310,8 @@ def test_a_partition_whose_index_rows_cannot_be_deleted_stays_registered_with_it
 
 
 def test_backfill_accepts_the_index_asset_and_its_stale_partitions(setup, monkeypatch, capsys, tmp_path):
-    from dagster_gpu.index.asset import vector_index_asset
-    from dagster_gpu.partitions import embeddings_followed, stale_index_partitions
+    from dagster_gpu.definitions.vector_index import vector_index_asset
+    from dagster_gpu.definitions.partitions import embeddings_followed, stale_index_partitions
 
     corpus, asset, _defs, module = setup
     index = vector_index_asset(asset, uri=str(tmp_path / "lance"))
@@ -339,7 +339,7 @@ def test_backfill_accepts_the_index_asset_and_its_stale_partitions(setup, monkey
 
 
 def test_scattered_keys_are_bridged_into_one_run_when_cheaper(setup):
-    from dagster_gpu.partitions import bridged_selection
+    from dagster_gpu.definitions.partitions import bridged_selection
 
     corpus, asset, _defs, _module = setup
     with dg.instance_for_test() as instance:
