@@ -151,7 +151,13 @@ def test_a_fixed_broken_file_is_embedded_and_the_index_follows_with_no_command(p
     sensor_location = importlib.reload(sensor_location)  # it reads $DAGSTER_GPU_SD_DIR at import
     log = tmp_path / "daemon.log"
     emb, ix = dg.AssetKey("sd_embeddings"), dg.AssetKey("sd_embeddings_index")
-    with fresh_pg_home(pg, tmp_path, monkeypatch, max_runs=2):
+    with fresh_pg_home(pg, tmp_path, monkeypatch, max_runs=2) as home:
+        # on a loaded 2-core host the code server can take over 60 s to answer the run coordinator, which then
+        # fails the run it dequeues (DagsterUserCodeUnreachableError, seen here): retry it as Dagster allows
+        yaml_path = home / "dagster.yaml"
+        yaml_path.write_text(yaml_path.read_text().replace(
+            "    dequeue_interval_seconds: 1\n",
+            "    dequeue_interval_seconds: 1\n    max_user_code_failure_retries: 5\n    user_code_failure_retry_delay: 10\n"))
         instance = dg.DagsterInstance.get()
         asset = sensor_location.defs.get_assets_def(emb)
         with DaemonProcess(_workspace(tmp_path), log_file=log):
