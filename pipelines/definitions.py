@@ -26,7 +26,7 @@ from pathlib import Path
 import dagster as dg
 
 from dagster_gpu import CorpusSource, GpuRequest, TextFormat, corpus_source, embedding_asset, gpu_executor
-from dagster_gpu.definitions.vector_index import vector_index_asset
+from dagster_gpu.definitions.vector_index import index_automation_sensor, vector_index_asset
 from dagster_gpu.definitions.sensors import asset_job, backfill_missing_schedule, corpus_sensor
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,7 +48,8 @@ fortune_corpus_asset, fortune_embeddings = corpus_source(embedding_asset(
     max_partitions_per_run=int(os.environ.get("DAGSTER_GPU_DEMO_PER_RUN", "50")),
 ), fortune_corpus)
 
-# the rows of each embedded partition in a LanceDB table (`dagster-gpu search -m pipelines.definitions -a fortune_embeddings "..."`)
+# the rows of each embedded partition in a LanceDB table (`dagster-gpu search -m pipelines.definitions -a fortune_embeddings "..."`);
+# it follows the embeddings by itself (AutomationCondition.eager(), evaluated by index_automation_sensor)
 fortune_index = vector_index_asset(fortune_embeddings, uri=os.environ.get("DAGSTER_GPU_INDEX_URI", str(REPO / ".demo" / "lance")),
                                    group_name="embeddings")
 
@@ -58,7 +59,10 @@ fortune_index_job = asset_job(fortune_index)
 defs = dg.Definitions(
     assets=[fortune_corpus_asset, fortune_embeddings, fortune_index],
     jobs=[fortune_job, fortune_index_job],
-    sensors=[corpus_sensor(fortune_embeddings, fortune_corpus, job=fortune_job, minimum_interval_seconds=30)],
+    sensors=[corpus_sensor(fortune_embeddings, fortune_corpus, job=fortune_job, minimum_interval_seconds=30,
+                           # the freshness knob: hold new files up to this many seconds for a useful unit (unset: at once)
+                           max_delay_seconds=float(os.environ["DAGSTER_GPU_MAX_DELAY_S"]) if os.environ.get("DAGSTER_GPU_MAX_DELAY_S") else None),
+             index_automation_sensor(fortune_index)],
     schedules=[backfill_missing_schedule(fortune_embeddings, job=fortune_job)],
     executor=gpu_executor,
 )

@@ -310,3 +310,50 @@ def test_a_partition_whose_index_rows_cannot_be_deleted_stays_registered_with_it
         assert (p.error, p.outputs, p.index_rows) == (None, (str(out / "never.txt.parquet"),), ((repr(ok), 0),))
         assert sorted(x.name for x in out.iterdir()) == ["done.txt.parquet"]
         assert "never.txt" not in instance.get_dynamic_partitions("c_embeddings_files")
+
+
+def test_backfill_accepts_the_index_asset_and_its_stale_partitions(setup, monkeypatch, capsys, tmp_path):
+    from dagster_gpu.definitions.vector_index import vector_index_asset
+    from dagster_gpu.definitions.partitions import embeddings_followed, stale_index_partitions
+
+    corpus, asset, _defs, module = setup
+    index = vector_index_asset(asset, uri=str(tmp_path / "lance"))
+    module.defs = dg.Definitions(assets=[asset, index])
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    assert embeddings_followed(index, [asset, index]) is asset and embeddings_followed(asset, [asset, index]) is None
+    with pytest.raises(NoCorpus, match="follows c_embeddings, which is not an embedding asset"):
+        embeddings_followed(index, [index])
+    with dg.instance_for_test() as instance:
+        # once refused ("has no op tag 'dagster-gpu/corpus-url'"): the index's partitions are the embeddings'
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings_index", "--stale"]) == 0
+        out = capsys.readouterr()
+        assert "5 new partition(s) registered" in out.out
+        assert "no stale partitions of c_embeddings_index to backfill" in out.err
+        for pk in ("done.txt", "failed.txt", "never.txt"):
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition=pk))
+        for pk in ("done.txt", "failed.txt"):
+            instance.report_runless_asset_event(dg.AssetMaterialization(index.key, partition=pk))
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="failed.txt"))  # embedded again
+        # behind its embeddings: failed.txt (embedded after it was indexed) and never.txt (never indexed)
+        assert stale_index_partitions(instance, index, asset.key) == ["failed.txt", "never.txt"]
+        assert select_partitions(instance, index, stale=True, follows=asset) == ["failed.txt", "never.txt"]
+        assert select_partitions(instance, index, missing=True, follows=asset) == [
+            "canceled.txt", "never.txt", "running.txt"]
+
+
+def test_scattered_keys_are_bridged_into_one_run_when_cheaper(setup):
+    from dagster_gpu.definitions.partitions import bridged_selection
+
+    corpus, asset, _defs, _module = setup
+    with dg.instance_for_test() as instance:
+        register_corpus_files(instance, asset, corpus)
+        for f in corpus.list_files():
+            instance.report_runless_asset_event(dg.AssetMaterialization(
+                asset.key, partition=f.key, metadata={"corpus/source_version": f.version}))
+        # canceled.txt and never.txt are apart; done.txt and failed.txt between are materialized files of 9 bytes:
+        # redoing them costs 2 × 1.03 s, less than the 15.7 s start-up of a second unit
+        assert bridged_selection(instance, asset, ["canceled.txt", "never.txt"], corpus) == [
+            "canceled.txt", "done.txt", "failed.txt", "never.txt"]
+        # a key in flight between them is not redone: two runs
+        _run(instance, _defs, asset, "failed.txt", dg.DagsterRunStatus.STARTED)
+        assert bridged_selection(instance, asset, ["canceled.txt", "never.txt"], corpus) == ["canceled.txt", "never.txt"]

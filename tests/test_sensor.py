@@ -247,12 +247,17 @@ def test_changed_files_are_requested_once_per_version_and_not_while_in_progress(
         assert not changed.dynamic_partitions_requests
         assert _tick(sensor, instance, defs, first.cursor).run_requests[0].run_key == changed.run_requests[0].run_key
         _finish(instance, running, dg.DagsterRunStatus.SUCCESS)
+        # c.txt between them is materialized and current, and redoing it costs less than a second unit's
+        # start-up: one run over a.txt..d.txt (without bridging: a.txt..b.txt and d.txt)
         after = _tick(sensor, instance, defs, first.cursor)
-        assert [r.run_key.split(":", 1)[1] for r in after.run_requests] == ["a.txt..b.txt", "d.txt..d.txt"]
-        # a.txt re-embedded at its new version: only b.txt and d.txt remain
+        assert [r.run_key.split(":", 1)[1] for r in after.run_requests] == ["a.txt..d.txt"]
+        unbridged = corpus_sensor(asset, corpus, bridge=False, name="unbridged")
+        assert [r.run_key.split(":", 1)[1] for r in unbridged(dg.build_sensor_context(instance=instance, definitions=defs)).run_requests] == [
+            "a.txt..b.txt", "d.txt..d.txt"]
+        # a.txt re-embedded at its new version: only b.txt and d.txt remain, c.txt bridged between them
         _materialized(instance, asset, "a.txt", corpus.file_for_key("a.txt").version)
         assert [r.run_key.split(":", 1)[1] for r in _tick(sensor, instance, defs, first.cursor).run_requests] == [
-            "b.txt..b.txt", "d.txt..d.txt"]
+            "b.txt..d.txt"]
         # changed=False: new files only
         only_new = corpus_sensor(asset, corpus, changed=False, name="only_new")
         assert only_new(dg.build_sensor_context(instance=instance, definitions=defs)).run_requests == []
@@ -278,3 +283,133 @@ def test_schedule_with_stale_also_requests_changed_and_refingerprinted_partition
         reqs = with_stale(dg.build_schedule_context(instance=instance))
         assert [(r.partition_key, r.partition_key_range) for r in reqs] == [
             (None, dg.PartitionKeyRange("edited.txt", "old_fp.txt"))]
+
+
+def _failed_attempt(instance, asset, job_def, keys, materialized=(), read=None):
+    """A run over ``keys`` (range tags: Dagster writes a planned event per key) that materialized
+    ``materialized`` and failed the others, recording their failed checks as the unit does (``read``: key ->
+    the source version the attempt read), then failed."""
+    from dagster_gpu.instance.checks import partition_failed_evaluations
+
+    run = instance.create_run_for_job(job_def, tags=range_run_tags(keys), asset_selection=frozenset({asset.key}))
+    _finish(instance, run, dg.DagsterRunStatus.STARTED)
+    for k in keys:
+        if k in materialized:
+            _materialized(instance, asset, k, (read or {}).get(k))
+        elif read is not None:
+            for ev in partition_failed_evaluations(asset.key, k, f"partition {k!r}: not UTF-8", source_version=read.get(k)):
+                instance.report_runless_asset_event(ev)
+    _finish(instance, run, dg.DagsterRunStatus.FAILURE)
+    return run
+
+
+def test_a_fixed_broken_file_is_requested_again_and_an_unchanged_one_is_not(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "good.txt").write_text("fine\n")
+    (d / "bad.txt").write_bytes("caf\xe9\n".encode("latin-1"))
+    (d / "lost.txt").write_text("its unit died before reading it\n")
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
+    asset, sensor, _, defs = _defs(corpus, str(tmp_path / "out"))
+    job_def = defs.resolve_job_def("s_embeddings_job")
+    with dg.instance_for_test() as instance:
+        first = _tick(sensor, instance, defs, None)
+        v = {f.key: f.version for f in corpus.list_files()}
+        # bad.txt failed reading v["bad.txt"]; lost.txt failed with no read recorded (its worker was lost)
+        _failed_attempt(instance, asset, job_def, ["bad.txt", "good.txt", "lost.txt"], materialized={"good.txt"},
+                        read={"good.txt": v["good.txt"], "bad.txt": v["bad.txt"]})
+        assert partition_status(instance, asset)[1] == {"bad.txt", "lost.txt"}
+        idle = _tick(sensor, instance, defs, first.cursor)
+        assert idle.run_requests == [] and "no new or changed files" in idle.skip_reason.skip_message
+        # bad.txt fixed (UTF-8 now): requested at the next tick, alone; lost.txt unchanged: not
+        later = time.time() + 5
+        (d / "bad.txt").write_text("café\n")
+        os.utime(d / "bad.txt", (later, later))
+        fixed = _tick(sensor, instance, defs, first.cursor)
+        assert [(r.partition_key, r.run_key.split(":", 1)[1]) for r in fixed.run_requests] == [("bad.txt", "bad.txt..bad.txt")]
+        # lost.txt rewritten after its failure: requested too
+        (d / "lost.txt").write_text("rewritten\n")
+        os.utime(d / "lost.txt", (later, later))
+        both = _tick(sensor, instance, defs, first.cursor)
+        assert [r.partition_key_range for r in both.run_requests] == [dg.PartitionKeyRange("bad.txt", "lost.txt")]
+        # that run is lost before reading anything (no failed checks): the same files are due at the same versions
+        # (good.txt, failed now, is no longer bridged); tick after tick the same run keys, which Dagster does not
+        # run twice (the schedule retries them, a bounded number of times)
+        _failed_attempt(instance, asset, job_def, ["bad.txt", "good.txt", "lost.txt"])
+        again = _tick(sensor, instance, defs, first.cursor)
+        assert [r.partition_key for r in again.run_requests] == ["bad.txt", "lost.txt"]
+        assert [r.run_key for r in _tick(sensor, instance, defs, first.cursor).run_requests] == [r.run_key for r in again.run_requests]
+        # good.txt (bridged above, failed now without a read) changes: due as changed since its materialization
+        (d / "good.txt").write_text("fine, and more\n")
+        os.utime(d / "good.txt", (later + 1, later + 1))
+        changed = _tick(sensor, instance, defs, first.cursor)
+        assert [r.partition_key_range for r in changed.run_requests] == [dg.PartitionKeyRange("bad.txt", "lost.txt")]
+        assert changed.run_requests[0].run_key != both.run_requests[0].run_key
+
+
+def test_schedule_retries_a_failed_partition_a_bounded_number_of_times_per_file_version(tmp_path):
+    asset, schedule, job_def = _scheduled_asset(tmp_path, max_partitions_per_run=4)
+    d = tmp_path / "corpus"
+    (d / "x.txt").write_text("x\n")
+    past = time.time() - 60
+    os.utime(d / "x.txt", (past, past))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("s_embeddings_files", ["x.txt"])
+        for attempt in range(3):
+            reqs = schedule(dg.build_schedule_context(instance=instance))
+            assert [r.partition_key for r in reqs] == ["x.txt"], attempt
+            _failed_attempt(instance, asset, job_def, ["x.txt"])
+        left = schedule(dg.build_schedule_context(instance=instance))
+        assert isinstance(left, dg.SkipReason)
+        assert "1 failed partition(s) left until their file changes (failed 3 time(s))" in left.skip_message
+        unbounded = backfill_missing_schedule(asset, max_failed_attempts=None, name="unbounded")
+        assert [r.partition_key for r in unbounded(dg.build_schedule_context(instance=instance))] == ["x.txt"]
+        # the file changes: its attempts count from zero again
+        later = time.time() + 5
+        os.utime(d / "x.txt", (later, later))
+        assert [r.partition_key for r in schedule(dg.build_schedule_context(instance=instance))] == ["x.txt"]
+
+
+class _Clock:
+    def __init__(self, t: float):
+        self.t = t
+
+    def time(self) -> float:
+        return self.t
+
+
+def test_sensor_holds_files_until_max_delay_and_the_cursor_keeps_since_when(tmp_path, monkeypatch):
+    import dagster_gpu.definitions.sensors as sensors_mod
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
+    asset = embedding_asset(name="s_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+    sensor = corpus_sensor(asset, corpus, max_delay_seconds=60, target_useful_fraction=0.5)
+    defs = dg.Definitions(assets=[asset], sensors=[sensor])
+    clock = _Clock(1_000_000.0)
+    monkeypatch.setattr(sensors_mod, "time", clock)
+    with dg.instance_for_test() as instance:
+        (d / "a.txt").write_text("first\n")
+        t1 = _tick(sensor, instance, defs, None)
+        assert not t1.run_requests and not t1.dynamic_partitions_requests
+        assert t1.skip_reason.skip_message == "held 1 file, 0.0 kB: a unit now would be 6 % useful (target 50 %); oldest waited 0 s of 60"
+        assert json.loads(t1.cursor)["held"]["a.txt"][2] == 1_000_000.0
+        clock.t += 30
+        (d / "b.txt").write_text("second\n")
+        t2 = _tick(sensor, instance, defs, t1.cursor)
+        assert t2.skip_reason.skip_message.startswith("held 2 files, 0.0 kB: ") and t2.skip_reason.skip_message.endswith(
+            "oldest waited 30 s of 60")
+        assert json.loads(t2.cursor)["held"]["b.txt"][2] == 1_000_030.0
+        # a restart re-evaluates from the stored cursor: a.txt has waited since the first tick
+        clock.t += 31
+        t3 = _tick(sensor, instance, defs, t2.cursor)
+        assert [(r.partition_key_range, r.run_key.split(":", 1)[1]) for r in t3.run_requests] == [
+            (dg.PartitionKeyRange("a.txt", "b.txt"), "a.txt..b.txt")]
+        assert [list(r.partition_keys) for r in t3.dynamic_partitions_requests] == [["a.txt", "b.txt"]]
+        assert "held" not in json.loads(t3.cursor)
+        # the files are partitions now, requested by that run: the next tick finds nothing due
+        t4 = _tick(sensor, instance, defs, t3.cursor)
+        assert t4.run_requests == [] and "no new or changed files" in t4.skip_reason.skip_message
+        with pytest.raises(ValueError):
+            corpus_sensor(asset, corpus, max_delay_seconds=60, target_useful_fraction=0.0)

@@ -24,7 +24,9 @@ def test_workspace_yaml_loads_like_the_webserver(tmp_path, monkeypatch):
         job = repo.get_full_job("fortune_embeddings_job")
         # the job's run config schema is gpu_executor's (its backend enum), so the UI launches through it
         assert "GpuBackend" in job.job_snapshot.config_schema_snapshot.all_config_snaps_by_key
-        assert {s.name for s in repo.get_sensors()} == {"fortune_embeddings_corpus_sensor"}
+        # the corpus sensor, and the automation condition sensor keeping the index in step (running by default)
+        assert {s.name for s in repo.get_sensors()} == {"fortune_embeddings_corpus_sensor", "index_automation_sensor"}
+        assert repo.get_sensor("index_automation_sensor").default_status == dg.DefaultSensorStatus.RUNNING
         assert {s.name for s in repo.get_schedules()} == {"fortune_embeddings_missing_schedule"}
         keys = {n.asset_key for n in repo.get_asset_node_snaps()}
         assert dg.AssetKey("fortune_embeddings") in keys

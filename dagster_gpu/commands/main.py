@@ -62,7 +62,9 @@ def _backfill(argv: list[str]) -> int:
 
     from dagster_gpu.commands.common import console as make_console, instance_or_none
     from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
-    from dagster_gpu.definitions.partitions import NoCorpus, corpus_of, indexes_following, prune_partitions, register_corpus_files, select_partitions
+    from dagster_gpu.definitions.partitions import (
+        NoCorpus, bridged_selection, corpus_of, embeddings_followed, indexes_following, prune_partitions, register_corpus_files, select_partitions,
+    )
     from dagster_gpu.commands.progress import BackfillAbandoned, run_backfill_with_progress
 
     console = make_console()
@@ -77,6 +79,12 @@ def _backfill(argv: list[str]) -> int:
         print(f"dagster-gpu backfill: no asset {args.asset!r} in {args.module}.{args.attribute} (assets: {known})", file=sys.stderr)
         return 2
     asset = defs.get_assets_def(key)
+    try:  # a vector index asset: its partitions are its embedding asset's, registered from that one's corpus
+        follows = embeddings_followed(asset, defs.resolve_asset_graph().assets_defs)
+    except NoCorpus as e:
+        print(f"dagster-gpu backfill: {e}", file=sys.stderr)
+        return 2
+    source = follows or asset
     instance = instance_or_none("dagster-gpu backfill")
     if instance is None:
         return 2
@@ -92,11 +100,11 @@ def _backfill(argv: list[str]) -> int:
         return 2
     if args.prune or not args.no_register:
         try:
-            corpus = corpus_of(asset, module)
-            done = prune_partitions(instance, asset, corpus, delete_outputs=True,
-                                    indexes=indexes_following(defs.resolve_asset_graph().assets_defs, key)) if args.prune else []
+            corpus = corpus_of(source, module)
+            done = prune_partitions(instance, source, corpus, delete_outputs=True,
+                                    indexes=indexes_following(defs.resolve_asset_graph().assets_defs, source.key)) if args.prune else []
             pruned = [p.partition_key for p in done if p.error is None]
-            added = [] if args.no_register else register_corpus_files(instance, asset, corpus)
+            added = [] if args.no_register else register_corpus_files(instance, source, corpus)
         except (NoCorpus, CorpusNotFound, CorpusUnreadable, TypeError, ValueError) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
             return 2
@@ -116,7 +124,8 @@ def _backfill(argv: list[str]) -> int:
     else:
         try:
             keys = select_partitions(instance, asset, missing=args.missing, failed=args.failed, stale=args.stale,
-                                     corpus=corpus_of(asset, module) if args.stale else None)
+                                     corpus=corpus_of(asset, module) if args.stale and follows is None else None,
+                                     follows=follows)
         except (NoCorpus, CorpusNotFound, CorpusUnreadable) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
             return 2
@@ -125,6 +134,15 @@ def _backfill(argv: list[str]) -> int:
         what = " and ".join(w for w, on in flags if on) or "registered"
         print(f"no {what} partitions of {args.asset} to backfill", file=sys.stderr)
         return 0 if (args.missing or args.failed or args.stale) else 2
+    if (args.missing or args.failed or args.stale) and follows is None:
+        # scattered keys: one unit over them and the few fine keys between, where that is cheaper than more units
+        selected = keys
+        keys = bridged_selection(instance, asset, selected, corpus_of(asset, module))
+        if len(keys) > len(selected):
+            extra = [k for k in keys if k not in set(selected)]
+            console.print(f"{len(extra)} materialized partition(s) between them redone in the same unit "
+                          f"(cheaper than another unit's start-up): {', '.join(extra[:10])}" + (" …" if len(extra) > 10 else ""),
+                          soft_wrap=True, markup=False)
     try:
         rows = run_backfill_with_progress(
             instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout,

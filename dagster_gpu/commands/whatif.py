@@ -68,7 +68,57 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-rows", type=int, default=50, help="partitions shown in the table (default 50)")
     ap.add_argument("--per-run", type=int, help="partitions per run, each run one work unit (default: the asset's "
                     "max_partitions_per_run with -m, else 50, embedding_asset's default; 1: a unit per partition)")
+    tr = ap.add_argument_group("trickle", "price a trickle of files under the corpus sensor instead of a backfill "
+                               "(no corpus needed): useful fraction and cost per day, knob off and on")
+    tr.add_argument("--trickle-every", type=float, metavar="S", help="one file every S seconds")
+    tr.add_argument("--file-bytes", type=int, default=2000, help="bytes per file (default 2000)")
+    tr.add_argument("--max-delay", type=float, action="append", default=[], metavar="S",
+                    help="corpus_sensor max_delay_seconds to price (repeatable; the knob off is always shown)")
+    tr.add_argument("--target", type=float, default=0.5, help="target_useful_fraction (default 0.5)")
+    tr.add_argument("--tick", type=float, default=30.0, help="sensor interval in seconds (default 30)")
+    tr.add_argument("--on", default="local/cpu", metavar="BACKEND/DEVICE",
+                    help="rate card entry billed (default local/cpu); a GPU device prices at the GPU throughput")
     return ap
+
+
+def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | None) -> list[dict]:
+    """One row per knob setting (off, then each ``--max-delay``): :func:`dagster_gpu.policy.batching.trickle`
+    with the packaged unit calibration's start-up and ``model``'s embedding seconds per byte."""
+    from dagster_gpu.policy.batching import UnitCost, trickle
+    from dagster_gpu.definitions.unit_cost import CALIBRATION, calibration_seconds
+
+    backend, _, device = args.on.partition("/")
+    rate = (rc or RateCard.load()).gpu_hour_rate(backend, device or "cpu")
+    cpu = (device or "cpu") == "cpu"
+    tps = (model.cpu_texts_per_second or model.texts_per_second / model.cpu_slowdown) if cpu else model.texts_per_second
+    startup_s, per_partition_s = calibration_seconds()
+    cost = UnitCost(startup_s, per_partition_s, model.rows_per_byte / tps, source=f"{CALIBRATION.name}, {model.source}")
+    rows = []
+    for delay in [None, *args.max_delay]:
+        p = trickle(args.trickle_every, args.file_bytes, cost, rate_usd_per_hour=rate, tick_s=args.tick,
+                    max_delay_s=delay, target_useful_fraction=args.target)
+        rows.append({"max_delay_seconds": delay, "files_per_unit": p.files_per_unit, "units_per_day": p.units_per_day,
+                     "useful_fraction": p.useful_fraction, "billed_s_per_day": p.billed_s_per_day,
+                     "cost_usd_per_day": p.cost_usd_per_day, "freshness_mean_s": p.freshness_mean_s,
+                     "rate_usd_per_hour": rate, "cost_source": cost.source})
+    return rows
+
+
+def _print_trickle(rows: list[dict], args: argparse.Namespace) -> None:
+    from rich.table import Table
+
+    from dagster_gpu.commands.common import console
+
+    t = Table(title=f"a file of {args.file_bytes} bytes every {args.trickle_every:g} s, sensor every {args.tick:g} s, "
+                    f"on {args.on} at {rows[0]['rate_usd_per_hour']:.4f} USD/h")
+    for c in ("max_delay_seconds", "files/unit", "units/day", "useful", "billed s/day", "USD/day", "freshness (mean s)"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        t.add_row("off" if r["max_delay_seconds"] is None else f"{r['max_delay_seconds']:g}", str(r["files_per_unit"]),
+                  f"{r['units_per_day']:.0f}", f"{r['useful_fraction']:.1%}", f"{r['billed_s_per_day']:.0f}",
+                  f"{r['cost_usd_per_day']:.4f}", f"{r['freshness_mean_s']:.0f}")
+    console().print(t)
+    console().print(f"costs: {rows[0]['cost_source']}", soft_wrap=True, markup=False)
 
 
 def _executor_config(path: str | None, rate_card: str | None) -> dict:
@@ -167,6 +217,13 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
             model = RuntimeModel.from_history([HistoryPoint(**h) for h in json.loads(Path(args.history).read_text())])
         else:
             model = instance_runtime_model(args.asset)
+        if args.trickle_every is not None:
+            rows = trickle_rows(args, model, rc)
+            if args.json:
+                print(json.dumps({"trickle": rows}, indent=1))
+            else:
+                _print_trickle(rows, args)
+            return 0
         corpus, per_run = corpus_for(args)
         partitions = list_partitions(corpus)
         per_run = args.per_run or per_run

@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import dagster as dg
 
@@ -43,6 +43,35 @@ def corpus_url_of(asset: dg.AssetsDefinition) -> str:
     if not url:
         raise NoCorpus(f"asset {asset.key.to_user_string()} has no op tag {TAG_CORPUS_URL!r}: not made by embedding_asset")
     return url
+
+
+def embeddings_followed(asset: dg.AssetsDefinition, assets: Iterable[dg.AssetsDefinition]) -> dg.AssetsDefinition | None:
+    """The embedding asset that ``asset`` follows when ``asset`` is a vector index asset (its
+    ``dagster_gpu/embeddings_asset`` metadata, :func:`dagster_gpu.definitions.vector_index.vector_index_asset`), found among
+    ``assets``; None for any other asset. Raises NoCorpus when the embedding asset it names is not among them."""
+    from dagster_gpu.definitions.vector_index import META_EMBEDDINGS
+
+    md = asset.metadata_by_key.get(asset.key, {})
+    name = md.get(META_EMBEDDINGS)
+    if name is None:
+        return None
+    name = str(getattr(name, "value", name))
+    for a in assets:
+        if a.key.to_user_string() == name and TAG_CORPUS_URL in (a.op.tags or {}):
+            return a
+    raise NoCorpus(f"asset {asset.key.to_user_string()} follows {name}, which is not an embedding asset of these definitions")
+
+
+def stale_index_partitions(instance: dg.DagsterInstance, index: dg.AssetsDefinition, embeddings_key: dg.AssetKey) -> list[str]:
+    """Registered partitions of the vector index asset ``index`` behind its embeddings: the embeddings
+    partition was materialized after the index partition's latest materialization (or the index partition
+    never was), none in progress, in the definition's order. Two event-log queries and the status cache."""
+    pdef = dynamic_partitions_def(index)
+    emb = instance.get_latest_storage_id_by_partition(embeddings_key, dg.DagsterEventType.ASSET_MATERIALIZATION)
+    ix = instance.get_latest_storage_id_by_partition(index.key, dg.DagsterEventType.ASSET_MATERIALIZATION)
+    in_progress = partition_status(instance, index)[2]
+    return [k for k in instance.get_dynamic_partitions(pdef.name)
+            if k in emb and emb[k] > ix.get(k, -1) and k not in in_progress]
 
 
 def corpus_of(asset: dg.AssetsDefinition, module: ModuleType | None = None) -> CorpusSource:
@@ -185,14 +214,16 @@ def _delete_outputs(output_url: str, asset_name: str, key: str, storage_options:
     return deleted
 
 
-def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource) -> Staleness:
+def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource,
+                        files: Iterable[CorpusFile] | None = None) -> Staleness:
     """:func:`dagster_gpu.instance.stale.find_stale` of ``asset``'s registered partitions: the corpus listing's source
     versions, each partition's latest materialization (:func:`dagster_gpu.instance.source_versions.recorded_versions`),
-    the asset's code version, the partitions in progress. Raises CorpusNotFound / CorpusUnreadable for the
-    corpus, TypeError when the asset's partitions are not dynamic."""
+    the asset's code version, the partitions in progress (``files``: the listing when the caller has just made
+    it). Raises CorpusNotFound / CorpusUnreadable for the corpus, TypeError when the asset's partitions are not
+    dynamic."""
     pdef = dynamic_partitions_def(asset)
     keys = list(instance.get_dynamic_partitions(pdef.name))
-    current = {f.key: f.version for f in corpus.list_files()}
+    current = {f.key: f.version for f in (corpus.list_files() if files is None else files)}
     recorded = recorded_versions(instance, asset.key)
     in_progress = partition_status(instance, asset)[2]
     from dagster_gpu.definitions.assets import CONFIG_METADATA_KEY
@@ -205,21 +236,51 @@ def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
 
 def select_partitions(
     instance: dg.DagsterInstance, asset: dg.AssetsDefinition, *, missing: bool = False, failed: bool = False,
-    stale: bool = False, corpus: CorpusSource | None = None,
+    stale: bool = False, corpus: CorpusSource | None = None, follows: dg.AssetsDefinition | None = None,
 ) -> list[str]:
     """Registered partition keys of ``asset`` (in registration order): all of them when no flag is
     set; else those never materialized (``missing``) and/or failed as the UI's partitions view shows them
     (``failed``: their latest run failed without materializing them; a canceled run leaves them missing)
-    and/or stale (``stale``: :func:`partition_staleness` against ``corpus``, default :func:`corpus_of`),
+    and/or stale (``stale``: :func:`partition_staleness` against ``corpus``, default :func:`corpus_of`; for a
+    vector index asset following the embedding asset ``follows``, :func:`stale_index_partitions`),
     none in progress."""
     keys = list(instance.get_dynamic_partitions(asset.partitions_def.name))
     if not (missing or failed or stale):
         return keys
     materialized, failed_keys, in_progress = partition_status(instance, asset)
-    stale_keys = set(partition_staleness(instance, asset, corpus or corpus_of(asset)).stale_keys) if stale else set()
+    if stale and follows is not None:
+        stale_keys = set(stale_index_partitions(instance, asset, follows.key))
+    else:
+        stale_keys = set(partition_staleness(instance, asset, corpus or corpus_of(asset)).stale_keys) if stale else set()
     return [
         k for k in keys
         if k not in in_progress
         and ((missing and k not in materialized) or (failed and k in failed_keys) or k in stale_keys)
     ]
 
+
+
+def bridged_selection(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, keys: Sequence[str],
+                      corpus: CorpusSource | None = None) -> list[str]:
+    """``keys`` plus the materialized keys between them that one unit redoes more cheaply than a second unit
+    starts (:func:`dagster_gpu.policy.batching.bridge_ranges` with :func:`dagster_gpu.definitions.unit_cost.unit_cost`),
+    so the backfill's multi-run policy makes one ranged run where the scattered keys alone would make
+    several; in the definition's order. The corpus (default :func:`corpus_of`) is listed once for the sizes;
+    a corpus that cannot be listed bridges nothing. TypeError when the asset's partitions are not dynamic."""
+    from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
+    from dagster_gpu.policy.batching import bridge_ranges
+    from dagster_gpu.definitions.unit_cost import unit_cost
+
+    if len(keys) < 2:
+        return list(keys)
+    all_keys = list(instance.get_dynamic_partitions(dynamic_partitions_def(asset).name))
+    try:
+        files = (corpus or corpus_of(asset)).list_files()
+    except (CorpusNotFound, CorpusUnreadable, NoCorpus):
+        return list(keys)
+    materialized, failed, in_progress = partition_status(instance, asset)
+    bridgeable = {f.key: int(f.size_bytes) for f in files
+                  if f.key in materialized and f.key not in failed and f.key not in in_progress}
+    per_run = asset.backfill_policy.max_partitions_per_run if asset.backfill_policy else 1
+    ranges = bridge_ranges(all_keys, keys, per_run or 2**31 - 1, bridgeable=bridgeable, cost=unit_cost(instance, asset))
+    return [k for r in ranges for k in r]

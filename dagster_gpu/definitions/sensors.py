@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from typing import Any, Callable, Mapping, Sequence
 
 import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
-from dagster_gpu.instance.partition_status import dynamic_partitions_def, partition_status, partitions_to_rerun
+from dagster_gpu.instance.partition_status import attempts_since, dynamic_partitions_def, partition_status
 from dagster_gpu.definitions.partitions import corpus_of, indexes_following, partition_staleness, prune_partitions
-from dagster_gpu.instance.run_ranges import contiguous_ranges, range_run_tags
+from dagster_gpu.policy.batching import Held, UnitCost, bridge_ranges, hold_decision
+from dagster_gpu.instance.run_ranges import range_run_tags
 from dagster_gpu.instance.source_versions import (
-    corpus_asset_key, depends_on_corpus, observations, observed_versions, recorded_versions,
+    corpus_asset_key, depends_on_corpus, failed_reads, observations, observed_versions, recorded_versions,
 )
+from dagster_gpu.definitions.unit_cost import unit_cost
 
 
 def asset_job(asset: dg.AssetsDefinition) -> dg.UnresolvedAssetJobDefinition:
@@ -51,23 +54,52 @@ def corpus_sensor(
     changed: bool = True,
     prune: bool = False,
     output_storage_options: Mapping[str, Any] | None = None,
+    max_delay_seconds: float | None = None,
+    target_useful_fraction: float = 0.5,
+    bridge: bool = True,
 ) -> dg.SensorDefinition:
     """A sensor adding one partition per new corpus file of ``asset`` and requesting ranged runs over the
-    new partitions and (``changed``) the partitions whose file changed since it was embedded.
+    new partitions and (``changed``) the partitions whose file changed since it was embedded, or since an
+    attempt at it failed (a broken file that was fixed).
+
+    A failed partition is requested again when its file's version differs from the one the failed attempt
+    read (recorded on its failed checks, :data:`dagster_gpu.instance.checks.FAILED_SOURCE_VERSION`; when the attempt
+    read none, when the file was modified after the failure). An unchanged failed file is never requested
+    again by the sensor (the missing-partitions schedule retries it a bounded number of times).
+
+    ``max_delay_seconds`` (the freshness knob; None: every due file is requested at the tick that finds it):
+    the files due are held until one work unit over them would reach ``target_useful_fraction``
+    (:func:`dagster_gpu.policy.batching.hold_decision`, with :func:`dagster_gpu.definitions.unit_cost.unit_cost`: the
+    measured start-up and the embedding seconds per byte learned from the asset's history), or the oldest has
+    waited ``max_delay_seconds``. The cursor remembers when each held file was first found due (a daemon
+    restart loses nothing: the files due are found again from the listing and the instance; run keys are
+    content hashes, so nothing is requested twice). New files are registered as partitions when requested.
+    The tick's skip reason or log line says why it held or requested.
+
+    ``bridge``: neighbouring ranges of due keys become one run over the keys between them too, when those
+    are materialized and current and redoing them costs less than the start-up saved
+    (:func:`dagster_gpu.policy.batching.bridge_ranges`).
 
     ``prune``: each tick also deletes the partitions whose file is gone (none with a run in progress), their
     output parquet files (fsspec with ``output_storage_options``) and their rows in the vector indexes that
     follow ``asset`` in the code location, and logs each (partition, output, index rows).
+
+    Raises ValueError for ``target_useful_fraction`` outside (0, 1] or a negative ``max_delay_seconds``.
     """
     pdef = dynamic_partitions_def(asset)
     job = job or asset_job(asset)
+    if not 0 < target_useful_fraction <= 1:
+        raise ValueError(f"corpus_sensor: target_useful_fraction must be in (0, 1], got {target_useful_fraction}")
+    if max_delay_seconds is not None and max_delay_seconds < 0:
+        raise ValueError(f"corpus_sensor: max_delay_seconds must be >= 0, got {max_delay_seconds}")
 
     @dg.sensor(
         name=name or f"{asset.key.to_python_identifier()}_corpus_sensor",
         job=job,
         minimum_interval_seconds=minimum_interval_seconds,
         default_status=default_status,
-        description=f"New and changed files under {corpus.url} become partitions of {asset.key.to_user_string()} and are materialized.",
+        description=f"New and changed files under {corpus.url} become partitions of {asset.key.to_user_string()} and are materialized"
+                    + (f" (held up to {max_delay_seconds:g} s for a unit {target_useful_fraction:.0%} useful)." if max_delay_seconds is not None else "."),
     )
     def _sensor(context: dg.SensorEvaluationContext):
         files = corpus.list_files()
@@ -76,34 +108,84 @@ def corpus_sensor(
         registered = list(context.instance.get_dynamic_partitions(pdef.name))
         existing = set(registered)
         new = [f for f in files if f.key not in existing]
-        stale: list = []
+        due_again, status = ([], None)
         if changed and len(new) < len(files):
-            recorded = recorded_versions(context.instance, asset.key)
-            candidates = [f for f in files if f.key in existing and f.version
-                          and (r := recorded.get(f.key)) is not None and r.source_version not in (None, f.version)]
-            if candidates:
-                in_progress = partition_status(context.instance, asset)[2]
-                stale = [f for f in candidates if f.key not in in_progress]
+            due_again, status = _due_again(context.instance, asset, [f for f in files if f.key in existing])
         events = []
         if depends_on_corpus(asset):
             events = observations(corpus_asset_key(asset.key), files, observed_versions(context.instance, corpus_asset_key(asset.key)))
-        cursor = json.dumps({"files": len(files), "newest_mtime": max((f.mtime for f in files), default=0.0)})
-        if not new and not stale:
+        cursor: dict[str, Any] = {"files": len(files), "newest_mtime": max((f.mtime for f in files), default=0.0)}
+        due = [*due_again, *new]
+        if not due:
             return dg.SensorResult(skip_reason=dg.SkipReason(f"no new or changed files under {corpus.url}"),
-                                   cursor=cursor, asset_events=events)
+                                   cursor=json.dumps(cursor), asset_events=events)
+        cost = unit_cost(context.instance, asset) if (max_delay_seconds is not None or (bridge and status is not None)) else None
+        if max_delay_seconds is not None:
+            held = _held(context.cursor, due, time.time())
+            decision = hold_decision(held, time.time(), cost, target_useful_fraction, max_delay_seconds)
+            if not decision.release:
+                cursor["held"] = {h.key: [h.version, h.size_bytes, h.since] for h in held}
+                return dg.SensorResult(skip_reason=dg.SkipReason(decision.why), cursor=json.dumps(cursor), asset_events=events)
+            context.log.info(decision.why)
+        if due_again:
+            context.log.info(f"{len(due_again)} changed or fixed file(s) under {corpus.url}: " + ", ".join(f.key for f in due_again[:10])
+                             + (" …" if len(due_again) > 10 else ""))
         keys = [f.key for f in new]
-        if stale:
-            context.log.info(f"{len(stale)} changed file(s) under {corpus.url}: " + ", ".join(f.key for f in stale[:10])
-                             + (" …" if len(stale) > 10 else ""))
+        all_keys = [*registered, *keys]
+        bridgeable = _bridgeable(files, status) if bridge and status is not None else None
         # the new keys are appended to the definition in this order, so they are consecutive
         return dg.SensorResult(
-            run_requests=versioned_run_requests(asset, [*registered, *keys], [*stale, *new]),
+            run_requests=versioned_run_requests(asset, all_keys, due, bridgeable=bridgeable, cost=cost, all_files=files),
             dynamic_partitions_requests=[pdef.build_add_request(keys)] if keys else [],
-            cursor=cursor,
+            cursor=json.dumps(cursor),
             asset_events=events,
         )
 
     return _sensor
+
+
+def _due_again(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, files: Sequence[CorpusFile]):
+    """(registered files due again, none in progress, in the listing's order), and (materialized, failed, in
+    progress) keys. A file is due when its version differs from the one its latest attempt *read*: its latest
+    materialization, or for a failed partition its latest failed attempt that read the file, whichever is later
+    (an attempt that failed before reading it, e.g. its worker was lost, does not count: the same versions
+    make the same run key, which Dagster does not run twice; the schedule retries those). A failed attempt
+    that recorded no version counts as having read the file if it failed after the file's modification."""
+    status = partition_status(instance, asset)
+    _, failed, in_progress = status
+    recorded = recorded_versions(instance, asset.key)
+    fails = failed_reads(instance, asset.key, [f.key for f in files if f.key in failed and f.key not in in_progress])
+    due = []
+    for f in files:
+        if f.key in in_progress or not f.version:
+            continue
+        r, fr = recorded.get(f.key), fails.get(f.key)
+        if fr is not None and (r is None or r.timestamp is None or fr.timestamp >= r.timestamp):
+            if fr.source_version != f.version if fr.source_version else f.mtime > fr.timestamp:
+                due.append(f)
+        elif r is not None and r.source_version not in (None, f.version):
+            due.append(f)
+    return due, status
+
+
+def _held(raw_cursor: str | None, due: Sequence[CorpusFile], now: float) -> list[Held]:
+    """The files due as :class:`Held`, each since when the cursor says it was first found due (now if new)."""
+    try:
+        before = json.loads(raw_cursor or "{}").get("held") or {}
+    except (ValueError, AttributeError):
+        before = {}
+    out = []
+    for f in due:
+        prev = before.get(f.key)
+        since = float(prev[2]) if isinstance(prev, list) and len(prev) == 3 else now
+        out.append(Held(f.key, f.version or "", int(f.size_bytes), since))
+    return out
+
+
+def _bridgeable(files: Sequence[CorpusFile], status: tuple[set[str], set[str], set[str]]) -> dict[str, int]:
+    """Keys a run may cover though not due: materialized, not failed, not in progress, file present (its bytes)."""
+    materialized, failed, in_progress = status
+    return {f.key: int(f.size_bytes) for f in files if f.key in materialized and f.key not in failed and f.key not in in_progress}
 
 
 def _prune(context: dg.SensorEvaluationContext, asset: dg.AssetsDefinition, corpus: CorpusSource,
@@ -116,16 +198,21 @@ def _prune(context: dg.SensorEvaluationContext, asset: dg.AssetsDefinition, corp
         (context.log.warning if p.error else context.log.info)(f"{asset.key.to_user_string()} {p.describe()}")
 
 
-def versioned_run_requests(asset: dg.AssetsDefinition, all_keys: list[str], files: Sequence[CorpusFile]) -> list[dg.RunRequest]:
+def versioned_run_requests(asset: dg.AssetsDefinition, all_keys: list[str], files: Sequence[CorpusFile], *,
+                           bridgeable: Mapping[str, int] | None = None, cost: UnitCost | None = None,
+                           all_files: Sequence[CorpusFile] = ()) -> list[dg.RunRequest]:
     """:func:`ranged_run_requests` over ``files``' keys, each run key prefixed with a hash of its range's
     (key, source version) pairs: a file deleted (``backfill --prune``) and added again under the same name, or
-    rewritten, gets a new run, not Dagster's skip of a run key it already ran; the same versions never get two."""
-    version = {f.key: (f.version or f"{f.size_bytes}:{f.mtime!r}") for f in files}
+    rewritten, gets a new run, not Dagster's skip of a run key it already ran; the same versions never get two.
+    ``bridgeable``, ``cost``: see :func:`ranged_run_requests`; ``all_files``: the listing (the versions of
+    bridged keys)."""
+    version = {f.key: (f.version or f"{f.size_bytes}:{f.mtime!r}") for f in [*all_files, *files]}
 
     def prefix(keys: Sequence[str]) -> str:
-        return hashlib.sha256(json.dumps([(k, version[k]) for k in keys]).encode()).hexdigest()[:12] + ":"
+        return hashlib.sha256(json.dumps([(k, version.get(k, "")) for k in keys]).encode()).hexdigest()[:12] + ":"
 
-    return ranged_run_requests(asset, all_keys, list(version), run_key_prefix=prefix)
+    return ranged_run_requests(asset, all_keys, [f.key for f in files], run_key_prefix=prefix,
+                               bridgeable=bridgeable, cost=cost)
 
 
 def max_partitions_per_run(asset: dg.AssetsDefinition) -> int:
@@ -139,12 +226,17 @@ def max_partitions_per_run(asset: dg.AssetsDefinition) -> int:
 def ranged_run_requests(
     asset: dg.AssetsDefinition, all_keys: list[str], selected: list[str] | set[str],
     run_key_prefix: str | Callable[[Sequence[str]], str] = "",
+    *,
+    bridgeable: Mapping[str, int] | None = None,
+    cost: UnitCost | None = None,
 ) -> list[dg.RunRequest]:
     """Run requests covering ``selected`` partitions in ranges of consecutive keys, each at most the asset's
     ``max_partitions_per_run`` long, as a backfill with the same policy would make them (run key =
-    ``<prefix><first>..<last>``; ``run_key_prefix`` may be a function of the range's keys)."""
+    ``<prefix><first>..<last>``; ``run_key_prefix`` may be a function of the range's keys). With ``bridgeable``
+    (key -> bytes of partitions fine to redo) and ``cost``, neighbouring ranges become one run over the keys
+    between them when that is cheaper than a second unit (:func:`dagster_gpu.policy.batching.bridge_ranges`)."""
     out = []
-    for keys in contiguous_ranges(all_keys, selected, max_partitions_per_run(asset)):
+    for keys in bridge_ranges(all_keys, selected, max_partitions_per_run(asset), bridgeable=bridgeable, cost=cost):
         tags = range_run_tags(keys)
         prefix = run_key_prefix(keys) if callable(run_key_prefix) else run_key_prefix
         run_key = f"{prefix}{keys[0]}..{keys[-1]}"
@@ -164,12 +256,28 @@ def backfill_missing_schedule(
     default_status: dg.DefaultScheduleStatus = dg.DefaultScheduleStatus.STOPPED,
     stale: bool = False,
     corpus: CorpusSource | None = None,
+    max_failed_attempts: int | None = 3,
+    bridge: bool = True,
 ) -> dg.ScheduleDefinition:
     """A schedule (dynamic partitions cannot use build_schedule_from_partitioned_job) that re-requests
     missing and failed partitions of ``asset``, and with ``stale`` its stale ones (file or fingerprint
     changed, :func:`dagster_gpu.definitions.partitions.partition_staleness` against ``corpus``, default the asset's corpus
-    URL with every file)."""
+    URL with every file).
+
+    Failed partitions are retried with a bounded back-off: at most ``max_failed_attempts`` runs per version of
+    the file (runs planned to materialize it since its latest materialization and since its file's
+    modification time, :func:`dagster_gpu.instance.partition_status.attempts_since`); then the schedule leaves it
+    (the tick says which), until its file changes (the corpus sensor then requests it, as does the schedule's
+    count starting over) or ``dagster-gpu backfill --failed`` runs it by hand. A bound, not "only when the
+    file changes": a failure whose cause is not the file (a node lost, a model cache not mounted, the
+    scheduler down) is fixed without the file changing and deserves a few tries; a broken file does not
+    deserve one every hour forever. None: retried at every tick (the behaviour before the bound).
+
+    ``bridge``: neighbouring ranges become one run over the materialized keys between them when that costs
+    less than a second unit's start-up (:func:`dagster_gpu.policy.batching.bridge_ranges`)."""
     job = job or asset_job(asset)
+    if max_failed_attempts is not None and max_failed_attempts < 1:
+        raise ValueError(f"backfill_missing_schedule: max_failed_attempts must be >= 1 or None, got {max_failed_attempts}")
 
     @dg.schedule(
         name=name or f"{asset.key.to_python_identifier()}_missing_schedule",
@@ -178,15 +286,60 @@ def backfill_missing_schedule(
         default_status=default_status,
     )
     def _schedule(context: dg.ScheduleEvaluationContext):
-        todo = partitions_to_rerun(context.instance, asset)
-        if stale:
-            found = set(partition_staleness(context.instance, asset, corpus or corpus_of(asset)).stale_keys)
-            todo = [k for k in context.instance.get_dynamic_partitions(dynamic_partitions_def(asset).name)
-                    if k in found or k in set(todo)]
-        if not todo:
-            return dg.SkipReason("every partition is materialized and up to date, or in flight" if stale
-                                 else "every partition is materialized or in flight")
         keys = list(context.instance.get_dynamic_partitions(dynamic_partitions_def(asset).name))
-        return ranged_run_requests(asset, keys, todo)
+        status = partition_status(context.instance, asset)
+        materialized, failed, in_progress = status
+        todo = [k for k in keys if k not in in_progress and (k not in materialized or k in failed)]
+        found = set()
+        files = None
+        if stale:
+            files = (corpus or corpus_of(asset)).list_files()
+            found = set(partition_staleness(context.instance, asset, corpus or corpus_of(asset), files=files).stale_keys)
+            todo = [k for k in keys if k in found or k in set(todo)]
+        given_up: list[str] = []
+        retry = [k for k in todo if k in failed and k not in found]
+        if retry and max_failed_attempts is not None:
+            files = files if files is not None else _listing_or_empty(corpus or _corpus_or_none(asset))
+            mtime = {f.key: f.mtime for f in files}
+            tries = attempts_since(context.instance, asset, {k: mtime.get(k, 0.0) for k in retry}, limit=max_failed_attempts)
+            given_up = [k for k in retry if tries.get(k, 0) >= max_failed_attempts]
+            todo = [k for k in todo if k not in set(given_up)]
+        if given_up:
+            context.log.info(f"{len(given_up)} failed partition(s) not retried: failed {max_failed_attempts} time(s) since "
+                             f"their file last changed: {', '.join(given_up[:10])}" + (" …" if len(given_up) > 10 else ""))
+        if not todo:
+            why = ("every partition is materialized and up to date, or in flight" if stale
+                   else "every partition is materialized or in flight")
+            if given_up:
+                why += f"; {len(given_up)} failed partition(s) left until their file changes (failed {max_failed_attempts} time(s))"
+            return dg.SkipReason(why)
+        cost = bridgeable = None
+        if bridge:
+            files = files if files is not None else _listing_or_empty(corpus or _corpus_or_none(asset))
+            bridgeable = _bridgeable(files, status)
+            cost = unit_cost(context.instance, asset)
+        return ranged_run_requests(asset, keys, todo, bridgeable=bridgeable, cost=cost)
 
     return _schedule
+
+
+def _corpus_or_none(asset: dg.AssetsDefinition) -> CorpusSource | None:
+    from dagster_gpu.definitions.partitions import NoCorpus
+
+    try:
+        return corpus_of(asset)
+    except NoCorpus:
+        return None
+
+
+def _listing_or_empty(corpus: CorpusSource | None) -> list[CorpusFile]:
+    """The corpus listing; [] when there is no corpus or it cannot be listed (then nothing is bridged and
+    every failed partition counts its attempts since the epoch)."""
+    from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
+
+    if corpus is None:
+        return []
+    try:
+        return corpus.list_files()
+    except (CorpusNotFound, CorpusUnreadable):
+        return []

@@ -71,6 +71,7 @@ def vector_index_asset(
     ann_kind: str = "IVF_HNSW_SQ",
     group_name: str | None = None,
     max_partitions_per_run: int | None = None,
+    automation_condition: dg.AutomationCondition | None | str = "eager",
 ) -> dg.AssetsDefinition:
     """A partitioned asset (``embeddings``' partitions, depending on it partition by partition) keeping a LanceDB
     table in step with ``embeddings``' outputs.
@@ -85,6 +86,12 @@ def vector_index_asset(
         ann_min_rows, ann_kind: at the end of each run, with at least ``ann_min_rows`` rows in the table, the
             ANN index (``IVF_HNSW_SQ`` or ``IVF_PQ``, cosine) is built or updated; below, queries scan exactly.
         max_partitions_per_run: a backfill's runs cover at most this many partitions (default: ``embeddings``').
+        automation_condition: how the index follows ``embeddings`` by itself: ``"eager"`` (default:
+            ``AutomationCondition.eager()``: a partition is requested once its embeddings partition was
+            materialized again, none while that one is missing or in progress), another
+            ``AutomationCondition``, or None (only backfills). Dagster evaluates it in an automation condition
+            sensor: :func:`index_automation_sensor` (running by default), or the ``default_automation_condition_sensor``
+            Dagster adds to a code location for assets no automation sensor targets (started in the UI).
 
     Per partition: the output is read, its rows replace the partition's rows in one commit
     (:meth:`VectorIndex.replace_partition`), one materialization (``index/rows``, ``index/version``,
@@ -108,6 +115,10 @@ def vector_index_asset(
     per_run = max_partitions_per_run or (embeddings.backfill_policy.max_partitions_per_run
                                          if embeddings.backfill_policy else None) or 50
     index = VectorIndex(uri, table, storage_options)
+    if automation_condition == "eager":
+        automation_condition = dg.AutomationCondition.eager()
+    elif isinstance(automation_condition, str):
+        raise ValueError(f"vector_index_asset: automation_condition must be 'eager', an AutomationCondition or None, got {automation_condition!r}")
 
     @dg.asset(
         name=name, key_prefix=list(emb_key.path[:-1]) or None, partitions_def=pdef, deps=[emb_key],
@@ -119,6 +130,7 @@ def vector_index_asset(
         description=f"LanceDB table {table!r} at {uri}: the rows of {emb_key.to_user_string()}, each partition replaced in one commit.",
         metadata={META_URI: uri, META_TABLE: table, META_EMBEDDINGS: emb_key.to_user_string()},
         check_specs=_check_specs(key, pdef),
+        automation_condition=automation_condition,
     )
     def _index(context: dg.AssetExecutionContext):
         from dagster_gpu.instance.checks import materialization_target
@@ -159,3 +171,23 @@ def vector_index_asset(
                              + "; ".join(f"{k}: {v}" for k, v in failed.items()), allow_retries=False)
 
     return _index
+
+
+def index_automation_sensor(
+    *indexes: dg.AssetsDefinition,
+    name: str = "index_automation_sensor",
+    minimum_interval_seconds: int = 30,
+    default_status: dg.DefaultSensorStatus = dg.DefaultSensorStatus.RUNNING,
+) -> dg.AutomationConditionSensorDefinition:
+    """The automation condition sensor evaluating the ``indexes``' automation conditions (each
+    :func:`vector_index_asset`'s, ``AutomationCondition.eager()`` by default), running by default, so an index
+    follows its embeddings with no hand-run backfill. Put it in the Definitions beside the index assets.
+    The daemon's asset daemon ticks it every ``minimum_interval_seconds``; its runs cover ranges of partitions
+    as the index asset's backfill policy allows."""
+    if not indexes:
+        raise ValueError("index_automation_sensor: name at least one index asset")
+    return dg.AutomationConditionSensorDefinition(
+        name, target=dg.AssetSelection.assets(*indexes), minimum_interval_seconds=minimum_interval_seconds,
+        default_status=default_status,
+        description="Index partitions requested once their embeddings partition was materialized again.",
+    )

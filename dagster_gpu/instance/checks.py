@@ -274,13 +274,20 @@ def check_evaluations(
 PARTITION_FAILURE = "dagster_gpu/partition_failure"
 
 
-def failed_partition_outcomes(reason: str) -> list[CheckOutcome]:
+#: Metadata key of a failed partition's evaluations: the source version of the file the failed attempt read
+#: (text; absent when the attempt failed before reading it). The corpus sensor requests a failed partition again
+#: only when its file's version differs from this one.
+FAILED_SOURCE_VERSION = "corpus/source_version"
+
+
+def failed_partition_outcomes(reason: str, source_version: str | None = None) -> list[CheckOutcome]:
     """The five checks failed, unevaluated, for a partition that failed before its output could be checked
-    (``reason``: the partition's failure, as the step's ``dagster.Failure`` lists it). Pure."""
-    return [
-        CheckOutcome(name, False, f"not evaluated: the partition failed ({reason})", {PARTITION_FAILURE: reason})
-        for name in CHECKS
-    ]
+    (``reason``: the partition's failure, as the step's ``dagster.Failure`` lists it; ``source_version``: the
+    version of the file the attempt read, None when it read none). Pure."""
+    md: dict[str, Any] = {PARTITION_FAILURE: reason}
+    if source_version:
+        md[FAILED_SOURCE_VERSION] = source_version
+    return [CheckOutcome(name, False, f"not evaluated: the partition failed ({reason})", dict(md)) for name in CHECKS]
 
 
 def partition_failed_evaluations(
@@ -288,11 +295,13 @@ def partition_failed_evaluations(
     partition_key: str,
     reason: str,
     target: AssetCheckEvaluationTargetMaterializationData | None = None,
+    source_version: str | None = None,
 ) -> list[dg.AssetCheckEvaluation]:
     """A failed evaluation of each check of a partition that failed, so the Checks tab shows the checks failed,
     with ``reason``, instead of "in progress" until the run ends. ``target``: the partition's latest
-    materialization, if it has one from an earlier run (:func:`materialization_target`)."""
-    return check_evaluations(asset_key, partition_key, failed_partition_outcomes(reason), target)
+    materialization, if it has one from an earlier run (:func:`materialization_target`); ``source_version``:
+    the version of the file the attempt read (:data:`FAILED_SOURCE_VERSION`), None when it read none."""
+    return check_evaluations(asset_key, partition_key, failed_partition_outcomes(reason, source_version), target)
 
 
 def materialization_target(

@@ -86,3 +86,18 @@ def partitions_to_rerun(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
     keys = list(instance.get_dynamic_partitions(pdef.name))
     materialized, failed, in_progress = partition_status(instance, asset)
     return [k for k in keys if k not in in_progress and (k not in materialized or k in failed)]
+
+
+def attempts_since(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, since: dict[str, float],
+                   limit: int = 100) -> dict[str, int]:
+    """Partition key -> how many runs planned to materialize it (``ASSET_MATERIALIZATION_PLANNED``, one per run
+    per partition) after its latest materialization and after ``since[key]`` (epoch seconds: its file's
+    modification time), at most ``limit``. One event-log query per key: pass the failed ones only. A run whose
+    planned event holds a partition subset (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``) is not counted."""
+    latest = instance.get_latest_storage_id_by_partition(asset.key, dg.DagsterEventType.ASSET_MATERIALIZATION, set(since))
+    out: dict[str, int] = {}
+    for k, t in since.items():
+        flt = dg.AssetRecordsFilter(asset_key=asset.key, asset_partitions=[k], after_storage_id=latest.get(k),
+                                    after_timestamp=t)
+        out[k] = len(instance.fetch_planned_materializations(flt, limit=limit).records)
+    return out

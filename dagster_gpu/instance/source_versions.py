@@ -107,7 +107,8 @@ def version_at_read(corpus: CorpusSource, file: CorpusFile) -> str:
 class Recorded:
     """What a partition's latest materialization recorded: the source version it read (None: not
     recorded), the code version it ran under (``dagster/code_version``; None: not recorded), the embedding
-    fingerprint (``embedding/fingerprint`` metadata; None: not recorded), its output URI, and its run."""
+    fingerprint (``embedding/fingerprint`` metadata; None: not recorded), its output URI, its run, and when
+    (epoch seconds; None: not known)."""
 
     source_version: str | None
     code_version: str | None
@@ -117,6 +118,7 @@ class Recorded:
     #: the embedding options it ran under (``embedding/config``, :func:`dagster_gpu.embedding.fingerprint.config_fields`);
     #: None: not recorded
     config: Mapping[str, Any] | None = None
+    timestamp: float | None = None
 
 
 def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
@@ -144,6 +146,7 @@ def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
                 output_uri=_text(md.get("embedding/output_uri")),
                 run_id=rec.run_id or None,
                 config=_json(md.get(CONFIG_KEY)),
+                timestamp=float(rec.timestamp) if rec.timestamp is not None else None,
             )
     return out
 
@@ -175,5 +178,38 @@ def _text(v) -> str | None:
 
 def _json(v) -> Mapping[str, Any] | None:
     """A JSON metadata value's mapping (MetadataValue.json or a plain dict), else None."""
-    v = getattr(v, "value", getattr(v, "data", v))
+    v = metadata_value(v)
+    v = getattr(v, "data", v)
     return dict(v) if isinstance(v, Mapping) else None
+@dataclass(frozen=True)
+class FailedRead:
+    """A partition's latest failed attempt, as its unit recorded it on the failed evaluations of its checks
+    (:func:`dagster_gpu.instance.checks.partition_failed_evaluations`): the source version of the file it read (None:
+    it failed before reading one) and when (epoch seconds)."""
+
+    source_version: str | None
+    timestamp: float
+
+
+def failed_reads(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partitions: Iterable[str]) -> dict[str, FailedRead]:
+    """Partition key -> :class:`FailedRead` of its latest failed ``output_readable`` evaluation, for
+    ``partitions`` (keys with none are absent). One event-log query per partition: pass the failed ones only
+    (:func:`dagster_gpu.instance.partition_status.partition_status`)."""
+    from dagster._core.definitions.asset_checks.asset_check_spec import AssetCheckKey
+    from dagster._core.event_api import PartitionKeyFilter
+    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+
+    from dagster_gpu.instance.checks import FAILED_SOURCE_VERSION, OUTPUT_READABLE
+
+    check_key = AssetCheckKey(asset_key, OUTPUT_READABLE)
+    out: dict[str, FailedRead] = {}
+    for k in partitions:
+        recs = instance.event_log_storage.get_asset_check_execution_history(
+            check_key, limit=1, status={AssetCheckExecutionRecordStatus.FAILED}, partition_filter=PartitionKeyFilter(key=k))
+        if not recs:
+            continue
+        ev = recs[0].event.dagster_event if recs[0].event is not None else None
+        data = ev.asset_check_evaluation_data if ev is not None else None
+        out[k] = FailedRead(_text((data.metadata if data is not None else {}).get(FAILED_SOURCE_VERSION)),
+                            float(recs[0].create_timestamp))
+    return out

@@ -101,6 +101,8 @@ class UnitOutcome:
     retryable: bool = False
     cost_usd: float = 0.0
     checks_failed: set[str] = field(default_factory=set)
+    #: key -> the source version of the file a failed partition's attempt read (absent: it read none)
+    failed_versions: dict[str, str] = field(default_factory=dict)
 
 
 def already_materialized(instance: dg.DagsterInstance, run_id: str, asset_key: dg.AssetKey) -> set[str]:
@@ -182,7 +184,8 @@ def _failed_checks(context: dg.AssetExecutionContext, outcome: UnitOutcome) -> I
         if key not in outcome.checks_failed:
             outcome.checks_failed.add(key)
             yield from partition_failed_evaluations(
-                context.asset_key, key, why, materialization_target(context.instance, context.asset_key, key))
+                context.asset_key, key, why, materialization_target(context.instance, context.asset_key, key),
+                source_version=outcome.failed_versions.get(key))
 
 
 def _resolve(corpus: CorpusSource, keys: list[str], outcome: UnitOutcome) -> dict[str, CorpusFile]:
@@ -269,6 +272,8 @@ def _embed_all(
             key = done.key
             if done.error is not None:
                 outcome.failed[key] = done.error
+                if key in read_versions:  # the sensor requests it again once its file has another version
+                    outcome.failed_versions[key] = read_versions[key]
                 outcome.retryable = outcome.retryable or done.retryable
                 context.log.error(done.error)
                 yield from _failed_checks(context, outcome)

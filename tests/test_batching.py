@@ -1,0 +1,93 @@
+"""The unit-size rules (pure): a unit's useful fraction, the corpus sensor's hold decision, bridging scattered
+partitions into one ranged run."""
+
+from __future__ import annotations
+
+import pytest
+
+from dagster_gpu.policy.batching import Held, UnitCost, bridge_ranges, hold_decision
+
+# the packaged calibration's start-up and per-partition seconds; 1 µs of embedding per byte
+COST = UnitCost(startup_s=15.719, per_partition_s=1.032, seconds_per_byte=1e-6)
+
+
+def test_useful_fraction_is_embedding_over_billed_seconds():
+    assert COST.useful_fraction([]) == 0.0
+    # 1 MB: 1 s of embedding + 1.032 s of the partition's read/write, 15.719 + 2.032 billed
+    assert COST.useful_fraction([1_000_000]) == pytest.approx(2.032 / 17.751)
+    # 40 MB in 4 files: (40 + 4.128) / (15.719 + 4.128 + 40)
+    assert COST.useful_fraction([10_000_000] * 4) == pytest.approx(44.128 / 59.847)
+    with pytest.raises(ValueError):
+        UnitCost(1.0, 0.0, 0.0)
+    with pytest.raises(ValueError):
+        UnitCost(-1.0, 0.0, 1e-6)
+
+
+def test_hold_until_target_or_max_delay():
+    small = [Held("a", "v1", 3_000, since=1000.0), Held("b", "v1", 1_200_000, since=1030.0)]
+    d = hold_decision(small, now=1040.0, cost=COST, target_useful_fraction=0.5, max_delay_s=300)
+    assert not d.release
+    assert d.useful_fraction == pytest.approx((1.203 + 2 * 1.032) / (15.719 + 2 * 1.032 + 1.203))
+    assert d.why == "held 2 files, 1.2 MB: a unit now would be 17 % useful (target 50 %); oldest waited 40 s of 300"
+    late = hold_decision(small, now=1300.0, cost=COST, target_useful_fraction=0.5, max_delay_s=300)
+    assert late.release and late.why.startswith("requested 2 files, 1.2 MB (max delay reached): ")
+    big = small + [Held("c", "v2", 15_000_000, since=1039.0)]
+    enough = hold_decision(big, now=1040.0, cost=COST, target_useful_fraction=0.5, max_delay_s=300)
+    assert enough.release and enough.useful_fraction >= 0.5 and "max delay" not in enough.why
+    with pytest.raises(ValueError):
+        hold_decision([], 0.0, COST, 0.5, 300)
+    with pytest.raises(ValueError):
+        hold_decision(small, 0.0, COST, 0.0, 300)
+
+
+def test_bridge_merges_only_cheap_fine_gaps():
+    keys = ["a", "b", "c", "d", "e", "f", "g"]
+    # without a cost: contiguous ranges only
+    assert bridge_ranges(keys, ["a", "c", "d", "g"], 50) == [("a",), ("c", "d"), ("g",)]
+    fine = {k: 1_000 for k in keys}
+    # b (1 kB: 1.033 s to redo) < 15.7 s start-up: one run a..d; e, f (2.066 s) too: one run a..g
+    assert bridge_ranges(keys, ["a", "c", "d", "g"], 50, bridgeable=fine, cost=COST) == [tuple(keys)]
+    # f is in flight (not bridgeable): g stays apart
+    not_f = {k: v for k, v in fine.items() if k != "f"}
+    assert bridge_ranges(keys, ["a", "c", "d", "g"], 50, bridgeable=not_f, cost=COST) == [("a", "b", "c", "d"), ("g",)]
+    # a 20 MB gap file costs 21 s to redo in full: more than a start-up, no bridge
+    big_b = {**fine, "b": 20_000_000}
+    assert bridge_ranges(keys, ["a", "c"], 50, bridgeable=big_b, cost=COST) == [("a",), ("c",)]
+    # the merged run stays within max_per_run
+    assert bridge_ranges(keys, ["a", "c", "g"], 3, bridgeable=fine, cost=COST) == [("a", "b", "c"), ("g",)]
+    with pytest.raises(ValueError):
+        bridge_ranges(keys, ["a"], 0)
+
+
+def test_trickle_prices_the_knob_off_and_on():
+    from dagster_gpu.policy.batching import trickle
+
+    cost = UnitCost(15.719, 1.032, 1e-4)  # a 2 kB file: 0.2 s of embedding
+    off = trickle(5, 2000, cost, rate_usd_per_hour=0.36, tick_s=30)
+    # a tick finds 6 files: 2880 units a day, each 15.719 + 6 × 1.232 s
+    assert off.files_per_unit == 6 and off.units_per_day == pytest.approx(2880)
+    assert off.useful_fraction == pytest.approx(7.392 / 23.111)
+    assert off.billed_s_per_day == pytest.approx(2880 * 23.111)
+    assert off.cost_usd_per_day == pytest.approx(2880 * 23.111 * 0.36 / 3600)
+    on = trickle(5, 2000, cost, rate_usd_per_hour=0.36, tick_s=30, max_delay_s=120)
+    # 13 files (the fewest reaching 50 %: 13 × 1.232 >= 15.719) arrive in 60 s, within the 120 s delay
+    assert on.files_per_unit == 13 and on.useful_fraction >= 0.5 and on.cost_usd_per_day < off.cost_usd_per_day
+    assert on.freshness_mean_s == pytest.approx(12 * 5 / 2 + 15 + 15.719 + 13 * 1.232)
+    # a short delay caps the wait: in 30 s the first file and 6 more gather
+    assert trickle(5, 2000, cost, rate_usd_per_hour=0.36, tick_s=30, max_delay_s=30).files_per_unit == 7
+    with pytest.raises(ValueError):
+        trickle(0, 2000, cost, rate_usd_per_hour=0.36)
+
+
+def test_whatif_trickle_json(tmp_path, capsys):
+    import json
+
+    from dagster_gpu.commands.whatif import whatif_main
+
+    hist = tmp_path / "history.json"
+    hist.write_text(json.dumps([{"rows": 10, "texts_per_second": 50.0, "bytes": 2000, "product": "cpu"}]))
+    assert whatif_main(["--trickle-every", "5", "--file-bytes", "2000", "--max-delay", "120", "--history", str(hist), "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["trickle"]
+    assert [(r["max_delay_seconds"], r["files_per_unit"]) for r in rows] == [(None, 6), (120.0, 13)]
+    assert rows[1]["useful_fraction"] >= 0.5 > rows[0]["useful_fraction"]
+    assert rows[1]["cost_usd_per_day"] < rows[0]["cost_usd_per_day"]
