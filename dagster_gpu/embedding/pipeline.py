@@ -196,6 +196,12 @@ def _to_table(batch: RecordBatch, vectors: np.ndarray, dim: int, schema: pa.Sche
     return rows_of(batch, r, doc_id_prefix, schema, include_text=False)[0]
 
 
+def _same_schema(a: pa.Schema, b: pa.Schema | None) -> bool:
+    """Same fields (types, nullability) and the same key-value metadata. A parquet round trip names a
+    fixed_size_list's child ``element`` where Arrow wrote ``item``: ``equals`` without metadata ignores that."""
+    return b is not None and a.equals(b) and (a.metadata or {}) == (b.metadata or {})
+
+
 def make_encoder(st, batch_size: int = 64, **options) -> Encoder:
     """``Encoder(st, batch_size, **options)``, passing only the options that differ from the Encoder's defaults
     (an encoder that predates an option still builds when it is left at its default). Raises ValueError (e.g.
@@ -353,7 +359,7 @@ def embed_partition(
                 batches = iter(reader)
                 if resume.paths:  # continue after the committed parts, if they are this file's first batches
                     first = next(batches, None)
-                    if first is not None and schema_for(first).equals(resume.schema, check_metadata=True):
+                    if first is not None and _same_schema(schema_for(first), resume.schema):
                         writer = open_writer(stack, first)
                         for path in resume.paths:
                             for table in store.read_row_groups(path):
