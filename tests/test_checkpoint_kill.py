@@ -25,7 +25,7 @@ import pytest
 from tests.checkpoint_child import READ_BATCH_ROWS, embed, load_test_model, write_corpus
 
 SEEDS = range(20)
-RECORDS = 120  # 111 kept records: 7 read batches
+RECORDS = 80  # 74 kept records: 5 read batches of 16
 ROOT = Path(__file__).resolve().parents[1]
 _PARTS_AT_KILL: dict[int, int] = {}  # seed -> committed parts the kill left
 _ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -50,7 +50,7 @@ def zygote():
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready"
     yield proc
-    proc.stdin.close()
+    proc.kill()
     proc.wait(60)
 
 
@@ -91,7 +91,7 @@ def test_the_kills_fell_at_various_points_of_the_file():
     if len(_PARTS_AT_KILL) < len(SEEDS):
         pytest.skip("run with the seeds above")
     counts = list(_PARTS_AT_KILL.values())
-    assert any(0 < c < 6 for c in counts), counts
+    assert any(0 < c < 4 for c in counts), counts
     assert len(set(counts)) >= 3, counts
 
 

@@ -30,12 +30,15 @@ instant, SIGKILL included, leaves a committed part or a temp object, never a tor
 ignores and removes temp objects, and reads only parts ``0, 1, 2, ...`` whose footer reads back with this key
 (the first one that does not ends the list; it and the later ones are removed).
 
+Starting a partition also removes the temp file of the output that a killed attempt left (local files).
+
 Memory: the rows of one part wait in memory until it is committed (``every_batches × read_batch_rows`` output
 rows; with chunking, their chunks).
 """
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -121,7 +124,13 @@ class Checkpoints:
     # -- reading --------------------------------------------------------------------------------------
     def load(self) -> Resume:
         """The committed parts of this key, in order, after removing everything else under the staging
-        directory: other keys' directories, temp objects, and parts after a gap or an unreadable part."""
+        directory: other keys' directories, temp objects, and parts after a gap or an unreadable part. On a local
+        filesystem it also removes the output's own temp files (``.<name>.tmp-*``, what a writer killed before
+        its rename leaves; on an object store an unfinished upload leaves no object)."""
+        if self.local:
+            head, tail = posixpath.split(self.root[: -len(STAGING_SUFFIX)])  # <dir>/.<name>
+            for stale in glob.glob(posixpath.join(glob.escape(head), f"{glob.escape(tail)}.tmp-*")):
+                _unlink(stale)
         if not self.fs.exists(self.root):
             return Resume()
         for entry in self._ls(self.root):

@@ -50,15 +50,22 @@ class GracefulStop:
         self.signum: int | None = None
         self.requested_at: float | None = None  # time.monotonic() of the first signal
         self._previous: dict[int, object] = {}
+        self._undo_dagster = None
 
     def install(self) -> "GracefulStop":
+        """Handle :attr:`signals` from now on, and keep Dagster from taking SIGTERM back (see :func:`_dagster_keeps_off`)."""
         if threading.current_thread() is not threading.main_thread():
             return self
         for s in self.signals:
             self._previous[s] = signal.signal(s, self._handle)
+        self._undo_dagster = _dagster_keeps_off(self.signals)
         return self
 
     def restore(self) -> None:
+        """The previous handlers back, and Dagster's own mapping of SIGTERM."""
+        if getattr(self, "_undo_dagster", None) is not None:
+            self._undo_dagster()
+            self._undo_dagster = None
         for s, h in self._previous.items():
             signal.signal(s, h)  # type: ignore[arg-type]
         self._previous.clear()
@@ -80,6 +87,37 @@ class GracefulStop:
     def seconds_since(self) -> float:
         """Seconds since the first stop signal (0.0 before any)."""
         return time.monotonic() - self.requested_at if self.requested_at is not None else 0.0
+
+
+def _dagster_keeps_off(signals: tuple[int, ...]):
+    """Keep Dagster's interrupt handling on SIGINT only while a unit runs; returns the undo function (None when
+    Dagster's module does not have the hook this relies on).
+
+    Dagster 1.13 (``dagster/_utils/interrupts.py``) maps SIGTERM onto its SIGINT handler
+    (``setup_interrupt_handlers``) each time ``_replace_interrupt_signal`` runs, which is on every entry to and
+    exit from the op's error boundary, i.e. around every ``next()`` of the asset body
+    (``dagster/_core/execution/plan/compute.py``: ``iterate_with_context(op_execution_error_boundary, ...)``).
+    Inside the body that handler raises ``DagsterExecutionInterruptedError`` (the step is recorded failed); between
+    two ``next()`` calls it is recorded and raised on the next one. Either way a preempted unit would fail its
+    step instead of committing its part. While ours is installed, ``_replace_interrupt_signal`` sets SIGINT only,
+    so Ctrl-C still interrupts the step as Dagster does, and ``signals`` stay ours."""
+    try:
+        from dagster._utils import interrupts
+    except ImportError:  # a worker without Dagster (the bench, the tests' child processes)
+        return None
+    original = getattr(interrupts, "_replace_interrupt_signal", None)
+    if original is None:
+        return None
+
+    def replace_sigint_only(handler) -> None:
+        signal.signal(signal.SIGINT, handler)
+
+    interrupts._replace_interrupt_signal = replace_sigint_only
+
+    def undo() -> None:
+        interrupts._replace_interrupt_signal = original
+
+    return undo
 
 
 def exit_preempted(code: int = EXIT_PREEMPTED) -> None:

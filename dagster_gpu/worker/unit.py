@@ -131,6 +131,14 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
     """
     step = StepContext.from_env()
     stop = GracefulStop().install()  # SIGTERM / SIGUSR1: stop after the batch on the device (worker/preempt.py)
+    try:
+        yield from _run_unit(context, spec, step, stop)
+    finally:
+        stop.restore()
+
+
+def _run_unit(context: dg.AssetExecutionContext, spec: UnitSpec, step: StepContext,
+              stop: GracefulStop) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output]:
     body_started = time.time()
     started = psutil.Process().create_time() if step.launched_by_executor else body_started
     keys = list(context.partition_keys) if context.has_partition_key_range or context.has_partition_key else []
@@ -197,7 +205,7 @@ def _report_preempted(context: dg.AssetExecutionContext, stop: GracefulStop, p: 
                 "dagster_gpu/committed_rows": int(p.rows), "dagster_gpu/stop_signal": stop.signal_name,
                 "dagster_gpu/stop_seconds": float(round(seconds, 3)),
                 "dagster_gpu/materialized_partitions": len(outcome.materialized)}),
-            step_key=context.op_execution_context.step_context.step.key if hasattr(context, "op_execution_context") else None)
+            step_key=context.get_step_execution_context().step.key)
     except Exception as e:  # noqa: BLE001 - the event is a courtesy: the stop must still happen within the grace period
         context.log.warning(f"dagster-gpu: could not record the preemption event: {type(e).__name__}: {e}")
 
