@@ -228,6 +228,18 @@ def run(args) -> dict:
     return results
 
 
+def summary_keys(results: dict) -> dict:
+    """The ``preempt.*`` headline keys of a run's results."""
+    return {
+        "preempt.rework_fraction": round(results["checkpointed"]["rework_fraction_first_preemption"], 5),
+        "preempt.rework_fraction_baseline": round(results["baseline"]["rework_fraction"], 5),
+        "preempt.rework_fraction_sigkill": round(results["checkpointed"]["rework_fraction_sigkill"], 5),
+        "preempt.graceful_exit_s": round(results["graceful_exit_p95_s"], 3),
+        "preempt.output_identical": bool(results["output_identical_bytes"]),
+        "preempt.records": results["records"],
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", nargs=3, metavar=("SOURCE", "OUTPUT", "PROGRESS"), help=argparse.SUPPRESS)
@@ -241,20 +253,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "preempt.json"))
     ap.add_argument("--no-summary", action="store_true", help="do not merge into bench/results/summary.json")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--summarize", metavar="RESULTS_JSON", help="merge the summary keys of an earlier run's results")
     args = ap.parse_args(argv)
+    if args.summarize:
+        results = json.loads(Path(args.summarize).read_text())
+        merged = summary_keys(results)
+        sys.path.insert(0, str(HERE))
+        from summary import merge_summary
+
+        merge_summary(merged)
+        print(json.dumps(merged, indent=2))
+        return 0
     if args.worker:
         return worker(*args.worker, checkpoint=not args.no_checkpoint, read_batch_rows=args.read_batch_rows,
                       batch_size=args.batch_size)
     results = run(args)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
-    summary = {
-        "preempt.rework_fraction": round(results["checkpointed"]["rework_fraction_first_preemption"], 5),
-        "preempt.rework_fraction_baseline": round(results["baseline"]["rework_fraction"], 5),
-        "preempt.rework_fraction_sigkill": round(results["checkpointed"]["rework_fraction_sigkill"], 5),
-        "preempt.graceful_exit_s": round(results["graceful_exit_p95_s"], 3),
-        "preempt.output_identical": bool(results["output_identical_bytes"]),
-        "preempt.records": results["records"],
-    }
+    summary = summary_keys(results)
     if not args.no_summary:
         sys.path.insert(0, str(HERE))
         from summary import merge_summary
