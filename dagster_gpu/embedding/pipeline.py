@@ -36,7 +36,7 @@ import pyarrow as pa
 
 from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.corpus.readers import RecordBatch, TextFormat
-from dagster_gpu.embedding.checkpoint import CheckpointKey, Checkpoints, PartWriter, Resume
+from dagster_gpu.embedding.checkpoint import CheckpointKey, Checkpoints, Resume
 from dagster_gpu.embedding.encoder import Encoder, PendingEncoded
 from dagster_gpu.embedding.model import LoadedModel
 from dagster_gpu.embedding.reuse import ReuseMap, load_previous, merge, plan
