@@ -11,7 +11,7 @@ from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.settings import KubernetesSettings
 from dagster_gpu.k8s.settings import config_field as k8s_config_field
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.request import GpuRequest
+from dagster_gpu.core.request import GpuRequest
 from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
 from dagster_gpu.slurm.client import SlurmClient
 from tests.test_k8s_manifests import validate
@@ -32,7 +32,7 @@ def test_sbatch_gets_qos_requeue_and_the_signal_lead_time(tmp_path):
 
 
 def test_slurm_schema_generated_from_the_settings_has_the_new_keys():
-    from dagster_gpu.settings import config_field
+    from dagster_gpu.instance.settings import config_field
 
     r = process_config(config_field(SlurmSettings, "slurm").config_type, {"requeue": False, "signal_lead_seconds": 90})
     assert r.success, r.errors
