@@ -62,6 +62,7 @@ def embedding_asset(
     cache_folder: str | None = None,
     trust_remote_code: bool = False,
     reuse: bool = True,
+    checkpoint_every_batches: int = 1,
 ) -> dg.AssetsDefinition:
     """Build a partitioned asset that embeds one corpus file per partition.
 
@@ -99,6 +100,12 @@ def embedding_asset(
             records whose text is unchanged (chunked: the record's every chunk), so only new or changed text
             reaches the device (:mod:`dagster_gpu.embedding.reuse`; ``embedding/reused_rows``); the partition's
             measured GPU-seconds follow the shorter wall time. False embeds every record.
+        checkpoint_every_batches: a unit commits the rows of every this many read batches as a checkpoint part
+            beside the output (``.<output name>.parts/``, :mod:`dagster_gpu.embedding.checkpoint`); a unit stopped
+            mid-file (preempted: SIGTERM or SIGUSR1; or killed) is continued after the last committed part by the
+            step's rerun, and the output is the file an uninterrupted run writes (``embedding/resumed_rows``).
+            At most this many read batches are embedded again after a SIGKILL, none after a graceful stop.
+            0 = no checkpoints.
 
     The asset's ``code_version`` is :func:`dagster_gpu.embedding.fingerprint.config_fingerprint` of the options
     that change a vector and are known without loading the model, and each materialization carries it (tag
@@ -150,6 +157,7 @@ def embedding_asset(
         code_version=code_version,
         config=config,
         reuse=reuse,
+        checkpoint_every_batches=int(checkpoint_every_batches),
     )
 
     @dg.asset(

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import itertools
 import posixpath
+import threading
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping
 
@@ -34,11 +36,35 @@ import pyarrow as pa
 
 from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.corpus.readers import RecordBatch, TextFormat
+from dagster_gpu.embedding.checkpoint import CheckpointKey, Checkpoints, Resume
 from dagster_gpu.embedding.encoder import Encoder, PendingEncoded
 from dagster_gpu.embedding.model import LoadedModel
 from dagster_gpu.embedding.reuse import ReuseMap, load_previous, merge, plan
 from dagster_gpu.embedding.writer import (AtomicParquetWriter, RECORD_HASH_COLUMN, lineage_metadata, output_schema,
                                           output_table)
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """Checkpoints of one partition (:mod:`dagster_gpu.embedding.checkpoint`): ``source_version`` of the corpus
+    file as the unit read it (part of the parts' key), a part committed every ``every_batches`` read batches."""
+
+    source_version: str
+    every_batches: int = 1
+
+
+class Preempted(Exception):
+    """``embed_partition`` stopped because its ``stop`` event was set: the batches it embedded are committed as
+    parts (with a :class:`CheckpointPolicy`; else they are lost), no output was written. ``records``: kept records
+    the committed parts cover, ``rows``: their output rows, ``parts_committed``: parts committed by this call;
+    ``partition_key``: the partition's (the doc id prefix)."""
+
+    def __init__(self, uri: str, records: int, rows: int, parts_committed: int, partition_key: str = ""):
+        self.uri, self.records, self.rows, self.parts_committed = uri, records, rows, parts_committed
+        self.partition_key = partition_key
+        super().__init__(f"{uri}: stopped on request after {records} record(s) ({rows} row(s)) committed "
+                         f"in checkpoint parts ({parts_committed} part(s) committed by this attempt)")
+
 
 @dataclass(frozen=True)
 class EmbeddingResult:
@@ -67,6 +93,9 @@ class EmbeddingResult:
         reused_rows: output rows whose vector was taken from the previous output (its text unchanged, same
             fingerprint: :mod:`dagster_gpu.embedding.reuse`), not embedded; ``tokens``, ``record_tokens`` and
             ``covered_tokens`` count the embedded rows/records only.
+        resumed_rows: output rows copied from checkpoint parts committed by an earlier, stopped attempt
+            (:mod:`dagster_gpu.embedding.checkpoint`), not embedded by this one; the other counts cover the
+            whole file (the parts carry theirs).
     """
 
     rows: int
@@ -91,6 +120,7 @@ class EmbeddingResult:
     covered_tokens: int = 0
     output_dtype: str = "float32"
     reused_rows: int = 0
+    resumed_rows: int = 0
 
     @property
     def token_coverage(self) -> float:
@@ -173,6 +203,12 @@ def _to_table(batch: RecordBatch, vectors: np.ndarray, dim: int, schema: pa.Sche
     return rows_of(batch, r, doc_id_prefix, schema, include_text=False)[0]
 
 
+def _same_schema(a: pa.Schema, b: pa.Schema | None) -> bool:
+    """Same fields (types, nullability) and the same key-value metadata. A parquet round trip names a
+    fixed_size_list's child ``element`` where Arrow wrote ``item``: ``equals`` without metadata ignores that."""
+    return b is not None and a.equals(b) and (a.metadata or {}) == (b.metadata or {})
+
+
 def make_encoder(st, batch_size: int = 64, **options) -> Encoder:
     """``Encoder(st, batch_size, **options)``, passing only the options that differ from the Encoder's defaults
     (an encoder that predates an option still builds when it is left at its default). Raises ValueError (e.g.
@@ -208,6 +244,8 @@ def embed_partition(
     lineage: Mapping[str, Any] | None = None,
     encoder_options: Mapping[str, Any] | None = None,
     reuse: bool = True,
+    checkpoint: CheckpointPolicy | None = None,
+    stop: threading.Event | None = None,
 ) -> EmbeddingResult:
     """Embed every kept record of ``source`` into ``output_uri`` (parquet, atomic).
 
@@ -230,7 +268,15 @@ def embed_partition(
     only new or changed texts reach the device; rows and their order are those of a full embed. No lineage
     fingerprint, another fingerprint, or no readable previous output: everything is embedded.
 
-    Raises CorpusReadError naming the file on bad input, ValueError when ``source`` is a URI without
+    ``checkpoint``: commit the output rows every ``checkpoint.every_batches`` read batches as a part beside the
+    output (keyed by ``partition_key``, ``checkpoint.source_version``, ``lineage["fingerprint"]`` and the read
+    batch size), and continue after the parts an earlier stopped attempt committed
+    (:mod:`dagster_gpu.embedding.checkpoint`): the output is the file an uninterrupted call writes; the parts are
+    removed once it is written. ``stop``: checked after each read batch is handed to the writer (and once before
+    the first): when set, the batches encoded so far are written and committed as a part, and ``Preempted`` is
+    raised (the batch on the device when it was set is finished first: at most one read batch of encoding).
+
+    Raises Preempted (see ``stop``), CorpusReadError naming the file on bad input, ValueError when ``source`` is a URI without
     ``text_format``, EncoderOutOfMemory when one text does not fit the device; on any error no output
     appears and an earlier output at ``output_uri`` is kept.
     """
@@ -258,6 +304,8 @@ def embed_partition(
     t0 = time.perf_counter()
     reader.start()
     try:
+        if stop is not None and stop.is_set():  # asked to stop before anything was embedded
+            raise Preempted(output_uri, 0, 0, 0, prefix)
         enc = encoder if encoder is not None else make_encoder(
             model.model, batch_size, normalize=normalize, output_dtype=output_dtype, **dict(encoder_options or {}))
         dim = int(enc.dim)
@@ -266,6 +314,13 @@ def embed_partition(
         writer: AtomicParquetWriter | None = None
         chunked = getattr(enc, "chunking", None) is not None
         previous = ReuseMap(reason="reuse off")
+        store: Checkpoints | None = None
+        resume, parts, resumed_rows, stopped = Resume(), None, 0, False
+        if checkpoint is not None:
+            store = Checkpoints(output_uri, CheckpointKey(prefix, str(checkpoint.source_version),
+                                                          str((lineage or {}).get("fingerprint", "")),
+                                                          int(reader.read_batch_rows)), out_options)
+            resume = store.load()
         if reuse and lineage is not None:
             previous = load_previous(output_uri, str(lineage.get("fingerprint", "")), chunked=chunked,
                                      max_seq_length=getattr(enc, "max_seq_length", None), dim=dim,
@@ -285,7 +340,16 @@ def embed_partition(
             else:
                 table, counts = rows_of(batch, pending.result(), prefix, writer.schema, include_text)
             writer.write(table)
+            if parts is not None:
+                parts.add(table, len(batch.batch if len(previous) else batch), asdict(counts))
             return counts
+
+        def open_writer(stack: ExitStack, batch: RecordBatch | None) -> AtomicParquetWriter:
+            nonlocal parts
+            w = stack.enter_context(AtomicParquetWriter(output_uri, schema_for(batch), out_options))
+            if store is not None:
+                parts = store.part_writer(w.schema, checkpoint.every_batches, resume)
+            return w
 
         def add(c: _Counts) -> None:
             total.truncated += c.truncated
@@ -299,24 +363,52 @@ def embed_partition(
             with ExitStack() as stack:
                 wpool = stack.enter_context(ThreadPoolExecutor(1))
                 writes: deque = deque()
+                batches = iter(reader)
+                if resume.paths:  # continue after the committed parts, if they are this file's first batches
+                    first = next(batches, None)
+                    if first is not None and _same_schema(schema_for(first), resume.schema):
+                        writer = open_writer(stack, first)
+                        for path in resume.paths:
+                            for table in store.read_row_groups(path):
+                                writer.write(table)
+                        resumed_rows = writer.rows
+                        batches = itertools.islice(itertools.chain([first], batches), resume.progress.batches, None)
+                        for name, value in resume.progress.counts.items():
+                            if hasattr(total, name):
+                                setattr(total, name, int(value))
+                        done = resume.progress.records
+                    else:  # another layout than this run's: start over
+                        store.remove()
+                        resume = Resume()
+                        batches = itertools.chain([first] if first is not None else [], batches)
                 if len(previous):
-                    stream = enc.encode_stream((plan(b, previous) for b in reader), texts=lambda p: p.embed_texts)
+                    stream = enc.encode_stream((plan(b, previous) for b in batches), texts=lambda p: p.embed_texts)
                 else:
-                    stream = enc.encode_stream(reader)
+                    stream = enc.encode_stream(batches)
                 for item, pending in stream:
                     batch = item.batch if len(previous) else item
                     if writer is None:  # the carried columns' types are those of the first batch
-                        writer = stack.enter_context(AtomicParquetWriter(output_uri, schema_for(batch), out_options))
+                        writer = open_writer(stack, batch)
                     writes.append(wpool.submit(finish, item, pending))
                     while len(writes) > 2:  # bounded: at most 2 batches wait for the host/writer
                         add(writes.popleft().result())
                     done += len(batch)
                     if on_batch:
                         on_batch(done)
+                    if stop is not None and stop.is_set():
+                        stopped = True
+                        break
                 while writes:
                     add(writes.popleft().result())
+                if stopped:  # commit what was embedded; the output's temp file is discarded
+                    if parts is None:
+                        raise Preempted(output_uri, 0, 0, 0, prefix)
+                    parts.commit()
+                    raise Preempted(output_uri, parts.progress.records, parts.progress.rows, parts.committed, prefix)
                 if writer is None:  # no record kept: a valid file with no rows
-                    writer = stack.enter_context(AtomicParquetWriter(output_uri, schema_for(None), out_options))
+                    writer = open_writer(stack, None)
+            if store is not None:  # the output is written: its parts are no longer needed
+                store.remove()
         finally:
             if own_encoder:
                 enc.close()
@@ -347,4 +439,5 @@ def embed_partition(
         covered_tokens=total.covered_tokens,
         output_dtype=output_dtype,
         reused_rows=total.reused,
+        resumed_rows=resumed_rows,
     )

@@ -45,6 +45,7 @@ from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.context import StepContext
+from dagster_gpu.worker.preempt import EXIT_PREEMPTED
 
 log = logging.getLogger(__name__)
 
@@ -212,6 +213,9 @@ class GpuStepHandler(StepHandler):
         if outcome_recorded(ctx.instance, ctx.dagster_run.run_id, [step_key], launched_at):
             return CheckStepHealthResult.healthy()
         code = "" if state.exit_code is None else f", exit code {state.exit_code}"
+        if state.exit_code == EXIT_PREEMPTED:
+            code += (" (the worker stopped gracefully on SIGTERM/SIGUSR1 and committed its checkpoint parts; a retry "
+                     "continues after them)")
         where = describe_partitions(self.partition_keys(ctx, step_key))
         return CheckStepHealthResult.unhealthy(
             f"{name} worker of step {step_key} ({where}) ended ({state.status.value}: "

@@ -75,6 +75,12 @@ class SecretEnv:
     key: str
 
 
+#: The label that names a pod's Kueue LocalQueue (kueue.sigs.k8s.io, "Run Plain Pods").
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+_DNS_SUBDOMAIN = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^(?=.{1,63}$)[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
 @dataclass(frozen=True)
 class PodSettings:
     """What the ``kubernetes:`` section of gpu_executor's config says about the objects to create.
@@ -100,6 +106,12 @@ class PodSettings:
             image's USER).
         tolerations: the pod's tolerations (Kubernetes shape, camelCase or snake_case), before the
             ``container_context``'s; None: :data:`GPU_TAINT_TOLERATION` for a GPU step, none for a CPU step.
+        priority_class_name: the pod's ``priorityClassName`` (a PriorityClass's name, an RFC 1123 subdomain);
+            None: the namespace's default priority. A class with ``preemptionPolicy: Never`` and a low value
+            (``resources/k8s/manifests/50-batch-priorityclass.yaml``) queues batch steps without ever
+            preempting other pods, and lets higher-priority pods preempt them.
+        queue_name: a Kueue LocalQueue: the pod gets the label :data:`KUEUE_QUEUE_LABEL` with it (Kueue's pod
+            integration admits it from that queue); None: no label.
     """
 
     namespace: str = "dagster-gpu"
@@ -115,8 +127,16 @@ class PodSettings:
     restricted_security_context: bool = True
     run_as_user: int | None = WORKER_UID
     tolerations: tuple[Mapping[str, Any], ...] | None = None
+    priority_class_name: str | None = None
+    queue_name: str | None = None
 
     def __post_init__(self):
+        if self.priority_class_name is not None and not _DNS_SUBDOMAIN.match(self.priority_class_name):
+            raise ManifestError(f"priority_class_name must be a PriorityClass name (lowercase RFC 1123 subdomain, at most "
+                                f"253 characters), got {self.priority_class_name!r}")
+        if self.queue_name is not None and not (_DNS_LABEL.match(self.queue_name)):
+            raise ManifestError(f"queue_name must be a Kueue LocalQueue name (lowercase RFC 1123 label, at most 63 "
+                                f"characters), got {self.queue_name!r}")
         if self.run_as_user is not None and (not isinstance(self.run_as_user, int) or self.run_as_user <= 0):
             raise ManifestError(f"run_as_user must be a positive UID (restricted pods may not run as root), got {self.run_as_user!r}")
         if self.sharing_strategy is not None and self.sharing_strategy not in SHARING_STRATEGIES:
@@ -219,6 +239,8 @@ def build_pod(launch: StepLaunch, settings: PodSettings, name: str, template_nam
     }, "container")
 
     labels = {**dict(pod_meta.pop("labels", None) or {}), **dict(settings.labels), **step_labels(launch)}
+    if settings.queue_name:
+        labels[KUEUE_QUEUE_LABEL] = settings.queue_name
     annotations = {**dict(pod_meta.pop("annotations", None) or {}), ANNOTATION_STEP_KEY: launch.step_key}
     if launch.placement.device:
         annotations[ANNOTATION_PLACEMENT_DEVICE] = launch.placement.device
@@ -234,6 +256,7 @@ def build_pod(launch: StepLaunch, settings: PodSettings, name: str, template_nam
         **pod_spec_cfg,
         "restart_policy": "Never",
         "termination_grace_period_seconds": settings.termination_grace_period_seconds,
+        "priority_class_name": pod_spec_cfg.get("priority_class_name") or settings.priority_class_name,
         "automount_service_account_token": bool(service_account),
         "enable_service_links": False,
         "service_account_name": service_account,

@@ -76,6 +76,14 @@ class KubernetesSettings:
         None, "Tolerations of step pods ([{key, operator, value, effect}]); default: GPU steps tolerate the "
               "nvidia.com/gpu NoSchedule taint, CPU steps nothing.")
 
+    priority_class_name: str | None = setting(
+        None, "The step pods' priorityClassName. On GPUs shared with online inference, name a low-value class with "
+              "preemptionPolicy: Never (resources/k8s/manifests/50-batch-priorityclass.yaml): batch steps then never "
+              "preempt a pod, and a higher-priority pod may preempt them (the worker stops gracefully on SIGTERM). "
+              "Default: the namespace's default priority.")
+    queue_name: str | None = setting(
+        None, "A Kueue LocalQueue: step pods get the label kueue.x-k8s.io/queue-name with it. Default: no label.")
+
     def __post_init__(self):
         apply_renamed(self, "kubernetes")
 
@@ -105,6 +113,8 @@ class KubernetesSettings:
             restricted_security_context=self.restricted_security_context,
             run_as_user=self.run_as_user,
             tolerations=None if self.tolerations is None else tuple(dict(t) for t in self.tolerations),
+            priority_class_name=self.priority_class_name,
+            queue_name=self.queue_name,
         )
 
 

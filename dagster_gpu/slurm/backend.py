@@ -9,6 +9,8 @@ Config (``execution: config: slurm:``)::
       account: research                        # sbatch --account
       slurm_partition: gpu                     # sbatch --partition (default: the cluster's default)
       qos: normal                              # sbatch --qos
+      requeue: true                            # sbatch --requeue (false: --no-requeue)
+      signal_lead_seconds: 90                  # sbatch --signal=B:USR1@90: stop gracefully before the time limit
       time_limit: "01:00:00"                   # sbatch --time
       throttle: 4                              # %T of each array (default: GPUs in the slurm partition / GPUs per task)
       coalesce_window_seconds: 2.0             # launches share one sbatch until none arrived for this long…
@@ -162,7 +164,13 @@ class SlurmSettings:
                                                    "logs and the job script are still verified). Default: a private spool.")
     account: str | None = setting(None, "sbatch --account.")
     slurm_partition: str | None = setting(None, "sbatch --partition (a slurm partition).")
-    qos: str | None = setting(None, "sbatch --qos.")
+    qos: str | None = setting(None, "sbatch --qos (e.g. a preemptible QOS of a cluster shared with online inference).")
+    requeue: bool = setting(True, "sbatch --requeue (a preempted or failed-node task runs again, continuing after its "
+                                  "checkpoint parts); False: --no-requeue (a preempting QOS then cancels the task).")
+    signal_lead_seconds: int | None = setting(
+        None, "sbatch --signal=B:USR1@<s>: SIGUSR1 to the task <s> seconds before its time limit, so the worker "
+              "commits its checkpoint part and exits before it is killed (Slurm sends it up to 60 s early). "
+              "Preemption with GraceTime needs nothing here: Slurm sends SIGTERM at once, SIGKILL after GraceTime.")
     time_limit: str | None = setting(None, "sbatch --time, e.g. 01:00:00.")
     throttle: int | None = setting(None, "%T of each job array (default: GPUs in the slurm partition).")
     coalesce_window_seconds: float = setting(2.0, "Quiet gap (s) that ends a coalescing window.")
@@ -208,6 +216,9 @@ class SlurmSettings:
         object.__setattr__(self, "gpu_types", gpu_types_from_settings(self.gpu_types))
         object.__setattr__(self, "extra_sbatch_args", tuple(self.extra_sbatch_args))
         object.__setattr__(self, "env_files", tuple(os.path.expanduser(x) for x in self.env_files))
+        if self.signal_lead_seconds is not None and not 0 < int(self.signal_lead_seconds) <= 65535:
+            raise ValueError(f"gpu_executor config slurm.signal_lead_seconds: {self.signal_lead_seconds} is not in "
+                             "1..65535 (sbatch --signal's sig_time)")
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> "SlurmSettings":
@@ -333,6 +344,9 @@ class SlurmBackend(Backend):
         for flag, value in (("--account", s.account), ("--partition", s.slurm_partition), ("--qos", s.qos), ("--time", s.time_limit)):
             if value:
                 opts.append(f"{flag}={value}")
+        opts.append("--requeue" if s.requeue else "--no-requeue")
+        if s.signal_lead_seconds:
+            opts.append(f"--signal=B:USR1@{int(s.signal_lead_seconds)}")
         opts.extend(gres)
         return opts + list(s.extra_sbatch_args)
 

@@ -322,7 +322,7 @@ class ArrayCoalescer:
             f"--array={format_array_spec(range(n), first['throttle'] or None)}",
             f"--job-name=dagster-gpu-{batch}",
             f"--output={bdir}/%a.out",
-            "--requeue",
+            *([] if any(o.startswith(("--requeue", "--no-requeue")) for o in first["options"]) else ["--requeue"]),
         ]
         partitions = [k for _, d in members for k in _keys(d)]
         covered = steps_covered([_keys(d) for _, d in members])

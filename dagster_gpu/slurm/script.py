@@ -10,7 +10,14 @@ runs, with umask 077::
 (run by path in isolated mode so a task starts without importing the ``dagster_gpu`` package; only
 stdlib is needed; a requeued attempt first runs the entry's ``requeue_module``, which the Slurm backend names)
 which reads entry ``tasks[SLURM_ARRAY_TASK_ID]`` of the manifest and ``exec``s its ``argv`` with its
-``env`` on top of the job's environment. So a partition key or file name only ever travels as JSON data
+``env`` on top of the job's environment.
+
+Signals: every step of the chain ``exec``s the next (the job script, this runner, the requeue module), so the
+step worker runs as the batch shell's own process. A signal Slurm sends to the batch shell (``sbatch
+--signal=B:USR1@<s>``, ``scancel --batch``) or to the job's steps (``scancel``, a preempting QOS's SIGCONT +
+SIGTERM at the start of its ``GraceTime``, slurm.schedmd.com/preempt.html) reaches the worker itself, which
+stops gracefully (:mod:`dagster_gpu.worker.preempt`); nothing in the script traps or forwards it, so the script
+stays the constant below. So a partition key or file name only ever travels as JSON data
 and as an argv element, and no shell parses it.
 
 Before it runs anything the task verifies its manifest (``docs/security.md``): a regular file (not a

@@ -22,7 +22,7 @@ from typing import Callable, Iterator, Sequence
 from dagster_gpu.corpus.listing import CorpusFile
 from dagster_gpu.corpus.prefetch import BatchPrefetcher, put_until_stopped
 from dagster_gpu.corpus.readers import CorpusReadError
-from dagster_gpu.embedding.pipeline import EmbeddingResult
+from dagster_gpu.embedding.pipeline import EmbeddingResult, Preempted
 from dagster_gpu.telemetry.nvml import TelemetrySummary
 
 _DONE = object()
@@ -55,7 +55,8 @@ class EmbedAhead:
 
     ``embed_one(key, file, prefetcher)`` embeds one partition from its started prefetcher (it may raise:
     ``CorpusReadError`` fails the partition for good, any other ``Exception`` fails it retryably; the unit
-    goes on). ``prefetch(file)`` starts a file's reader; the next file's reader is started before the
+    goes on; ``Preempted`` ends the thread and is raised on the iterating thread after the partitions finished
+    before it). ``prefetch(file)`` starts a file's reader; the next file's reader is started before the
     current one encodes. Iterate once; ``close()`` (also on an early stop or an interrupt) stops the thread
     after the partition it is embedding and closes its readers.
     """
@@ -93,6 +94,9 @@ class EmbedAhead:
                 retryable = False
                 try:
                     result, telemetry = self._embed_one(key, source, current)
+                except Preempted as e:  # asked to stop: no partition after this one; the step's thread decides
+                    self._put(e)
+                    return
                 except CorpusReadError as e:
                     error = f"partition {key!r}: {e}"
                 except Exception as e:  # noqa: BLE001 - one partition's fault must not lose the others

@@ -130,6 +130,7 @@ def build_metadata(
         "embedding/chunks": int(result.rows),
         "embedding/records_embedded": int(result.records_embedded),
         "embedding/reused_rows": int(getattr(result, "reused_rows", 0)),
+        "embedding/resumed_rows": int(getattr(result, "resumed_rows", 0)),
         "embedding/tokens": int(result.tokens),
         "embedding/token_coverage": _num("embedding/token_coverage", result.token_coverage),
         "embedding/output_uri": dg.MetadataValue.path(result.output_uri),

@@ -37,7 +37,7 @@ from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.embedding.devices import device_labels, unit_devices
 from dagster_gpu.embedding.fingerprint import fingerprint, pooling_description
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
-from dagster_gpu.embedding.pipeline import EmbeddingResult, embed_partition, make_encoder
+from dagster_gpu.embedding.pipeline import CheckpointPolicy, EmbeddingResult, Preempted, embed_partition, make_encoder
 from dagster_gpu.instance.run_tags import add_cost
 from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
@@ -47,6 +47,7 @@ from dagster_gpu.worker.context import StepContext
 from dagster_gpu.worker.embed_ahead import EmbedAhead
 from dagster_gpu.k8s.claim import allocated_device_uuids, claim_metadata
 from dagster_gpu.worker.metadata import build_metadata
+from dagster_gpu.worker.preempt import EXIT_PREEMPTED, GracefulStop, exit_preempted
 from dagster_gpu.instance.source_versions import CONFIG_KEY, SOURCE_VERSION_KEY, input_tags, version_at_read
 
 
@@ -87,6 +88,9 @@ class UnitSpec:
     #: re-embedding a partition under the same fingerprint takes the previous output's vectors of unchanged
     #: texts (:mod:`dagster_gpu.embedding.reuse`); False embeds every record.
     reuse: bool = True
+    #: read batches per checkpoint part (:mod:`dagster_gpu.embedding.checkpoint`): a stopped unit's rerun continues
+    #: after the last part committed; 0 = no checkpoints (a rerun embeds the partition from its first record).
+    checkpoint_every_batches: int = 1
 
 
 @dataclass
@@ -132,6 +136,15 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
     bad input — a missing or unreadable file, a missing model — that a retry cannot fix).
     """
     step = StepContext.from_env()
+    stop = GracefulStop().install()  # SIGTERM / SIGUSR1: stop after the batch on the device (worker/preempt.py)
+    try:
+        yield from _run_unit(context, spec, step, stop)
+    finally:
+        stop.restore()
+
+
+def _run_unit(context: dg.AssetExecutionContext, spec: UnitSpec, step: StepContext,
+              stop: GracefulStop) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output]:
     body_started = time.time()
     started = psutil.Process().create_time() if step.launched_by_executor else body_started
     keys = list(context.partition_keys) if context.has_partition_key_range or context.has_partition_key else []
@@ -154,7 +167,11 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
             f"(process start to asset body {body_started - started:.1f} s, files and model {ready - body_started:.1f} s), "
             "shared by file size"
         )
-        yield from _embed_all(context, spec, step, loaded, files, shares, ready - started, ready, outcome)
+        try:
+            yield from _embed_all(context, spec, step, loaded, files, shares, ready - started, ready, outcome, stop)
+        except Preempted as p:
+            _report_preempted(context, stop, p, outcome, len(keys))
+            exit_preempted()
     yield from _failed_checks(context, outcome)
     if outcome.failed:
         lines = [f"{k}: {why}" for k, why in outcome.failed.items()]
@@ -171,6 +188,32 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
         )
     # the asset's checks are required outputs of its op: one per check, after every partition's evaluations
     yield from check_outputs(context.asset_key)
+
+
+def _report_preempted(context: dg.AssetExecutionContext, stop: GracefulStop, p: Preempted, outcome: UnitOutcome,
+                      n: int) -> None:
+    """One engine event on the step: the unit was asked to stop and stopped without a step outcome (the
+    partition it was on neither failed nor materialized; its rerun continues after the committed parts)."""
+    from dagster._core.events import EngineEventData
+
+    seconds = stop.seconds_since()
+    message = (
+        f"dagster-gpu: preempted ({stop.signal_name or 'stop requested'}): partition {p.partition_key!r} stopped with "
+        f"{p.records} record(s) ({p.rows} row(s)) committed in checkpoint parts; {len(outcome.materialized)} of {n} "
+        f"partition(s) materialized by this attempt; exiting {seconds:.2f} s after the signal with status "
+        f"{EXIT_PREEMPTED} and no step outcome, so a requeue or retry reruns the step and continues after the parts"
+    )
+    context.log.warning(message)
+    try:
+        context.instance.report_engine_event(
+            message, context.run, EngineEventData(metadata={
+                "dagster_gpu/preempted_partition": p.partition_key, "dagster_gpu/committed_records": int(p.records),
+                "dagster_gpu/committed_rows": int(p.rows), "dagster_gpu/stop_signal": stop.signal_name,
+                "dagster_gpu/stop_seconds": float(round(seconds, 3)),
+                "dagster_gpu/materialized_partitions": len(outcome.materialized)}),
+            step_key=context.get_step_execution_context().step.key)
+    except Exception as e:  # noqa: BLE001 - the event is a courtesy: the stop must still happen within the grace period
+        context.log.warning(f"dagster-gpu: could not record the preemption event: {type(e).__name__}: {e}")
 
 
 def _short(keys: Sequence[str], n: int = 5) -> str:
@@ -227,6 +270,7 @@ def _embed_all(
     startup_s: float,
     ready: float,
     outcome: UnitOutcome,
+    stop: GracefulStop | None = None,
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
     n = len(files)
     try:  # the prompt and the chunk window are the unit's: one that cannot be used fails every partition
@@ -252,10 +296,13 @@ def _embed_all(
         # a DRA pod: the claim's devices (the NVIDIA driver sets no CUDA_VISIBLE_DEVICES)
         with NvmlSampler(spec.telemetry_interval_s,
                          device_uuids=allocated_device_uuids if step.backend == "kubernetes" else None) as sampler:
+            checkpoint = (CheckpointPolicy(read_versions.get(key, source.version), spec.checkpoint_every_batches)
+                          if spec.checkpoint_every_batches > 0 else None)
             result = embed_partition(reader, spec.output_uri_for(key), loaded, encoder=encoder,
                                      output_storage_options=dict(spec.output_storage_options), partition_key=key,
                                      include_text=spec.include_text, output_dtype=spec.output_dtype, lineage=lineage,
-                                     reuse=spec.reuse)
+                                     reuse=spec.reuse, checkpoint=checkpoint,
+                                     stop=stop.event if stop is not None else None)
         return result, sampler.summary()
 
     # the partitions are embedded on a thread; their events are written here while the next one encodes

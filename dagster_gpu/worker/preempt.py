@@ -1,0 +1,132 @@
+"""A graceful stop: SIGTERM or SIGUSR1 asks the unit to stop after the read batch on the device, commit it, and exit.
+
+Who sends what (the worker handles both signals the same way):
+
+- Kubernetes: a pod deleted by preemption (``DisruptionTarget`` / ``PreemptionByScheduler``), eviction, a node drain
+  or the executor's terminate: the kubelet sends SIGTERM to the container's main process, waits the pod's
+  ``terminationGracePeriodSeconds``, then sends SIGKILL (kubernetes.io, "Pod Lifecycle: Termination of Pods").
+- Slurm, a preempting QOS with ``GraceTime`` and ``PreemptMode=REQUEUE``: "The job is immediately sent SIGCONT and
+  SIGTERM signals ... followed by the SIGCONT, SIGTERM and SIGKILL signal sequence upon reaching its new end time"
+  (now + GraceTime; slurm.schedmd.com/preempt.html); a job that ends inside the grace time is still requeued.
+  ``scancel`` without ``--signal``: SIGCONT + SIGTERM, SIGKILL after ``KillWait``. ``sbatch --signal=B:USR1@<s>``
+  (the ``slurm.signal_lead_seconds`` setting): SIGUSR1 to the batch shell ``<s>`` seconds before the time limit.
+  The job script ``exec``s the task runner, which ``exec``s the worker (:data:`dagster_gpu.slurm.script.JOB_SCRIPT`),
+  so the batch shell's process *is* the worker and a ``B:`` signal reaches it with nothing to forward.
+
+On the signal the handler only sets :attr:`GracefulStop.event` (and notes when and which). The embedding loop
+(:func:`dagster_gpu.embedding.pipeline.embed_partition`) polls it after each read batch: it finishes the batch on
+the device, commits what it embedded as a checkpoint part and raises ``Preempted``; the unit records one engine
+event saying so and exits with :data:`EXIT_PREEMPTED` without a step outcome (:func:`exit_preempted`), so the
+step is neither failed nor successful: Slurm's requeue runs it again (:mod:`dagster_gpu.slurm.requeue` reruns a
+step without an outcome), and the rerun continues after the committed parts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+#: The worker's exit status after a graceful stop: 128 + SIGTERM, what a shell and the schedulers report for a
+#: process that SIGTERM ended.
+EXIT_PREEMPTED = 128 + signal.SIGTERM
+#: The signals that ask for a graceful stop.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class GracefulStop:
+    """Turns :data:`STOP_SIGNALS` into :attr:`event`, set once, for threads to poll.
+
+    ``install()`` from the main thread (Python runs signal handlers there only; from another thread it installs
+    nothing and the signals keep their previous handlers). ``restore()`` puts the previous handlers back.
+    """
+
+    def __init__(self, signals: tuple[int, ...] = STOP_SIGNALS):
+        self.signals = tuple(signals)
+        self.event = threading.Event()
+        self.signum: int | None = None
+        self.requested_at: float | None = None  # time.monotonic() of the first signal
+        self._previous: dict[int, object] = {}
+        self._undo_dagster = None
+
+    def install(self) -> "GracefulStop":
+        """Handle :attr:`signals` from now on, and keep Dagster from taking SIGTERM back (see :func:`_dagster_keeps_off`)."""
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for s in self.signals:
+            self._previous[s] = signal.signal(s, self._handle)
+        self._undo_dagster = _dagster_keeps_off(self.signals)
+        return self
+
+    def restore(self) -> None:
+        """The previous handlers back, and Dagster's own mapping of SIGTERM."""
+        if getattr(self, "_undo_dagster", None) is not None:
+            self._undo_dagster()
+            self._undo_dagster = None
+        for s, h in self._previous.items():
+            signal.signal(s, h)  # type: ignore[arg-type]
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        if not self.event.is_set():
+            self.signum, self.requested_at = signum, time.monotonic()
+            self.event.set()
+
+    @property
+    def requested(self) -> bool:
+        return self.event.is_set()
+
+    @property
+    def signal_name(self) -> str:
+        """``SIGTERM``, ``SIGUSR1``, or "" before any signal."""
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def seconds_since(self) -> float:
+        """Seconds since the first stop signal (0.0 before any)."""
+        return time.monotonic() - self.requested_at if self.requested_at is not None else 0.0
+
+
+def _dagster_keeps_off(signals: tuple[int, ...]):
+    """Keep Dagster's interrupt handling on SIGINT only while a unit runs; returns the undo function (None when
+    Dagster's module does not have the hook this relies on).
+
+    Dagster 1.13 (``dagster/_utils/interrupts.py``) maps SIGTERM onto its SIGINT handler
+    (``setup_interrupt_handlers``) each time ``_replace_interrupt_signal`` runs, which is on every entry to and
+    exit from the op's error boundary, i.e. around every ``next()`` of the asset body
+    (``dagster/_core/execution/plan/compute.py``: ``iterate_with_context(op_execution_error_boundary, ...)``).
+    Inside the body that handler raises ``DagsterExecutionInterruptedError`` (the step is recorded failed); between
+    two ``next()`` calls it is recorded and raised on the next one. Either way a preempted unit would fail its
+    step instead of committing its part. While ours is installed, ``_replace_interrupt_signal`` sets SIGINT only,
+    so Ctrl-C still interrupts the step as Dagster does, and ``signals`` stay ours."""
+    try:
+        from dagster._utils import interrupts
+    except ImportError:  # a worker without Dagster (the bench, the tests' child processes)
+        return None
+    original = getattr(interrupts, "_replace_interrupt_signal", None)
+    if original is None:
+        return None
+
+    def replace_sigint_only(handler) -> None:
+        signal.signal(signal.SIGINT, handler)
+
+    interrupts._replace_interrupt_signal = replace_sigint_only
+
+    def undo() -> None:
+        interrupts._replace_interrupt_signal = original
+
+    return undo
+
+
+def exit_preempted(code: int = EXIT_PREEMPTED) -> None:
+    """Flush the logs and standard streams and end the process at once with ``code``: no ``finally`` block,
+    atexit handler or Dagster step-outcome event runs after this (``os._exit``)."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
+            pass
+    os._exit(code)
