@@ -452,14 +452,15 @@ class SlurmBackend(Backend):
     def _task_log(self, batch: str, task: int) -> str:
         """Where array task ``task`` of ``batch`` writes its log (``sbatch --output``): under the spool the
         tasks see (the cluster's, with ``transport: ssh``)."""
-        remote = getattr(self.client.transport, "remote_spool", None)
+        remote = getattr(getattr(self.client, "transport", None), "remote_spool", None)
         return f"{remote}/batches/{batch}/{task}.out" if remote else str(self.spool.batch_dir(batch) / f"{task}.out")
 
     def _log_tail(self, path: str) -> str:
         """The last lines of an array task's log: on this host, or over the transport when the spool the
         tasks write is on the cluster (``transport: ssh``)."""
-        tail = getattr(self.client.transport, "tail", None)
-        if getattr(self.client.transport, "remote_spool", None) and tail is not None:
+        transport = getattr(self.client, "transport", None)
+        tail = getattr(transport, "tail", None)
+        if getattr(transport, "remote_spool", None) and tail is not None:
             return tail(path)
         return log_tail(Path(path))
 
