@@ -121,9 +121,14 @@ def test_the_slurm_variables_are_scrubbed_on_the_login_node_and_the_job_gets_the
     monkeypatch.setenv("DAGSTER_TEST_SECRET", "s3cr3t value")
     probe = ["sh", "-c", 'echo "$SQUEUE_FORMAT|$SLURM_CONF|$SLURM_UMASK|${DAGSTER_TEST_SECRET:-}"']
     remote_env = {"SLURM_CONF": "/etc/slurm/x.conf", "SLURM_UMASK": "0077"}
-    # a login shell profile that sets SQUEUE_FORMAT: the wrapper unsets it before the command
+    # a login environment that sets SQUEUE_FORMAT and SLURM_* defaults (a site profile): the wrapper, run by
+    # sh exactly as on the login node, unsets them before the command and keeps SLURM_CONF
+    login_env = {"PATH": os.environ["PATH"], "SQUEUE_FORMAT": "%i", "SBATCH_ACCOUNT": "other", "SLURM_CONF": "/site.conf"}
+    cp = subprocess.run(["sh", "-c", C.REMOTE_WRAPPER, "dagster-gpu", "0", "sh", "-c", 'echo "$SQUEUE_FORMAT|$SBATCH_ACCOUNT|$SLURM_CONF"'],
+                        env=login_env, capture_output=True, text=True)
+    assert cp.stdout.strip() == "||/site.conf", cp.stderr
     cp = t.run(["env", "SQUEUE_FORMAT=%i", *probe], set_env=remote_env, timeout_s=20)
-    assert cp.stdout.strip() == "%i|/etc/slurm/x.conf|0077|"  # env(1) ran after the scrub: it is the profile's stand-in
+    assert cp.stdout.strip() == "%i|/etc/slurm/x.conf|0077|"  # what the command itself sets stays
     cp = t.run(probe, set_env=remote_env, timeout_s=20, forward_env=True)
     assert cp.stdout.strip() == "|/etc/slurm/x.conf|0077|s3cr3t value"
     assert "s3cr3t" not in " ".join(C.remote_command(probe, remote_env, stdin_env=True))  # never in the argv
