@@ -213,3 +213,21 @@ def test_spool_files_are_written_atomically_and_checked_on_the_cluster(sshd, dir
         t.upload([(f"{spool}/batches/b2/manifest.json", b"{}", 0o600)])
     assert f"{spool}/batches" in str(e.value) and "777" in str(e.value)
     _stop(t)
+
+
+def test_a_command_through_a_gone_master_is_known_never_to_have_left(sshd, dirs):
+    """What OpenSSH prints when the master's socket is stale and the fallback connection is cut by
+    ProxyCommand=false: recorded here on the real client, and recognised as 'never sent' (even sbatch may go again)."""
+    ctl, spool = dirs
+    t = SSH.transport(sshd, spool, ctl)
+    import socket as so
+
+    stale = so.socket(so.AF_UNIX)
+    stale.bind(t.socket)
+    stale.close()  # a socket file nobody listens on: a master that died
+    cp = subprocess.run(C.command_argv(t.target, t.socket, "true"), capture_output=True, text=True)
+    assert cp.returncode == 255 and C.never_sent(cp.stderr), cp.stderr
+    before = SSH.logins(sshd)
+    assert t.run(["echo", "ok"], set_env={}, timeout_s=20, forward_env=True).stdout == "ok\n"  # sbatch-like: sent once
+    assert SSH.logins(sshd) - before == 1 and t.masters_started == 1
+    _stop(t)

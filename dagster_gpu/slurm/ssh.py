@@ -183,13 +183,18 @@ class SshTransport:
             if C.classify(err) == "session_refused":
                 raise TransportUnreachable(f"ssh to {self.target.label}: the login node refused another session "
                                            f"on the shared connection (sshd MaxSessions): {err.strip()}", sent=False)
-            # 255: ssh itself failed. Did the master go away (the command never left), or did it drop mid-command?
-            alive = self.master_alive()
             self._checked_at = 0.0
-            if alive:  # the master is fine: the remote command exited 255 itself, or the session broke
+            if C.never_sent(err):  # the master was gone before the command left: make one, send it again (even sbatch)
+                if attempt == 0:
+                    log.warning("ssh: master for %s is gone; making a new one", self.target.label)
+                    self.ensure_master(force_check=True)
+                    continue
+                raise TransportUnreachable(f"ssh to {self.target.label}: no master ({err.strip()})", sent=False)
+            # the connection dropped while the command ran (or the remote command exited 255 itself)
+            if self.master_alive():
                 return cp
             if attempt == 0 and resend:
-                log.warning("ssh: master for %s is gone (%s); making a new one", self.target.label, err.strip() or "no message")
+                log.warning("ssh: connection to %s dropped (%s); making a new one", self.target.label, err.strip() or "no message")
                 self.ensure_master(force_check=True)
                 continue
             raise TransportUnreachable(f"ssh to {self.target.label}: connection lost ({err.strip() or 'no message'})", sent=True)

@@ -260,6 +260,19 @@ def classify(text: str) -> str:
     return "unreachable"
 
 
+#: What a command through a gone master prints: its mux client could not reach the socket and fell back to
+#: a direct connection, which ``ProxyCommand=false`` ended before any byte reached the server (OpenSSH 9.2:
+#: ``Control socket connect(<path>): Connection refused`` for a stale socket, then ``kex_exchange_identification:
+#: Connection closed by remote host`` / ``Connection closed by UNKNOWN port 65535`` from the failed proxy).
+_NOT_SENT = re.compile(r"kex_exchange_identification|Connection closed by UNKNOWN port 65535|Control socket connect", re.I)
+
+
+def never_sent(text: str) -> bool:
+    """True when an ``ssh`` through the master exited 255 without reaching the login node (the master was
+    gone): the command can be sent again, even sbatch."""
+    return bool(_NOT_SENT.search(text))
+
+
 def fingerprint(text: str) -> str | None:
     """The host key fingerprint OpenSSH printed (``SHA256:…``), or None."""
     m = _FINGERPRINT.search(text)
