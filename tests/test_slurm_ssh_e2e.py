@@ -43,7 +43,7 @@ def ssh_home(slurm_cluster, monkeypatch):
     subprocess.run(["ssh", "-O", "exit", "-S", socket, "dagster-gpu-test"], capture_output=True)
 
 
-def _check_runs(home_dir, env, keys, procs, timeout_s=600):
+def _check_runs(home_dir, env, keys, procs, timeout_s=900):
     codes = H.wait_all(procs, timeout_s)
     assert codes == [0] * len(keys), f"run workers exited {codes}; logs in {home_dir}\n{H.explain_failures(home_dir, keys, codes)}"
     mats = _materializations(keys)
