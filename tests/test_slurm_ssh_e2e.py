@@ -88,7 +88,7 @@ def test_the_master_killed_mid_backfill_is_remade_and_no_step_fails(ssh_home):
     procs = H.start_runs(env, keys, sleep_s=8.0)
     spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
     # every launch submitted (its task is pending or running on the cluster), none finished yet
-    _wait_for(lambda: sum(b["tasks"] for b in H.spool_batches(spool)) == len(keys) or None, 120, 0.2, what="all launches submitted")
+    _wait_for(lambda: sum(b["tasks"] for b in H.spool_batches(spool)) == len(keys) or None, 600, 0.2, what="all launches submitted")
     assert all(p.poll() is None for p in procs)
     cp = subprocess.run(["ssh", "-O", "exit", "-S", socket, "dagster-gpu-test"], capture_output=True, text=True)
     assert cp.returncode == 0, cp.stderr
