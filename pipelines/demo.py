@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slurm-version", choices=tuple(SLURM_SCRIPTS), default=DEFAULT_SLURM_VERSION,
                     help="the local Slurm cluster for --backend slurm|auto (default: 22.05, resources/slurm/cluster.sh; "
                          "24.11: resources/slurm/trixie.sh)")
+    ap.add_argument("--transport", choices=("local", "ssh"), default="local",
+                    help="how --backend slurm|auto reaches Slurm: local commands, or ssh to the local login node "
+                         "(resources/ssh/sshd.sh; Slurm 22.05 only)")
     ap.add_argument("--home", type=Path, default=None,
                     help="DAGSTER_HOME (default: .dagster_home, .dagster_home_<backend>, .dagster_home_<backend>-24.11)")
     ap.add_argument("--corpus", type=Path, default=REPO / ".demo" / "corpus")
@@ -118,8 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     prepared = prepare_corpus(args.corpus, limit=args.limit)
     args.home.mkdir(parents=True, exist_ok=True)
     try:
-        os.environ.update(start_services(args.backend, args.home, args.slurm_version))
-    except (ServiceError, OSError) as e:
+        if args.transport == "ssh" and (args.backend not in ("slurm", "auto") or args.slurm_version != DEFAULT_SLURM_VERSION):
+            raise ValueError("--transport ssh needs --backend slurm|auto on Slurm 22.05")
+        os.environ.update(start_services(args.backend, args.home, args.slurm_version, args.transport))
+    except (ServiceError, OSError, ValueError) as e:
         print(f"demo: starting the services for --backend {args.backend} failed: {e}", file=sys.stderr)
         return 3
     (args.home / "dagster.yaml").write_text(instance_yaml(args.backend, args.max_concurrent_runs, args.home))
@@ -128,7 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["DAGSTER_GPU_CORPUS_URL"] = str(args.corpus.resolve())
     os.environ["DAGSTER_GPU_OUTPUT_URL"] = str(args.output.resolve())
     run_config = None if args.backend == "local" else {"execution": {"config": executor_config(
-        args.backend, args.home.resolve(), os.environ.get(WORKER_PYTHON_ENV) if args.slurm_version != DEFAULT_SLURM_VERSION else None)}}
+        args.backend, args.home.resolve(), os.environ.get(WORKER_PYTHON_ENV) if args.slurm_version != DEFAULT_SLURM_VERSION else None,
+        args.transport)}}
 
     import dagster as dg
     from dagster_gpu.commands.common import console as make_console

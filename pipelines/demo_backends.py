@@ -75,7 +75,7 @@ def _exports(text: str) -> dict[str, str]:
     return out
 
 
-def start_services(backend: str, home: Path, slurm_version: str = DEFAULT_SLURM_VERSION) -> dict[str, str]:
+def start_services(backend: str, home: Path, slurm_version: str = DEFAULT_SLURM_VERSION, transport: str = "local") -> dict[str, str]:
     """Start (idempotently) what ``backend`` needs, logging to ``home``/services.log, and create the home's
     database (:func:`demo_db`); for slurm/auto the cluster of ``slurm_version`` (:func:`slurm_script`).
     Returns environment variables to set. Raises ServiceError (a script failed) or ValueError (no such
@@ -96,6 +96,9 @@ def start_services(backend: str, home: Path, slurm_version: str = DEFAULT_SLURM_
         except ServiceError:
             _script([slurm, "start"], log)
         env.update(_exports(_script([slurm, "env"], log)))
+        if transport == "ssh":  # the login node in front of it (resources/ssh/sshd.sh: OpenSSH on 127.0.0.1)
+            _script(["resources/ssh/sshd.sh", "start"], log)
+            env.update(_exports(_script(["resources/ssh/sshd.sh", "env"], log)))
     if backend in ("kubernetes", "auto"):
         _script(["resources/k8s/cluster.sh", "start"], log)
         _k8s_secret(env["DAGSTER_PG_PASSWORD"])
@@ -161,7 +164,27 @@ def instance_yaml(backend: str, max_runs: int, home: Path) -> str:
                                  extra="run_monitoring:\n  enabled: true\n  poll_interval_seconds: 5\n")
 
 
-def executor_config(backend: str, home: Path, slurm_worker_python: str | None = None) -> dict:
+#: What the demo's array tasks inherit from the submitter over ssh (a local sbatch exports everything): the
+#: instance and corpus/output URLs (DAGSTER_*), the model caches, the checkout.
+SSH_FORWARD_ENV = ("DAGSTER_*", "HF_*", "TRANSFORMERS_*", "SENTENCE_TRANSFORMERS_*", "PYTHONPATH")
+
+
+def ssh_settings(home: Path) -> dict:
+    """The slurm section's ``transport: ssh`` keys for the local login node (``resources/ssh/sshd.sh env``
+    variables, set by :func:`start_services`): the cluster-side spool under ``home``."""
+    return {
+        "transport": "ssh",
+        "ssh_host": os.environ["DAGSTER_GPU_SSH_HOST"],
+        "ssh_port": int(os.environ["DAGSTER_GPU_SSH_PORT"]),
+        "ssh_user": os.environ["DAGSTER_GPU_SSH_USER"],
+        "ssh_identity_file": os.environ["DAGSTER_GPU_SSH_KEY"],
+        "ssh_known_hosts_file": os.environ["DAGSTER_GPU_SSH_KNOWN_HOSTS"],
+        "remote_spool_dir": str(home / "cluster-spool"),
+        "ssh_forward_env": list(SSH_FORWARD_ENV),
+    }
+
+
+def executor_config(backend: str, home: Path, slurm_worker_python: str | None = None, transport: str = "local") -> dict:
     """gpu_executor's config for ``backend`` (the local Slurm cluster's account, the test namespace).
 
     ``slurm_worker_python`` (``DAGSTER_GPU_SLURM_WORKER_PYTHON`` from ``trixie.sh env``): the interpreter that
@@ -172,6 +195,8 @@ def executor_config(backend: str, home: Path, slurm_worker_python: str | None = 
         cfg["slurm"] = {"account": "research", "spool_dir": str(home / "slurm-spool")}
         if slurm_worker_python:
             cfg["slurm"].update(python=slurm_worker_python, worker_python=slurm_worker_python)
+        if transport == "ssh":
+            cfg["slurm"].update(ssh_settings(home))
     if backend in ("kubernetes", "auto"):
         passed = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_GPU_CORPUS_URL", "DAGSTER_GPU_OUTPUT_URL")
         env_vars = [f"{k}={os.environ[k]}" for k in passed if k in os.environ]

@@ -12,6 +12,7 @@ apt_pkgs=()
 [ -d /usr/share/games/fortunes ] || apt_pkgs+=(fortunes)
 ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1 || apt_pkgs+=(postgresql)
 command -v chromium >/dev/null 2>&1 || apt_pkgs+=(chromium)   # the browser test (tests/test_ui_browser.py)
+[ -x /usr/sbin/sshd ] || apt_pkgs+=(openssh-server)   # the Slurm ssh transport's login node (resources/ssh/sshd.sh)
 if [ ${#apt_pkgs[@]} -gt 0 ]; then
   dg_step "apt-get install ${apt_pkgs[*]}"
   echo "setup: apt-get install ${apt_pkgs[*]}"

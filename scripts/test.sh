@@ -3,7 +3,8 @@
 #   PostgreSQL (Dagster instance), two single-host Slurm clusters (slurm-wlm + slurmdbd + MariaDB: 22.05 from
 #   Debian bookworm on the host, 24.11 from a Debian trixie root in a chroot, resources/slurm/trixie.sh),
 #   a Kubernetes 1.34 control plane (kube-apiserver/scheduler/controller-manager built from Go
-#   modules, etcd) with a fake DRA GPU node, and moto's S3 server (started by the tests themselves).
+#   modules, etcd) with a fake DRA GPU node, a private OpenSSH server on 127.0.0.1 in front of the Slurm
+#   clusters (the ssh transport's login node, resources/ssh/sshd.sh), and moto's S3 server (started by the tests themselves).
 # Extra arguments go to pytest. Services are left running; stop them with their scripts' `stop`.
 #
 # Every service must start: one that cannot stops this script at that step with its log's tail (no
@@ -21,6 +22,8 @@ dg_step "set-up (scripts/setup.sh)"
 bash scripts/setup.sh
 dg_step "PostgreSQL (resources/postgres/postgres.sh start)" "${DAGSTER_GPU_PG_DIR:-/tmp/dagster-gpu-pg}/server.log" notail
 bash resources/postgres/postgres.sh start
+dg_step "OpenSSH login node for the Slurm ssh transport (resources/ssh/sshd.sh start)" "${DAGSTER_GPU_SSHD_DIR:-/tmp/dagster-gpu-sshd}/sshd.log" notail
+bash resources/ssh/sshd.sh start
 dg_step "Slurm cluster (resources/slurm/cluster.sh start)" "${DAGSTER_GPU_SLURM_DIR:-/tmp/dagster-gpu-slurm}/log" notail
 bash resources/slurm/cluster.sh start
 # The Slurm 24.11 cluster (a debootstrapped Debian trixie root, cached under ~/.cache/dagster-gpu) starts in

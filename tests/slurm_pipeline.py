@@ -49,6 +49,7 @@ def executor_config() -> dict:
         slurm["spool_dir"] = os.environ["DAGSTER_GPU_SLURM_SPOOL"]
     if os.environ.get("SLURM_CONF"):
         slurm["slurm_conf"] = os.environ["SLURM_CONF"]
+    slurm.update(ssh_transport_config())
     return {
         "backend": "slurm",
         "local": {"enabled": False},
@@ -57,6 +58,26 @@ def executor_config() -> dict:
         "sleep_seconds": 0.5,
         "check_step_health_interval_seconds": 2,
         **worker_python_config(slurm),
+    }
+
+
+def ssh_transport_config() -> dict:
+    """``DGPU_TEST_SLURM_TRANSPORT=ssh``: the slurm section reaches the cluster through the test sshd
+    (resources/ssh/sshd.sh; its ``DAGSTER_GPU_SSH_*`` variables), with the cluster-side spool
+    ``DGPU_TEST_REMOTE_SPOOL`` and the master's socket in ``DGPU_TEST_SSH_CONTROL_DIR``. Empty otherwise."""
+    if os.environ.get("DGPU_TEST_SLURM_TRANSPORT", "local") != "ssh":
+        return {}
+    return {
+        "transport": "ssh",
+        "ssh_host": os.environ["DAGSTER_GPU_SSH_HOST"],
+        "ssh_port": int(os.environ["DAGSTER_GPU_SSH_PORT"]),
+        "ssh_user": os.environ["DAGSTER_GPU_SSH_USER"],
+        "ssh_identity_file": os.environ["DAGSTER_GPU_SSH_KEY"],
+        "ssh_known_hosts_file": os.environ["DAGSTER_GPU_SSH_KNOWN_HOSTS"],
+        "ssh_control_dir": os.environ["DGPU_TEST_SSH_CONTROL_DIR"],
+        "remote_spool_dir": os.environ["DGPU_TEST_REMOTE_SPOOL"],
+        # what a local sbatch would have exported to the array task: the instance, the test's knobs, the checkout
+        "ssh_forward_env": ["DAGSTER_*", "DGPU_TEST_*", "PYTHONPATH"],
     }
 
 

@@ -562,3 +562,46 @@ def test_recorded_requeue_marks_the_array_done_only_when_every_attempt_is_record
                 acct=tuple(P.parse_sacct(_requeue(sacct_file))))  # fmt: skip
     SharedPoller(sp, client=None)._mark_done(snap)  # type: ignore[arg-type]
     assert (bdir / "done").exists() is done
+
+
+# ------------------------------------------------- outputs recorded on other clusters (data/slurm/elsewhere)
+ELSEWHERE = DATA / "elsewhere"
+
+
+def test_a_refusal_after_a_job_submit_plugins_passed_line_is_the_error():
+    """A site job_submit filter printed ``Verification: ***PASSED***`` and Slurm refused the job on the next
+    line (recorded verbatim on a production cluster, see data/slurm/elsewhere/README.md): the error is the
+    refusal, never the plugin's verdict."""
+    stderr = (ELSEWHERE / "sbatch_job_submit_passed_then_refused.stderr.txt").read_text()
+    assert P.error_message(stderr) == "allocation failure: Invalid account or account/partition combination specified"
+    # the same plugin line before sbatch's own prefixed refusal
+    stderr2 = "sbatch: error: Verification: ***PASSED***\nsbatch: error: Batch job submission failed: Invalid qos specification\n"
+    assert P.error_message(stderr2) == "Batch job submission failed: Invalid qos specification"
+    # a plugin that passed with nothing after it is still reported (last line), not dropped
+    assert P.error_message("sbatch: error: Verification: ***PASSED***\n") == "sbatch: error: Verification: ***PASSED***"
+    # the refusal the recorded 22.05 cluster prints stays as it was
+    assert P.error_message(data("sbatch_reject_account.stderr.txt")).endswith("Invalid account or account/partition combination specified")
+
+
+def test_a_tres_field_of_null_is_empty():
+    """``AllocTRES=(null)``: a TRES string Slurm never set (a job still pending, or cancelled while pending)."""
+    assert P.parse_tres("(null)") == {}
+    assert P.parse_tres(" (null) ") == {}
+    assert P.parse_tres("billing=2,cpu=1,gres/gpu=1,mem=4G,node=1")["gres/gpu"] == 1.0
+    with pytest.raises(P.SlurmParseError):
+        P.parse_tres("cpu")  # still a malformed item, not an unknown word
+
+
+def test_a_pending_array_with_a_stepped_index_range_parses():
+    j = parse_job_id("8123_[1-13:2%4]")
+    assert (j.job_id, j.throttle, j.is_compact) == (8123, 4, True)
+    assert list(j.task_ids()) == [1, 3, 5, 7, 9, 11, 13]
+    assert list(parse_job_id("8123_[0,2-18:2]").task_ids()) == [0, 2, 4, 6, 8, 10, 12, 14, 16, 18]
+    assert parse_array_task_field("1-13:2%4") == (tuple((i, i) for i in range(1, 14, 2)), 4)
+    assert parse_array_task_field("2-18:2%9")[1] == 9  # SchedMD's own unit test's string
+    (row,) = P.parse_squeue((ELSEWHERE / "squeue_pending_stepped.txt").read_text())
+    assert (row.array_job_id, row.throttle, row.state.status) == (8123, 4, WorkerStatus.PENDING)
+    assert [a for a, _ in row.array_task_ids] == [1, 3, 5, 7, 9, 11, 13]
+    for bad in ("8123_[1-13:0]", "8123_[1-13:]", "8123_[5:2]", "8123_[13-1:2]", "8123_[1-13:x]"):
+        with pytest.raises(BadJobId):
+            parse_job_id(bad)

@@ -103,8 +103,10 @@ from dagster_gpu.slurm.gres import gpu_capacity, pending_for_type
 from dagster_gpu.slurm.gpu_types import from_settings as gpu_types_from_settings
 from dagster_gpu.slurm.parse import SlurmParseError
 from dagster_gpu.slurm.poller import SharedPoller
-from dagster_gpu.slurm.script import write_job_script
 from dagster_gpu.slurm.spool import Spool
+from dagster_gpu.slurm.ssh import transport_from_settings
+from dagster_gpu.slurm.transport import TransportError
+from dagster_gpu.slurm.trust import UntrustedPathError
 from dagster_gpu.slurm.status import WaitLimits, records_for, sacct_caught_up, task_state, task_wait_class
 from dagster_gpu.slurm.window import WindowRule
 
@@ -187,6 +189,24 @@ class SlurmSettings:
     extra_sbatch_args: tuple[str, ...] = setting((), "More sbatch argv items.")
     env_files: tuple[str, ...] = setting((), "KEY=VALUE secret files (0600) loaded by each task (~ expanded).")
     python: str | None = setting(None, "Interpreter on compute nodes (default: this one).")
+    transport: str = setting("local", "Where Slurm commands run: 'local' (Dagster is on a login node) or 'ssh' (on "
+                                      "ssh_host through OpenSSH, one shared ControlMaster; no passwords).")
+    ssh_host: str | None = setting(None, "transport ssh: the login node.")
+    ssh_user: str | None = setting(None, "transport ssh: login name (default: OpenSSH's, or ~/.ssh/config's with ssh_config).")
+    ssh_port: int = setting(22, "transport ssh: port.")
+    ssh_identity_file: str | None = setting(None, "transport ssh: private key (default: the ssh agent's keys); a "
+                                                  "passphrase must be in the agent, nothing prompts.")
+    ssh_known_hosts_file: str | None = setting(None, "transport ssh: known_hosts file the login node's key is checked "
+                                                     "against, strictly (required unless ssh_config).")
+    ssh_proxy_jump: str | None = setting(None, "transport ssh: ProxyJump (a bastion), e.g. user@bastion:22.")
+    ssh_config: bool = setting(False, "transport ssh: read ~/.ssh/config for the host (certificates, Kerberos, "
+                                      "ProxyJump, User, IdentityFile); default: only these settings (-F none).")
+    ssh_control_dir: str | None = setting(None, "transport ssh: directory of the shared ControlMaster socket (default "
+                                                "$XDG_RUNTIME_DIR/dagster-gpu-ssh, else /tmp/dagster-gpu-ssh-<uid>).")
+    ssh_forward_env: tuple[str, ...] = setting(("DAGSTER_*",), "transport ssh: this process's variables (fnmatch "
+                                                              "patterns) array tasks inherit, sent on sbatch's stdin.")
+    remote_spool_dir: str | None = setting(None, "transport ssh: the spool on the cluster (manifests, job script, "
+                                                 "task logs; a path compute nodes see); default: spool_dir.")
     worker_python: str | None = setting(
         None, "The array task's step worker Python (a path the compute nodes see, e.g. a venv on the shared "
               "filesystem); default: the executor-wide worker_python if set, else the code location's interpreter.")
@@ -216,6 +236,7 @@ class SlurmSettings:
         object.__setattr__(self, "gpu_types", gpu_types_from_settings(self.gpu_types))
         object.__setattr__(self, "extra_sbatch_args", tuple(self.extra_sbatch_args))
         object.__setattr__(self, "env_files", tuple(os.path.expanduser(x) for x in self.env_files))
+        object.__setattr__(self, "ssh_forward_env", tuple(self.ssh_forward_env))
         if self.signal_lead_seconds is not None and not 0 < int(self.signal_lead_seconds) <= 65535:
             raise ValueError(f"gpu_executor config slurm.signal_lead_seconds: {self.signal_lead_seconds} is not in "
                              "1..65535 (sbatch --signal's sig_time)")
@@ -240,7 +261,10 @@ class SlurmBackend(Backend):
 
     def __init__(self, settings: SlurmSettings, client: SlurmClient | None = None):
         self.settings = settings
-        self.client = client or SlurmClient(slurm_conf=settings.slurm_conf)
+        if client is None:
+            transport = transport_from_settings(settings)
+            client = SlurmClient(slurm_conf=settings.slurm_conf, **({"transport": transport} if transport else {}))
+        self.client = client
         self.spool = Spool(settings.spool_dir or default_spool_dir(), shared_group=settings.spool_shared_group)
         self._cfg_lock = threading.Lock()
         self._max_array_size: tuple[float, int] | None = None
@@ -436,8 +460,23 @@ class SlurmBackend(Backend):
         abandoned = wait not in (None, "runaway") and st.status == WorkerStatus.FAILED and 0 < self.wait_limits.limit(wait) <= waited
         if st.status == WorkerStatus.FAILED and h.log_file:
             # the task's own words: e.g. why it refused its manifest (exit 3) before running anything
-            st = WorkerState(st.status, st.exit_code, f"{st.message}; last lines of {h.log_file}:\n{log_tail(Path(h.log_file))}")
+            st = WorkerState(st.status, st.exit_code, f"{st.message}; last lines of {h.log_file}:\n{self._log_tail(h.log_file)}")
         return WorkerState(st.status, st.exit_code, st.message, abandoned=abandoned)
+
+    def _task_log(self, batch: str, task: int) -> str:
+        """Where array task ``task`` of ``batch`` writes its log (``sbatch --output``): under the spool the
+        tasks see (the cluster's, with ``transport: ssh``)."""
+        remote = getattr(getattr(self.client, "transport", None), "remote_spool", None)
+        return f"{remote}/batches/{batch}/{task}.out" if remote else str(self.spool.batch_dir(batch) / f"{task}.out")
+
+    def _log_tail(self, path: str) -> str:
+        """The last lines of an array task's log: on this host, or over the transport when the spool the
+        tasks write is on the cluster (``transport: ssh``)."""
+        transport = getattr(self.client, "transport", None)
+        tail = getattr(transport, "tail", None)
+        if getattr(transport, "remote_spool", None) and tail is not None:
+            return tail(path)
+        return log_tail(Path(path))
 
     def terminate(self, handle: Handle) -> None:
         """``scancel [-M <cluster>] <array_job_id>_<array_task_id>``: exactly this task, pending or running."""
@@ -482,8 +521,8 @@ class SlurmBackend(Backend):
 
         try:
             opts = self._options(*options) if options is not None else self.sbatch_options_for(gpus)
-            est = self.client.test_only(opts, write_job_script(self.spool.job_script.parent, self.spool.job_script.name))
-        except (SlurmError, SlurmParseError) as e:
+            est = self.client.test_only(opts, self.coalescer.job_script_for_sbatch()[0])
+        except (SlurmError, SlurmParseError, TransportError, UntrustedPathError) as e:
             log.info("no Slurm start estimate: %s", e)
             return None
         if est.start is None:
@@ -574,7 +613,7 @@ class SlurmBackend(Backend):
             SlurmHandle(
                 array_job_id=int(sub["array_job_id"]), array_task_id=i, batch=batch,
                 submitted_at=float(sub.get("submitted_at", 0.0)), tasks_in_array=int(sub.get("tasks", 0)),
-                log_file=str(self.spool.batch_dir(batch) / f"{i}.out"), spool=str(self.spool.root),
+                log_file=self._task_log(batch, i), spool=str(self.spool.root),
                 cluster=sub.get("cluster"),
             ).to_handle()
             for batch, sub, i in tasks

@@ -30,13 +30,12 @@ from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attemp
 
 from dagster_gpu.slurm import gres as G
 from dagster_gpu.slurm import parse as P
+from dagster_gpu.slurm.transport import (  # noqa: F401  (SCRUBBED_PREFIXES, KEPT: re-exported)
+    KEPT, SCRUBBED_PREFIXES, LocalTransport, Transport, TransportRefused, TransportUnreachable, scrubbed_env,
+)
 
 log = logging.getLogger(__name__)
 
-#: Prefixes of environment variables Slurm commands read as defaults or output formats.
-SCRUBBED_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SACCT_", "SINFO_", "SCANCEL_", "SRUN_", "SALLOC_", "SCONTROL_")
-#: Kept even though they match a prefix: where the cluster config is.
-KEPT = frozenset({"SLURM_CONF"})
 
 # stderr fragments meaning "could not ask" rather than "was told no" (Slurm 22.05 wording).
 _TRANSIENT = re.compile(
@@ -82,6 +81,19 @@ class SlurmNotInstalled(SlurmError):
     """The Slurm command is not on PATH."""
 
 
+class SlurmUnreachable(SlurmTransientError):
+    """The transport could not reach the login node now (SSH connection refused, dropped, timed out):
+    transient, like an unreachable controller; the message names the host. ``sent``: the command may
+    have reached the login node before the connection dropped (then sbatch is not sent again)."""
+
+    sent: bool = True
+
+
+class SlurmAccessRefused(SlurmError):
+    """The login node refused the transport (a changed or unknown host key, a refused login): not
+    transient; the message names host, user and, for a host key, its fingerprint."""
+
+
 @dataclass(frozen=True)
 class SubmittedJob:
     """What ``sbatch --parsable`` said: the job id (array job id for ``--array``) and the cluster it went
@@ -110,7 +122,10 @@ class SlurmClient:
         timeout_s: seconds one command may take before it counts as a transient failure.
         attempts: tries per command while errors are transient (>= 1).
         backoff_max_s: cap of the exponential backoff between tries (seconds).
-        extra_env: variables added to the commands' environment (after scrubbing).
+        extra_env: variables added to the commands' environment (after scrubbing); no secret (a remote
+            transport puts them on its command line).
+        transport: where the commands run (:mod:`dagster_gpu.slurm.transport`): this host (default) or a
+            login node over SSH (:class:`dagster_gpu.slurm.ssh.SshTransport`).
         calls: count of commands run, by program name (for benchmarks and tests).
     """
 
@@ -119,6 +134,7 @@ class SlurmClient:
     attempts: int = 4
     backoff_max_s: float = 8.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
+    transport: Transport = field(default_factory=LocalTransport)
     calls: dict[str, int] = field(default_factory=dict)
     _config: dict[str, str] | None = field(default=None, init=False, repr=False, compare=False)
     _warned_tres: bool = field(default=False, init=False, repr=False, compare=False)
@@ -126,27 +142,32 @@ class SlurmClient:
     # ------------------------------------------------------------------------------------ plumbing
     def env(self) -> dict[str, str]:
         """The environment every Slurm command runs with (scrubbed; see module doc)."""
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k in KEPT or not k.startswith(SCRUBBED_PREFIXES)
-        }
-        if self.slurm_conf:
-            env["SLURM_CONF"] = self.slurm_conf
-        env.update(self.extra_env)
-        return env
+        return scrubbed_env(os.environ, self.set_env())
 
-    def _run_once(self, argv: Sequence[str], ok_codes: Iterable[int] = (0,)) -> subprocess.CompletedProcess:
+    def set_env(self) -> dict[str, str]:
+        """The variables set on top of the scrubbed environment: ``SLURM_CONF`` (when configured) and
+        ``extra_env``."""
+        return {**({"SLURM_CONF": self.slurm_conf} if self.slurm_conf else {}), **dict(self.extra_env)}
+
+    def _run_once(
+        self, argv: Sequence[str], ok_codes: Iterable[int] = (0,), forward_env: bool = False
+    ) -> subprocess.CompletedProcess:
         prog = os.path.basename(argv[0])
         self.calls[prog] = self.calls.get(prog, 0) + 1
         try:
-            cp = subprocess.run(
-                list(argv), capture_output=True, text=True, env=self.env(), timeout=self.timeout_s, check=False
-            )
+            cp = self.transport.run(argv, set_env=self.set_env(), timeout_s=self.timeout_s, forward_env=forward_env)
         except FileNotFoundError as e:
             raise SlurmNotInstalled(argv, None, f"{argv[0]} not found on PATH: {e}") from e
         except subprocess.TimeoutExpired as e:
             raise SlurmTransientError(argv, None, f"timed out after {self.timeout_s:g}s", str(e.stderr or "")) from e
+        except TransportUnreachable as e:
+            err = SlurmUnreachable(argv, None, str(e), str(e))
+            err.sent = bool(getattr(e, "sent", True))
+            raise err from e
+        except TransportRefused as e:
+            raise SlurmAccessRefused(argv, None, str(e), str(e)) from e
+        if cp.returncode == 127 and self.transport.kind != "local" and "not found" in cp.stderr:
+            raise SlurmNotInstalled(argv, 127, f"{argv[0]} not found on the {self.transport.kind} login node: {cp.stderr.strip()}")
         if cp.returncode in tuple(ok_codes):
             return cp
         msg = P.error_message(cp.stderr) or f"exit status {cp.returncode}"
@@ -154,7 +175,7 @@ class SlurmClient:
         raise cls(argv, cp.returncode, msg, cp.stderr)
 
     def run(
-        self, argv: Sequence[str], *, attempts: int | None = None, only_unsent: bool = False
+        self, argv: Sequence[str], *, attempts: int | None = None, only_unsent: bool = False, forward_env: bool = False
     ) -> subprocess.CompletedProcess:
         """Run ``argv`` (a list), retrying transient failures; return the finished process.
 
@@ -166,6 +187,8 @@ class SlurmClient:
         def retryable(e: BaseException) -> bool:
             if not isinstance(e, SlurmTransientError):
                 return False
+            if isinstance(e, SlurmUnreachable):  # safe to send again unless it may have run (sbatch)
+                return not (only_unsent and e.sent)
             return not only_unsent or bool(_UNSENT.search(e.stderr or e.message))
 
         retrying = Retrying(
@@ -180,7 +203,7 @@ class SlurmClient:
         try:
             for attempt in retrying:
                 with attempt:
-                    return self._run_once(argv)
+                    return self._run_once(argv, forward_env=forward_env)
         except RetryError as e:  # pragma: no cover - reraise=True returns the original error
             raise e.last_attempt.exception()  # type: ignore[misc]
         raise AssertionError("unreachable")
@@ -200,7 +223,9 @@ class SlurmClient:
         ``options`` are complete argv items (``--array=0-7%4``, ``--gres=gpu:1``, ``--clusters=gpu2``);
         ``script_args`` reach the script as ``$1…`` without any shell parsing. Raises SlurmRejected with
         Slurm's reason (``Batch job submission failed: Invalid job array specification``)."""
-        cp = self.run(["sbatch", "--parsable", *options, str(script), *script_args], attempts=attempts, only_unsent=True)
+        cp = self.run(
+            ["sbatch", "--parsable", *options, str(script), *script_args], attempts=attempts, only_unsent=True, forward_env=True
+        )
         try:
             job_id, cluster = P.parse_sbatch_parsable(cp.stdout)
         except P.SlurmParseError as e:

@@ -39,8 +39,9 @@ from typing import Callable, Mapping, Sequence
 from dagster_gpu.contracts import describe_partitions
 from dagster_gpu.slurm.client import SlurmClient, SlurmError, SlurmRejected
 from dagster_gpu.slurm.ids import format_array_spec
-from dagster_gpu.slurm.script import RUNNER, manifest_sha256, verify_job_script, write_job_script, write_manifest
+from dagster_gpu.slurm.script import JOB_SCRIPT, RUNNER, manifest_sha256, verify_job_script, write_job_script, write_manifest
 from dagster_gpu.slurm.spool import Spool, write_json
+from dagster_gpu.slurm.transport import TransportError, TransportUnreachable
 from dagster_gpu.slurm.trust import UntrustedPathError
 from dagster_gpu.slurm.window import FlushDecision, WindowRule, decide_flush
 
@@ -314,28 +315,32 @@ class ArrayCoalescer:
         ]
         manifest = write_manifest(bdir / "manifest.json", batch, tasks, self.env_files)
         manifest_hash = manifest_sha256(manifest)
-        script = write_job_script(self.spool.job_script.parent, self.spool.job_script.name)
         first = members[0][1]
         n = len(members)
+        remote = self._remote_spool()
+        out_dir = f"{remote}/batches/{batch}" if remote else str(bdir)  # where the tasks write their logs
         options = [
             *first["options"],
             f"--array={format_array_spec(range(n), first['throttle'] or None)}",
             f"--job-name=dagster-gpu-{batch}",
-            f"--output={bdir}/%a.out",
+            f"--output={out_dir}/%a.out",
             *([] if any(o.startswith(("--requeue", "--no-requeue")) for o in first["options"]) else ["--requeue"]),
         ]
         partitions = [k for _, d in members for k in _keys(d)]
         covered = steps_covered([_keys(d) for _, d in members])
         try:
-            script_hash = verify_job_script(script)  # right before sbatch reads (and copies) it
+            # right before sbatch reads (and copies) it: the job script verified where sbatch runs
+            script, script_hash, runner, manifest_arg = self._cluster_files(batch, manifest)
             job = self._submitting_client().submit_job(
-                script, [*options], script_args=[self.python, RUNNER, str(manifest), batch, manifest_hash]
+                script, [*options], script_args=[self.python, runner, manifest_arg, batch, manifest_hash]
             )
             job_id, cluster = job.job_id, job.cluster
-        except (SlurmError, UntrustedPathError) as e:
+        except (SlurmError, UntrustedPathError, TransportError) as e:
             if isinstance(e, SlurmError):
                 kind = "rejected" if isinstance(e, SlurmRejected) else "could not be submitted"
                 reason = e.message
+            elif isinstance(e, TransportUnreachable):
+                kind, reason = "could not be submitted", str(e)
             else:
                 kind, reason = "was not asked to run", str(e)
             msg = (
@@ -362,9 +367,47 @@ class ArrayCoalescer:
             write_json(
                 self.spool.results / f"{d['launch_id']}.json",
                 {"ok": True, "array_job_id": job_id, "cluster": cluster, "array_task_id": i, "batch": batch,
-                 "submitted_at": now, "tasks_in_array": n, "log_file": str(bdir / f"{i}.out")},
+                 "submitted_at": now, "tasks_in_array": n, "log_file": f"{out_dir}/{i}.out"},
             )  # fmt: skip
             p.unlink(missing_ok=True)
+
+    def _remote_spool(self) -> str | None:
+        """The spool on the cluster when the client's transport reaches a login node (``transport: ssh``),
+        else None (this host's spool is the one the tasks read)."""
+        return getattr(getattr(self.client, "transport", None), "remote_spool", None)
+
+    def job_script_for_sbatch(self) -> tuple[str, str]:
+        """(path, SHA-256) of the verified job script where ``sbatch`` reads it: this spool's (rewritten and
+        checked, :func:`~dagster_gpu.slurm.script.verify_job_script`), or, with a remote spool, the one
+        uploaded to the cluster and read back there. Raises UntrustedPathError, TransportError."""
+        remote = self._remote_spool()
+        if not remote:
+            script = write_job_script(self.spool.job_script.parent, self.spool.job_script.name)
+            return str(script), verify_job_script(script)
+        path = f"{remote}/dagster-gpu-array.sh"
+        return path, self.client.transport.upload([(path, JOB_SCRIPT.encode(), 0o700)])[path]
+
+    def _cluster_files(self, batch: str, manifest: Path) -> tuple[str, str, str, str]:
+        """(job script, its SHA-256, task runner, manifest) as paths where the array tasks read them. With a
+        remote spool, one upload writes the job script, the runner (``script.py`` + ``trust.py``, stdlib only)
+        and the manifest under it, each checked there (owner, mode, digest read back). Raises
+        UntrustedPathError, TransportError."""
+        remote = self._remote_spool()
+        if not remote:
+            script, digest = self.job_script_for_sbatch()
+            return script, digest, RUNNER, str(manifest)
+        runner_dir = Path(RUNNER).parent
+        script = f"{remote}/dagster-gpu-array.sh"
+        runner = f"{remote}/runner/script.py"
+        remote_manifest = f"{remote}/batches/{batch}/manifest.json"
+        files = [
+            (script, JOB_SCRIPT.encode(), 0o700),
+            (runner, (runner_dir / "script.py").read_bytes(), 0o600),
+            (f"{remote}/runner/trust.py", (runner_dir / "trust.py").read_bytes(), 0o600),
+            (remote_manifest, manifest.read_bytes(), 0o600),
+        ]
+        digests = self.client.transport.upload(files)
+        return script, digests[script], runner, remote_manifest
 
     def _submitting_client(self):
         """The client with ``SLURM_UMASK=0077`` in sbatch's environment: slurmstepd then creates the

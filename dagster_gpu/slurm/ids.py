@@ -7,6 +7,7 @@ Forms Slurm prints (squeue ``%i``, sacct ``JobID``):
 ``123_7``              array task 7 of array job 123
 ``123_[4-9%2]``        the pending tasks 4..9 of array job 123, throttle 2 (compact)
 ``123_[2,5,7-9]``      the pending tasks 2, 5, 7, 8, 9 of array job 123
+``123_[1-13:2%4]``     the pending tasks 1, 3, 5, …, 13 of array job 123, throttle 4 (a stepped range)
 ``123+0``              component 0 of heterogeneous job 123
 ``123_7.batch``        a job step (``.batch``, ``.extern``, ``.0``) of a job or task
 =====================  =============================================================
@@ -22,7 +23,7 @@ from typing import Iterable, Iterator
 
 _ID = re.compile(
     r"""^(?P<job>\d+)
-        (?:_(?:(?P<task>\d+)|\[(?P<ranges>[0-9,\-]+)(?:%(?P<throttle>\d+))?\]|(?P<star>\*)))?
+        (?:_(?:(?P<task>\d+)|\[(?P<ranges>[0-9,\-:]+)(?:%(?P<throttle>\d+))?\]|(?P<star>\*)))?
         (?:\+(?P<het>\d+))?
         (?:\.(?P<step>[A-Za-z0-9_\-]+))?$""",
     re.X,
@@ -97,24 +98,35 @@ def parse_job_id(text: str) -> JobId:
 
 
 def parse_ranges(text: str) -> tuple[tuple[int, int], ...]:
-    """``2,5,7-9`` -> ``((2, 2), (5, 5), (7, 9))``. Raises :class:`BadJobId` for an empty or reversed range."""
+    """``2,5,7-9`` -> ``((2, 2), (5, 5), (7, 9))``; a stepped range ``1-13:2`` -> ``((1, 1), (3, 3), …,
+    (13, 13))``. Slurm prints the step form for pending tasks whose indices are evenly spaced
+    (``xlate_array_task_str()`` in ``src/common/slurm_protocol_defs.c``; SchedMD/slurm's own unit test
+    ``testsuite/slurm_unit/common/slurm_protocol_defs/xlate_array_task_str-test.c`` expects ``2-18:2%9``).
+    Raises :class:`BadJobId` for an empty or reversed range or a step below 1."""
     out: list[tuple[int, int]] = []
     for part in text.split(","):
         if not part:
             raise BadJobId(f"empty element in task range {text!r}")
-        a, sep, b = part.partition("-")
+        span, colon, step_text = part.partition(":")
+        a, sep, b = span.partition("-")
         try:
             lo, hi = int(a), int(b) if sep else int(a)
+            step = int(step_text) if colon else 1
         except ValueError:
             raise BadJobId(f"bad task range {part!r} in {text!r}") from None
         if hi < lo:
             raise BadJobId(f"reversed task range {part!r} in {text!r}")
-        out.append((lo, hi))
+        if step < 1 or (colon and not sep):
+            raise BadJobId(f"bad step in task range {part!r} in {text!r}")
+        if step == 1:
+            out.append((lo, hi))
+        else:
+            out.extend((i, i) for i in range(lo, hi + 1, step))
     return tuple(out)
 
 
 def parse_array_task_field(text: str) -> tuple[tuple[tuple[int, int], ...], int | None]:
-    """squeue ``%K`` (array task id): ``7`` / ``4-9%2`` / ``2,5,7-9`` / ``N/A`` -> (ranges, throttle).
+    """squeue ``%K`` (array task id): ``7`` / ``4-9%2`` / ``2,5,7-9`` / ``1-13:2%4`` / ``N/A`` -> (ranges, throttle).
 
     ``N/A`` (not an array), and the other words Slurm prints for "no value" (``None``, ``Unknown``,
     ``(null)``, empty), give ``((), None)``. Raises :class:`BadJobId`.

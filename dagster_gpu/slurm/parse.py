@@ -141,11 +141,13 @@ _UNITS = {"K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4, "P": 1024**5}
 def parse_tres(text: str) -> dict[str, float]:
     """``billing=11,cpu=1,gres/gpu=1,mem=4844K,node=1`` -> {"billing": 11.0, "cpu": 1.0, "gres/gpu": 1.0,
     "mem": 4960256.0 (bytes), "node": 1.0}. Memory-like values with K/M/G/T/P suffixes become bytes;
-    ``gres/gpu:a100=1`` keeps its typed key. Empty text gives {}; an item whose value is an unknown word
-    (``billing=INVALID``) is left out. Raises SlurmParseError."""
+    ``gres/gpu:a100=1`` keeps its typed key. Empty text, and a whole field that is an unknown word
+    (``(null)``: what Slurm prints for a TRES string that was never set, e.g. ``AllocTRES=(null)`` of a job
+    still pending), give {}; an item whose value is an unknown word (``billing=INVALID``) is left out.
+    Raises SlurmParseError."""
     out: dict[str, float] = {}
     t = text.strip()
-    if not t:
+    if not t or is_unknown(t):
         return out
     for item in t.split(","):
         k, sep, v = item.partition("=")
@@ -602,10 +604,25 @@ def parse_test_only(stderr: str) -> TestOnly:
 _SLURM_ERROR = re.compile(r"^(?:sbatch|squeue|sacct|scancel|scontrol|sacctmgr): error: (?P<msg>.*)$")
 
 
+#: Lines a site's ``job_submit`` plugin prints before Slurm's own verdict (``Verification: ***PASSED***``,
+#: ``Account: …``): they never say why a job was refused, so they are not the error.
+_JOB_SUBMIT_VERDICT = re.compile(r"^Verification:\s*\*+PASSED\*+\s*$", re.I)
+#: Slurm's own refusal lines that carry no ``<cmd>: error:`` prefix (``src/api/allocate.c``'s will-run
+#: path prints ``allocation failure: <reason>``).
+_BARE_REFUSAL = re.compile(r"^(?:allocation failure|Batch job submission failed):\s*(?P<msg>.+)$", re.I)
+
+
 def error_message(stderr: str) -> str:
-    """The most specific ``<cmd>: error: …`` message of a Slurm command's stderr (the last one; the
-    ``Batch job submission failed:`` prefix is kept), else the last non-empty line, else ''."""
-    msgs = [m.group("msg").strip() for m in map(_SLURM_ERROR.match, stderr.splitlines()) if m]
+    """The most specific refusal in a Slurm command's stderr: the last ``<cmd>: error: …`` message or bare
+    ``allocation failure: …`` / ``Batch job submission failed: …`` line (Slurm's prefix kept), leaving out a
+    ``job_submit`` plugin's ``Verification: ***PASSED***`` (it printed its own verdict before Slurm refused the
+    job: the refusal is the line after it); else the last non-empty line, else ''."""
+    msgs: list[str] = []
+    for ln in stderr.splitlines():
+        m = _SLURM_ERROR.match(ln.strip())
+        text = m.group("msg").strip() if m else (ln.strip() if _BARE_REFUSAL.match(ln.strip()) else "")
+        if text and not _JOB_SUBMIT_VERDICT.match(text):
+            msgs.append(text)
     if msgs:
         return msgs[-1]
     lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
