@@ -20,7 +20,7 @@ are meaningless). Seeded (``--seed``).
 1. the rows as ``--rows / --per-partition`` embedding outputs (the real writer, zstd parquet);
 2. baseline: read every output with pyarrow (``pq.read_table``, page cache warm) — rows/s;
 3. load every output into a new LanceDB table on disk as the index asset does
-   (:func:`dagster_gpu.index.asset.load_partition`: read, append since each partition is new, count back) —
+   (:func:`dagster_gpu.definitions.vector_index.load_partition`: read, append since each partition is new, count back) —
    rows/s, ``index.load_ratio_vs_parquet`` = load rate / read rate; then 5 partitions loaded again with new
    vectors (the replace path, one ``merge_insert`` each) for their rate;
 4. full build: :meth:`VectorIndex.ensure_ann_index` (compaction, ``partition_key`` BTREE, IVF_HNSW_SQ
@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     from dagster_gpu.embedding.encoder import Encoder
     from dagster_gpu.embedding.model import load_model
     from dagster_gpu.embedding.writer import AtomicParquetWriter, lineage_metadata, output_schema, output_table
-    from dagster_gpu.index.asset import load_partition
+    from dagster_gpu.definitions.vector_index import load_partition
     from dagster_gpu.index.lance import DEFAULT_EF, VectorIndex
     from dagster_gpu.index.rows import recall_at_k
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from dagster_gpu.index.asset import load_partition, read_output
+from dagster_gpu.definitions.vector_index import load_partition, read_output
 from dagster_gpu.index.lance import VectorIndex
 from dagster_gpu.index.rows import index_rows, partition_filter
 from tests.index_helpers import output_rows, write_output

@@ -134,7 +134,7 @@ def plan_row_group_shards(row_group_rows: Sequence[int], row_group_bytes: Sequen
 def shard_key(file_key: str, source_version: str, shard: Shard) -> str:
     """The partition key of ``shard`` of the file whose partition key is ``file_key``: ``<file key, cut to 40>
     -s<index>of<count>-<6 hex of the SHA-256 of the source version>`` (at most 63 characters, the characters
-    of :mod:`dagster_gpu.keys`). A changed file (new source version) gets new keys, so its old shards' keys
+    of :mod:`dagster_gpu.core.partition_keys`). A changed file (new source version) gets new keys, so its old shards' keys
     (and their outputs and index rows) can be pruned by key."""
     from dagster_gpu.core.partition_keys import validate_partition_key
 
