@@ -185,8 +185,28 @@ class ReadStats:
         return self.records - self.skipped_empty - self.skipped_undecodable_rows
 
 
+class _ByteRange(io.RawIOBase):
+    """Bytes ``[start, end)`` of the binary file ``f`` as a file of their own."""
+
+    def __init__(self, f, start: int, end: int):
+        f.seek(start)
+        self._f, self._left = f, max(0, end - start)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b) -> int:
+        if self._left <= 0:
+            return 0
+        data = self._f.read(min(len(b), self._left))
+        b[: len(data)] = data
+        self._left -= len(data)
+        return len(data)
+
+
 def read_batches(
-    uri: str, fmt: TextFormat, batch_rows: int, stats: ReadStats, storage_options: dict | None = None
+    uri: str, fmt: TextFormat, batch_rows: int, stats: ReadStats, storage_options: dict | None = None,
+    shard=None,
 ) -> Iterator[RecordBatch]:
     """Yield RecordBatches of at most ``batch_rows`` kept records; fills ``stats`` as it goes.
 
@@ -198,6 +218,11 @@ def read_batches(
 
     Memory: one batch, plus one set entry per kept record's id when ``id_column`` is set (duplicates are
     found within the whole file).
+
+    ``shard`` (a :class:`dagster_gpu.corpus.shards.Shard`): read only its records (its row groups, or its byte
+    range of an uncompressed file); record ids stay the whole file's (``shard.first_record`` onwards), ``stats``
+    counts the shard's records, duplicate ids are found within the shard, and line numbers in messages are the
+    shard's own (the message names the shard's range).
     """
     if batch_rows < 1:
         raise ValueError(f"batch_rows must be >= 1, got {batch_rows}")
@@ -206,14 +231,25 @@ def read_batches(
         raise CorpusReadError(
             f"{uri}: id_column / carry_columns need a parquet or JSON Lines corpus (a text file has no columns; "
             "TextFormat(format=...) or the file's suffix says which)")
-    compression = None if kind == "parquet" else "infer"
+    compression = None if (kind == "parquet" or shard is not None) else "infer"
     seen: dict[str, int] = {}
     carry = fmt.carry_columns
+    base = 0
+    if shard is not None:
+        if (shard.unit == "row_groups") != (kind == "parquet"):
+            raise CorpusReadError(f"{uri}: a {shard.unit} shard cannot be read from a {kind} file")
+        uri_label, base = f"{uri} [shard {shard.index + 1}/{shard.count}: {shard.unit} {shard.start}-{shard.end}]", shard.first_record
     with fsspec.open(uri, "rb", compression=compression, **(storage_options or {})) as f:
         if getattr(f, "size", None) == 0 or _is_empty(f):
             return
+        if shard is not None and kind != "parquet":
+            f = io.BufferedReader(_ByteRange(f, shard.start, shard.end), 1 << 20)
+            uri = uri_label
+        elif shard is not None:
+            uri = uri_label
         if kind == "parquet":
-            source = _parquet_records(f, uri, fmt, batch_rows, stats)
+            groups = range(shard.start, shard.end) if shard is not None else None
+            source = _parquet_records(f, uri, fmt, batch_rows, stats, groups, base)
         elif kind == "jsonl":
             source = _jsonl_records(f, uri, fmt)
         else:
@@ -228,7 +264,7 @@ def read_batches(
             return batch
 
         for text, bad, where, doc_id, carried in source:
-            ordinal = stats.records
+            ordinal = base + stats.records
             stats.records += 1
             if bad is not None:
                 where_bad, detail = bad
@@ -370,7 +406,8 @@ def _decode_utf8_values(col: pa.Array, first_row: int) -> Iterator[tuple[str | N
             yield text, None
 
 
-def _parquet_records(f, uri: str, fmt: TextFormat, batch_rows: int, stats: ReadStats) -> Iterator[Record]:
+def _parquet_records(f, uri: str, fmt: TextFormat, batch_rows: int, stats: ReadStats, row_groups: range | None = None,
+                     first_row: int = 0) -> Iterator[Record]:
     try:
         pf = pq.ParquetFile(f)
     except (pa.ArrowInvalid, OSError) as e:
@@ -391,9 +428,10 @@ def _parquet_records(f, uri: str, fmt: TextFormat, batch_rows: int, stats: ReadS
     for c in fmt.carry_columns:
         stats.carried_types[c] = schema.field(c).type
     columns = [fmt.text_column, *dict.fromkeys(wanted)]
-    row = 0
+    row = first_row
     try:
-        for rb in pf.iter_batches(batch_size=batch_rows, columns=columns):
+        for rb in pf.iter_batches(batch_size=batch_rows, columns=columns,
+                                  row_groups=list(row_groups) if row_groups is not None else None):
             col = rb.column(fmt.text_column)
             if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)):
                 raise CorpusReadError(f"{uri}: column {fmt.text_column!r} has type {col.type}, expected string")

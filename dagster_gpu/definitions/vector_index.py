@@ -25,24 +25,31 @@ def _check_specs(key: dg.AssetKey, pdef) -> list[dg.AssetCheckSpec]:
 
 
 def read_output(uri: str, storage_options: Mapping[str, Any] | None = None):
-    """``(rows, lineage)`` of one output: the parquet table and :func:`dagster_gpu.embedding.writer.read_lineage`."""
+    """``(rows, lineage)`` of one output: the whole parquet file as one Arrow table (pyarrow's reader, column
+    chunks decoded in its thread pool; a local path read by pyarrow's own filesystem, anything else through
+    fsspec) and its lineage (:func:`dagster_gpu.embedding.writer.lineage_from_metadata` of the same footer).
+    Raises FileNotFoundError or pyarrow's ArrowInvalid naming the file."""
     import fsspec
     import pyarrow.parquet as pq
 
-    from dagster_gpu.embedding.writer import read_lineage
+    from dagster_gpu.embedding.writer import lineage_from_metadata
 
     fs, path = fsspec.core.url_to_fs(uri, **dict(storage_options or {}))
-    with fs.open(path, "rb") as f:
-        table = pq.read_table(f)
-    return table, read_lineage(uri, storage_options)
+    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+        table = pq.read_table(path)
+    else:
+        table = pq.read_table(path, filesystem=fs)
+    return table, lineage_from_metadata(table.schema.metadata)
 
 
 def load_partition(index: VectorIndex, partition_key: str, output_uri: str,
                    output_storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """Replace ``partition_key``'s rows in ``index`` by the rows of ``output_uri`` (one commit) and count them
-    back at the committed version. Returns the facts for the materialization and the check:
-    ``output_rows``, ``index_rows``, ``version``, ``inserted``, ``updated``, ``deleted``, ``retries``,
-    ``fingerprint``. Raises IndexSchemaError naming the file or partition, fsspec/pyarrow errors naming the file."""
+    """Load ``partition_key``'s rows into ``index`` from ``output_uri`` in one commit
+    (:meth:`VectorIndex.write_partition`: appended when the partition is new to the table, replaced by one
+    ``merge_insert`` otherwise) and count them back at the committed version. Returns the facts for the
+    materialization and the check: ``output_rows``, ``index_rows``, ``version``, ``mode`` (``append`` or
+    ``replace``), ``inserted``, ``updated``, ``deleted``, ``retries``, ``fingerprint``. Raises IndexSchemaError
+    naming the file or partition, fsspec/pyarrow errors naming the file."""
     from dagster_gpu.index.rows import index_rows, partition_filter
 
     table, lineage = read_output(output_uri, output_storage_options)
@@ -50,12 +57,12 @@ def load_partition(index: VectorIndex, partition_key: str, output_uri: str,
     rows = index_rows(table, partition_key, fp, source=output_uri)
     index.record_lineage(fp, {**dict(lineage.get("lineage") or {}), "model": lineage.get("model"),
                               "model_revision": lineage.get("model_revision"), "fingerprint": fp})
-    r = index.replace_partition(partition_key, rows)
+    r = index.write_partition(partition_key, rows)
     tbl = index.open()
     tbl.checkout(r.version)
     counted = int(tbl.count_rows(partition_filter(partition_key)))
-    return {"output_rows": table.num_rows, "index_rows": counted, "version": r.version, "inserted": r.inserted,
-            "updated": r.updated, "deleted": r.deleted, "retries": r.retries, "fingerprint": fp}
+    return {"output_rows": table.num_rows, "index_rows": counted, "version": r.version, "mode": r.mode,
+            "inserted": r.inserted, "updated": r.updated, "deleted": r.deleted, "retries": r.retries, "fingerprint": fp}
 
 
 def vector_index_asset(
@@ -94,7 +101,8 @@ def vector_index_asset(
             Dagster adds to a code location for assets no automation sensor targets (started in the UI).
 
     Per partition: the output is read, its rows replace the partition's rows in one commit
-    (:meth:`VectorIndex.replace_partition`), one materialization (``index/rows``, ``index/version``,
+    (:meth:`VectorIndex.write_partition`: an append for a partition new to the table, else one ``merge_insert``),
+    one materialization (``index/rows``, ``index/version``, ``index/mode``,
     ``index/deleted``, ``index/retries``, ``index/fingerprint``, ``index/output_uri``) and the blocking check
     ``index_rows_match_output`` are recorded. A partition whose output is missing or does not fit the table
     fails alone (dagster.Failure at the end names each); the table's other partitions are never touched.
@@ -147,7 +155,8 @@ def vector_index_asset(
                 context.log.error(f"index partition {pk!r}: {failed[pk]}")
                 continue
             yield dg.AssetMaterialization(asset_key=key, partition=pk, metadata={
-                "index/rows": facts["index_rows"], "index/version": facts["version"], "index/deleted": facts["deleted"],
+                "index/rows": facts["index_rows"], "index/version": facts["version"], "index/mode": facts["mode"],
+                "index/deleted": facts["deleted"],
                 "index/retries": facts["retries"], "index/fingerprint": facts["fingerprint"],
                 "index/output_uri": dg.MetadataValue.path(src), "index/uri": uri, "index/table": table,
             })

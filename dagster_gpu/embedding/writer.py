@@ -145,6 +145,13 @@ def read_lineage(uri: str, storage_options: Mapping[str, Any] | None = None) -> 
     fs, path = fsspec.core.url_to_fs(uri, **dict(storage_options or {}))
     with fs.open(path, "rb") as f:
         kv = pq.ParquetFile(f).schema_arrow.metadata or {}
+    return lineage_from_metadata(kv)
+
+
+def lineage_from_metadata(kv: Mapping[bytes, bytes] | None) -> dict[str, Any]:
+    """:func:`read_lineage` of a schema's key-value metadata already read (``pa.Schema.metadata``: bytes keys and
+    values; None reads as no metadata)."""
+    kv = kv or {}
     out: dict[str, Any] = {}
     for key, name in ((META_FINGERPRINT, "fingerprint"), (META_MODEL, "model"), (META_MODEL_REVISION, "model_revision")):
         if key.encode() in kv:

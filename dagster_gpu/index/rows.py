@@ -59,8 +59,9 @@ def index_rows(output: pa.Table, partition_key: str, fingerprint: str, *, source
         raise IndexSchemaError(f"{where}: columns {clash} are the index's own; rename them in the corpus "
                                f"(TextFormat.carry_columns) before indexing")
     n = output.num_rows
-    cols = [pa.array([partition_key] * n, pa.string()), pa.array(np.arange(n, dtype=np.int64)),
-            pa.array([fingerprint] * n, pa.string())]
+    # pa.repeat: one scalar broadcast in Arrow, no Python object per row
+    cols = [pa.repeat(pa.scalar(partition_key, pa.string()), n), pa.array(np.arange(n, dtype=np.int64)),
+            pa.repeat(pa.scalar(fingerprint, pa.string()), n)]
     fields = [pa.field(PARTITION_COLUMN, pa.string(), nullable=False), pa.field(ROW_COLUMN, pa.int64(), nullable=False),
               pa.field(FINGERPRINT_COLUMN, pa.string(), nullable=False)]
     out = output.replace_schema_metadata(None)
