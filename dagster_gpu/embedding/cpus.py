@@ -163,9 +163,19 @@ class CpuShare:
 
     def _join(self) -> None:
         self._dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._path = self._dir / f"{self._key}-{os.getpid()}-{time.monotonic_ns()}.lock"
-        fd = os.open(self._path, os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        # Locked under a name the others do not count, then renamed into place: a file that appeared unlocked
+        # (between open and flock) would be taken for a dead worker's and removed by a worker counting.
+        name = f"{self._key}-{os.getpid()}-{time.monotonic_ns()}.lock"
+        staging = self._dir / f".{name}.new"
+        fd = os.open(staging, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(staging, self._dir / name)  # the flock belongs to the open file, not the name
+        except BaseException:
+            os.close(fd)
+            staging.unlink(missing_ok=True)
+            raise
+        self._path = self._dir / name
         self._fd = fd
 
     def workers(self) -> int:
