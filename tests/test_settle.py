@@ -46,7 +46,7 @@ class _Recorder:
 class _RecordedSlurm(SlurmClient):
     """Answers squeue and sacct with recorded outputs; records every command (scancel included)."""
 
-    def _run_once(self, argv, ok_codes=(0,)):
+    def _run_once(self, argv, ok_codes=(0,), forward_env=False):
         self.argvs.append(list(argv))
         out = {"squeue": self.squeue_text, "sacct": self.sacct_text}.get(argv[0], "")
         if out.startswith("slurm_load_jobs error"):  # a recorded failure (squeue_runaway.txt: its stderr)

@@ -30,9 +30,9 @@ def _spy_client():
     from dagster_gpu.slurm.client import SlurmClient
 
     class SpyClient(SlurmClient):
-        def _run_once(self, argv, ok_codes=(0,)):
+        def _run_once(self, argv, ok_codes=(0,), forward_env=False):
             self.argvs.append(list(argv))
-            return super()._run_once(argv, ok_codes)
+            return super()._run_once(argv, ok_codes, forward_env=forward_env)
 
     # already submitting with SLURM_UMASK=0077, so the coalescer uses this very client (not a copy without argvs)
     c = SpyClient(slurm_conf=H.slurm_conf(), extra_env={"SLURM_UMASK": "0077"})

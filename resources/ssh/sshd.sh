@@ -10,7 +10,7 @@
 # env prints the variables the tests read: DAGSTER_GPU_SSH_HOST, _PORT, _USER, _KEY, _KNOWN_HOSTS, _LOG.
 # The log (LogLevel INFO) has one "Accepted publickey for <user>" line per TCP connection that logged in:
 # the tests count them.
-set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/errtrap.sh"
 DIR=${DAGSTER_GPU_SSHD_DIR:-/tmp/dagster-gpu-sshd}
 PORT=${DAGSTER_GPU_SSHD_PORT:-22022}
 SSHD=/usr/sbin/sshd
