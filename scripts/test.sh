@@ -40,4 +40,4 @@ dg_step "Slurm 24.11 cluster (resources/slurm/trixie.sh start, in the background
 wait "$TRIXIE_PID"
 cat "$TRIXIE_LOG"
 dg_step "pytest"
-exec .venv/bin/python -m pytest -q -ra "$@"
+exec .venv/bin/python -m pytest -q -ra --durations=40 "$@"

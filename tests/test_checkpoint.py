@@ -20,8 +20,9 @@ RECORDS = 150  # 139 kept records: 9 read batches of 16
 
 @pytest.fixture(scope="module")
 def model():
-    os.environ["DAGSTER_GPU_CPU_SHARE"] = "0"  # torch keeps one thread: the same bits in every process
-    return load_test_model()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_GPU_CPU_SHARE", "0")  # torch keeps one thread: the same bits in every process
+        yield load_test_model()
 
 
 @pytest.fixture(scope="module")

@@ -35,13 +35,14 @@ _ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """(model, corpus, the clean output's bytes, seconds a clean run takes here)."""
-    os.environ["DAGSTER_GPU_CPU_SHARE"] = "0"
-    model = load_test_model()
-    d = tmp_path_factory.mktemp("kill")
-    src = write_corpus(d / "corpus.txt", RECORDS, max_words=16)
-    t0 = time.perf_counter()
-    embed(str(src), str(d / "clean.parquet"), model, checkpoint=False)
-    return model, src, (d / "clean.parquet").read_bytes(), time.perf_counter() - t0
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_GPU_CPU_SHARE", "0")
+        model = load_test_model()
+        d = tmp_path_factory.mktemp("kill")
+        src = write_corpus(d / "corpus.txt", RECORDS, max_words=16)
+        t0 = time.perf_counter()
+        embed(str(src), str(d / "clean.parquet"), model, checkpoint=False)
+        yield model, src, (d / "clean.parquet").read_bytes(), time.perf_counter() - t0
 
 
 @pytest.fixture(scope="module")

@@ -66,7 +66,7 @@ HOLDER = """
 import sys
 import time
 from dagster_gpu.embedding.cpus import CpuAllotment, CpuShare
-s = CpuShare(CpuAllotment(4, "test"), directory=sys.argv[1])
+s = CpuShare(CpuAllotment(4, "test"), directory=sys.argv[1], enabled=True)
 print(s.threads(), flush=True)
 sys.stdin.read()
 """
@@ -74,7 +74,7 @@ sys.stdin.read()
 
 def test_live_workers_share_and_a_dead_one_frees_its_share(tmp_path):
     d = tmp_path / "share"
-    me = CpuShare(CpuAllotment(4, "test"), directory=d, recount_s=0)
+    me = CpuShare(CpuAllotment(4, "test"), directory=d, recount_s=0, enabled=True)
     assert (me.workers(), me.threads()) == (1, 4)
     others = [subprocess.Popen([sys.executable, "-c", HOLDER, str(d)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
               for _ in range(2)]
@@ -93,7 +93,7 @@ def test_live_workers_share_and_a_dead_one_frees_its_share(tmp_path):
             p.wait()
     me.close()
     assert len(list(d.glob("*.lock"))) == 1  # the second holder's, killed too
-    again = CpuShare(CpuAllotment(4, "test"), directory=d, recount_s=0)
+    again = CpuShare(CpuAllotment(4, "test"), directory=d, recount_s=0, enabled=True)
     assert (again.workers(), again.threads()) == (1, 4)
     again.close()
     assert list(d.glob("*.lock")) == []
@@ -106,7 +106,7 @@ def test_sharing_off(tmp_path):
 
 def _join_and_count(directory, results, go):
     go.wait()
-    share = CpuShare(CpuAllotment(4, "test"), directory=directory, recount_s=0)
+    share = CpuShare(CpuAllotment(4, "test"), directory=directory, recount_s=0, enabled=True)
     for _ in range(50):
         share.workers()  # removes the lock files it finds unlocked
     results.put(share._path.exists())

@@ -27,7 +27,7 @@ def _child(home: Path, corpus: Path, out: Path) -> subprocess.Popen:
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def test_sigterm_preempts_the_unit_without_a_step_outcome_and_the_rerun_resumes(tmp_path):
+def test_sigterm_preempts_the_unit_without_a_step_outcome_and_the_rerun_resumes(tmp_path, monkeypatch):
     home, corpus, out = tmp_path / "home", tmp_path / "corpus", tmp_path / "out"
     home.mkdir()
     corpus.mkdir()
@@ -69,7 +69,7 @@ def test_sigterm_preempts_the_unit_without_a_step_outcome_and_the_rerun_resumes(
                                                                     asset_partitions=[PARTITION_KEY]), limit=1).records
         assert mat[0].asset_materialization.metadata["embedding/resumed_rows"].value == committed
     assert not (out / "emb" / f".{PARTITION_KEY}.parquet.parts").exists()
-    os.environ["DAGSTER_GPU_CPU_SHARE"] = "0"
+    monkeypatch.setenv("DAGSTER_GPU_CPU_SHARE", "0")
     clean = tmp_path / "clean.parquet"
     embed(str(src), str(clean), load_test_model(), checkpoint=False)
     assert pq.read_table(output).equals(pq.read_table(clean))  # rows and vectors bit for bit (metadata apart)
