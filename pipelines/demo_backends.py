@@ -169,19 +169,26 @@ def instance_yaml(backend: str, max_runs: int, home: Path) -> str:
 SSH_FORWARD_ENV = ("DAGSTER_*", "HF_*", "TRANSFORMERS_*", "SENTENCE_TRANSFORMERS_*", "PYTHONPATH")
 
 
-def ssh_settings(home: Path) -> dict:
-    """The slurm section's ``transport: ssh`` keys for the local login node (``resources/ssh/sshd.sh env``
-    variables, set by :func:`start_services`): the cluster-side spool under ``home``."""
-    return {
+def ssh_settings(remote_spool_dir: str | Path, forward_env: tuple[str, ...] | list[str] = SSH_FORWARD_ENV,
+                 control_dir: str | Path | None = None) -> dict:
+    """The slurm section's ``transport: ssh`` keys for the local login node: host, port, user, key and
+    known_hosts from ``resources/ssh/sshd.sh env`` (its ``DAGSTER_GPU_SSH_*`` variables, set by
+    :func:`start_services`), the cluster-side spool ``remote_spool_dir``, the variables the array tasks
+    inherit (``forward_env``, ``ssh_forward_env`` patterns) and, when given, the master's socket directory.
+    Raises KeyError naming the variable when the sshd environment is not set."""
+    cfg = {
         "transport": "ssh",
         "ssh_host": os.environ["DAGSTER_GPU_SSH_HOST"],
         "ssh_port": int(os.environ["DAGSTER_GPU_SSH_PORT"]),
         "ssh_user": os.environ["DAGSTER_GPU_SSH_USER"],
         "ssh_identity_file": os.environ["DAGSTER_GPU_SSH_KEY"],
         "ssh_known_hosts_file": os.environ["DAGSTER_GPU_SSH_KNOWN_HOSTS"],
-        "remote_spool_dir": str(home / "cluster-spool"),
-        "ssh_forward_env": list(SSH_FORWARD_ENV),
+        "remote_spool_dir": str(remote_spool_dir),
+        "ssh_forward_env": list(forward_env),
     }
+    if control_dir is not None:
+        cfg["ssh_control_dir"] = str(control_dir)
+    return cfg
 
 
 def executor_config(backend: str, home: Path, slurm_worker_python: str | None = None, transport: str = "local") -> dict:
@@ -196,7 +203,7 @@ def executor_config(backend: str, home: Path, slurm_worker_python: str | None = 
         if slurm_worker_python:
             cfg["slurm"].update(python=slurm_worker_python, worker_python=slurm_worker_python)
         if transport == "ssh":
-            cfg["slurm"].update(ssh_settings(home))
+            cfg["slurm"].update(ssh_settings(home / "cluster-spool"))
     if backend in ("kubernetes", "auto"):
         passed = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_GPU_CORPUS_URL", "DAGSTER_GPU_OUTPUT_URL")
         env_vars = [f"{k}={os.environ[k]}" for k in passed if k in os.environ]

@@ -67,18 +67,11 @@ def ssh_transport_config() -> dict:
     ``DGPU_TEST_REMOTE_SPOOL`` and the master's socket in ``DGPU_TEST_SSH_CONTROL_DIR``. Empty otherwise."""
     if os.environ.get("DGPU_TEST_SLURM_TRANSPORT", "local") != "ssh":
         return {}
-    return {
-        "transport": "ssh",
-        "ssh_host": os.environ["DAGSTER_GPU_SSH_HOST"],
-        "ssh_port": int(os.environ["DAGSTER_GPU_SSH_PORT"]),
-        "ssh_user": os.environ["DAGSTER_GPU_SSH_USER"],
-        "ssh_identity_file": os.environ["DAGSTER_GPU_SSH_KEY"],
-        "ssh_known_hosts_file": os.environ["DAGSTER_GPU_SSH_KNOWN_HOSTS"],
-        "ssh_control_dir": os.environ["DGPU_TEST_SSH_CONTROL_DIR"],
-        "remote_spool_dir": os.environ["DGPU_TEST_REMOTE_SPOOL"],
-        # what a local sbatch would have exported to the array task: the instance, the test's knobs, the checkout
-        "ssh_forward_env": ["DAGSTER_*", "DGPU_TEST_*", "PYTHONPATH"],
-    }
+    from pipelines.demo_backends import ssh_settings
+
+    # what a local sbatch would have exported to the array task: the instance, the test's knobs, the checkout
+    return ssh_settings(os.environ["DGPU_TEST_REMOTE_SPOOL"], ("DAGSTER_*", "DGPU_TEST_*", "PYTHONPATH"),
+                        os.environ["DGPU_TEST_SSH_CONTROL_DIR"])
 
 
 def worker_python_config(slurm: dict) -> dict:
