@@ -17,8 +17,8 @@ Figures per variant, from the instance's event log:
 - runs (work units) and their count of partitions.
 
 Writes ``trickle.useful_fraction`` and ``trickle.freshness_p95_s`` (the ``held`` variant: the knob as a user sets
-it) and the ``off`` variant's figures as ``trickle.off_*`` to bench/results/summary.json (full length only), and
-every figure to bench/results/trickle.json.
+it) and the ``off`` variant's figures as ``trickle.off_*`` to bench/results/summary.json (full length only, and only
+when every file reached both indexes within ``--drain-timeout``), and every figure to bench/results/trickle.json.
 """
 
 from __future__ import annotations
@@ -152,7 +152,8 @@ def main() -> None:
                        "records_per_file": RECORDS_PER_FILE, "sensor_interval_s": 5, "work": str(root)}
     print(json.dumps(result, indent=1))
     (REPO / "bench" / "results" / "trickle.json").write_text(json.dumps(result, indent=1) + "\n")
-    if a.minutes >= 10 and a.every <= 5:
+    complete = all(result[v]["indexed"] == len(written) for v in variants)
+    if a.minutes >= 10 and a.every <= 5 and complete:  # a freshness over only the files indexed so far would flatter
         held, off = result["held"], result["off"]
         merge_summary({"trickle.useful_fraction": held["useful_fraction"], "trickle.freshness_p95_s": held["freshness_p95_s"],
                        "trickle.off_useful_fraction": off["useful_fraction"], "trickle.off_freshness_p95_s": off["freshness_p95_s"]})
