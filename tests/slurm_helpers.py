@@ -76,6 +76,14 @@ def tested_versions(env: dict[str, str] | None = None) -> list[str]:
     return versions
 
 
+def on_slurm(version: str):
+    """A mark that runs a test taking the ``slurm_cluster`` fixture on the cluster of ``version`` only (the id the
+    fixture gives it, ``slurm-<version>``), instead of on each of :func:`tested_versions`."""
+    import pytest
+
+    return pytest.mark.parametrize("slurm_cluster", [pytest.param(version, id=f"slurm-{version}")], indirect=True)
+
+
 def slurm_conf() -> str:
     return os.environ.get("SLURM_CONF") or str(Path(os.environ.get("DAGSTER_GPU_SLURM_DIR", "/tmp/dagster-gpu-slurm")) / "etc" / "slurm.conf")
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
+from tests import slurm_helpers as H
 from tests.conftest import REPO
 from tests.k8s_helpers import NAMESPACE, k8s_dagster_instance
 
@@ -60,7 +61,7 @@ def _cheapest(md: dict, backend: str) -> dict:
 
 # 22.05 only (284 s on 24.11, a loaded 2-CPU host): what the policy reads of Slurm (GPUs in use from sinfo
 # GresUsed, --test-only) runs on 24.11 in test_slurm_e2e's policy_state test and on the recorded 24.11 outputs.
-@pytest.mark.parametrize("slurm_cluster", [pytest.param("22.05", id="slurm-22.05")], indirect=True)
+@H.on_slurm("22.05")
 def test_auto_backfill_puts_whole_gpus_on_slurm_and_mig_steps_on_kubernetes(instance, tmp_path):
     from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
     from tests import auto_pipeline as p

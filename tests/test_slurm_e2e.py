@@ -25,8 +25,7 @@ from tests import slurm_helpers as H
 from tests.resume_helpers import launch_handle, resume_and_check_reattached
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.postgres]
-ON_2205 = pytest.mark.parametrize("slurm_cluster", [pytest.param("22.05", id="slurm-22.05")], indirect=True)
-ON_2411 = pytest.mark.parametrize("slurm_cluster", [pytest.param("24.11", id="slurm-24.11")], indirect=True)
+ON_2205, ON_2411 = H.on_slurm("22.05"), H.on_slurm("24.11")
 
 
 @pytest.fixture(scope="module", autouse=True)

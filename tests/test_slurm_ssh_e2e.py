@@ -53,7 +53,7 @@ def _check_runs(home_dir, env, keys, procs, timeout_s=900):
     return mats
 
 
-@pytest.mark.parametrize("slurm_cluster", [pytest.param("22.05", id="slurm-22.05")], indirect=True)
+@H.on_slurm("22.05")
 def test_eight_runs_over_ssh_share_one_sbatch_and_one_connection(ssh_home):
     home_dir, env, sshd, socket = ssh_home
     keys = [f"p{i:03d}" for i in range(7)] + [H_WEIRD]
@@ -80,7 +80,7 @@ def test_eight_runs_over_ssh_share_one_sbatch_and_one_connection(ssh_home):
     assert connections == 1
 
 
-@pytest.mark.parametrize("slurm_cluster", [pytest.param("22.05", id="slurm-22.05")], indirect=True)
+@H.on_slurm("22.05")
 def test_the_master_killed_mid_backfill_is_remade_and_no_step_fails(ssh_home):
     home_dir, env, sshd, socket = ssh_home
     keys = [f"p{i:03d}" for i in range(10, 16)]
