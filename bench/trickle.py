@@ -59,9 +59,9 @@ def start_variant(work: Path, max_delay: float | None) -> tuple[dict, subprocess
     env.pop("DAGSTER_GPU_SD_MAX_DELAY", None)
     if max_delay is not None:
         env["DAGSTER_GPU_SD_MAX_DELAY"] = str(max_delay)
-    log = open(work / "daemon.log", "w")
-    daemon = subprocess.Popen([sys.executable, "-m", "dagster._daemon", "run", "-w", str(ws)], cwd=REPO, env=env,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(work / "daemon.log", "w") as log:  # the daemon keeps its own copy of the descriptor
+        daemon = subprocess.Popen([sys.executable, "-m", "dagster._daemon", "run", "-w", str(ws)], cwd=REPO, env=env,
+                                  stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     return env, daemon
 
 
