@@ -33,6 +33,7 @@ sys.path[:0] = [str(REPO / "bench"), str(REPO)]
 
 from demo_span import run_demo  # noqa: E402
 from summary import merge_summary  # noqa: E402
+from trickle import materialization_times  # noqa: E402
 
 ASSET = "fortune_embeddings"
 PER_RUN = 50  # the demo's default: one work unit embeds up to 50 files
@@ -51,18 +52,7 @@ def whatif(work: Path) -> dict:
 
 def measured(work: Path) -> dict[str, dict]:
     """Partition -> its latest materialization's metadata (plain values), from the demo's instance."""
-    os.environ["DAGSTER_HOME"] = str(work / f"home-{PER_RUN}")
-    import dagster as dg
-
-    from dagster_gpu.instance.events import metadata_values
-
-    out: dict[str, dict] = {}
-    with dg.DagsterInstance.get() as instance:
-        key = dg.AssetKey(ASSET)
-        for pk in instance.get_materialized_partitions(key):
-            rec = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=key, asset_partitions=[pk]), limit=1).records[0]
-            out[pk] = metadata_values(rec.asset_materialization.metadata)
-    return out
+    return {pk: mats[-1][1] for pk, mats in materialization_times(work / f"home-{PER_RUN}", ASSET).items()}
 
 
 def main() -> None:
