@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-import psutil
 import pyarrow.parquet as pq
 import pytest
 
 from tests.checkpoint_child import READ_BATCH_ROWS, embed, load_test_model, write_corpus
+from tests.process_helpers import alive
 
 SEEDS = range(20)
 RECORDS = 80  # 74 kept records: 5 read batches of 16
@@ -57,7 +57,7 @@ def zygote():
 
 def _gone(pid: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+    while alive(pid):
         assert time.monotonic() < deadline, f"child {pid} still alive"
         time.sleep(0.01)
 

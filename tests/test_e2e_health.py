@@ -11,6 +11,7 @@ import psutil
 import pytest
 
 from tests.conftest import REPO
+from tests.process_helpers import alive
 
 pytestmark = [pytest.mark.e2e]
 
@@ -101,7 +102,7 @@ def test_ui_terminate_kills_worker_process_group(env, tmp_path):
             time.sleep(0.5)
         assert instance.get_run_by_id(run_id).status == dg.DagsterRunStatus.CANCELED
         time.sleep(1)
-        alive = [p for p in group if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
-        assert alive == [], f"worker processes survived terminate: {alive}"
+        alive_ = [p for p in group if alive(p)]
+        assert alive_ == [], f"worker processes survived terminate: {alive_}"
         engine = instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT).records
         assert any("Terminating the local worker of step sleepy" in (r.event_log_entry.dagster_event.message or "") for r in engine)

@@ -17,19 +17,13 @@ import psutil
 import pytest
 
 from tests.conftest import FORTUNES, REPO, expected_records
+from tests.process_helpers import alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 GOOD = ["goedel", "magic", "news", "paradoxum", "translate-me"]
 WEIRD_NAME = "mixed $(touch pwned) 'q' \"dq\" 日本語\nline"
 LOCATION = REPO / "tests" / "locations" / "e2e_location.py"
-
-
-def _alive(p: psutil.Process) -> bool:
-    try:
-        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def _workspace(tmp_path: Path) -> Path:
@@ -98,7 +92,7 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
             time.sleep(0.5)
     assert final.running == 0
     # the daemon's code server runs in a session of its own: stopping the daemon stops it too
-    assert started and not [p.pid for p in started if _alive(p)]
+    assert started and not [p.pid for p in started if alive(p)]
     summary = {s.partition_key: s for s in summarize_partitions(
         instance, loc.embeddings.key, keys, backfill_id, loc.embeddings.partitions_def.name)}
     assert final.runs == 3 and final.failed == 1 and final.succeeded == 8

@@ -161,7 +161,7 @@ H_WEIRD = "p it's \"$(touch /tmp/pwned)\"; `x` & y"
 # sbatch, terminate mid-backfill) and the recorded 24.11 outputs (tests/data/slurm/v24.11) cover there. A
 # throttle of 2 on a cluster of 4 GPUs: the GPUs alone would let 4 tasks of one array run at once.
 @ON_2205
-def test_backfill_16_partitions_throttle_2(home):
+def test_backfill_8_partitions_throttle_2(home):
     import dagster as dg
 
     from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
@@ -176,22 +176,23 @@ def test_backfill_16_partitions_throttle_2(home):
     env["DAGSTER_GRPC_TIMEOUT_SECONDS"] = "300"
     yaml = home_dir / "dagster.yaml"
     yaml.write_text(yaml.read_text().replace("max_concurrent_runs: 50", "max_concurrent_runs: 20"))
-    keys = [f"p{i:03d}" for i in range(16)]
+    keys = [f"p{i:03d}" for i in range(8)]
     with dg.DagsterInstance.get() as instance:
         with DaemonProcess(home_dir / "workspace.yaml", env=env, log_file=home_dir / "daemon.log") as d:
-            bid = submit_asset_backfill(instance, defs, dg.AssetKey("trivial"), keys, title="slurm-16")
+            bid = submit_asset_backfill(instance, defs, dg.AssetKey("trivial"), keys, title="slurm-8",
+                                        tags={"test/sleep": "10"})
             prog = wait_for_backfill(instance, bid, len(keys), timeout_s=1200, poll_s=2, daemon=d)
-    assert prog.succeeded == 16 and prog.failed == 0, prog
+    assert prog.succeeded == 8 and prog.failed == 0, prog
     batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
     ids = [b["array_job_id"] for b in batches]
     acct = _client().sacct(ids)
     arrays_in_sacct = sorted({r.array_job_id for r in acct})
-    print(f"16-partition backfill: {len(arrays_in_sacct)} array jobs in sacct (tasks per sbatch: {[b['tasks'] for b in batches]})")
-    assert sum(b["tasks"] for b in batches) == 16
-    assert len(arrays_in_sacct) == len(batches) <= 4, "fewer than 4 partitions per sbatch on average"
+    print(f"8-partition backfill: {len(arrays_in_sacct)} array jobs in sacct (tasks per sbatch: {[b['tasks'] for b in batches]})")
+    assert sum(b["tasks"] for b in batches) == 8
+    assert len(arrays_in_sacct) == len(batches) <= 2, "fewer than 4 partitions per sbatch on average"
     peaks = {a: _max_concurrency([r for r in acct if r.array_job_id == a]) for a in arrays_in_sacct}
     print(f"peak concurrent tasks per array: {peaks}")
-    assert max(peaks.values()) <= 2
+    assert max(peaks.values()) == 2, "the throttle, not the 4 GPUs or the arrivals, held each array to 2"
     mats = _materializations(keys)
     assert all(len(mats[k]) == 1 and mats[k][0]["slurm/array_job_id"] in ids for k in keys)
 
@@ -220,18 +221,18 @@ def test_terminate_mid_backfill(home):
                 return [r for r in rows if r.state.name == "RUNNING"]
 
             _wait_for(lambda: len(running_tasks()) >= 2, 240, 2, "two running array tasks")
-            # what the UI's "Terminate" does: cancel the backfill, then terminate every run of it
+            # What the UI's "Terminate" of a backfill does (dagster-graphql cancel_partition_backfill): mark it
+            # CANCELING; the backfill daemon then terminates its runs (dagster._core.execution.backfill.
+            # cancel_backfill_runs_and_cancellation_complete) at its next iteration (every 30 s), and marks it
+            # CANCELED one iteration after they ended (not waited for here). The test does not terminate the runs
+            # itself as well: two terminates of one run race in Dagster (DefaultRunLauncher.terminate reads
+            # is_finished, then reports CANCELING), and a run that became CANCELED in between goes back to
+            # CANCELING and is marked FAILURE when its process exits (recorded here: CANCELED, CANCELING,
+            # "unexpectedly exited with code 0", FAILURE).
             instance.update_backfill(instance.get_backfill(bid).with_status(BulkActionStatus.CANCELING))
-            runs = instance.get_runs(RunsFilter(tags={"dagster/backfill": bid}))
-            for r in runs:
-                if r.status not in (DagsterRunStatus.SUCCESS, DagsterRunStatus.FAILURE, DagsterRunStatus.CANCELED):
-                    instance.run_coordinator.cancel_run(r.run_id)
 
             def all_ended():
                 rs = instance.get_runs(RunsFilter(tags={"dagster/backfill": bid}))
-                for r in rs:  # a run the daemon created while the backfill was being cancelled
-                    if not r.is_finished and r.status != DagsterRunStatus.CANCELING:
-                        instance.run_coordinator.cancel_run(r.run_id)
                 return rs if all(r.is_finished for r in rs) else None
 
             runs = _wait_for(all_ended, 400, 3, "every run of the backfill to end")
@@ -250,16 +251,18 @@ def test_terminate_mid_backfill(home):
             # a run whose step reached Slurm ends CANCELED; Dagster itself marks FAILURE a run terminated while
             # its run worker was still starting ("started a new run worker while ... CANCELING")
             if launched:
-                assert r.status in (DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS), (r.run_id, r.status)
+                assert r.status in (DagsterRunStatus.CANCELED, DagsterRunStatus.SUCCESS), (r.run_id, r.status, [
+                    (e.dagster_event.event_type_value, e.dagster_event.message) for e in instance.all_logs(r.run_id) if e.dagster_event])
             else:
                 assert r.status in (DagsterRunStatus.CANCELED, DagsterRunStatus.FAILURE), (r.run_id, r.status)
     cancelled = [r for r in client.sacct(ids) if r.state.name == "CANCELLED"]
     assert cancelled, "no array task was cancelled"
 
 
-# 24.11 only, for CI time: most of its ~3 min per version is Slurm's own requeue delay (the requeued task is
-# PENDING on BeginTime for about 2 min: tests/data/slurm/requeue, recorded on 22.05); 22.05's requeue as sacct
-# and squeue show it is covered by that recorded trace (tests/test_slurm_parse.py).
+# 24.11 only, for CI time: a requeued task waits out Slurm's requeue delay (PENDING on BeginTime for
+# cred_expire + 1 s: 31 s on the test clusters, resources/slurm/slurm.conf.in; about 2 min at Slurm's default, as
+# tests/data/slurm/requeue recorded on 22.05); 22.05's requeue as sacct and squeue show it is covered by that
+# recorded trace (tests/test_slurm_parse.py).
 @ON_2411
 def test_preempted_task_is_requeued_and_materializes_once(home):
     home_dir, env = home
