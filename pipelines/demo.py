@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     pdef_name = fortune_embeddings.partitions_def.name
     known = set(instance.get_dynamic_partitions(pdef_name))
     instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])
-    observe_corpus(instance, listed)
+    record_corpus(instance, listed)
     on = f"{args.backend} (Slurm {args.slurm_version})" if args.backend in ("slurm", "auto") else args.backend
     console.print(f"Embedding {len(keys)} fortune files through gpu_executor on {on} (DAGSTER_HOME={args.home})")
     t0 = time.time()
@@ -186,14 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def observe_corpus(instance, files) -> int:
-    """Record one observation of the corpus asset per file whose source version differs from the one last
-    observed (as a corpus sensor tick does: :func:`dagster_gpu.instance.source_versions.observations`); returns how many."""
-    from dagster_gpu.instance.source_versions import corpus_asset_key, observations, observed_versions
+def record_corpus(instance, files) -> int:
+    """Record the corpus asset's events for each file that is new or whose source version changed (as a corpus
+    sensor tick does: :func:`dagster_gpu.instance.source_versions.corpus_updates`); returns how many events."""
+    from dagster_gpu.instance.source_versions import corpus_asset_key, corpus_updates, corpus_versions
     from pipelines.definitions import fortune_embeddings
 
     key = corpus_asset_key(fortune_embeddings.key)
-    events = observations(key, files, observed_versions(instance, key))
+    events = corpus_updates(key, files, corpus_versions(instance, key))
     for ev in events:
         instance.report_runless_asset_event(ev)
     return len(events)

@@ -227,11 +227,11 @@ def test_the_unit_embeds_on_every_device_and_says_so(tmp_path, monkeypatch):
     with instance_for_test() as instance:
         instance.add_dynamic_partitions("emb_files", ["lines.jsonl"])
         md1, rows1 = _materialize(instance, tmp_path, _asset(tmp_path))
-        assert md1["embedding/devices"] == 1 and md1["embedding/device_names"] == "cpu"
+        assert md1["embedding/devices"] == "1" and md1["embedding/device_names"] == "cpu"
         monkeypatch.setattr(unit, "unit_devices", lambda device: seen.append(device) or ["cpu", "cpu"])
         md2, rows2 = _materialize(instance, tmp_path, _asset(tmp_path, reuse=False))
     assert seen == ["cpu"]
-    assert md2["embedding/devices"] == 2 and md2["embedding/device_names"] == "cpu, cpu"
+    assert md2["embedding/devices"] == "2" and md2["embedding/device_names"] == "cpu, cpu"
     assert md2["embedding/rows"] == md1["embedding/rows"] == 24 and md2["embedding/reused_rows"] == 0
     assert [d for d, _ in rows2] == [d for d, _ in rows1]
     a, b = np.array([v for _, v in rows1]), np.array([v for _, v in rows2])

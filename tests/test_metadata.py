@@ -60,19 +60,20 @@ def test_cpu_metadata_keys_and_types():
     assert "dagster_gpu/placement_json" not in md  # one rendering; the JSON is on the launch event
     for key, value in [
         ("embedding/rows", 10), ("embedding/records_read", 12), ("embedding/skipped_empty_rows", 2),
-        ("embedding/dim", 384), ("embedding/truncated_rows", 1), ("gpu/samples", 0),
+        ("embedding/truncated_rows", 1), ("gpu/samples", 0),
     ]:
         assert md[key] == value and type(md[key]) is int, key
+    assert md["embedding/dim"] == dg.MetadataValue.text("384")  # a setting: text, so the Plots tab leaves it out
     assert md["embedding/model"] == "all-MiniLM-L6-v2" and md["embedding/device"] == "cpu"
     assert md["embedding/seconds"] == 2.0
     assert md["embedding/texts_per_second"] == 5.0  # 10 rows / 2 s
     assert isinstance(md["embedding/output_uri"], dg.PathMetadataValue) and md["embedding/output_uri"].path == "/out/p.parquet"
     assert md["billing/device_type"] == "cpu"
-    assert md["billing/devices"] == 1.0
+    assert md["billing/devices"] == dg.MetadataValue.text("1")
     assert md["billing/wall_seconds"] == 3.0
     assert md["billing/gpu_seconds"] == 3.0
-    assert md["billing/rate_usd_per_gpu_hour"] == 0.05
-    assert md["billing/cost_usd"] == pytest.approx(3.0 * 0.05 / 3600)
+    assert md["billing/rate_usd_per_gpu_hour"] == dg.MetadataValue.text("0.05")
+    assert md["billing/cost_usd"] == 4.167e-05  # 3 s x 0.05 USD/h = 4.1666...e-05, 4 significant digits
     assert md["billing/source"] == "measured"
     assert md["billing/what"].startswith("measured by the step worker") and "not the scheduler's bill" in md["billing/what"]
     assert md["gpu/unavailable_reason"] == "CPU-only: the model ran on CPU (no NVIDIA driver: NVML unavailable (x))"
@@ -83,6 +84,43 @@ def test_cpu_metadata_keys_and_types():
         if isinstance(v, float):
             assert math.isfinite(v), key
         assert not isinstance(v, bool), key
+
+
+def test_measured_floats_rounded_settings_as_text():
+    """The UI shows a float's repr and plots every Int/Float entry (dagster-ui AssetMaterializationGraphs.tsx,
+    extractNumericData): measured floats keep 4 significant digits, settings are text, counts stay ints."""
+    telemetry = summarize([87.53125, 91.0], [2048.123456], ("GPU-a",), "NVIDIA H100 80GB HBM3")
+    billing = measure({"NVIDIA H100": 2.1}, 23.28464388847351, "cuda", "NVIDIA H100 80GB HBM3", 1)
+    md = cpu_metadata(model_device="cuda", telemetry=telemetry, billing=billing, backend="slurm",
+                      result=result(seconds=18.254321987),
+                      backend_metadata={"embedding/useful_fraction": 18.254321987 / 23.28464388847351,
+                                        "embedding/devices": 1, "slurm/array_task_id": 2})
+    assert md["billing/wall_seconds"] == 23.28 and md["billing/gpu_seconds"] == 23.28
+    assert md["billing/cost_usd"] == 0.01358  # 23.2846... s x 2.1 USD/h = 0.013582711...
+    assert md["embedding/seconds"] == 18.25 and md["embedding/useful_fraction"] == 0.784
+    assert md["embedding/texts_per_second"] == 0.5478  # 10 rows / 18.2543... s
+    assert md["gpu/utilization_mean_percent"] == 89.27 and md["gpu/memory_peak_mib"] == 2048.0
+    assert md["embedding/devices"] == dg.MetadataValue.text("1") and md["slurm/array_task_id"] == 2
+    plotted = sorted(k for k, v in md.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    assert not set(plotted) & {"embedding/dim", "embedding/devices", "billing/devices", "billing/rate_usd_per_gpu_hour",
+                               "gpu/device_fraction", "embedding/torch_threads"}, plotted
+    for key in plotted:
+        assert isinstance(md[key], int) or float(f"{md[key]:.4g}") == md[key], (key, md[key])
+    from dagster_gpu.worker.metadata import rounded
+    assert (rounded(12345.678), rounded(-0.000123456), rounded(0.0), rounded(1e-12 / 3)) == (12346.0, -0.0001235, 0.0, 3.333e-13)
+
+
+def test_settings_read_back_as_numbers():
+    from dagster_gpu.commands.report import useful_fraction
+    from dagster_gpu.instance.events import metadata_number
+
+    md = cpu_metadata(billing=measure({"default": 1.2}, 70.0, "cuda", "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 1))
+    assert metadata_number(md, "billing/devices") == pytest.approx(1 / 7, rel=1e-5)
+    assert metadata_number(md, "embedding/dim") == 384.0 and metadata_number(md, "embedding/model") is None
+    assert metadata_number(md, "absent") is None and metadata_number({"b": True}, "b") is None
+    # the report's measured seconds from GPU-seconds ÷ devices when no wall seconds are recorded
+    no_wall = {k: v for k, v in md.items() if k not in ("billing/wall_seconds", "embedding/useful_fraction")}
+    assert useful_fraction(no_wall) == pytest.approx(2.0 / 70.0, rel=1e-3)
 
 
 def test_cpu_without_telemetry_reason():
@@ -98,10 +136,10 @@ def test_gpu_metadata():
     assert md["gpu/samples"] == 3
     assert md["gpu/utilization_mean_percent"] == 90.0
     assert md["gpu/utilization_p95_percent"] == 100.0
-    assert md["gpu/memory_peak_mib"] == 2048.5
+    assert md["gpu/memory_peak_mib"] == 2048.0  # 2048.5 MiB, 4 significant digits (half to even)
     assert md["gpu/device_uuids"] == "GPU-a,GPU-b"
     assert md["gpu/product_name"] == "NVIDIA H100 80GB HBM3"
-    assert md["gpu/device_fraction"] == 2.0
+    assert md["gpu/device_fraction"] == dg.MetadataValue.text("2")
     assert md["billing/gpu_seconds"] == 120.0
     assert md["billing/cost_usd"] == pytest.approx(120 * 2.1 / 3600)  # 0.07
     assert "gpu/unavailable_reason" not in md
@@ -113,7 +151,7 @@ def test_mig_metadata_fraction():
     billing = measure({"default": 1.2}, 70.0, "cuda", "NVIDIA A100-SXM4-80GB MIG 1g.10gb", 1)
     telemetry = summarize([], [512.0], ("MIG-x",), "NVIDIA A100-SXM4-80GB MIG 1g.10gb", "MIG device: per-instance utilization needs GPM")
     md = cpu_metadata(model_device="cuda", telemetry=telemetry, billing=billing)
-    assert md["gpu/device_fraction"] == pytest.approx(1 / 7)
+    assert md["gpu/device_fraction"] == dg.MetadataValue.text("0.142857")  # 1/7 of the GPU
     assert md["gpu/memory_peak_mib"] == 512.0
     assert md["gpu/samples"] == 0
     assert "gpu/utilization_mean_percent" not in md
@@ -333,8 +371,8 @@ def test_chunk_and_lineage_metadata():
     assert md["embedding/token_coverage"] == 0.99
     assert md["embedding/fingerprint"] == "fp1-0123456789abcdef" and md["embedding/model_revision"] == "sha256:00ff"
     assert md["embedding/prompt"] == "document"  # the name when there is one
-    assert md["embedding/normalize"] is False and md["embedding/truncate_dim"] == 128
-    assert md["embedding/output_dtype"] == "float16" and md["embedding/max_seq_length"] == 256
+    assert md["embedding/normalize"] is False and md["embedding/truncate_dim"].value == "128"
+    assert md["embedding/output_dtype"] == "float16" and md["embedding/max_seq_length"].value == "256"
     assert md["embedding/chunking"].data == lineage["chunking"] and md["embedding/pooling"].data == lineage["pooling"]
     text_only = cpu_metadata(lineage={**lineage, "prompt_name": None, "truncate_dim": None, "chunking": None})
     assert text_only["embedding/prompt"] == "passage: "

@@ -130,7 +130,7 @@ def check_outcome(instance, res: dict, backend: str, log: Path) -> dict[str, lis
             continue
         assert len(by_key.get(k, [])) == 1, f"{k} materialized {len(by_key.get(k, []))} times"
         md = by_key[k][0][1]
-        assert md["dagster_gpu/backend"] == backend and md["embedding/rows"] > 0 and md["embedding/dim"] == 384
+        assert md["dagster_gpu/backend"] == backend and md["embedding/rows"] > 0 and md["embedding/dim"] == "384"
         assert 0 < md["embedding/useful_fraction"] <= 1 and md["billing/gpu_seconds"] > 0
     # the killed unit's finished partitions stayed materialized by it; its retry embedded only the rest
     killed_range = keys[KILL_RANGE * PER_RUN:(KILL_RANGE + 1) * PER_RUN]

@@ -303,6 +303,24 @@ def _failed_attempt(instance, asset, job_def, keys, materialized=(), read=None):
     return run
 
 
+def test_a_failed_read_is_timed_by_its_event_not_by_the_whole_second_sqlite_stores():
+    """SQLite stores a check execution row's create_timestamp as CURRENT_TIMESTAMP (whole seconds): a file written
+    earlier in the second of its failure looked modified after it, and the sensor requested it again."""
+    from dagster._core.definitions.asset_checks.asset_check_spec import AssetCheckKey
+
+    from dagster_gpu.instance.checks import OUTPUT_READABLE, partition_failed_evaluations
+    from dagster_gpu.instance.source_versions import failed_reads
+
+    key = dg.AssetKey("s_embeddings")
+    with dg.instance_for_test() as instance:
+        for ev in partition_failed_evaluations(key, "lost.txt", "partition 'lost.txt': worker lost"):
+            instance.report_runless_asset_event(ev)
+        (row,) = instance.event_log_storage.get_asset_check_execution_history(AssetCheckKey(key, OUTPUT_READABLE), limit=1)
+        assert row.create_timestamp == int(row.create_timestamp)  # what SQLite keeps: whole seconds
+        fr = failed_reads(instance, key, ["lost.txt"])["lost.txt"]
+    assert (fr.timestamp, fr.source_version) == (row.event.timestamp, None)
+
+
 def test_a_fixed_broken_file_is_requested_again_and_an_unchanged_one_is_not(tmp_path):
     d = tmp_path / "corpus"
     d.mkdir()

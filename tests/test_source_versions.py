@@ -20,7 +20,7 @@ from dagster_gpu.definitions.partitions import partition_staleness
 from dagster_gpu.instance.run_ranges import range_run_tags
 from dagster_gpu.definitions.sensors import corpus_sensor
 from dagster_gpu.instance.source_versions import (
-    SOURCE_VERSION_KEY, corpus_asset_key, corpus_source, observed_versions, recorded_versions,
+    SOURCE_VERSION_KEY, corpus_asset_key, corpus_source, corpus_versions, recorded_versions,
 )
 
 
@@ -118,7 +118,10 @@ def test_versions_reach_the_materialization_dagster_staleness_and_the_sensor(tmp
         first = _tick(sensor, instance, defs)
         assert [r.partition_key_range for r in first.run_requests] == [dg.PartitionKeyRange("a.txt", "b.txt")]
         listed = {f.key: f.version for f in corpus.list_files()}
-        assert observed_versions(instance, spec.key) == listed  # one observation per file: its data version
+        assert corpus_versions(instance, spec.key) == listed  # one corpus materialization per file: its data version
+        assert [(type(e).__name__, e.partition) for e in first.asset_events] == [
+            ("AssetObservation", "a.txt"), ("AssetMaterialization", "a.txt"), ("AssetObservation", "b.txt"), ("AssetMaterialization", "b.txt")]
+        assert {e.partition: e.metadata["corpus/size_bytes"].value for e in first.asset_events} == {"a.txt": 27, "b.txt": 13}
         # one ranged run (one unit, one model load) over both, as the sensor asked
         assert dg.materialize([spec, asset], selection=[asset.key], instance=instance,
                               tags=range_run_tags(["a.txt", "b.txt"])).success
@@ -137,14 +140,14 @@ def test_versions_reach_the_materialization_dagster_staleness_and_the_sensor(tmp
 
         assert status("a.txt") == status("b.txt") == StaleStatus.FRESH
         idle = _tick(sensor, instance, defs, first.cursor)
-        assert not idle.run_requests and not idle.asset_events  # versions unchanged: nothing observed again
+        assert not idle.run_requests and not idle.asset_events  # versions unchanged: nothing recorded again
 
-        # a.txt rewritten: the sensor observes its new version and requests it; Dagster shows it stale
+        # a.txt rewritten: the sensor records its new version and requests it; Dagster shows it stale
         (d / "a.txt").write_text("first record, edited\nsecond record\n")
         os.utime(d / "a.txt", (time.time() + 5, time.time() + 5))
         changed = _tick(sensor, instance, defs, idle.cursor)
         assert [r.partition_key for r in changed.run_requests] == ["a.txt"]
-        assert [e.partition for e in changed.asset_events] == ["a.txt"]
+        assert [e.partition for e in changed.asset_events] == ["a.txt", "a.txt"]
         causes = get_stale_status_resolver(instance, graph).get_stale_causes(asset.key, "a.txt")
         assert status("a.txt") == StaleStatus.STALE and status("b.txt") == StaleStatus.FRESH
         assert [c.reason for c in causes] == ["has a new dependency data version"]
@@ -199,7 +202,8 @@ def test_the_ui_graphql_shows_the_partition_whose_file_changed_as_stale(tmp_path
     code server loading the definitions), on materializations tagged as the unit tags them."""
     from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql
 
-    from dagster_gpu.instance.source_versions import input_tags
+    from dagster_gpu.corpus.listing import CorpusFile
+    from dagster_gpu.instance.source_versions import corpus_updates, input_tags
 
     (tmp_path / "corpus").mkdir()
     defs_file = tmp_path / "gql_defs.py"
@@ -208,14 +212,17 @@ def test_the_ui_graphql_shows_the_partition_whose_file_changed_as_stale(tmp_path
     spec, asset = corpus_source(embedding_asset(name="g_emb", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu"), corpus)
     cv = asset.code_versions_by_key[asset.key]
     query = """{ assetNodes { assetKey { path } staleStatusByPartition(partitions: ["a", "b"])
-                 staleCausesByPartition(partitions: ["a", "b"]) { reason category key { path } } } }"""
+                 staleCausesByPartition(partitions: ["a", "b"]) { reason category key { path } }
+                 partitionStats { numMaterialized numPartitions numFailed } } }"""
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("g_emb_files", ["a", "b"])
         for pk in ("a", "b"):
-            instance.report_runless_asset_event(dg.AssetObservation(spec.key, partition=pk, tags={"dagster/data_version": "etag:1"}))
+            for ev in corpus_updates(spec.key, [CorpusFile(pk, f"/c/{pk}", pk, 1, 1.0, "etag:1")], {}):
+                instance.report_runless_asset_event(ev)
             instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition=pk, tags={
                 "dagster/code_version": cv, "dagster/data_version": f"dv-{pk}", **input_tags(instance, asset, asset.key, pk, "etag:1")}))
-        instance.report_runless_asset_event(dg.AssetObservation(spec.key, partition="a", tags={"dagster/data_version": "etag:2"}))
+        for ev in corpus_updates(spec.key, [CorpusFile("a", "/c/a", "a", 2, 2.0, "etag:2")], {"a": "etag:1", "b": "etag:1"}):
+            instance.report_runless_asset_event(ev)
         with define_out_of_process_context(str(defs_file), "defs", instance) as ctx:
             result = execute_dagster_graphql(ctx, query)
     assert result.errors is None
@@ -225,3 +232,32 @@ def test_the_ui_graphql_shows_the_partition_whose_file_changed_as_stale(tmp_path
     assert nodes["g_emb"]["staleCausesByPartition"] == [
         [{"reason": "has a new data version", "category": "DATA", "key": {"path": ["g_emb_corpus"]}}], []]
     assert nodes["g_emb_corpus"]["staleStatusByPartition"] == ["FRESH", "FRESH"]
+    # the UI's "% filled" and "Missing (n)" of the corpus node count materializations only: every file recorded
+    assert nodes["g_emb_corpus"]["partitionStats"] == {"numMaterialized": 2, "numPartitions": 2, "numFailed": 0}
+
+
+
+def test_an_instance_with_corpus_observations_only_gets_each_file_recorded_once_more(tmp_path):
+    """Earlier versions recorded the corpus as observations only: the corpus versions read materializations, so
+    the next tick records each file once more (both events); the provenance pointer stays an observation's, and
+    the same data version again turns nothing stale."""
+    from dagster_gpu.corpus.listing import CorpusFile
+    from dagster_gpu.instance.source_versions import corpus_updates, input_tags
+
+    (tmp_path / "corpus").mkdir()
+    corpus = CorpusSource(url=str(tmp_path / "corpus"))
+    spec, asset = corpus_source(embedding_asset(name="m_emb", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu"), corpus)
+    graph = dg.Definitions(assets=[spec, asset]).resolve_asset_graph().assets_defs
+    file_a = CorpusFile("a", "/c/a", "a", 1, 1.0, "etag:1")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("m_emb_files", ["a"])
+        instance.report_runless_asset_event(dg.AssetObservation(spec.key, partition="a", tags={"dagster/data_version": "etag:1"}))
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="a", tags={
+            "dagster/code_version": asset.code_versions_by_key[asset.key], "dagster/data_version": "dv-a",
+            **input_tags(instance, asset, asset.key, "a", "etag:1")}))
+        assert corpus_versions(instance, spec.key) == {}
+        for ev in corpus_updates(spec.key, [file_a], corpus_versions(instance, spec.key)):
+            instance.report_runless_asset_event(ev)
+        assert corpus_versions(instance, spec.key) == {"a": "etag:1"}
+        assert corpus_updates(spec.key, [file_a], corpus_versions(instance, spec.key)) == []
+        assert get_stale_status_resolver(instance, graph).get_status(asset.key, "a") == StaleStatus.FRESH

@@ -3,7 +3,9 @@
 
 Two partitions materialized with metadata from the real builder (``worker.metadata.build_metadata``):
 one on a GPU (utilization, memory), one CPU-only whose GPU figures are unavailable. The Plots view must
-draw the key figures and the page must raise no page error. Under ``CI=true`` a missing Chromium is a
+draw the key figures and no plot of a setting (dimension, devices, rate), a partition's metadata must show
+measured floats rounded (the UI prints a float's full repr), the corpus node in the lineage must count its
+recorded files as filled, and the page must raise no page error. Under ``CI=true`` a missing Chromium is a
 failure, not a skip (``scripts/setup.sh`` installs it).
 """
 
@@ -24,6 +26,8 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 KEY_FIGURES = ("embedding/rows", "embedding/texts_per_second", "gpu/utilization_mean_percent",
                "billing/gpu_seconds", "billing/cost_usd")
+#: The step's settings: the same on every partition, stored as text so the Plots view draws no flat line for them.
+SETTINGS = ("embedding/dim", "billing/devices", "billing/rate_usd_per_gpu_hour", "embedding/torch_threads")
 
 
 def _chromium() -> str:
@@ -85,6 +89,12 @@ def test_asset_page_plots_key_figures_in_chromium(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     with dg.DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ui_embeddings_files", ["gpu_part", "cpu_part"])
+        # what a corpus sensor tick records for the two files (dagster_gpu.instance.source_versions.corpus_updates)
+        from dagster_gpu import CorpusSource
+        from dagster_gpu.instance.source_versions import corpus_updates
+
+        for ev in corpus_updates(dg.AssetKey("ui_embeddings_corpus"), CorpusSource(url=str(corpus)).list_files(), {}):
+            instance.report_runless_asset_event(ev)
         for pk, gpu, rows in (("gpu_part", True, 1200), ("cpu_part", False, 300)):
             instance.report_runless_asset_event(dg.AssetMaterialization("ui_embeddings", partition=pk, metadata=_metadata(gpu, rows)))
     port = _free_port()
@@ -118,11 +128,25 @@ def test_asset_page_plots_key_figures_in_chromium(tmp_path, monkeypatch):
                     page.get_by_text(key, exact=True).first.wait_for(timeout=60_000)
             finally:
                 page.screenshot(path=str(shot), full_page=True)  # what the page showed, for a failed assertion
+            drawn = [key for key in SETTINGS if page.get_by_text(key, exact=True).count()]
+            assert drawn == [], f"settings plotted as figures: {drawn} (screenshot {shot})"
             # the CPU-only partition's GPU figures are left out, never drawn as 0: its utilization plot has one point
             page.goto(f"http://127.0.0.1:{port}/assets/ui_embeddings?view=events", wait_until="networkidle", timeout=120_000)
             page.get_by_text("cpu_part", exact=True).first.click()
             page.get_by_text("gpu/unavailable_reason").first.wait_for(timeout=60_000)
             assert page.get_by_text("gpu/utilization_mean_percent").count() == 0
+            # 60 s at 0.05 USD/h = 0.000833333... USD: shown with 4 significant digits, not as a 17-digit repr
+            assert page.get_by_text("0.0008333", exact=True).count() >= 1
+            assert page.get_by_text("0.00083333333", exact=False).count() == 0
+            # the lineage: the corpus node counts its files filled, as the embeddings node does (the node's
+            # Partitions facet, "<n>% filled", counts materializations only)
+            page.goto(f"http://127.0.0.1:{port}/asset-groups", wait_until="networkidle", timeout=120_000)
+            page.get_by_text("ui_embeddings_corpus").first.wait_for(timeout=60_000)
+            page.get_by_text("100% filled").first.wait_for(timeout=60_000)
+            try:
+                assert page.get_by_text("100% filled").count() == 2 and page.get_by_text("0% filled", exact=True).count() == 0
+            finally:
+                page.screenshot(path=str(shot.with_name("lineage.png")), full_page=True)
             browser.close()
     finally:
         os.killpg(server.pid, 15)

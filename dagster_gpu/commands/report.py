@@ -40,7 +40,7 @@ from dagster_gpu.instance.failures import launch_metadata, partition_line, step_
 from dagster_gpu.instance.run_ranges import PartitionRangeError, run_partition_keys
 from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
 from dagster_gpu.worker.metadata import placement_from_metadata
-from dagster_gpu.instance.events import metadata_get
+from dagster_gpu.instance.events import metadata_get, metadata_number
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,9 @@ def _measured_seconds(md: Mapping[str, Any]) -> float | None:
     wall = metadata_get(md, WALL_SECONDS)
     if isinstance(wall, (int, float)):
         return float(wall)
-    gs, dev = metadata_get(md, GPU_SECONDS), metadata_get(md, DEVICES)
+    gs, dev = metadata_get(md, GPU_SECONDS), metadata_number(md, DEVICES)  # devices: a setting, as text
     if isinstance(gs, (int, float)):
-        return float(gs) / float(dev) if isinstance(dev, (int, float)) and dev > 0 else float(gs)
+        return float(gs) / dev if dev is not None and dev > 0 else float(gs)
     return None
 
 

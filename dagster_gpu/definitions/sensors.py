@@ -7,8 +7,9 @@
   ``<hash of the range's keys and versions>:<first>..<last>``, so a version of a file is never requested
   twice by the sensor. A file rewritten while its run reads it is found changed at the next tick after
   that run (the run recorded the version from before its read). With the asset depending on its corpus
-  source asset (:func:`dagster_gpu.instance.source_versions.corpus_source`), the tick also records one observation
-  per partition whose file version changed (its data version). With ``prune=True`` it deletes the partitions
+  source asset (:func:`dagster_gpu.instance.source_versions.corpus_source`), the tick also records an observation and a runless
+  materialization of the corpus asset per partition whose file is new or changed (its data version; why both:
+  :mod:`dagster_gpu.instance.source_versions`). With ``prune=True`` it deletes the partitions
   of files gone, their outputs and their index rows (:func:`dagster_gpu.definitions.partitions.prune_partitions`). The
   cursor records how many files and the newest modification time seen (for the UI); the set of existing
   partitions is the authority, so files arriving out of modification-time order are never missed.
@@ -33,7 +34,7 @@ from dagster_gpu.definitions.partitions import corpus_of, indexes_following, par
 from dagster_gpu.policy.batching import Held, UnitCost, bridge_ranges, hold_decision
 from dagster_gpu.instance.run_ranges import range_run_tags
 from dagster_gpu.instance.source_versions import (
-    corpus_asset_key, depends_on_corpus, failed_reads, observations, observed_versions, recorded_versions,
+    corpus_asset_key, corpus_updates, corpus_versions, depends_on_corpus, failed_reads, recorded_versions,
 )
 from dagster_gpu.definitions.unit_cost import unit_cost
 
@@ -113,7 +114,7 @@ def corpus_sensor(
             due_again, status = _due_again(context.instance, asset, [f for f in files if f.key in existing])
         events = []
         if depends_on_corpus(asset):
-            events = observations(corpus_asset_key(asset.key), files, observed_versions(context.instance, corpus_asset_key(asset.key)))
+            events = corpus_updates(corpus_asset_key(asset.key), files, corpus_versions(context.instance, corpus_asset_key(asset.key)))
         cursor: dict[str, Any] = {"files": len(files), "newest_mtime": max((f.mtime for f in files), default=0.0)}
         due = [*due_again, *new]
         if not due:

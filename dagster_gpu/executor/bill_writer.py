@@ -32,7 +32,7 @@ from dagster_gpu.contracts import UnitBill, read_step_context
 from dagster_gpu.instance.step_args import step_args_from_env
 from dagster_gpu.instance.run_ranges import run_partition_keys
 from dagster_gpu.billing.measured import billed_device
-from dagster_gpu.instance.events import metadata_get
+from dagster_gpu.instance.events import metadata_get, metadata_number
 
 log = logging.getLogger(__name__)
 
@@ -112,8 +112,8 @@ def write_unit_bill(
     first = next((md for _, md in materialized.values() if md.get(DEVICE_TYPE) is not None), {})
     total = bill.gpu_seconds
     if bill.wall_seconds is not None:  # no scheduler counted the devices: those the unit's materializations report
-        devices = metadata_get(first, DEVICES)
-        total = bill.wall_seconds * (float(devices) if devices is not None else 1.0)
+        devices = metadata_number(first, DEVICES)
+        total = bill.wall_seconds * (devices if devices is not None else 1.0)
     parts = apportion_unit_bill(total, measured, failed)
     n = len(parts)
     product = metadata_get(first, "gpu/product_name")

@@ -32,6 +32,18 @@ def metadata_get(md: Mapping[str, Any], key: str) -> Any:
     return metadata_value(md.get(key))
 
 
+def metadata_number(md: Mapping[str, Any], key: str) -> float | None:
+    """Entry ``key`` of ``md`` as a float: a number, or a setting stored as numeric text (``"0.142857"``);
+    None when absent or not a number."""
+    v = metadata_get(md, key)
+    if isinstance(v, bool):
+        return None
+    try:
+        return float(v) if isinstance(v, (int, float, str)) else None
+    except ValueError:
+        return None
+
+
 def metadata_values(md: Mapping[str, Any]) -> dict[str, Any]:
     """Every entry of ``md`` as its plain value (:func:`metadata_value`)."""
     return {k: metadata_value(v) for k, v in md.items()}

@@ -10,12 +10,17 @@ dagster 1.13.27): ``dagster/input_data_version/<corpus asset>`` and ``dagster/in
 asset>`` (:func:`input_tags`).
 
 With :func:`corpus_source`, the corpus is an external asset with the embedding asset's dynamic partitions
-definition, and ``corpus_sensor`` records one ``AssetObservation`` per partition whose file version changed
-(tag ``dagster/data_version`` = the source version, from the listing the sensor makes anyway). Dagster's
-staleness machinery then works per partition (``CachingStaleStatusResolver``: "has a new code version",
-"has a new dependency data version"), and the UI shows the corpus asset upstream of the embeddings in the
-lineage, its per-partition observations (data version) on the corpus asset's page, and a partition of the
-embeddings whose file or code version changed as "Unsynced" with those causes.
+definition, and ``corpus_sensor`` records two runless events per partition whose file is new or changed
+(:func:`corpus_updates`, both tagged ``dagster/data_version`` = the source version, from the listing the sensor
+makes anyway), because Dagster 1.13 reads each for a different purpose:
+
+- an ``AssetObservation``: the staleness machinery reads a partitioned external dependency's observations
+  only (``CachingStaleStatusResolver._is_dep_updated`` → ``get_latest_data_version_record(is_source=True)``),
+  so a partition of the embeddings whose file or code version changed shows as "Unsynced" with those causes;
+- an ``AssetMaterialization`` (the file was updated outside Dagster): the UI's partition counts of an asset
+  are materializations only (dagster-graphql ``AssetNode.partitionStats``: the lineage node's "% filled", the
+  partitions view's "Missing"), as is the overview's "Latest materialization" of an asset that is not
+  observable; with observations alone the corpus showed "0% filled" and "Missing (n)" after every file was seen.
 """
 
 from __future__ import annotations
@@ -83,7 +88,9 @@ def input_tags(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, asset_k
     its corpus source asset (else ``{}``: Dagster reads an input the asset does not depend on as a removed
     dependency): ``dagster/input_data_version/<corpus>`` = the source version read and
     ``dagster/input_event_pointer/<corpus>`` = the storage id of that partition's latest observation (one
-    event-log query), as Dagster writes them for an ``Output``."""
+    event-log query), as Dagster writes them for an ``Output``: for a partitioned external dependency, Dagster's
+    staleness check reads observations after that pointer (``_is_dep_updated`` →
+    ``get_latest_data_version_record(is_source=True)``)."""
     if not depends_on_corpus(asset, asset_key):
         return {}
     corpus_key = corpus_asset_key(asset_key)
@@ -151,21 +158,31 @@ def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
     return out
 
 
-def observed_versions(instance: dg.DagsterInstance, corpus_key: dg.AssetKey) -> dict[str, str]:
-    """Partition key -> the data version of the corpus asset's latest observation of it (one query)."""
+def corpus_versions(instance: dg.DagsterInstance, corpus_key: dg.AssetKey) -> dict[str, str]:
+    """Partition key -> the data version of the corpus asset's latest materialization of it (one query).
+    Partitions only observed (what earlier versions recorded) are absent, so the next sensor tick records
+    them once more, as both events (the observation's version unchanged: nothing turns stale)."""
     tags = instance.event_log_storage.get_latest_tags_by_partition(
-        corpus_key, dg.DagsterEventType.ASSET_OBSERVATION, [DATA_VERSION_TAG])
+        corpus_key, dg.DagsterEventType.ASSET_MATERIALIZATION, [DATA_VERSION_TAG])
     return {k: t[DATA_VERSION_TAG] for k, t in tags.items() if DATA_VERSION_TAG in t}
 
 
-def observations(corpus_key: dg.AssetKey, files: Sequence[CorpusFile], observed: Mapping[str, str]) -> list[dg.AssetObservation]:
-    """One observation of ``corpus_key`` per file whose version differs from ``observed`` (pure): its data
-    version is the source version, with the file's URI and size as metadata."""
-    return [
-        dg.AssetObservation(corpus_key, partition=f.key, tags={DATA_VERSION_TAG: f.version},
-                            metadata={"corpus/file": f.uri, "corpus/size_bytes": f.size_bytes, SOURCE_VERSION_KEY: f.version})
-        for f in files if f.version and observed.get(f.key) != f.version
-    ]
+def corpus_updates(corpus_key: dg.AssetKey, files: Sequence[CorpusFile],
+                   recorded: Mapping[str, str]) -> list[dg.AssetObservation | dg.AssetMaterialization]:
+    """For each file whose version differs from ``recorded`` (:func:`corpus_versions`), an observation then a
+    runless materialization of ``corpus_key`` (pure; why both: the module docstring). Each carries the source
+    version as its data version and the file's URI, size (bytes) and modification time as metadata. Files
+    without a version (the store gave none) are left out."""
+    events: list[dg.AssetObservation | dg.AssetMaterialization] = []
+    for f in files:
+        if not f.version or recorded.get(f.key) == f.version:
+            continue
+        tags = {DATA_VERSION_TAG: f.version}
+        md = {"corpus/file": f.uri, "corpus/size_bytes": int(f.size_bytes), SOURCE_VERSION_KEY: f.version,
+              **({"corpus/modified_at": dg.MetadataValue.timestamp(f.mtime)} if f.mtime else {})}
+        events += [dg.AssetObservation(corpus_key, partition=f.key, tags=tags, metadata=md),
+                   dg.AssetMaterialization(corpus_key, partition=f.key, tags=tags, metadata=md)]
+    return events
 
 
 def _text(v) -> str | None:
@@ -208,8 +225,11 @@ def failed_reads(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition
             check_key, limit=1, status={AssetCheckExecutionRecordStatus.FAILED}, partition_filter=PartitionKeyFilter(key=k))
         if not recs:
             continue
-        ev = recs[0].event.dagster_event if recs[0].event is not None else None
+        entry = recs[0].event
+        ev = entry.dagster_event if entry is not None else None
         data = ev.asset_check_evaluation_data if ev is not None else None
-        out[k] = FailedRead(_text((data.metadata if data is not None else {}).get(FAILED_SOURCE_VERSION)),
-                            float(recs[0].create_timestamp))
+        # the event's own clock, not the row's create_timestamp: SQLite stores that as CURRENT_TIMESTAMP, whole
+        # seconds, so a file written earlier in the same second looked modified after the failure
+        when = entry.timestamp if entry is not None else float(recs[0].create_timestamp)
+        out[k] = FailedRead(_text((data.metadata if data is not None else {}).get(FAILED_SOURCE_VERSION)), float(when))
     return out

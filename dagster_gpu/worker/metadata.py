@@ -1,7 +1,12 @@
 """Materialization metadata of one partition step (pure). Keys and units: README.md, "Metadata on each materialization".
 
-Every numeric value is a plain finite float/int so the Dagster UI can plot it across partitions;
-a figure that is unknown is left out (with ``gpu/unavailable_reason`` saying why), never NaN or inf.
+Every measured figure is a plain finite float/int so the Dagster UI plots it across partitions, a float
+rounded to :data:`SIGNIFICANT_DIGITS` significant digits (what a clock or NVML sample means; the UI shows a
+float's full ``repr``); a figure that is unknown is left out (with ``gpu/unavailable_reason`` saying why),
+never NaN or inf. The step's settings (:data:`SETTING_KEYS`: output dimension, devices billed, rate, threads)
+are the same for every partition of a deployment, so they are text: the UI's Plots tab draws one chart per
+Int/Float entry of a partition's latest materialization (``extractNumericData`` in dagster-ui's
+``AssetMaterializationGraphs.tsx``), and a flat line per setting would take half of it.
 """
 
 from __future__ import annotations
@@ -25,10 +30,39 @@ class NonFiniteMetadata(ValueError):
     """A metadata value was NaN or infinite; the message names the key."""
 
 
+#: Significant digits a measured float keeps (23.28464388847351 s -> 23.28, 0.0003233978317843543 USD -> 0.0003234),
+#: never fewer than its integer digits (12345.678 s -> 12346.0): a worker's clock and NVML's samples do not mean
+#: more, and the relative error (≤ 5e-4) is below what separates two partitions' runs.
+SIGNIFICANT_DIGITS = 4
+
+#: Keys whose value is a setting of the step, not a measurement: stored as text (not plotted).
+SETTING_KEYS = frozenset({
+    "embedding/dim", "embedding/max_seq_length", "embedding/truncate_dim", "embedding/torch_threads",
+    "embedding/devices", DEVICES, RATE_USD_PER_GPU_HOUR, "gpu/device_fraction",
+})
+
+
+def rounded(v: float, digits: int = SIGNIFICANT_DIGITS) -> float:
+    """``v`` rounded to ``digits`` significant digits, or to a whole number when it has more integer digits
+    than that (0.0 stays 0.0; half to even, as ``round``). Pure."""
+    if v == 0:
+        return 0.0
+    return float(round(v, max(0, digits - 1 - math.floor(math.log10(abs(v))))))
+
+
 def _num(key: str, v: float) -> float:
     if not math.isfinite(v):
         raise NonFiniteMetadata(f"metadata {key!r} is not finite: {v!r}")
     return float(v)
+
+
+def _shown(key: str, v: Any) -> Any:
+    """How entry ``key`` is stored: a setting as text, a measured float rounded, anything else as it is."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return v
+    if key in SETTING_KEYS:
+        return dg.MetadataValue.text(f"{v:g}" if isinstance(v, float) else str(v))
+    return rounded(v) if isinstance(v, float) else v
 
 
 #: The figures people look at first, in this order; every other key follows in insertion order.
@@ -113,6 +147,9 @@ def build_metadata(
     ``embedding/normalize``, ``embedding/truncate_dim`` (when set), ``embedding/output_dtype``,
     ``embedding/max_seq_length``, ``embedding/chunking`` (JSON, when chunked) and ``embedding/pooling`` (JSON).
 
+    Measured floats are :func:`rounded`; :data:`SETTING_KEYS` are text (``"384"``, ``"0.142857"``: read them
+    back with ``float``/``int``).
+
     Raises NonFiniteMetadata if any numeric input is NaN/inf (a bug upstream, never silently dropped).
     """
     md: dict[str, Any] = {
@@ -171,7 +208,7 @@ def build_metadata(
         md.update(lineage_entries(lineage))
     for k, v in (backend_metadata or {}).items():
         md[k] = v
-    return ordered(md)
+    return ordered({k: _shown(k, v) for k, v in md.items()})
 
 
 def lineage_entries(lineage: Mapping[str, Any]) -> dict[str, Any]:
