@@ -17,7 +17,7 @@ Headline (the targets: ``preempt.rework_fraction`` <= 0.05, ``preempt.graceful_e
 - **output identical**: the checkpointed chain's final output is the baseline rerun's (an uninterrupted embed of
   the file) byte for byte.
 
-Run (about 2.5 passes over the file; 200,000 short records ≈ 3-4 min per pass on 2 CPU cores)::
+Run (about 2.5 passes over the file; 200,000 short records ≈ 7 min per pass on 2 CPU cores, 19 min in all)::
 
     nice -n 10 python bench/preempt.py --records 200000 --json
 
@@ -219,7 +219,7 @@ def run(args) -> dict:
                          "last_attempt": last},
         "graceful_exit_s": exits, "graceful_exit_p95_s": p95(exits),
         "output_identical_bytes": identical, "output_tables_equal": tables_equal,
-        "command": "nice -n 10 python bench/preempt.py " + " ".join(sys.argv[1:]),
+        "command": "python bench/preempt.py " + " ".join(sys.argv[1:]),
     }
     if not args.keep:
         for p in sorted(work.rglob("*"), key=lambda p: -len(p.parts)):
