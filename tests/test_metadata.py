@@ -110,6 +110,11 @@ def test_measured_floats_rounded_settings_as_text():
     assert (rounded(12345.678), rounded(-0.000123456), rounded(0.0), rounded(1e-12 / 3)) == (12346.0, -0.0001235, 0.0, 3.333e-13)
 
 
+def test_a_non_finite_entry_from_the_unit_or_backend_names_its_key():
+    with pytest.raises(NonFiniteMetadata, match="embedding/useful_fraction"):
+        cpu_metadata(backend_metadata={"embedding/useful_fraction": float("nan")})
+
+
 def test_settings_read_back_as_numbers():
     from dagster_gpu.commands.report import useful_fraction
     from dagster_gpu.instance.events import metadata_number

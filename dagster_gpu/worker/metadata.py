@@ -57,9 +57,12 @@ def _num(key: str, v: float) -> float:
 
 
 def _shown(key: str, v: Any) -> Any:
-    """How entry ``key`` is stored: a setting as text, a measured float rounded, anything else as it is."""
+    """How entry ``key`` is stored: a setting as text, a measured float rounded, anything else as it is.
+    Every float passes :func:`_num` here, the backend's and the unit's entries too (NonFiniteMetadata)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return v
+    if isinstance(v, float):
+        v = _num(key, v)
     if key in SETTING_KEYS:
         return dg.MetadataValue.text(f"{v:g}" if isinstance(v, float) else str(v))
     return rounded(v) if isinstance(v, float) else v
