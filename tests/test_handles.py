@@ -1,4 +1,4 @@
-"""The local and Slurm backends' typed handles: the JSON form the executor stores in the event log (so a resumed
+"""The local, Slurm and Kubernetes backends' typed handles: the JSON form the executor stores in the event log (so a resumed
 run re-attaches) and the forms recorded by earlier versions."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from dagster_gpu.k8s.handle import PodHandle
 from dagster_gpu.local.backend import LocalHandle
 from dagster_gpu.slurm.handle import SlurmHandle
 
@@ -33,3 +34,21 @@ def test_local_handle_round_trips_and_reads_one_without_a_unit():
     assert LocalHandle.from_handle(json.loads(json.dumps(h.to_handle()))) == h
     old = LocalHandle.from_handle({"pid": 7, "create_time": 1.0, "status_file": "s", "log_file": "l"})
     assert (old.unit, old.host) == ("", "")
+
+
+def test_pod_handle_round_trips_through_json():
+    h = PodHandle(namespace="ns", pod="dgpu-embed-1a2b", pod_uid="0d6f-uid", template="dgpu-embed-1a2b",
+                  device_class="gpu.nvidia.com", device_type="mig-1g.10gb", device_fraction=1 / 7,
+                  product="NVIDIA A100-SXM4-80GB", sharing="TimeSlicing", device_request='{"deviceType": "mig-1g.10gb"}',
+                  placement_device="mig-1g.10gb", launched_at=1764660000.5, partition_key="doc 1/ä.txt")
+    assert PodHandle.from_handle(json.loads(json.dumps(h.to_handle()))) == h
+
+
+def test_pod_handle_reads_the_minimal_and_the_null_forms():
+    # a handle with only the pod's identity (the fields a bill needs default to an unpriced claim-less pod)
+    h = PodHandle.from_handle({"namespace": "ns", "pod": "p", "pod_uid": "u", "product": None, "launched_at": None})
+    assert (h.device_type, h.device_fraction, h.product, h.template, h.launched_at) == ("default", 0.0, "", "", 0.0)
+    with pytest.raises(KeyError, match="pod_uid"):
+        PodHandle.from_handle({"namespace": "ns", "pod": "p"})  # no uid: a later pod of the same name is not it
+    with pytest.raises(KeyError):
+        PodHandle.from_handle({"array_job_id": 5, "array_task_id": 0, "batch": "b"})  # a Slurm handle

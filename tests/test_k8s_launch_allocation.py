@@ -10,6 +10,7 @@ firstAvailable subrequest ``<main request>/<subrequest>`` (kubernetes/api v0.34 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import json
 from pathlib import Path
@@ -20,6 +21,7 @@ from kubernetes.client import V1ObjectMeta
 from dagster_gpu.contracts import StepLaunch
 from dagster_gpu.k8s.backend import KubernetesBackend
 from dagster_gpu.k8s.billing import pod_interval_metadata
+from dagster_gpu.k8s.handle import PodHandle
 from dagster_gpu.k8s import dra
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher
@@ -127,7 +129,7 @@ def _watched(claim_file):
 
 def test_a_whole_gpu_given_as_the_first_available_fallback_is_billed_as_a_whole_gpu():
     handle = _first_available_handle()
-    assert (handle["device_type"], handle["device_fraction"]) == ("mig-1g.10gb", pytest.approx(1 / 7))  # as asked
+    assert (handle.device_type, handle.device_fraction) == ("mig-1g.10gb", pytest.approx(1 / 7))  # as asked
     seen = _watched("claim_allocated_whole_gpu.json")
     assert seen["requests"] == ["gpu/gpu"]
     md = pod_interval_metadata(handle, 1000.0, 1070.0, "claim", seen["devices"], RATES, seen["requests"])
@@ -143,7 +145,7 @@ def test_a_slice_given_by_a_first_available_claim_stays_a_seventh():
     assert (md["billing/device_type"], md["billing/gpu_seconds"]) == ("mig-1g.10gb", pytest.approx(10.0))
     # without the results (claim never seen) the bill is what was asked, and a broken annotation changes nothing
     assert pod_interval_metadata(handle, 1000.0, 1070.0, "claim", [], RATES)["billing/gpu_seconds"] == pytest.approx(10.0)
-    bad = {**handle, "device_request": "{not json"}
+    bad = dataclasses.replace(handle, device_request="{not json")
     assert pod_interval_metadata(bad, 1000.0, 1070.0, "c", [], RATES, ["gpu/gpu"])["billing/gpu_seconds"] == pytest.approx(10.0)
 
 
@@ -155,7 +157,7 @@ def test_the_launch_handle_carries_the_device_request_the_bill_resolves():
     assert h["device_request"] == kube.pods[-1]["metadata"]["annotations"][m.ANNOTATION_DEVICE_REQUEST]
     facts = {"started_at": 0.0, "finished_at": 14.0, "resource_claim": "c", "allocated_devices": ["d"],
              "allocated_requests": ["gpu/gpu"], "env": {}}
-    assert b._metadata(h, facts)["billing/gpu_seconds"] == 14.0
+    assert b._metadata(PodHandle.from_handle(h), facts)["billing/gpu_seconds"] == 14.0
 
 
 def test_pod_py_uses_the_public_mig_profile_names():

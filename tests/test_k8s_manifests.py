@@ -176,11 +176,11 @@ def test_handle_from_pod_recovers_what_the_launcher_knew():
     pod, template, choice = m.step_objects(_launch(GpuRequest(mig_ok=True), pk="doc 1/ä.txt"), m.PodSettings())
     pod.metadata.uid = "u-1"
     h = m.handle_from_pod(pod)
-    assert h["pod"] == pod.metadata.name and h["template"] == template.metadata.name and h["pod_uid"] == "u-1"
-    assert h["device_type"] == "mig-1g.10gb" and h["device_fraction"] == pytest.approx(1 / 7)
-    assert h["partition_key"] == "doc 1/ä.txt"
+    assert h.pod == pod.metadata.name and h.template == template.metadata.name and h.pod_uid == "u-1"
+    assert h.device_type == "mig-1g.10gb" and h.device_fraction == pytest.approx(1 / 7)
+    assert h.partition_key == "doc 1/ä.txt"
     cpu_pod, _, _ = m.step_objects(_launch(GpuRequest(count=0)), m.PodSettings())
-    assert m.handle_from_pod(cpu_pod)["device_type"] == "cpu" and m.handle_from_pod(cpu_pod)["template"] == ""
+    assert (m.handle_from_pod(cpu_pod).device_type, m.handle_from_pod(cpu_pod).template) == ("cpu", "")
 
 
 def test_container_context_is_merged_as_dagster_k8s_does():

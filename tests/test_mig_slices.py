@@ -8,6 +8,7 @@ import pytest
 
 from dagster_gpu.billing.ratecard import RateCard, RateCardError, mig_fraction, rate_from_table
 from dagster_gpu.k8s.billing import pod_interval_metadata
+from dagster_gpu.k8s.handle import PodHandle
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.policy.snapshot import DeviceGroup
 from dagster_gpu.core.request import GpuRequest
@@ -40,8 +41,8 @@ def test_an_a30_slice_is_priced_at_a_quarter_of_its_parent():
 def test_an_a30_slice_on_kubernetes_is_a_quarter_in_the_claim_the_bill_and_the_policy():
     choice = m.device_choice(GpuRequest(mig_ok=True, product=A30), "mig-1g.6gb", m.PodSettings(secret_env=()))
     assert (choice.device_type, choice.mig_profile, choice.device_fraction) == ("mig-1g.6gb", "1g.6gb", 0.25)
-    handle = {"namespace": "ns", "pod": "p", "device_type": choice.device_type,
-              "device_fraction": choice.device_fraction, "product": choice.product}
+    handle = PodHandle(namespace="ns", pod="p", pod_uid="u", device_type=choice.device_type,
+                       device_fraction=choice.device_fraction, product=choice.product)
     md = pod_interval_metadata(handle, 1000.0, 1040.0, "claim", [], {"default": 1.0, A30: 0.9})
     assert (md["billing/gpu_seconds"], md["billing/rate_usd_per_gpu_hour"]) == (10.0, 0.9)
     pool = DeviceGroup("mig-1g.6gb", A30, 6.0, free=4, total=4, mig_profile="1g.6gb")

@@ -60,6 +60,7 @@ from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, RATE_USD_PER_GPU_HOU
 from dagster_gpu.billing.ratecard import RateCard, RateCardError
 from dagster_gpu.contracts import Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, describe_partitions, with_step_context
 from dagster_gpu.k8s.billing import pod_interval_metadata
+from dagster_gpu.k8s.handle import PodHandle
 from dagster_gpu.k8s.pod_state import (
     FAILED_PREPARE, PodTimeouts, needs_events, pod_state, terminated,
 )
@@ -188,14 +189,9 @@ class KubernetesBackend(Backend):
 
     # -- launch -------------------------------------------------------------------------------------
     def launch(self, launch: StepLaunch) -> Handle:
-        """Create the template and pod for ``launch``; returns the handle
-
-        ``{namespace, pod, pod_uid, template, device_class, device_type, device_fraction, product, sharing,
-        device_request, placement_device, launched_at, partition_key}`` (``template`` empty for a CPU-only step;
-        ``partition_key`` the key of a single-partition step, else "";
-        ``sharing`` the claim's TimeSlicing/MPS or ""; ``device_request`` the DeviceChoice as JSON, as in the
-        pod's annotation, or ""; ``placement_device`` the policy pool it was placed on or ""). An existing pod of the same
-        run/step/attempt is re-attached. Raises ManifestError, or RuntimeError naming the partitions (:func:`~dagster_gpu.contracts.describe_partitions`)
+        """Create the template and pod for ``launch``; returns the handle (a
+        :class:`~dagster_gpu.k8s.handle.PodHandle`'s stored form). An existing pod of the same run/step/attempt is
+        re-attached. Raises ManifestError, or RuntimeError naming the partitions (:func:`~dagster_gpu.contracts.describe_partitions`)
         when the API refuses the template or the pod.
         """
         shared = self._shared(launch)
@@ -231,22 +227,19 @@ class KubernetesBackend(Backend):
                 self.kube.set_template_owner(name, m.owner_reference(name, created.metadata.uid))
             except ApiException as e:  # the pod still runs; the template is cleaned up on terminate
                 log.warning("could not make template %s owned by its pod: %s %s", name, e.status, e.reason)
-        handle = {
-            "namespace": self.settings.namespace,
-            "pod": name,
-            "pod_uid": created.metadata.uid,
-            "template": name if template is not None else "",
-            "device_class": choice.device_class if choice else "",
-            "device_type": choice.device_type if choice else "cpu",
-            "device_fraction": choice.device_fraction if choice else 0.0,
-            "product": (choice.product or "") if choice else "",
-            "sharing": (choice.sharing or "") if choice else "",
-            "device_request": json.dumps(choice.to_json(), sort_keys=True) if choice else "",
-            "placement_device": launch.placement.device or "",
-            "launched_at": time.time(),
-            "partition_key": launch.partition_keys[0] if len(launch.partition_keys) == 1 else "",
-        }
-        return handle
+        return PodHandle(
+            namespace=self.settings.namespace, pod=name, pod_uid=created.metadata.uid,
+            template=name if template is not None else "",
+            device_class=choice.device_class if choice else "",
+            device_type=choice.device_type if choice else "cpu",
+            device_fraction=choice.device_fraction if choice else 0.0,
+            product=(choice.product or "") if choice else "",
+            sharing=(choice.sharing or "") if choice else "",
+            device_request=json.dumps(choice.to_json(), sort_keys=True) if choice else "",
+            placement_device=launch.placement.device or "",
+            launched_at=time.time(),
+            partition_key=launch.partition_keys[0] if len(launch.partition_keys) == 1 else "",
+        ).to_handle()
 
     def _shared(self, launch: StepLaunch) -> bool:
         """Whether the step's claim may carry the sharing config: the placement's ``shared`` when the policy
@@ -257,32 +250,30 @@ class KubernetesBackend(Backend):
         return self.sharing_failures.allows_sharing(launch.placement.device)
 
     def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
-        return {
-            "k8s/namespace": str(handle["namespace"]),
-            "k8s/pod": str(handle["pod"]),
-            "k8s/resource_claim_template": str(handle.get("template", "")),
-            "gpu/device_fraction": float(handle.get("device_fraction", 0.0)),
-        }
+        h = PodHandle.from_handle(handle)
+        return {"k8s/namespace": h.namespace, "k8s/pod": h.pod, "k8s/resource_claim_template": h.template,
+                "gpu/device_fraction": h.device_fraction}
 
     # -- state -----------------------------------------------------------------------------------------
     def state(self, handle: Handle) -> WorkerState:
         """See the module docstring. UNKNOWN on a transient API error (never changes a step's state). Only
         reads (and remembers a terminal state with the pod's end facts)."""
         self.claims.start()
+        h = PodHandle.from_handle(handle)
         with self._lock:
-            final = self._final.get(str(handle["pod_uid"]))
+            final = self._final.get(h.pod_uid)
         if final is not None:
             return final["state"]
         try:
-            return self._state(handle)
+            return self._state(h)
         except ApiException as e:
             return WorkerState(WorkerStatus.UNKNOWN, message=f"Kubernetes API error {e.status} {e.reason}")
         except Exception as e:  # noqa: BLE001 - connection errors are transient for the health check
             return WorkerState(WorkerStatus.UNKNOWN, message=f"Kubernetes API unreachable: {type(e).__name__}: {e}")
 
-    def _state(self, handle: Handle) -> WorkerState:
-        name, uid = str(handle["pod"]), str(handle["pod_uid"])
-        age = time.time() - float(handle.get("launched_at", 0))
+    def _state(self, handle: PodHandle) -> WorkerState:
+        name, uid = handle.pod, handle.pod_uid
+        age = time.time() - handle.launched_at
         pod = self.kube.read_pod(name)
         if pod is None or pod.metadata.uid != uid:
             with self._lock:  # another thread may have just read its end, then the settler deleted it
@@ -290,7 +281,7 @@ class KubernetesBackend(Backend):
             if final is not None:
                 return final["state"]
             return WorkerState(WorkerStatus.FAILED, message=(
-                f"pod {handle['namespace']}/{name} (uid {uid}) does not exist (never created, or deleted outside the executor)"))
+                f"pod {handle.namespace}/{name} (uid {uid}) does not exist (never created, or deleted outside the executor)"))
         body = m.to_dict(pod)
         events = self.kube.pod_events(name) if needs_events(body) else []
         verdict = pod_state(body, age, self.timeouts, events, now=time.time())
@@ -298,14 +289,14 @@ class KubernetesBackend(Backend):
             return self._remember(uid, verdict.state, self._end_facts(pod))
         if verdict.action == "give_up":
             st = verdict.state
-            if verdict.cause == FAILED_PREPARE and handle.get("sharing"):
+            if verdict.cause == FAILED_PREPARE and handle.sharing:
                 # the driver refuses this sharing config on the pool (its feature gate is off): the policy
                 # stops choosing shared placements there (dagster_gpu.k8s.sharing_failures)
-                self.sharing_failures.record(str(handle.get("placement_device") or "") or None,
+                self.sharing_failures.record(handle.placement_device or None,
                                              st.message.split("kubelet events: ", 1)[-1])
             return self._remember(uid, WorkerState(st.status, st.exit_code, st.message, abandoned=True), None)
         if verdict.state.status == WorkerStatus.RUNNING and not pod.metadata.deletion_timestamp \
-                and self.claims.get(uid) is None and handle.get("template"):
+                and self.claims.get(uid) is None and handle.template:
             claim = self._claim_of(pod)  # fallback when the watch is behind
             if claim is not None:
                 self.claims.record(claim)
@@ -348,13 +339,14 @@ class KubernetesBackend(Backend):
         """The ended pod's pod-interval bill (:func:`~dagster_gpu.k8s.billing.pod_interval_metadata`),
         read only: ``UnitBill.nothing`` for a pod that never ran (given up on, no interval) or that is gone
         without this process having read its end (another process settled it); None while it runs."""
-        uid = str(handle["pod_uid"])
+        h = PodHandle.from_handle(handle)
+        uid = h.pod_uid
         with self._lock:
             final = self._final.get(uid)
         if final is None:
-            pod = self.kube.read_pod(str(handle["pod"]))
+            pod = self.kube.read_pod(h.pod)
             if pod is None or pod.metadata.uid != uid:
-                return UnitBill.nothing(f"pod {handle['pod']} is gone")
+                return UnitBill.nothing(f"pod {h.pod} is gone")
             verdict = pod_state(m.to_dict(pod), 0.0, self.timeouts)
             if verdict.action != "finish":
                 return None
@@ -363,18 +355,18 @@ class KubernetesBackend(Backend):
                 final = self._final[uid]
         facts = final["facts"]
         try:
-            md = self._metadata(handle, facts)
+            md = self._metadata(h, facts)
         except RateCardError as e:  # a rate table without this device and no default: nothing can be priced
-            log.warning("pod %s is not billed: %s", handle["pod"], e)
+            log.warning("pod %s is not billed: %s", h.pod, e)
             return UnitBill.nothing(str(e))
         if md is None:
-            return UnitBill.nothing(f"pod {handle['pod']} never ran")
+            return UnitBill.nothing(f"pod {h.pod} never ran")
         return UnitBill(
             gpu_seconds=md[GPU_SECONDS],
             rate_usd_per_gpu_hour=md[RATE_USD_PER_GPU_HOUR],
             metadata={**{k: v for k, v in md.items() if k not in (GPU_SECONDS, COST_USD)},
                       "dagster_gpu/backend": "kubernetes"},
-            match=("k8s/pod", str(handle["pod"])),
+            match=("k8s/pod", h.pod),
             env=facts["env"],
         )
 
@@ -382,13 +374,13 @@ class KubernetesBackend(Backend):
         """With ``delete_finished_pods``, the graceful delete of the ended pod with its UID precondition:
         True for the one process whose delete succeeded (it writes the bill). Without it, True once per
         process. The template goes with the pod (owner reference), the claim is released by the pod's end."""
-        uid = str(handle["pod_uid"])
+        h = PodHandle.from_handle(handle)
         with self._lock:
-            if uid in self._released:
+            if h.pod_uid in self._released:
                 return False
-            self._released.add(uid)
-        mine = self.kube.delete_pod(str(handle["pod"]), uid=uid) if self.delete_finished_pods else True
-        log.info("pod %s released; deleted by this process: %s", handle["pod"], mine)
+            self._released.add(h.pod_uid)
+        mine = self.kube.delete_pod(h.pod, uid=h.pod_uid) if self.delete_finished_pods else True
+        log.info("pod %s released; deleted by this process: %s", h.pod, mine)
         return mine
 
     def unsettled(self) -> list[Handle]:
@@ -410,7 +402,7 @@ class KubernetesBackend(Backend):
                 if pod.metadata.uid in self._released:
                     continue
             self._remember(pod.metadata.uid, pod_state(m.to_dict(pod), 0.0, self.timeouts).state, self._end_facts(pod))
-            out.append(m.handle_from_pod(pod))
+            out.append(m.handle_from_pod(pod).to_handle())
         return out
 
     # -- terminate ---------------------------------------------------------------------------------------
@@ -420,18 +412,19 @@ class KubernetesBackend(Backend):
         Claims are deleted too: the API server keeps an allocated claim until the pod released it, so this
         never takes a device from a running container. Idempotent; objects already gone are skipped.
         """
-        name, uid = str(handle["pod"]), str(handle["pod_uid"])
+        h = PodHandle.from_handle(handle)
+        name, uid = h.pod, h.pod_uid
         pod = self.kube.read_pod(name)
         claims = [s.resource_claim_name for s in (pod.status.resource_claim_statuses or [])
                   if s.resource_claim_name] if pod is not None and pod.metadata.uid == uid else []
         self.kube.delete_pod(name, uid=uid)
-        if handle.get("template"):
-            self.kube.delete_claim_template(str(handle["template"]))
+        if h.template:
+            self.kube.delete_claim_template(h.template)
         for c in claims:
             self.kube.delete_claim(c)
 
     # -- post-run figures ---------------------------------------------------------------------------------
-    def _metadata(self, handle: Handle, facts: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    def _metadata(self, handle: PodHandle, facts: Mapping[str, Any] | None) -> dict[str, Any] | None:
         if facts is None:
             return None
         return pod_interval_metadata(handle, facts["started_at"], facts["finished_at"], facts["resource_claim"],

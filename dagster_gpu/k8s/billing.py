@@ -12,40 +12,40 @@ fallback is a whole GPU, not the slice's fraction.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any, Mapping, Sequence
 
 from dagster_gpu.billing.keys import COST_USD, DEVICE_TYPE, GPU_SECONDS, RATE_USD_PER_GPU_HOUR, SOURCE
 from dagster_gpu.billing.metering import charge
-from dagster_gpu.contracts import Handle
 from dagster_gpu.k8s.dra import choice_from_json
+from dagster_gpu.k8s.handle import PodHandle
 
 
-def allocated_handle(handle: Handle, allocated_requests: Sequence[str]) -> Handle:
+def allocated_handle(handle: PodHandle, allocated_requests: Sequence[str]) -> PodHandle:
     """``handle`` with ``device_type``, ``device_fraction`` and ``product`` of the alternative its claim was
     allocated (:meth:`~dagster_gpu.k8s.dra.DeviceChoice.resolve` of the first result's ``request``).
 
     Unchanged (billed as asked) without a ``device_request`` or results, for an ``exactly`` request, or when
     ``device_request`` is not a DeviceChoice's JSON (an annotation edited by hand)."""
-    raw = str(handle.get("device_request") or "")
-    if not raw or not allocated_requests:
+    if not handle.device_request or not allocated_requests:
         return handle
     try:
-        choice = choice_from_json(json.loads(raw)).resolve(allocated_requests[0])
+        choice = choice_from_json(json.loads(handle.device_request)).resolve(allocated_requests[0])
     except (ValueError, KeyError, TypeError, AttributeError):
         return handle
-    return {**handle, "device_type": choice.device_type, "device_fraction": choice.device_fraction,
-            "product": choice.product or str(handle.get("product") or "")}
+    return dataclasses.replace(handle, device_type=choice.device_type, device_fraction=choice.device_fraction,
+                               product=choice.product or handle.product)
 
 
-def pod_interval_metadata(handle: Handle, started_at: float | None, finished_at: float | None, resource_claim: str,
+def pod_interval_metadata(handle: PodHandle, started_at: float | None, finished_at: float | None, resource_claim: str,
                           allocated_devices: Sequence[str], rates: Mapping[str, float],
                           allocated_requests: Sequence[str] = ()) -> dict[str, Any] | None:
     """Observation metadata of an ended pod, or None when its container never ran (no interval).
 
     Args:
-        handle: the kubernetes backend's handle (``namespace``, ``pod``, ``device_type``, ``device_fraction``,
-            ``product``: the GPU product asked for, a MIG slice's parent).
+        handle: the pod's handle (its ``namespace``, ``pod``, ``device_type``, ``device_fraction`` and
+            ``product``, the GPU product asked for: a MIG slice's parent).
         started_at, finished_at: the container's ``terminated.startedAt`` / ``finishedAt`` (Unix epoch s).
         resource_claim: the generated ResourceClaim's name (empty for a CPU-only pod).
         allocated_devices: ``driver/pool/device`` of each device the claim was allocated.
@@ -62,13 +62,11 @@ def pod_interval_metadata(handle: Handle, started_at: float | None, finished_at:
         return None
     handle = allocated_handle(handle, allocated_requests)
     interval = max(0.0, finished_at - started_at)
-    fraction = float(handle.get("device_fraction", 0.0))
-    device_type = str(handle.get("device_type", "default"))
-    bill = charge(rates, device_type, 1.0 if device_type == "cpu" else fraction, interval,
-                  str(handle.get("product") or "") or None)
+    fraction, device_type = handle.device_fraction, handle.device_type
+    bill = charge(rates, device_type, 1.0 if device_type == "cpu" else fraction, interval, handle.product or None)
     return {
-        "k8s/namespace": str(handle["namespace"]),
-        "k8s/pod": str(handle["pod"]),
+        "k8s/namespace": handle.namespace,
+        "k8s/pod": handle.pod,
         "k8s/resource_claim": resource_claim,
         "k8s/allocated_devices": ",".join(allocated_devices),
         "k8s/device_request": ",".join(allocated_requests),

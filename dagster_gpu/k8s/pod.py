@@ -27,6 +27,7 @@ from dagster_gpu.contracts import StepLaunch
 from dagster_gpu.k8s.dra import (
     REQUEST_NAME, SHARING_STRATEGIES, DeviceChoice, ManifestError, claim_template, device_choice, is_mig_profile,
 )
+from dagster_gpu.k8s.handle import PodHandle
 from dagster_gpu.k8s.names import (
     ANNOTATION_DEVICE_REQUEST, ANNOTATION_PARTITION_KEY, ANNOTATION_PLACEMENT_DEVICE, ANNOTATION_STEP_KEY, ENV_NAMESPACE,
     ENV_POD, object_name, step_labels,
@@ -305,28 +306,24 @@ def step_objects(launch: StepLaunch, settings: PodSettings, shared: bool | None 
     return pod, template, choice
 
 
-def handle_from_pod(pod: client.V1Pod) -> dict[str, Any]:
-    """The backend handle of a pod this library created (labels + annotations), for a process that did not
-    launch it (settling pods whose orchestrator went away)."""
+def handle_from_pod(pod: client.V1Pod) -> PodHandle:
+    """The handle of a pod this library created (labels + annotations), for a process that did not launch it
+    (settling pods whose orchestrator went away)."""
     ann = pod.metadata.annotations or {}
     req = json.loads(ann.get(ANNOTATION_DEVICE_REQUEST, "null")) or {}
     has_claim = bool(pod.spec.resource_claims)
-    fraction = float(req.get("deviceFraction", 0.0)) if has_claim else 0.0
-    device_type = req.get("deviceType") or ("default" if has_claim else "cpu")
-    return {
-        "namespace": pod.metadata.namespace,
-        "pod": pod.metadata.name,
-        "pod_uid": pod.metadata.uid,
-        "template": pod.metadata.name if has_claim else "",
-        "device_class": req.get("deviceClassName", ""),
-        "device_type": device_type,
-        "device_fraction": fraction,
-        "product": req.get("product") or "",
-        "sharing": (req.get("sharing") or "") if has_claim else "",
-        "device_request": ann.get(ANNOTATION_DEVICE_REQUEST, "") if has_claim else "",
-        "placement_device": ann.get(ANNOTATION_PLACEMENT_DEVICE, ""),
-        "launched_at": pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else 0.0,
-        "partition_key": ann.get(ANNOTATION_PARTITION_KEY, ""),
-    }
+    return PodHandle(
+        namespace=pod.metadata.namespace, pod=pod.metadata.name, pod_uid=pod.metadata.uid,
+        template=pod.metadata.name if has_claim else "",
+        device_class=req.get("deviceClassName", ""),
+        device_type=req.get("deviceType") or ("default" if has_claim else "cpu"),
+        device_fraction=float(req.get("deviceFraction", 0.0)) if has_claim else 0.0,
+        product=req.get("product") or "",
+        sharing=(req.get("sharing") or "") if has_claim else "",
+        device_request=ann.get(ANNOTATION_DEVICE_REQUEST, "") if has_claim else "",
+        placement_device=ann.get(ANNOTATION_PLACEMENT_DEVICE, ""),
+        launched_at=pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else 0.0,
+        partition_key=ann.get(ANNOTATION_PARTITION_KEY, ""),
+    )
 
 
