@@ -64,14 +64,18 @@ def executor_config() -> dict:
 def ssh_transport_config() -> dict:
     """``DGPU_TEST_SLURM_TRANSPORT=ssh``: the slurm section reaches the cluster through the test sshd
     (resources/ssh/sshd.sh; its ``DAGSTER_GPU_SSH_*`` variables), with the cluster-side spool
-    ``DGPU_TEST_REMOTE_SPOOL`` and the master's socket in ``DGPU_TEST_SSH_CONTROL_DIR``. Empty otherwise."""
+    ``DGPU_TEST_REMOTE_SPOOL``, the master's socket in ``DGPU_TEST_SSH_CONTROL_DIR`` and the Slurm commands in
+    ``DGPU_TEST_SLURM_BIN_DIR`` when set (the 24.11 cluster's wrappers). Empty otherwise."""
     if os.environ.get("DGPU_TEST_SLURM_TRANSPORT", "local") != "ssh":
         return {}
     from pipelines.demo_backends import ssh_settings
 
     # what a local sbatch would have exported to the array task: the instance, the test's knobs, the checkout
-    return ssh_settings(os.environ["DGPU_TEST_REMOTE_SPOOL"], ("DAGSTER_*", "DGPU_TEST_*", "PYTHONPATH"),
-                        os.environ["DGPU_TEST_SSH_CONTROL_DIR"])
+    cfg = ssh_settings(os.environ["DGPU_TEST_REMOTE_SPOOL"], ("DAGSTER_*", "DGPU_TEST_*", "PYTHONPATH"),
+                       os.environ["DGPU_TEST_SSH_CONTROL_DIR"])
+    if os.environ.get("DGPU_TEST_SLURM_BIN_DIR"):  # the 24.11 cluster's client wrappers, not on the login PATH
+        cfg["slurm_bin_dir"] = os.environ["DGPU_TEST_SLURM_BIN_DIR"]
+    return cfg
 
 
 def worker_python_config(slurm: dict) -> dict:

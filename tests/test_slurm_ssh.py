@@ -231,3 +231,23 @@ def test_a_command_through_a_gone_master_is_known_never_to_have_left(sshd, dirs)
     assert t.run(["echo", "ok"], set_env={}, timeout_s=20, forward_env=True).stdout == "ok\n"  # sbatch-like: sent once
     assert SSH.logins(sshd) - before == 1 and t.masters_started == 1
     _stop(t)
+
+
+def test_slurm_bin_dir_names_the_commands_on_the_login_node(sshd, dirs):
+    """A site whose Slurm lives outside the non-interactive login shell's PATH (``/opt/slurm/bin``, a module):
+    ``slurm_bin_dir`` runs ``<dir>/<command>`` there; a dir without the command says so, naming the setting."""
+    from dagster_gpu.slurm.client import SlurmClient, SlurmNotInstalled
+
+    ctl, spool = dirs
+    bin_dir = Path(spool) / "opt slurm" / "bin"  # a space: the path travels as one quoted word
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "scontrol").write_text('#!/bin/sh\necho "scontrol from $0 with SLURM_CONF=$SLURM_CONF: $*"\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    t = SSH.transport(sshd, spool, ctl)
+    client = SlurmClient(slurm_conf="/etc/slurm-site/slurm.conf", transport=t, bin_dir=str(bin_dir), attempts=1)
+    cp = client.run(["scontrol", "show", "config"])
+    assert cp.stdout.strip() == f"scontrol from {bin_dir}/scontrol with SLURM_CONF=/etc/slurm-site/slurm.conf: show config"
+    assert client.calls == {"scontrol": 1}
+    with pytest.raises(SlurmNotInstalled, match=f"{bin_dir}/sinfo not found on the ssh login node"):
+        client.run(["sinfo", "-V"])
+    _stop(t)

@@ -1,8 +1,9 @@
 """gpu_executor's slurm backend with ``transport: ssh``: the main end-to-end flows of tests/test_slurm_e2e.py
 with every Slurm command and every cluster-side spool file going through the test sshd (resources/ssh/sshd.sh,
-127.0.0.1) to the Slurm 22.05 cluster, as from a Dagster host off the cluster. Counted: TCP connections sshd
-accepted during the backfill (its log's "Accepted publickey" lines). The 24.11 cluster is not run over ssh:
-its commands are wrappers into a chroot (resources/slurm/trixie.sh) that the login shell does not have on PATH.
+127.0.0.1) to the Slurm 22.05 and 24.11 clusters, as from a Dagster host off the cluster. Counted: TCP
+connections sshd accepted during the backfill (its log's "Accepted publickey" lines). The 24.11 cluster's
+commands are wrappers into its chroot (resources/slurm/trixie.sh) that a non-interactive login shell does not
+have on PATH, as on a site that installs Slurm under /opt: the slurm section names them with ``slurm_bin_dir``.
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def ssh_home(slurm_cluster, monkeypatch):
     ctl = SSH.short_dir("dgs-ctl-")
     extra = {**sshd, "DGPU_TEST_SLURM_TRANSPORT": "ssh", "DGPU_TEST_SSH_CONTROL_DIR": ctl,
              "DGPU_TEST_REMOTE_SPOOL": str(home / "cluster-spool")}  # fmt: skip
+    if slurm_cluster.bin_dir:  # the login shell's PATH has only the host's own Slurm (22.05)
+        extra["DGPU_TEST_SLURM_BIN_DIR"] = str(slurm_cluster.bin_dir)
+        # and the run worker's has none of 24.11's: a command that bypassed the transport would fail
+        extra["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p != str(slurm_cluster.bin_dir))
     env.update(extra)
     for k, v in env.items():
         if os.environ.get(k) != v:
@@ -53,7 +58,6 @@ def _check_runs(home_dir, env, keys, procs, timeout_s=900):
     return mats
 
 
-@H.on_slurm("22.05")
 def test_eight_runs_over_ssh_share_one_sbatch_and_one_connection(ssh_home):
     home_dir, env, sshd, socket = ssh_home
     keys = [f"p{i:03d}" for i in range(7)] + [H_WEIRD]

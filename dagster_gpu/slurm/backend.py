@@ -159,6 +159,9 @@ class SlurmSettings:
     the Dagster schema from it). Seconds for all durations."""
 
     slurm_conf: str | None = setting(None, "slurm.conf path (default $SLURM_CONF).")
+    slurm_bin_dir: str | None = setting(None, "Directory of sbatch, squeue, sacct, sinfo, scancel and scontrol where the "
+                                              "transport runs them (on the login node with ssh), e.g. /opt/slurm/bin "
+                                              "when a non-interactive login shell lacks them on PATH (default: PATH).")
     spool_dir: str | None = setting(None, "Spool shared by run workers (and compute nodes); owned by this user, not "
                                           "writable by group/others (default: $DAGSTER_GPU_SLURM_SPOOL, else under "
                                           "$DAGSTER_HOME or $XDG_RUNTIME_DIR, else a new private directory).")
@@ -263,7 +266,8 @@ class SlurmBackend(Backend):
         self.settings = settings
         if client is None:
             transport = transport_from_settings(settings)
-            client = SlurmClient(slurm_conf=settings.slurm_conf, **({"transport": transport} if transport else {}))
+            client = SlurmClient(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir,
+                                 **({"transport": transport} if transport else {}))
         self.client = client
         self.spool = Spool(settings.spool_dir or default_spool_dir(), shared_group=settings.spool_shared_group)
         self._cfg_lock = threading.Lock()

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import posixpath
 import re
 import subprocess
 import time
@@ -126,6 +127,9 @@ class SlurmClient:
             transport puts them on its command line).
         transport: where the commands run (:mod:`dagster_gpu.slurm.transport`): this host (default) or a
             login node over SSH (:class:`dagster_gpu.slurm.ssh.SshTransport`).
+        bin_dir: the directory of the Slurm commands where the transport runs them (an absolute path on that
+            host, e.g. ``/opt/slurm/24.11/bin``: a site whose non-interactive login shell does not have them on
+            PATH), or None to find them on PATH.
         calls: count of commands run, by program name (for benchmarks and tests).
     """
 
@@ -135,6 +139,7 @@ class SlurmClient:
     backoff_max_s: float = 8.0
     extra_env: Mapping[str, str] = field(default_factory=dict)
     transport: Transport = field(default_factory=LocalTransport)
+    bin_dir: str | None = None
     calls: dict[str, int] = field(default_factory=dict)
     _config: dict[str, str] | None = field(default=None, init=False, repr=False, compare=False)
     _warned_tres: bool = field(default=False, init=False, repr=False, compare=False)
@@ -154,10 +159,13 @@ class SlurmClient:
     ) -> subprocess.CompletedProcess:
         prog = os.path.basename(argv[0])
         self.calls[prog] = self.calls.get(prog, 0) + 1
+        if self.bin_dir and "/" not in argv[0]:
+            argv = [posixpath.join(self.bin_dir, argv[0]), *argv[1:]]
         try:
             cp = self.transport.run(argv, set_env=self.set_env(), timeout_s=self.timeout_s, forward_env=forward_env)
         except FileNotFoundError as e:
-            raise SlurmNotInstalled(argv, None, f"{argv[0]} not found on PATH: {e}") from e
+            where = f"(slurm_bin_dir {self.bin_dir})" if self.bin_dir else "on PATH"
+            raise SlurmNotInstalled(argv, None, f"{argv[0]} not found {where}: {e}") from e
         except subprocess.TimeoutExpired as e:
             raise SlurmTransientError(argv, None, f"timed out after {self.timeout_s:g}s", str(e.stderr or "")) from e
         except TransportUnreachable as e:
