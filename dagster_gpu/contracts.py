@@ -108,6 +108,9 @@ class StepLaunch:
         tags: the run's tags.
         launches_to_come: for a backend that coalesces launches (``Backend.coalesces_launches``), how
             many more launches the run's backfill is about to make (None: not a backfill, or unknown).
+        preemptions: how many earlier workers of this attempt their scheduler preempted (0 for the first
+            worker; the executor launches the unit again after each, up to ``Backend.max_preemptions``).
+            Part of every scheduler-side name, so the new worker never collides with the one it replaces.
     """
 
     run_id: str
@@ -120,6 +123,7 @@ class StepLaunch:
     placement: Placement
     tags: Mapping[str, str] = field(default_factory=dict)
     launches_to_come: int | None = None
+    preemptions: int = 0
 
 
 class WorkerStatus(enum.Enum):
@@ -130,11 +134,12 @@ class WorkerStatus(enum.Enum):
     SUCCEEDED = "succeeded"  # the worker process exited 0 / scheduler reports COMPLETED
     FAILED = "failed"  # exited non-zero, cancelled, timed out, unschedulable, vanished
     REQUEUED = "requeued"  # preempted and requeued by the scheduler; will run again
+    PREEMPTED = "preempted"  # ended by its scheduler to make room (preemption, eviction, drain); nobody runs it again
     UNKNOWN = "unknown"  # could not ask (transient error); never changes a step's state
 
 
 #: Statuses after which a worker never runs again.
-TERMINAL = frozenset({WorkerStatus.SUCCEEDED, WorkerStatus.FAILED})
+TERMINAL = frozenset({WorkerStatus.SUCCEEDED, WorkerStatus.FAILED, WorkerStatus.PREEMPTED})
 
 
 @dataclass(frozen=True)
@@ -223,6 +228,10 @@ class Backend(ABC):
     #: Seconds the settler waits, when the orchestrating process exits, for the units it launched here to
     #: end and be billed (0: no wait; what is left is settled by a later process's ``unsettled``).
     settle_wait_s: float = 0.0
+    #: How many times the executor launches a unit again after its scheduler ended it with
+    #: ``WorkerStatus.PREEMPTED`` (a scheduler that requeues by itself, as Slurm does, reports REQUEUED
+    #: instead and needs none); the next preemption fails the step, saying how many there were.
+    max_preemptions: int = 0
 
     @abstractmethod
     def launch(self, launch: StepLaunch) -> Handle:

@@ -14,6 +14,8 @@ Assets (same partitions):
   k8s_gpu         one whole A100 with >= 79 GiB        -> DeviceClass gpu.nvidia.com (2 on the fake node)
   k8s_impossible  one GPU with >= 200 GiB              -> never schedulable
   k8s_shared      one GPU, shared-ok                   -> K8S_TEST_SHARING's opaque GpuConfig on the claim
+  k8s_preemptible one MIG slice, like k8s_mig, whose body stops gracefully on SIGTERM as the embedding unit does
+                  (dagster_gpu.worker.preempt: exit 143 with no step outcome), for the preemption tests
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def executor_config() -> dict:
             "create_timeout_seconds": float(os.environ.get("K8S_TEST_CREATE_TIMEOUT", "60")),
             "sharing_strategy": os.environ.get("K8S_TEST_SHARING") or None,
             "termination_grace_period_seconds": 10,
+            "cpu_request": os.environ.get("K8S_TEST_CPU_REQUEST") or None,
+            "priority_class_name": os.environ.get("K8S_TEST_PRIORITY_CLASS") or None,
+            "max_preemptions": int(os.environ.get("K8S_TEST_MAX_PREEMPTIONS", "3")),
         },
         "retries": {"disabled": {}},
         "sleep_seconds": float(os.environ.get("K8S_TEST_SLEEP_SECONDS", "0.5")),
@@ -87,6 +92,21 @@ def k8s_shared(context):
     return _body(context)
 
 
+@dg.asset(partitions_def=partitions, op_tags={"dagster-gpu/gpu-count": "1", "dagster-gpu/mig-ok": "true"})
+def k8s_preemptible(context):
+    from dagster_gpu.worker.preempt import GracefulStop, exit_preempted
+
+    stop = GracefulStop().install()
+    deadline = time.monotonic() + float(context.run.tags.get("test/sleep", "0"))
+    while time.monotonic() < deadline:
+        if stop.event.wait(0.2):
+            context.log.info("preempted: stopping without an outcome, as the embedding unit does")
+            exit_preempted()
+    stop.restore()
+    md = {k: v for k, v in _body(context).metadata.items()}
+    return dg.MaterializeResult(metadata=md)
+
+
 #: ``K8S_TEST_EXECUTOR=multiprocess`` swaps in Dagster's multiprocess executor (the bench's baseline).
 _EXECUTOR = (
     dg.multiprocess_executor
@@ -94,9 +114,9 @@ _EXECUTOR = (
     else gpu_executor.configured(executor_config())
 )
 defs = dg.Definitions(
-    assets=[k8s_mig, k8s_gpu, k8s_impossible, k8s_shared],
+    assets=[k8s_mig, k8s_gpu, k8s_impossible, k8s_shared, k8s_preemptible],
     jobs=[dg.define_asset_job(f"{a.key.path[-1]}_job", selection=[a])
-          for a in (k8s_mig, k8s_gpu, k8s_impossible, k8s_shared)],
+          for a in (k8s_mig, k8s_gpu, k8s_impossible, k8s_shared, k8s_preemptible)],
     executor=_EXECUTOR,
 )
 

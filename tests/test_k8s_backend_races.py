@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from kubernetes.client import (V1ContainerState, V1ContainerStateWaiting, V1ContainerStatus, V1ObjectMeta, V1Pod,
                                V1PodSpec, V1PodStatus)
 
@@ -70,7 +72,7 @@ def _backend():
     kube = _Kube()
     b = KubernetesBackend(kube, m.PodSettings(namespace="ns", secret_env=()), pending_timeout_s=30,
                           create_timeout_s=4, rates={"default": 1.0})
-    b.claims = _NoWatch()
+    b.claims = b.pods = _NoWatch()
     handle = {"namespace": "ns", "pod": "p", "pod_uid": UID, "template": "t", "launched_at": time.time() - 10}
     return b, kube, handle
 
@@ -135,6 +137,9 @@ class _PreparedKube(_Kube):
     def pod_events(self, name):
         return self.events
 
+    def read_claim(self, name):
+        return None  # the resourceclaim controller deleted it with its pod
+
     def inventory(self, label_selector):
         return [], [], []
 
@@ -160,3 +165,66 @@ def test_a_shared_claim_that_failed_to_prepare_stops_shared_placements_on_its_po
                            rates={"default": 1.0}, sharing_failures=memory2)
     b2.claims = _NoWatch()
     assert b2.state({**handle, "sharing": ""}).status == WorkerStatus.FAILED and memory2.blocked() == {}
+
+
+# ---------------------------------------------------------------------------------- preempted pods (recorded)
+def _recorded(name):
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).resolve().parent / "data" / "k8s" / name).read_text())
+
+
+class _Gone(_Kube):
+    """A pod that kube-scheduler preempted and its kubelet already removed: reads find nothing, deletes 404,
+    its events (recorded, tests/data/k8s/record_k8s_preempted.py) include the scheduler's ``Preempted``."""
+
+    def __init__(self, events):
+        super().__init__()
+        self.pod, self.events = None, events
+
+    def pod_events(self, name):
+        return self.events
+
+    def read_claim(self, name):
+        return None  # the resourceclaim controller deleted it with its pod
+
+
+def _preempted_backend(events):
+    from dagster_gpu.k8s.handle import PodHandle
+
+    pod = _recorded("pod_preempted.json")
+    kube = _Gone(events)
+    b = KubernetesBackend(kube, m.PodSettings(namespace="dagster-gpu", secret_env=()), rates={"default": 1.0})
+    b.claims = b.pods = _NoWatch()
+    h = PodHandle(namespace="dagster-gpu", pod=pod["metadata"]["name"], pod_uid=pod["metadata"]["uid"],
+                  device_type="mig-1g.10gb", device_fraction=1 / 7, launched_at=time.time() - 30).to_handle()
+    return b, kube, h, pod
+
+
+def test_a_pod_gone_before_any_read_is_preempted_by_the_schedulers_event_and_deleted_outside_otherwise():
+    events = _recorded("events_preempted.json")
+    b, _, h, _ = _preempted_backend(events)
+    st = b.state(h)
+    assert st.status == WorkerStatus.PREEMPTED
+    assert st.message.endswith("was preempted (Preempted: Preempted by pod eff0e794-4a81-4d26-8e52-afea75b001fc "
+                               "on node gpu-node-0) and is gone")
+    # another pod's Preempted event (an earlier pod of the same name) says nothing about this one
+    other = [{**e, "involvedObject": {**e["involvedObject"], "uid": "another"}} for e in events]
+    b2, _, h2, _ = _preempted_backend(other)
+    assert b2.state(h2).status == WorkerStatus.FAILED
+
+
+def test_a_preempted_pod_seen_by_the_watch_is_billed_once_though_nobody_can_delete_it():
+    from kubernetes.client import ApiClient
+
+    b, kube, h, pod = _preempted_backend([])
+    model = ApiClient()._ApiClient__deserialize(pod, "V1Pod")  # what the watch hands over (the DELETED object)
+    b._observe(model)
+    st = b.state(h)
+    assert (st.status, st.exit_code) == (WorkerStatus.PREEMPTED, 143)
+    assert "PreemptionByScheduler: default-scheduler: preempting to accommodate a higher priority pod" in st.message
+    bill = b.accounting(h)
+    assert bill.metadata["k8s/running_seconds"] == 1.0 and bill.gpu_seconds == pytest.approx(1 / 7)
+    assert b.elect_bill_writer(h) is True  # the delete found it gone: the process that saw it end writes the bill
+    assert b.elect_bill_writer(h) is False  # once

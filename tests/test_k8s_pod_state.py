@@ -11,8 +11,8 @@ import pytest
 
 from dagster_gpu.contracts import WorkerStatus
 from dagster_gpu.k8s.pod_state import (
-    PodTimeouts, event_time, kubelet_warnings, needs_events, needs_scheduler_events, pod_events, pod_state,
-    pull_in_progress, terminated, unschedulable_message,
+    PodTimeouts, disruption, event_time, kubelet_warnings, needs_events, needs_scheduler_events, pod_events, pod_state,
+    preempted_event, pull_in_progress, terminated, unschedulable_message,
 )
 
 DATA = Path(__file__).resolve().parent / "data" / "k8s"
@@ -185,3 +185,43 @@ def test_a_running_pod_after_a_pull_has_the_kubelets_normal_events():
         "Pulling", "Pulled", "Created", "Started"]
     assert kubelet_warnings(evs) == []
     assert pull_in_progress(pod_events(pod("running"), evs)) is None
+
+
+# Recorded by tests/data/k8s/record_k8s_preempted.py: kube-scheduler preempted a batch-priority step pod for a
+# higher-priority pod; the node agent kept the scheduler's condition as the kubelet's status manager does.
+SCHEDULER_WORDS = "PreemptionByScheduler: default-scheduler: preempting to accommodate a higher priority pod"
+
+
+def test_a_pod_ended_by_preemption_is_preempted_not_failed():
+    p = pod("preempted")
+    assert disruption(p) == SCHEDULER_WORDS
+    v = pod_state(p, 30.0, T)
+    assert (v.state.status, v.state.exit_code, v.action) == (WorkerStatus.PREEMPTED, 143, "finish")
+    assert v.state.message == f"pod {p['metadata']['name']} was preempted ({SCHEDULER_WORDS}); its container ended Error"
+
+
+def test_the_scheduler_marks_its_victim_before_deleting_it_and_a_terminating_victim_still_runs():
+    p = pod("preempted_terminating")  # the condition is patched first, then the pod deleted (preemption.go)
+    assert p["metadata"].get("deletionTimestamp") is None and disruption(p) == SCHEDULER_WORDS
+    assert (pod_state(p, 30.0, T).state.status, pod_state(p, 30.0, T).state.message) == (WorkerStatus.RUNNING, "")
+    p["metadata"]["deletionTimestamp"] = "2026-12-05T00:23:49+00:00"
+    v = pod_state(p, 30.0, T)
+    assert (v.state.status, v.action) == (WorkerStatus.RUNNING, "none")
+    assert v.state.message == f"pod is terminating: preempted ({SCHEDULER_WORDS})"
+
+
+def test_only_a_true_disruption_target_counts_and_a_plain_failure_stays_failed():
+    p = pod("preempted")
+    for c in p["status"]["conditions"]:
+        if c["type"] == "DisruptionTarget":
+            c["status"] = "False"  # the disruption controller resets a disruption that never went ahead
+    assert disruption(p) is None and pod_state(p, 30.0, T).state.status == WorkerStatus.FAILED
+    assert disruption(pod("failed")) is None
+
+
+def test_the_schedulers_preempted_event_names_its_victim_by_uid():
+    events = json.loads((DATA / "events_preempted.json").read_text())
+    uid = pod("preempted")["metadata"]["uid"]
+    assert preempted_event(events, uid) == "Preempted: Preempted by pod eff0e794-4a81-4d26-8e52-afea75b001fc on node gpu-node-0"
+    assert preempted_event(events, "another-uid") is None
+    assert preempted_event([e for e in events if e["reason"] != "Preempted"], uid) is None

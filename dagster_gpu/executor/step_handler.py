@@ -27,13 +27,16 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from dagster import DagsterRunStatus, MetadataValue
+from dagster._record import copy
 from dagster._core.events import DagsterEvent, EngineEventData
 from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHandler, StepHandlerContext
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.instance.connections import hold_storage_connections
-from dagster_gpu.instance.events import BACKEND_KEY, HANDLE_KEY, launches, outcome_recorded
-from dagster_gpu.contracts import Backend, Handle, StepLaunch, WorkerStatus, describe_partitions
+from dagster_gpu.instance.events import (
+    BACKEND_KEY, HANDLE_KEY, PLACEMENT_KEY, PREEMPTIONS_KEY, Launch, launches, outcome_recorded,
+)
+from dagster_gpu.contracts import TERMINAL, Backend, Handle, StepLaunch, WorkerStatus, describe_partitions
 from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env, worker_python_for
@@ -134,15 +137,25 @@ class GpuStepHandler(StepHandler):
     def launch_step(self, step_handler_context: StepHandlerContext) -> Iterator[DagsterEvent]:
         ctx = step_handler_context
         step_key = self._step_key(ctx)
+        if not self._pooled:  # this run worker polls the run's events for the whole unit: hold its connections
+            self._pooled = hold_storage_connections(ctx.instance, len(self.partition_keys(ctx, step_key)))
+        yield self._launch(ctx, step_key)
+
+    def _launch(self, ctx: StepHandlerContext, step_key: str, preemptions: int = 0,
+                placement: Placement | None = None, why: str = "") -> DagsterEvent:
+        """Launch the step's worker and record the launch (a ``STEP_WORKER_STARTING`` event carrying the backend,
+        the handle and the placement). ``preemptions`` > 0: a worker launched again after its scheduler
+        preempted that many earlier workers of this attempt, on ``placement`` (the first launch's), with the
+        step args' duplicate-run guard off (the step started before and never recorded an outcome)."""
         run = ctx.dagster_run
         keys = self.partition_keys(ctx, step_key)
-        if not self._pooled:  # this run worker polls the run's events for the whole unit: hold its connections
-            self._pooled = hold_storage_connections(ctx.instance, len(keys))
         attempt = self._attempt(ctx, step_key)
         request = self.request_for(ctx, step_key)
-        placement = self.place(request, ctx, step_key, keys)
+        placement = placement or self.place(request, ctx, step_key, keys)
         backend = self.backend(placement.backend)
         args = ctx.execute_step_args
+        if preemptions:
+            args = copy(args, should_verify_step=False)
         pdef = ctx.step_tags.get(step_key, {}).get(TAG_PARTITIONS_DEF)
         launch = StepLaunch(
             run_id=run.run_id,
@@ -154,7 +167,8 @@ class GpuStepHandler(StepHandler):
             request=request,
             placement=placement,
             tags=dict(run.tags),
-            launches_to_come=self._launches_to_come(ctx) if backend.coalesces_launches else None,
+            launches_to_come=self._launches_to_come(ctx) if backend.coalesces_launches and not preemptions else None,
+            preemptions=preemptions,
         )
         try:
             handle = backend.launch(launch)
@@ -163,15 +177,18 @@ class GpuStepHandler(StepHandler):
         with self._lock:
             self._launched[(run.run_id, step_key, attempt)] = (backend.name, handle, None)
         self.settler.track(backend, handle)
-        tag_launch(ctx.instance, run.run_id, backend.name, placement.device)  # Runs page: where it ran
-        yield DagsterEvent.step_worker_starting(
+        if not preemptions:
+            tag_launch(ctx.instance, run.run_id, backend.name, placement.device)  # Runs page: where it ran
+        verb = f"Launching step {step_key} again ({why})" if preemptions else f"Launching step {step_key}"
+        return DagsterEvent.step_worker_starting(
             ctx.get_step_context(step_key),
-            message=f"Launching step {step_key} ({describe_partitions(keys)}) on {backend.name}: {placement.reason}",
+            message=f"{verb} ({describe_partitions(keys)}) on {backend.name}: {placement.reason}",
             metadata={
                 BACKEND_KEY: MetadataValue.text(backend.name),
                 HANDLE_KEY: MetadataValue.json(dict(handle)),
-                "dagster_gpu/placement": MetadataValue.json(placement.to_json()),
+                PLACEMENT_KEY: MetadataValue.json(placement.to_json()),
                 "dagster_gpu/request": MetadataValue.json(request.to_json()),
+                **({PREEMPTIONS_KEY: MetadataValue.int(preemptions)} if preemptions else {}),
                 **{k: v for k, v in backend.handle_metadata(handle).items()},
             },
         )
@@ -184,20 +201,24 @@ class GpuStepHandler(StepHandler):
             log.warning("could not count the launches to come of run %s's backfill", ctx.dagster_run.run_id, exc_info=True)
             return None
 
-    def _find_launch(self, ctx: StepHandlerContext, step_key: str) -> tuple[str, Handle, int | None] | None:
-        """(backend name, handle, storage id of the launch event) from the event log, else from memory. A
-        handle found in the event log (a resumed run re-attaching) is handed to the settler."""
+    def _find_launch(self, ctx: StepHandlerContext, step_key: str) -> Launch | None:
+        """The step's latest launch (backend name, handle, storage id of the launch event, preemptions before it,
+        placement) from the event log, else from memory (storage id None). A handle found in the event log (a
+        resumed run re-attaching) is handed to the settler."""
         run_id = ctx.dagster_run.run_id
         attempt = self._attempt(ctx, step_key)
         for launch in launches(ctx.instance, run_id, latest_first=True, limit=50):
             if launch.step_key == step_key and launch.has_handle:
-                name, handle = launch.backend, launch.handle
                 with self._lock:
-                    self._launched[(run_id, step_key, attempt)] = (name, handle, launch.storage_id)
-                self.settler.track(self.backend(name), handle)
-                return name, handle, launch.storage_id
+                    self._launched[(run_id, step_key, attempt)] = (launch.backend, launch.handle, launch.storage_id)
+                self.settler.track(self.backend(launch.backend), launch.handle)
+                return launch
         with self._lock:
-            return self._launched.get((run_id, step_key, attempt))
+            found = self._launched.get((run_id, step_key, attempt))
+        if found is None:
+            return None
+        name, handle, _ = found
+        return Launch(step_key, None, {BACKEND_KEY: name, HANDLE_KEY: dict(handle)})
 
     def check_step_health(self, step_handler_context: StepHandlerContext) -> CheckStepHealthResult:
         ctx = step_handler_context
@@ -206,17 +227,31 @@ class GpuStepHandler(StepHandler):
         if found is None:
             where = describe_partitions(self.partition_keys(ctx, step_key))
             return CheckStepHealthResult.unhealthy(f"no launch of step {step_key} ({where}) was recorded")
-        name, handle, launched_at = found
-        state = self.backend(name).state(handle)
-        if state.status not in (WorkerStatus.SUCCEEDED, WorkerStatus.FAILED):
+        name, handle, launched_at = found.backend, found.handle, found.storage_id
+        backend = self.backend(name)
+        state = backend.state(handle)
+        if state.status not in TERMINAL:
             return CheckStepHealthResult.healthy()
         if outcome_recorded(ctx.instance, ctx.dagster_run.run_id, [step_key], launched_at):
             return CheckStepHealthResult.healthy()
+        where = describe_partitions(self.partition_keys(ctx, step_key))
+        if state.status == WorkerStatus.PREEMPTED:
+            preemptions = found.preemptions + 1
+            if preemptions <= backend.max_preemptions:
+                placement = Placement.from_json(found.placement) if found.placement else None
+                self._launch(ctx, step_key, preemptions, placement,
+                             why=f"preemption {preemptions} of at most {backend.max_preemptions}: {state.message}")
+                return CheckStepHealthResult.healthy()
+            return CheckStepHealthResult.unhealthy(
+                f"{name} worker of step {step_key} ({where}) was preempted {preemptions} time(s), more than its "
+                f"backend's max_preemptions ({backend.max_preemptions}); the last one: {state.message}; "
+                f"handle {json.dumps(dict(handle))}")
         code = "" if state.exit_code is None else f", exit code {state.exit_code}"
         if state.exit_code == EXIT_PREEMPTED:
             code += (" (the worker stopped gracefully on SIGTERM/SIGUSR1 and committed its checkpoint parts; a retry "
                      "continues after them)")
-        where = describe_partitions(self.partition_keys(ctx, step_key))
+        if found.preemptions:
+            code += f"; it was launched again after {found.preemptions} preemption(s)"
         return CheckStepHealthResult.unhealthy(
             f"{name} worker of step {step_key} ({where}) ended ({state.status.value}: "
             f"{state.message}{code}) without the step recording success or failure; handle {json.dumps(dict(handle))}"
@@ -228,7 +263,7 @@ class GpuStepHandler(StepHandler):
         found = self._find_launch(ctx, step_key)
         if found is None:
             return
-        name, handle, _ = found
+        name, handle = found.backend, found.handle
         backend = self.backend(name)
         run = ctx.instance.get_run_by_id(ctx.dagster_run.run_id)
         user_cancel = run is not None and run.status in (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)

@@ -14,9 +14,12 @@ from typing import Any, Iterable, Mapping
 
 from dagster import DagsterEventType
 
-#: The launch event's metadata keys: the backend's name and its handle (JSON).
+#: The launch event's metadata keys: the backend's name and its handle (JSON); the placement (JSON); on a
+#: launch after a preemption, how many earlier workers of the attempt their scheduler preempted.
 HANDLE_KEY = "dagster_gpu/handle"
 BACKEND_KEY = "dagster_gpu/backend"
+PLACEMENT_KEY = "dagster_gpu/placement"
+PREEMPTIONS_KEY = "dagster_gpu/preemptions"
 
 #: The events that record a step's outcome.
 OUTCOMES = frozenset({DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_UP_FOR_RETRY})
@@ -55,11 +58,12 @@ class Launch:
 
     Attributes:
         step_key: the launched step. storage_id: the launch event's id in the event log (later events have
-            larger ids). metadata: the event's metadata as recorded (MetadataValues).
+            larger ids; None for a launch known only in memory). metadata: the event's metadata as recorded
+            (MetadataValues, or plain values for a launch known only in memory).
     """
 
     step_key: str | None
-    storage_id: int
+    storage_id: int | None
     metadata: Mapping[str, Any]
 
     @property
@@ -75,6 +79,17 @@ class Launch:
     @property
     def has_handle(self) -> bool:
         return HANDLE_KEY in self.metadata and BACKEND_KEY in self.metadata
+
+    @property
+    def preemptions(self) -> int:
+        """How many earlier workers of this attempt were preempted before this launch (0 for the first)."""
+        return int(metadata_number(self.metadata, PREEMPTIONS_KEY) or 0)
+
+    @property
+    def placement(self) -> dict | None:
+        """The placement the launch was made with (JSON), None when the event carries none."""
+        v = metadata_get(self.metadata, PLACEMENT_KEY)
+        return v if isinstance(v, dict) else None
 
 
 def launches(instance, run_id: str, *, latest_first: bool = False, limit: int | None = None) -> list[Launch]:

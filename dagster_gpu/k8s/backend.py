@@ -19,6 +19,10 @@ Health (:meth:`KubernetesBackend.state`, which only reads the pod, its events an
 * The pod missing (never created, or deleted by someone else) -> FAILED; the step handler does not fail a
   step that already recorded its outcome.
 * Succeeded / Failed -> SUCCEEDED / FAILED with the container's exit code.
+* Ended by a disruption (preemption, eviction, drain: the ``DisruptionTarget`` condition on the ended pod, on
+  the terminating pod before it went away, or kube-scheduler's ``Preempted`` event about a pod already gone)
+  -> PREEMPTED: the step handler launches the unit again in a new pod (``-p<n>`` after its name), at most
+  ``max_preemptions`` times.
 
 A terminal state is remembered with the pod's end facts (running interval, claim, allocated devices,
 worker environment), so it still answers after the pod is gone. Accounting (:meth:`KubernetesBackend.accounting`)
@@ -62,11 +66,11 @@ from dagster_gpu.contracts import Backend, Handle, StepLaunch, UnitBill, WorkerS
 from dagster_gpu.k8s.billing import pod_interval_metadata
 from dagster_gpu.k8s.handle import PodHandle
 from dagster_gpu.k8s.pod_state import (
-    FAILED_PREPARE, PodTimeouts, needs_events, pod_state, terminated,
+    FAILED_PREPARE, PodTimeouts, disruption, needs_events, pod_state, preempted_event, terminated,
 )
 from dagster_gpu.k8s.settings import KubernetesSettings, config_field  # noqa: F401  (config_field: the registry reads it here)
 from dagster_gpu.k8s import manifests as m
-from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, load_api_client
+from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, PodWatcher, load_api_client
 from dagster_gpu.k8s.inventory import device_groups
 from dagster_gpu.k8s.sharing_failures import SharingFailures, default_path
 from dagster_gpu.policy.snapshot import KubernetesState
@@ -101,6 +105,7 @@ def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any]
         delete_finished_pods=s.delete_finished_pods,
         rates=rate_card.table("kubernetes"),
         settle_wait_s=s.settle_wait_seconds,
+        max_preemptions=s.max_preemptions,
     )
 
 
@@ -142,6 +147,8 @@ class KubernetesBackend(Backend):
             (a resumed run re-attaches to it; a later process's sweep settles it).
         sweep_grace_s: :meth:`unsettled` lists other processes' pods that ended this many seconds ago;
             negative: never.
+        max_preemptions: how many times the executor launches a unit again after a disruption ended its pod
+            (:attr:`~dagster_gpu.contracts.Backend.max_preemptions`).
         sharing_failures: where a shared (TimeSlicing/MPS) claim that failed to prepare
             (``FailedPrepareDynamicResources``) is recorded, by the step's placement pool, and read back into
             :meth:`policy_state`'s ``no_sharing`` (default: ``$DAGSTER_HOME/dagster_gpu/sharing-failures.json``,
@@ -158,8 +165,10 @@ class KubernetesBackend(Backend):
                  delete_finished_pods: bool = KubernetesSettings.delete_finished_pods,
                  rates: Mapping[str, float] | None = None,
                  settle_wait_s: float = KubernetesSettings.settle_wait_seconds, sweep_grace_s: float = 10.0,
-                 sharing_failures: SharingFailures | None = None):
+                 sharing_failures: SharingFailures | None = None,
+                 max_preemptions: int = KubernetesSettings.max_preemptions):
         self.kube = kube
+        self.max_preemptions = int(max_preemptions)
         self.settings = settings
         self.timeouts = PodTimeouts(pending_s=pending_timeout_s, create_s=create_timeout_s, pull_s=image_pull_timeout_s)
         self.delete_finished_pods = delete_finished_pods
@@ -167,9 +176,12 @@ class KubernetesBackend(Backend):
         self.rates = dict(rates or RateCard.load().table("kubernetes"))
         self._final: dict[str, dict[str, Any]] = {}  # pod uid -> terminal state and end facts (read, remembered)
         self._released: set[str] = set()  # pod uids this process released
+        self._disrupted: dict[str, str] = {}  # pod uid -> its DisruptionTarget condition, seen while it terminated
         self._lock = threading.Lock()
         # Allocations are read from a watch: the claim is deallocated and deleted right after the pod ends.
         self.claims = ClaimWatcher(kube, f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}")
+        # A pod ended by a disruption is removed by its kubelet right after: the watch sees its end anyway.
+        self.pods = PodWatcher(kube, f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}", self._observe)
         self.settle_wait_s = settle_wait_s
         self.sweep_grace_s = sweep_grace_s
 
@@ -259,6 +271,7 @@ class KubernetesBackend(Backend):
         """See the module docstring. UNKNOWN on a transient API error (never changes a step's state). Only
         reads (and remembers a terminal state with the pod's end facts)."""
         self.claims.start()
+        self.pods.start()
         h = PodHandle.from_handle(handle)
         with self._lock:
             final = self._final.get(h.pod_uid)
@@ -280,6 +293,10 @@ class KubernetesBackend(Backend):
                 final = self._final.get(uid)
             if final is not None:
                 return final["state"]
+            preempted = self._preempted_before_read(name, uid)
+            if preempted is not None:
+                return self._remember(uid, WorkerState(WorkerStatus.PREEMPTED, message=(
+                    f"pod {handle.namespace}/{name} was preempted ({preempted}) and is gone")), None)
             return WorkerState(WorkerStatus.FAILED, message=(
                 f"pod {handle.namespace}/{name} (uid {uid}) does not exist (never created, or deleted outside the executor)"))
         body = m.to_dict(pod)
@@ -295,12 +312,42 @@ class KubernetesBackend(Backend):
                 self.sharing_failures.record(handle.placement_device or None,
                                              st.message.split("kubelet events: ", 1)[-1])
             return self._remember(uid, WorkerState(st.status, st.exit_code, st.message, abandoned=True), None)
+        if pod.metadata.deletion_timestamp is not None and disruption(body) is not None:
+            with self._lock:
+                self._disrupted[uid] = disruption(body)
         if verdict.state.status == WorkerStatus.RUNNING and not pod.metadata.deletion_timestamp \
                 and self.claims.get(uid) is None and handle.template:
             claim = self._claim_of(pod)  # fallback when the watch is behind
             if claim is not None:
                 self.claims.record(claim)
         return verdict.state
+
+    def _observe(self, pod) -> None:
+        """One version of a dagster-gpu pod from the watch: remember a disruption and, once the pod ended, its
+        terminal state and end facts (as :meth:`state` would, had it read the pod then)."""
+        body = m.to_dict(pod)
+        uid = pod.metadata.uid
+        disrupted = disruption(body)
+        with self._lock:
+            if disrupted is not None:
+                self._disrupted.setdefault(uid, disrupted)
+            known = uid in self._final
+        if not known and (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            verdict = pod_state(body, 0.0, self.timeouts)
+            self._remember(uid, verdict.state, self._end_facts(pod))
+
+    def _preempted_before_read(self, name: str, uid: str) -> str | None:
+        """Why a pod that is gone was disrupted: its ``DisruptionTarget`` condition as this process saw it while
+        the pod terminated, else kube-scheduler's ``Preempted`` event about it (events outlive the pod); None
+        when neither says so (the pod was deleted outside the executor)."""
+        with self._lock:
+            seen = self._disrupted.get(uid)
+        if seen is not None:
+            return seen
+        try:
+            return preempted_event(self.kube.pod_events(name), uid)
+        except ApiException:
+            return None
 
     def _claim_of(self, pod) -> Any | None:
         name = m.generated_claim_name(pod)
@@ -379,7 +426,14 @@ class KubernetesBackend(Backend):
             if h.pod_uid in self._released:
                 return False
             self._released.add(h.pod_uid)
+            final = self._final.get(h.pod_uid)
         mine = self.kube.delete_pod(h.pod, uid=h.pod_uid) if self.delete_finished_pods else True
+        if not mine and final is not None and final["state"].status == WorkerStatus.PREEMPTED \
+                and self.kube.read_pod(h.pod) is None:
+            # a disruption's pod is deleted by the scheduler (eviction API, drain) and removed by its kubelet:
+            # nobody's delete can succeed. Only a process that tracks the handle can know it ended (the
+            # sweep lists live pods), and only the run's own worker tracks it: it writes the bill.
+            mine = True
         log.info("pod %s released; deleted by this process: %s", h.pod, mine)
         return mine
 

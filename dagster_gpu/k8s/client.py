@@ -218,21 +218,16 @@ class KubeClient:
             raise
 
 
-class ClaimWatcher:
-    """Remembers each dagster-gpu ResourceClaim's allocation by owning pod UID, from a list+watch.
+class ListWatch:
+    """A daemon thread that lists objects, then watches them from that list's resourceVersion, relisting after
+    any error (410 Gone, timeouts, connection resets); a subclass says what to list (:meth:`_list_call`) and
+    handles each object (:meth:`_on`, with the watch event's type: ``ADDED`` for listed ones)."""
 
-    The resourceclaim controller deallocates and deletes a generated claim as soon as its pod ends, so a
-    read after the pod finished usually finds nothing; the watch sees the allocation when the scheduler
-    writes it. Runs in a daemon thread, relisting after any error; :meth:`get` is thread-safe.
+    thread_name = "dagster-gpu-watch"
+    #: Extra keyword arguments of the watch stream (not of the list).
+    stream_kwargs: dict[str, Any] = {}
 
-    Entries: ``{"claim": name, "devices": ["driver/pool/device", ...], "requests": [result's request, ...],
-    "allocated_at": epoch s}`` (a request is ``gpu``, or ``gpu/<subrequest>`` for a firstAvailable claim).
-    """
-
-    def __init__(self, kube: KubeClient, label_selector: str):
-        self.kube = kube
-        self.label_selector = label_selector
-        self._by_pod: dict[str, dict[str, Any]] = {}
+    def __init__(self):
         self._lock = threading.Lock()
         self._started = False
         self._stop = threading.Event()
@@ -243,13 +238,61 @@ class ClaimWatcher:
             if self._started:
                 return
             self._started = True
-        threading.Thread(target=self._run, name="dagster-gpu-claim-watch", daemon=True).start()
+        threading.Thread(target=self._run, name=self.thread_name, daemon=True).start()
 
     def stop(self) -> None:
         self._stop.set()
 
     def wait_synced(self, timeout: float) -> bool:
         return self._synced.wait(timeout)
+
+    def _list_call(self) -> tuple[Callable[..., Any], tuple, dict[str, Any]]:
+        """(list function, its positional arguments, its keyword arguments)."""
+        raise NotImplementedError
+
+    def _on(self, event_type: str, obj: Any) -> None:
+        raise NotImplementedError
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                fn, args, kwargs = self._list_call()
+                lst = fn(*args, _request_timeout=TIMEOUT, **kwargs)
+                for o in lst.items:
+                    self._on("ADDED", o)
+                self._synced.set()
+                w = watch.Watch()
+                for ev in w.stream(fn, *args, resource_version=lst.metadata.resource_version, timeout_seconds=240,
+                                   _request_timeout=(5, 300), **kwargs, **self.stream_kwargs):
+                    if self._stop.is_set():
+                        w.stop()
+                        return
+                    self._on(ev["type"], ev["object"])
+            except Exception:  # noqa: BLE001 - relist after 410 Gone, timeouts, connection resets
+                self._stop.wait(1.0)
+
+
+class ClaimWatcher(ListWatch):
+    """Remembers each dagster-gpu ResourceClaim's allocation by owning pod UID, from a list+watch.
+
+    The resourceclaim controller deallocates and deletes a generated claim as soon as its pod ends, so a
+    read after the pod finished usually finds nothing; the watch sees the allocation when the scheduler
+    writes it. Runs in a daemon thread, relisting after any error; :meth:`get` is thread-safe.
+
+    Entries: ``{"claim": name, "devices": ["driver/pool/device", ...], "requests": [result's request, ...],
+    "allocated_at": epoch s}`` (a request is ``gpu``, or ``gpu/<subrequest>`` for a firstAvailable claim).
+    """
+
+    thread_name = "dagster-gpu-claim-watch"
+    # the client maps V1ResourceClaimList to a non-existent V1ResourceClaim model (it is
+    # ResourceV1ResourceClaim): take the watch's JSON as is
+    stream_kwargs = {"deserialize": False}
+
+    def __init__(self, kube: KubeClient, label_selector: str):
+        super().__init__()
+        self.kube = kube
+        self.label_selector = label_selector
+        self._by_pod: dict[str, dict[str, Any]] = {}
 
     def get(self, pod_uid: str) -> dict[str, Any] | None:
         with self._lock:
@@ -269,26 +312,31 @@ class ClaimWatcher:
                     self._by_pod[o["uid"]] = {"claim": d["metadata"]["name"], "devices": devices,
                                               "requests": allocated_requests(d), "allocated_at": time.time()}
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                res = self.kube._res()
-                lst = res.list_namespaced_resource_claim(self.kube.namespace, label_selector=self.label_selector,
-                                                         _request_timeout=TIMEOUT)
-                for c in lst.items:
-                    self.record(c)
-                self._synced.set()
-                w = watch.Watch()
-                for ev in w.stream(res.list_namespaced_resource_claim, self.kube.namespace,
-                                   label_selector=self.label_selector, resource_version=lst.metadata.resource_version,
-                                   timeout_seconds=240, _request_timeout=(5, 300),
-                                   # the client maps V1ResourceClaimList to a non-existent V1ResourceClaim
-                                   # model (it is ResourceV1ResourceClaim): take the JSON as is
-                                   deserialize=False):
-                    if self._stop.is_set():
-                        w.stop()
-                        return
-                    if ev["type"] in ("ADDED", "MODIFIED"):
-                        self.record(ev["object"])
-            except Exception:  # noqa: BLE001 - relist after 410 Gone, timeouts, connection resets
-                self._stop.wait(1.0)
+    def _list_call(self):
+        return self.kube._res().list_namespaced_resource_claim, (self.kube.namespace,), {"label_selector": self.label_selector}
+
+    def _on(self, event_type: str, obj: Any) -> None:
+        if event_type in ("ADDED", "MODIFIED"):
+            self.record(obj)
+
+
+class PodWatcher(ListWatch):
+    """Hands every version of each dagster-gpu pod (V1Pod), as a list+watch sees it, to ``on_pod``: the pod's
+    last status before it goes away (its container's ``terminated`` interval, a ``DisruptionTarget``
+    condition) arrives even when the kubelet removes the pod right after, as it does at the end of a
+    graceful delete (a preemption's, an eviction's), between two reads of a poll."""
+
+    thread_name = "dagster-gpu-pod-watch"
+
+    def __init__(self, kube: KubeClient, label_selector: str, on_pod: Callable[[Any], None]):
+        super().__init__()
+        self.kube = kube
+        self.label_selector = label_selector
+        self.on_pod = on_pod
+
+    def _list_call(self):
+        return self.kube.core.list_namespaced_pod, (self.kube.namespace,), {"label_selector": self.label_selector}
+
+    def _on(self, event_type: str, obj: Any) -> None:
+        if event_type in ("ADDED", "MODIFIED", "DELETED"):
+            self.on_pod(obj)

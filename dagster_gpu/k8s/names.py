@@ -20,6 +20,8 @@ LABEL_RUN_ID = "dagster/run-id"
 LABEL_STEP_KEY = "dagster-gpu/step-key"
 LABEL_PARTITION = "dagster-gpu/partition"
 LABEL_ATTEMPT = "dagster-gpu/attempt"
+#: On a worker launched again after its scheduler preempted the earlier one(s): how many there were.
+LABEL_PREEMPTIONS = "dagster-gpu/preemptions"
 #: The rate-card device type the placement chose (the cost policy counts our Pending pods per pool by it).
 ANNOTATION_PLACEMENT_DEVICE = "dagster-gpu/placement-device"
 ANNOTATION_STEP_KEY = "dagster-gpu/step-key"
@@ -47,13 +49,16 @@ def sanitize_label_value(value: str) -> str:
     return f"{body}-{_h(value)}" if body else _h(value, 16)
 
 
-def object_name(run_id: str, step_key: str, attempt: int) -> str:
+def object_name(run_id: str, step_key: str, attempt: int, preemptions: int = 0) -> str:
     """Deterministic pod (and template) name for one attempt of one step of one run.
 
-    ``dagster-gpu-<16 hex of sha256(run_id/step_key)>-<attempt>``: at most 47 characters, a valid DNS
-    label, stable across orchestrator restarts (a resumed run finds the same pod), distinct per retry.
+    ``dagster-gpu-<16 hex of sha256(run_id/step_key)>-<attempt>``, then ``-p<preemptions>`` for a worker
+    launched again after its scheduler preempted the earlier one(s): at most 58 characters, a valid DNS
+    label, stable across orchestrator restarts (a resumed run finds the same pod), distinct per retry and per
+    relaunch after a preemption.
     """
-    return f"dagster-gpu-{_h(f'{run_id}/{step_key}', 16)}-{int(attempt)}"
+    base = f"dagster-gpu-{_h(f'{run_id}/{step_key}', 16)}-{int(attempt)}"
+    return f"{base}-p{int(preemptions)}" if preemptions else base
 
 
 def step_labels(launch: StepLaunch) -> dict[str, str]:
@@ -65,6 +70,8 @@ def step_labels(launch: StepLaunch) -> dict[str, str]:
         LABEL_STEP_KEY: sanitize_label_value(launch.step_key),
         LABEL_ATTEMPT: str(int(launch.attempt)),
     }
+    if launch.preemptions:
+        labels[LABEL_PREEMPTIONS] = str(int(launch.preemptions))
     if launch.partition_keys:
         labels[LABEL_PARTITION] = partition_label(launch.partition_keys)
     return labels

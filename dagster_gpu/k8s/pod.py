@@ -292,7 +292,7 @@ def step_objects(launch: StepLaunch, settings: PodSettings, shared: bool | None 
 
     ``shared``: whether the claim may carry the sharing config (:func:`device_choice`); None takes
     ``launch.placement.shared``."""
-    name = object_name(launch.run_id, launch.step_key, launch.attempt)
+    name = object_name(launch.run_id, launch.step_key, launch.attempt, launch.preemptions)
     shared = launch.placement.shared if shared is None else shared
     choice = device_choice(launch.request, launch.placement.device, settings, launch.placement.product, shared)
     labels = {**dict(settings.labels), **step_labels(launch)}

@@ -13,7 +13,11 @@ name left its own). Rules:
   lines, at most 2 KiB, of the container's log (``MaxContainerTerminationMessageLogLines`` / ``...LogLength``
   in ``pkg/kubelet/container/runtime.go``), so the step failure shows the worker's traceback after the pod is
   gone; a container that could not start has the runtime's error there instead.
-* ``deletionTimestamp`` set -> RUNNING ("pod is terminating").
+* A ``DisruptionTarget=True`` condition (:func:`disruption`: the scheduler's preemption, the eviction API, a
+  node drain, the taint manager, the kubelet's node shutdown set it right before they delete the pod) on a
+  ``Failed`` pod -> PREEMPTED with the condition's reason and message, action ``finish``: the worker was
+  stopped to make room, not broken, and the executor launches the unit again (``max_preemptions``).
+* ``deletionTimestamp`` set -> RUNNING ("pod is terminating", with the disruption when there is one).
 * ``Running`` -> RUNNING.
 * Pending, not bound to a node (no ``spec.nodeName``): PENDING with the scheduler's message (the
   ``PodScheduled=False`` condition with reason ``Unschedulable``, else the newest ``FailedScheduling``
@@ -52,6 +56,18 @@ from dagster_gpu.contracts import WorkerState, WorkerStatus
 #: Kubelet waiting reasons that mean the container will not start without intervention.
 STUCK_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
                            "InvalidImageName", "ErrImageNeverPull", "ImageInspectError", "RunContainerError"})
+
+#: The pod condition set on a pod about to be deleted by a disruption (k8s.io/api ``core/v1/types.go``:
+#: "DisruptionTarget indicates the pod is about to be terminated due to a disruption (preemption, eviction
+#: API, or garbage-collection)"). Reasons: ``PreemptionByScheduler`` (kube-scheduler's preemption, message
+#: "<scheduler>: preempting to accommodate a higher priority pod", ``pkg/scheduler/framework/preemption``),
+#: ``TerminationByKubelet`` (node shutdown, node-pressure eviction), ``EvictionByEvictionAPI`` (a drain),
+#: ``DeletionByTaintManager``, ``DeletionByPodGC``.
+DISRUPTION_TARGET = "DisruptionTarget"
+#: kube-scheduler's Normal event on a victim pod, recorded after it deleted it: "Preempted by pod <uid> on
+#: node <node>" (``pkg/scheduler/framework/preemption/preemption.go``); it outlives the pod (events are kept
+#: an hour), so a pod gone before its condition was read is still known to have been preempted.
+PREEMPTED_EVENT = "Preempted"
 
 #: Kubelet event reasons (``pkg/kubelet/events/event.go``) of an image pull.
 PULLING, PULLED = "Pulling", "Pulled"
@@ -94,6 +110,24 @@ def _container_status(pod: Mapping[str, Any]) -> Mapping[str, Any]:
 def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The first container's ``state.terminated`` (exitCode, reason, message, startedAt, finishedAt) or None."""
     return (_container_status(pod).get("state") or {}).get("terminated")
+
+
+def disruption(pod: Mapping[str, Any]) -> str | None:
+    """``"<reason>: <message>"`` of the pod's ``DisruptionTarget=True`` condition, or None without one."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == DISRUPTION_TARGET and c.get("status") == "True":
+            return ": ".join(x for x in (c.get("reason") or "Disrupted", (c.get("message") or "").strip()) if x)
+    return None
+
+
+def preempted_event(events: Sequence[Mapping[str, Any]], pod_uid: str) -> str | None:
+    """The message of kube-scheduler's newest :data:`PREEMPTED_EVENT` about the pod with ``pod_uid`` (API JSON
+    events, core/v1 or events.k8s.io shape), or None."""
+    hits = [e for e in events if e.get("reason") == PREEMPTED_EVENT
+            and ((e.get("involvedObject") or e.get("regarding") or {}).get("uid") in (None, pod_uid))]
+    if not hits:
+        return None
+    return f"{PREEMPTED_EVENT}: {max(hits, key=event_time).get('message') or ''}".rstrip(": ")
 
 
 def unschedulable_message(pod: Mapping[str, Any]) -> str:
@@ -198,12 +232,19 @@ def pod_state(pod: Mapping[str, Any], age_s: float, timeouts: PodTimeouts,
             return PodVerdict(WorkerState(WorkerStatus.SUCCEEDED, exit_code=code if code is not None else 0,
                                           message=f"pod {meta.get('name')} Succeeded"), "finish")
         detail = (term.get("reason") if term is not None else st.get("reason")) or ""
+        disrupted = disruption(pod)
+        if disrupted is not None:
+            return PodVerdict(WorkerState(WorkerStatus.PREEMPTED, exit_code=code, message=(
+                f"pod {meta.get('name')} was preempted ({disrupted}); its container ended {detail or 'Failed'}")),
+                "finish")
         message = f"pod {meta.get('name')} Failed ({detail})"
         if term is not None and (term.get("message") or "").strip():
             message += f"; termination message:\n{term['message'].rstrip()}"
         return PodVerdict(WorkerState(WorkerStatus.FAILED, exit_code=code, message=message), "finish")
     if meta.get("deletionTimestamp"):
-        return PodVerdict(WorkerState(WorkerStatus.RUNNING, message="pod is terminating"))
+        disrupted = disruption(pod)
+        return PodVerdict(WorkerState(WorkerStatus.RUNNING, message="pod is terminating" + (
+            f": preempted ({disrupted})" if disrupted else "")))
     if phase == "Running":
         return PodVerdict(WorkerState(WorkerStatus.RUNNING))
     evs = pod_events(pod, events)

@@ -83,9 +83,16 @@ class KubernetesSettings:
               "Default: the namespace's default priority.")
     queue_name: str | None = setting(
         None, "A Kueue LocalQueue: step pods get the label kueue.x-k8s.io/queue-name with it. Default: no label.")
+    max_preemptions: int = setting(
+        3, "How many times a step is launched again (a new pod, the same range minus what it materialized, continuing "
+           "after its checkpoint parts) after a preemption or eviction ended its pod (the pod's DisruptionTarget "
+           "condition, or kube-scheduler's Preempted event); the next one fails the step, saying how many there were. "
+           "0: a preempted step fails at once.")
 
     def __post_init__(self):
         apply_renamed(self, "kubernetes")
+        if int(self.max_preemptions) < 0:
+            raise ValueError(f"gpu_executor config kubernetes.max_preemptions: {self.max_preemptions} is negative")
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> "KubernetesSettings":

@@ -85,6 +85,12 @@ from kubernetes.client.rest import ApiException
 
 log = logging.getLogger("node-agent")
 MERGE = "application/merge-patch+json"
+#: A pod's status is written as the kubelet writes it: a strategic merge patch (pkg/util/pod PatchPodStatus,
+#: types.StrategicMergePatchType), in which ``conditions`` merge by ``type``. So a condition the kubelet does
+#: not own (the scheduler's or the eviction API's ``DisruptionTarget``) stays on the pod, as the status manager
+#: keeps it (pkg/kubelet/status/status_manager.go mergePodStatus: "preserve where pod conditions not owned by
+#: kubelet"); a JSON merge patch would replace the whole list and drop it.
+STRATEGIC = "application/strategic-merge-patch+json"
 
 
 def now() -> dt.datetime:
@@ -515,9 +521,16 @@ class NodeAgent:
         return None
 
     def _patch_pod_status(self, p: Proc, status: dict) -> None:
+        for cs in status.get("containerStatuses") or []:  # a container is in one state: clear the others
+            state = cs.get("state") or {}
+            cs["state"] = {**{k: None for k in ("waiting", "running", "terminated")}, **state}
+        # a condition merged by type keeps the fields it does not send: clear an earlier reason and message,
+        # as the kubelet's two-way patch does
+        if "conditions" in status:
+            status["conditions"] = [{"reason": None, "message": None, **c} for c in status["conditions"]]
         try:
             self.core.patch_namespaced_pod_status(p.name, p.namespace, {"metadata": {"uid": p.uid}, "status": status},
-                                                  _content_type=MERGE)
+                                                  _content_type=STRATEGIC)
         except ApiException as e:
             if e.status not in (404, 409, 422):
                 raise
