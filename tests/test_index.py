@@ -114,6 +114,13 @@ def test_search_exact_and_ann_agree_and_fingerprints_listed(tmp_path):
     assert recall_at_k(exact, approx, 10) >= 0.9
     d = ix.search(q[0], 3, exact=True).column("_distance").to_pylist()
     assert d == sorted(d) and 0 <= d[0] <= 2
+    # the same rows have the same distance through the index as without it: the exact cosine distance
+    for v in q:
+        flat = {k: x for k, x in zip(ids(ix.search(v, 10, exact=True)), ix.search(v, 10, exact=True).column("_distance").to_pylist())}
+        hits = ix.search(v, 10)
+        for k, x in zip(ids(hits), hits.column("_distance").to_pylist()):
+            if k in flat:
+                assert x == pytest.approx(flat[k], abs=1e-5), (k, x, flat[k])
 
 
 def _embeddings(tmp_path):
