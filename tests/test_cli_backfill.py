@@ -3,6 +3,8 @@ listing, on a real (SQLite) instance with runs in the states the daemon leaves t
 
 from __future__ import annotations
 
+import json
+
 import sys
 import threading
 import types
@@ -339,6 +341,18 @@ def test_backfill_accepts_the_index_asset_and_its_stale_partitions(setup, monkey
         assert select_partitions(instance, index, stale=True, follows=asset) == ["failed.txt", "never.txt"]
         assert select_partitions(instance, index, missing=True, follows=asset) == [
             "canceled.txt", "never.txt", "running.txt"]
+        # `dagster-gpu stale` on the index asset (once refused the same way) says why each is stale
+        capsys.readouterr()
+        assert main(["stale", "-m", "cli_test_defs", "-a", "c_embeddings_index", "--json"]) == 0
+        got = json.loads(capsys.readouterr().out)
+        assert [(s["partition_key"], s["reasons"]) for s in got["stale"]] == [
+            ("failed.txt", ["c_embeddings materialized again after it was indexed"]),
+            ("never.txt", ["c_embeddings materialized, never indexed"])]
+        assert (got["missing"], got["gone"]) == (["canceled.txt", "running.txt"], [])
+        assert main(["stale", "-m", "cli_test_defs", "-a", "c_embeddings_index"]) == 0
+        text = capsys.readouterr().out
+        assert "Stale partitions of c_embeddings_index: 2" in text
+        assert "dagster-gpu backfill -m cli_test_defs -a c_embeddings_index --stale" in text
 
 
 def test_scattered_keys_are_bridged_into_one_run_when_cheaper(setup):

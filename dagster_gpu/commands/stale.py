@@ -27,7 +27,9 @@ def stale_main(argv: list[str]) -> int:
 
     from dagster_gpu.commands.common import console as make_console, instance_or_none
     from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
-    from dagster_gpu.definitions.partitions import NoCorpus, corpus_of, partition_staleness
+    from dagster_gpu.definitions.partitions import (
+        NoCorpus, corpus_of, embeddings_followed, index_staleness, partition_staleness,
+    )
 
     prog = "dagster-gpu stale"
     loaded = load_definitions(args.module, args.attribute, prog)
@@ -43,8 +45,10 @@ def stale_main(argv: list[str]) -> int:
     instance = instance_or_none(prog)
     if instance is None:
         return 2
-    try:
-        found = partition_staleness(instance, asset, corpus_of(asset, module))
+    try:  # a vector index asset: stale behind its embeddings; an embedding asset: behind its corpus and code
+        follows = embeddings_followed(asset, defs.resolve_asset_graph().assets_defs)
+        found = (index_staleness(instance, asset, follows.key) if follows is not None
+                 else partition_staleness(instance, asset, corpus_of(asset, module)))
     except (NoCorpus, CorpusNotFound, CorpusUnreadable, TypeError) as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 2
@@ -63,6 +67,11 @@ def stale_main(argv: list[str]) -> int:
         console.print(table)
     else:
         console.print(f"no stale partitions of {key.to_user_string()}")
+    if follows is not None:
+        console.print(f"{len(found.missing)} missing (not embedded yet), {len(found.in_progress)} in progress; "
+                      f"load the stale ones: dagster-gpu backfill -m {args.module} -a {key.to_user_string()} --stale",
+                      soft_wrap=True, markup=False)
+        return 0
     console.print(f"{len(found.missing)} missing (never materialized), {len(found.gone)} gone (file deleted: "
                   f"backfill --prune), {len(found.in_progress)} in progress", soft_wrap=True)
     return 0

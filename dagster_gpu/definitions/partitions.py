@@ -26,7 +26,7 @@ from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
 from dagster_gpu.instance.partition_status import dynamic_partitions_def, partition_status
 from dagster_gpu.core.request import TAG_CORPUS_URL
 from dagster_gpu.instance.source_versions import recorded_versions
-from dagster_gpu.instance.stale import Staleness, find_stale
+from dagster_gpu.instance.stale import StalePartition, Staleness, find_stale
 from dagster_gpu.instance.events import metadata_value, metadata_values
 
 log = logging.getLogger(__name__)
@@ -62,16 +62,32 @@ def embeddings_followed(asset: dg.AssetsDefinition, assets: Iterable[dg.AssetsDe
     raise NoCorpus(f"asset {asset.key.to_user_string()} follows {name}, which is not an embedding asset of these definitions")
 
 
-def stale_index_partitions(instance: dg.DagsterInstance, index: dg.AssetsDefinition, embeddings_key: dg.AssetKey) -> list[str]:
-    """Registered partitions of the vector index asset ``index`` behind its embeddings: the embeddings
-    partition was materialized after the index partition's latest materialization (or the index partition
-    never was), none in progress, in the definition's order. Two event-log queries and the status cache."""
+def index_staleness(instance: dg.DagsterInstance, index: dg.AssetsDefinition, embeddings_key: dg.AssetKey) -> Staleness:
+    """The registered partitions of the vector index asset ``index`` as they stand behind its embeddings, in the
+    definition's order: ``stale`` when the embeddings partition was materialized after the index partition's
+    latest materialization, or the index partition never was (why in words); ``missing`` when neither was
+    materialized (nothing to load yet); ``in_progress`` left out of both; ``gone`` empty (a deleted file's
+    partition is pruned from both assets). Two event-log queries and the status cache."""
     pdef = dynamic_partitions_def(index)
     emb = instance.get_latest_storage_id_by_partition(embeddings_key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     ix = instance.get_latest_storage_id_by_partition(index.key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     in_progress = partition_status(instance, index)[2]
-    return [k for k in instance.get_dynamic_partitions(pdef.name)
-            if k in emb and emb[k] > ix.get(k, -1) and k not in in_progress]
+    name = embeddings_key.to_user_string()
+    stale, missing, busy = [], [], []
+    for k in instance.get_dynamic_partitions(pdef.name):
+        if k in in_progress:
+            busy.append(k)
+        elif k in emb and emb[k] > ix.get(k, -1):
+            why = f"{name} materialized again after it was indexed" if k in ix else f"{name} materialized, never indexed"
+            stale.append(StalePartition(k, (why,)))
+        elif k not in emb and k not in ix:
+            missing.append(k)
+    return Staleness(tuple(stale), tuple(missing), (), tuple(busy))
+
+
+def stale_index_partitions(instance: dg.DagsterInstance, index: dg.AssetsDefinition, embeddings_key: dg.AssetKey) -> list[str]:
+    """The keys of :func:`index_staleness`'s stale partitions: those ``dagster-gpu backfill --stale`` loads."""
+    return index_staleness(instance, index, embeddings_key).stale_keys
 
 
 def corpus_of(asset: dg.AssetsDefinition, module: ModuleType | None = None) -> CorpusSource:
