@@ -114,9 +114,10 @@ def _index_of(defs, asset: str):
     if key not in keys:
         raise SearchError(f"no asset {asset!r} (assets: {', '.join(sorted(k.to_user_string() for k in keys))})")
 
-    def meta(k):
-        md = defs.get_assets_def(k).metadata_by_key.get(k, {})
-        return metadata_values(md)
+    # every asset's metadata from the asset graph (get_assets_def warns for an AssetSpec such as the corpus)
+    metas = {k: metadata_values(a.metadata_by_key.get(k, {}))
+             for a in defs.resolve_asset_graph().assets_defs for k in a.keys}
+    meta = lambda k: metas.get(k, {})  # noqa: E731
 
     md = meta(key)
     if META_URI not in md:

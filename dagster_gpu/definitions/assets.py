@@ -1,7 +1,9 @@
 """The embedding asset factory: one dynamic partition per corpus file, one parquet file per partition."""
 
+import contextlib
 import dataclasses
 import posixpath
+import warnings
 from typing import Any, Mapping, Sequence
 
 import dagster as dg
@@ -29,6 +31,16 @@ def output_uri_for(output_url: str, asset_name: str, partition_key: str) -> str:
 #: A backfill's (and the sensor's and schedule's) runs embed at most this many partitions each, by default.
 DEFAULT_PARTITIONS_PER_RUN = 50
 
+
+
+@contextlib.contextmanager
+def beta_parameters_of_ours():
+    """Silence Dagster's BetaWarning while this library builds an asset with a parameter Dagster 1.13 marks beta
+    (``backfill_policy``): the choice is ours, not the code location author's, and the warning was printed on
+    every import (each command twice, the daemon's log once per evaluation)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        yield
 
 def embedding_asset(
     *,
@@ -160,28 +172,30 @@ def embedding_asset(
         checkpoint_every_batches=int(checkpoint_every_batches),
     )
 
-    @dg.asset(
-        name=name,
-        key_prefix=list(key_prefix) if key_prefix else None,
-        partitions_def=pdef,
-        op_tags={
-            **gpu.to_tags(),
-            TAG_CORPUS_URL: corpus.url,
-            TAG_ASSET_KEY: "/".join([*(key_prefix or []), name]),
-            TAG_PARTITIONS_DEF: pdef.name or "",
-        },
-        kinds={"pytorch", "parquet"},
-        group_name=group_name,
-        retry_policy=retry_policy,
-        backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run),
-        output_required=False,
-        description=f"Sentence embeddings ({model}) of each file of corpus {corpus.url}, one parquet file per partition under {output_url}.",
-        metadata={"dagster_gpu/corpus_url": corpus.url, "dagster_gpu/output_url": output_url,
-                  CONFIG_METADATA_KEY: dg.MetadataValue.json(config)},
-        code_version=code_version,
-        check_specs=check_specs(dg.AssetKey([*(key_prefix or []), name]), pdef),
-    )
+    with beta_parameters_of_ours():
+        decorate = dg.asset(
+            name=name,
+            key_prefix=list(key_prefix) if key_prefix else None,
+            partitions_def=pdef,
+            op_tags={
+                **gpu.to_tags(),
+                TAG_CORPUS_URL: corpus.url,
+                TAG_ASSET_KEY: "/".join([*(key_prefix or []), name]),
+                TAG_PARTITIONS_DEF: pdef.name or "",
+            },
+            kinds={"pytorch", "parquet"},
+            group_name=group_name,
+            retry_policy=retry_policy,
+            backfill_policy=dg.BackfillPolicy.multi_run(max_partitions_per_run),
+            output_required=False,
+            description=f"Sentence embeddings ({model}) of each file of corpus {corpus.url}, one parquet file per partition under {output_url}.",
+            metadata={"dagster_gpu/corpus_url": corpus.url, "dagster_gpu/output_url": output_url,
+                      CONFIG_METADATA_KEY: dg.MetadataValue.json(config)},
+            code_version=code_version,
+            check_specs=check_specs(dg.AssetKey([*(key_prefix or []), name]), pdef),
+        )
+
     def _embed(context: dg.AssetExecutionContext):
         yield from run_unit(context, spec)
 
-    return _embed
+    return decorate(_embed)

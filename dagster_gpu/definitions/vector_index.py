@@ -7,6 +7,7 @@ from typing import Any, Mapping
 
 import dagster as dg
 
+from dagster_gpu.definitions.assets import beta_parameters_of_ours
 from dagster_gpu.index.lance import DEFAULT_ANN_MIN_ROWS, VectorIndex
 from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.instance.events import metadata_value
@@ -128,18 +129,20 @@ def vector_index_asset(
     elif isinstance(automation_condition, str):
         raise ValueError(f"vector_index_asset: automation_condition must be 'eager', an AutomationCondition or None, got {automation_condition!r}")
 
-    @dg.asset(
-        name=name, key_prefix=list(emb_key.path[:-1]) or None, partitions_def=pdef, deps=[emb_key],
-        group_name=group_name, kinds={"lancedb"}, output_required=False,
-        # a CPU step: gpu_executor places it on a CPU (policy: count == 0); the partitions definition's name lets
-        # gpu_executor resolve a ranged run's keys (dagster_gpu.instance.run_ranges.run_partition_keys), as for embedding_asset
-        op_tags={**GpuRequest(count=0).to_tags(), TAG_PARTITIONS_DEF: pdef.name or ""},
-        backfill_policy=dg.BackfillPolicy.multi_run(per_run),
-        description=f"LanceDB table {table!r} at {uri}: the rows of {emb_key.to_user_string()}, each partition replaced in one commit.",
-        metadata={META_URI: uri, META_TABLE: table, META_EMBEDDINGS: emb_key.to_user_string()},
-        check_specs=_check_specs(key, pdef),
-        automation_condition=automation_condition,
-    )
+    with beta_parameters_of_ours():
+        decorate = dg.asset(
+            name=name, key_prefix=list(emb_key.path[:-1]) or None, partitions_def=pdef, deps=[emb_key],
+            group_name=group_name, kinds={"lancedb"}, output_required=False,
+            # a CPU step: gpu_executor places it on a CPU (policy: count == 0); the partitions definition's name lets
+            # gpu_executor resolve a ranged run's keys (dagster_gpu.instance.run_ranges.run_partition_keys), as for embedding_asset
+            op_tags={**GpuRequest(count=0).to_tags(), TAG_PARTITIONS_DEF: pdef.name or ""},
+            backfill_policy=dg.BackfillPolicy.multi_run(per_run),
+            description=f"LanceDB table {table!r} at {uri}: the rows of {emb_key.to_user_string()}, each partition replaced in one commit.",
+            metadata={META_URI: uri, META_TABLE: table, META_EMBEDDINGS: emb_key.to_user_string()},
+            check_specs=_check_specs(key, pdef),
+            automation_condition=automation_condition,
+        )
+
     def _index(context: dg.AssetExecutionContext):
         from dagster_gpu.instance.checks import materialization_target
 
@@ -179,7 +182,7 @@ def vector_index_asset(
             raise dg.Failure(description=f"{len(failed)} partition(s) not indexed: "
                              + "; ".join(f"{k}: {v}" for k, v in failed.items()), allow_retries=False)
 
-    return _index
+    return decorate(_index)
 
 
 def index_automation_sensor(
