@@ -203,6 +203,7 @@ def index_backfill(instance, defs, index_asset, keys, args, run_config, console)
     """A backfill of ``index_asset`` over ``keys`` (the embedded partitions), the daemon running until it ends;
     prints the index's rows and the backfill's outcome. Returns the number of partitions not indexed."""
     from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
+    from dagster_gpu.commands.progress import drain_other_runs
     from dagster_gpu.definitions.vector_index import META_EMBEDDINGS, META_TABLE, META_URI
     from dagster_gpu.index.lance import VectorIndex
 
@@ -213,6 +214,7 @@ def index_backfill(instance, defs, index_asset, keys, args, run_config, console)
     with DaemonProcess(REPO / "workspace.yaml", log_file=args.home / "daemon-index.log") as daemon:
         final = wait_for_backfill(instance, backfill_id, len(keys), timeout_s=args.timeout, daemon=daemon,
                                   partitions_def_name=index_asset.partitions_def.name)
+        drain_other_runs(instance, daemon, backfill_id, console, timeout_s=300)
     md = {k: str(getattr(v, "value", v)) for k, v in index_asset.metadata_by_key[index_asset.key].items()}
     ix = VectorIndex(md[META_URI], md[META_TABLE])
     try:

@@ -4,6 +4,7 @@ listing, on a real (SQLite) instance with runs in the states the daemon leaves t
 from __future__ import annotations
 
 import json
+import time
 
 import sys
 import threading
@@ -371,3 +372,37 @@ def test_scattered_keys_are_bridged_into_one_run_when_cheaper(setup):
         # a key in flight between them is not redone: two runs
         _run(instance, _defs, asset, "failed.txt", dg.DagsterRunStatus.STARTED)
         assert bridged_selection(instance, asset, ["canceled.txt", "never.txt"], corpus) == ["canceled.txt", "never.txt"]
+
+
+def test_the_runs_a_daemons_sensors_started_are_waited_for_before_it_stops(capsys):
+    """The demo's daemon was stopped while the index's automation sensor had a run going: that run failed
+    ("Execution was interrupted unexpectedly"). Runs other than the backfill's, started since the daemon was,
+    are waited for (a queued or not started one is left to the next daemon), and what still runs then is named."""
+    import threading
+
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    from dagster_gpu.commands.backfill import other_runs_in_flight, wait_for_other_runs
+    from dagster_gpu.commands.progress import drain_other_runs
+    from dagster_gpu.commands.common import console as make_console
+
+    with dg.instance_for_test() as instance:
+        since = time.time() - 1
+        S = dg.DagsterRunStatus
+        for run_id, status, backfill in (("mine", S.STARTED, "b1"), ("index", S.STARTED, "b2"),
+                                         ("sensor", S.STARTING, None), ("not_started", S.NOT_STARTED, "b2"), ("done", S.SUCCESS, "b2")):
+            instance.add_run(DagsterRun(job_name=f"job_{run_id}", run_id=run_id, status=status,
+                                        tags={"dagster/backfill": backfill} if backfill else {}))
+        assert sorted(r.run_id for r in other_runs_in_flight(instance, since, "b1")) == ["index", "sensor"]
+        assert other_runs_in_flight(instance, time.time() + 5, "b1") == []  # started before the daemon: not its
+        t0 = time.monotonic()
+        threading.Timer(1.0, lambda: instance.report_run_canceled(instance.get_run_by_id("sensor"))).start()
+        left = wait_for_other_runs(instance, since, "b1", timeout_s=3, poll_s=0.2)
+        assert [r.run_id for r in left] == ["index"] and 2.5 < time.monotonic() - t0 < 6
+
+        class _Daemon:
+            started_at = since
+        assert drain_other_runs(instance, _Daemon(), "b1", make_console(), timeout_s=0.5) == 1
+        out = capsys.readouterr().out
+        assert "Waiting up to 0 s for 1 run(s) the daemon's sensors started meanwhile (job_index;" in out
+        assert "1 run(s) still in flight will be interrupted and fail: index" in out

@@ -490,6 +490,28 @@ def wait_for_bills(
     return rows
 
 
+def other_runs_in_flight(instance: dg.DagsterInstance, since: float, backfill_id: str) -> list[dg.DagsterRun]:
+    """Runs created since ``since`` (epoch s) that are starting or running, other than backfill
+    ``backfill_id``'s: those a daemon's sensors launched meanwhile (the index's automation sensor following
+    the embeddings, the corpus sensor). Stopping the daemon that runs them would kill their run workers and
+    fail them ("Execution was interrupted unexpectedly"); a queued run is left queued for the next daemon."""
+    import datetime as dt
+
+    live = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+    recs = instance.get_run_records(RunsFilter(statuses=live, created_after=dt.datetime.fromtimestamp(since, dt.timezone.utc)))
+    return [r.dagster_run for r in recs if r.dagster_run.tags.get("dagster/backfill") != backfill_id]
+
+
+def wait_for_other_runs(instance: dg.DagsterInstance, since: float, backfill_id: str, *, timeout_s: float,
+                        poll_s: float = 2.0) -> list[dg.DagsterRun]:
+    """:func:`other_runs_in_flight` polled every ``poll_s`` seconds until none is left or ``timeout_s`` passed;
+    returns those still in flight."""
+    deadline = time.monotonic() + timeout_s
+    while (runs := other_runs_in_flight(instance, since, backfill_id)) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+    return runs
+
+
 def _runs_in_flight(instance: dg.DagsterInstance, backfill_id: str) -> int:
     return sum(rec.dagster_run.status not in _FINISHED
                for rec in instance.get_run_records(RunsFilter.for_backfill(backfill_id)))

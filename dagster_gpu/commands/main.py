@@ -54,6 +54,9 @@ def _backfill(argv: list[str]) -> int:
     ap.add_argument("--timeout", type=float, default=24 * 3600.0)
     ap.add_argument("--bills-wait", type=float, default=60.0,
                     help="seconds to keep the daemon up after the runs end for the schedulers' bills (default 60)")
+    ap.add_argument("--runs-wait", type=float, default=300.0,
+                    help="seconds to keep the daemon this command started up for runs its sensors started meanwhile "
+                         "(the index following the embeddings), which stopping it would fail (default 300)")
     args = ap.parse_args(argv)
     if args.partitions and (args.missing or args.failed or args.stale):
         ap.error("--partitions cannot be combined with --missing/--failed/--stale")
@@ -147,7 +150,7 @@ def _backfill(argv: list[str]) -> int:
         rows = run_backfill_with_progress(
             instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout,
             partitions_def_name=asset.partitions_def.name,
-            console=console, bills_wait_s=args.bills_wait, running_daemon=running,
+            console=console, bills_wait_s=args.bills_wait, runs_wait_s=args.runs_wait, running_daemon=running,
         )
     except BackfillAbandoned as e:
         print(f"dagster-gpu backfill: {e}", file=sys.stderr)

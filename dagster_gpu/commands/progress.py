@@ -10,7 +10,7 @@ from rich.table import Table
 
 from dagster_gpu.commands.backfill import (
     BackfillProgress, BackfillTimeout, DaemonDied, DaemonProcess, PartitionSummary, RunningDaemon, abandon_backfill,
-    submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills,
+    other_runs_in_flight, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_runs,
 )
 from dagster_gpu.instance.bills import billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
@@ -134,6 +134,23 @@ def settle_wait_note() -> str:
             + ", ".join(f"{b} {cls.settle_wait_seconds:.0f} s" for b, cls in waits) + ")")
 
 
+def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console: Console, timeout_s: float) -> int:
+    """Before ``daemon`` (started by this command) is stopped: wait up to ``timeout_s`` seconds for the runs its
+    sensors started meanwhile (:func:`dagster_gpu.commands.backfill.other_runs_in_flight`), saying so; returns
+    how many are still in flight (stopping the daemon fails them, and that is said too)."""
+    others = other_runs_in_flight(instance, daemon.started_at, backfill_id)
+    if others and timeout_s > 0:
+        jobs = ", ".join(sorted({r.job_name for r in others}))
+        console.print(f"Waiting up to {timeout_s:.0f} s for {len(others)} run(s) the daemon's sensors started "
+                      f"meanwhile ({jobs}; e.g. the index following these embeddings): stopping the daemon would fail "
+                      "them", soft_wrap=True)
+        others = wait_for_other_runs(instance, daemon.started_at, backfill_id, timeout_s=timeout_s)
+    if others:
+        console.print(f"{len(others)} run(s) still in flight will be interrupted and fail: "
+                      + ", ".join(r.run_id for r in others), soft_wrap=True)
+    return len(others)
+
+
 def run_backfill_with_progress(
     instance,
     defs,
@@ -148,6 +165,7 @@ def run_backfill_with_progress(
     partitions_def_name: str | None = None,
     run_config=None,
     bills_wait_s: float = 60.0,
+    runs_wait_s: float = 300.0,
     running_daemon=None,
 ) -> list[PartitionSummary]:
     """Submit an asset backfill, follow it with a progress bar until it ends, print the summary.
@@ -159,7 +177,9 @@ def run_backfill_with_progress(
     ``run_config`` applies to every run (e.g. ``{"execution": {"config": {"backend": "slurm", ...}}}``).
     After the runs end the daemon keeps running up to ``bills_wait_s`` seconds, until every work unit's
     scheduler bill has landed (:func:`dagster_gpu.commands.backfill.wait_for_bills`); stopping it at once would stop
-    run workers still waiting for sacct. Each wait is said on the console with its bound. Returns the
+    run workers still waiting for sacct. Then, up to ``runs_wait_s`` seconds, until the runs its sensors started
+    meanwhile (:func:`dagster_gpu.commands.backfill.other_runs_in_flight`) ended: stopping the daemon would fail
+    them. Each wait is said on the console with its bound. Returns the
     per-partition summary (see :func:`dagster_gpu.commands.backfill.summarize_partitions`).
 
     Raises BackfillAbandoned when the daemon dies, ``timeout_s`` passes or the user interrupts: a backfill
@@ -192,6 +212,7 @@ def run_backfill_with_progress(
                               f"{pending} partition(s)", soft_wrap=True)
             rows = wait_for_bills(instance, asset_key, rows, timeout_s=bills_wait_s)
             if running_daemon is None:
+                drain_other_runs(instance, daemon, backfill_id, console, runs_wait_s)
                 console.print(f"Stopping the dagster-daemon this command started (up to {DaemonProcess.STOP_S} s)")
     except (DaemonDied, BackfillTimeout, KeyboardInterrupt) as e:
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
