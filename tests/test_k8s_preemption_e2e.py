@@ -51,9 +51,10 @@ def _ensure_online_class() -> None:
             raise
 
 
-def _preempted_once(instance, tmp_path, monkeypatch, key: str, max_preemptions: int):
-    """Backfill ``key`` of k8s_preemptible (15 s of work) and preempt its first pod with an online pod once it
-    runs. Returns (backfill's final counts, the run, the run's events as text, what the test saw)."""
+def _preempted_once(instance, tmp_path, monkeypatch, key: str, max_preemptions: int, sleep_s: float = 15.0):
+    """Backfill ``key`` of k8s_preemptible (``sleep_s`` seconds of work) and preempt its first pod with an online
+    pod once it runs. Returns (backfill's final counts, the run, the run's events as text, what the test saw:
+    the first pod's name, and the pod as the scheduler left it when it was read in time)."""
     from dagster_gpu.k8s.manifests import run_selector
     from tests import k8s_pipeline as p
 
@@ -85,7 +86,7 @@ def _preempted_once(instance, tmp_path, monkeypatch, key: str, max_preemptions: 
         if got != "gone":
             seen["disrupted"] = client.ApiClient().sanitize_for_serialization(got)
 
-    _, final = _backfill(instance, p.k8s_preemptible, [key], tmp_path, sleep_s=15, timeout_s=400, on_running=preempt)
+    _, final = _backfill(instance, p.k8s_preemptible, [key], tmp_path, sleep_s=sleep_s, timeout_s=400, on_running=preempt)
     try:
         admin.delete_namespaced_pod(online, "default", grace_period_seconds=0)
     except client.ApiException:

@@ -176,6 +176,8 @@ def test_whatif_live_local_only_saves_a_snapshot_that_plans_offline(corpus, tmp_
     devices = {r["placement"]["device"] for r in live["plans"]["auto"]}
     assert devices == ({"cpu"} if not list_gpus() else {g.product for g in list_gpus()})
     assert {r["placement"]["backend"] for r in live["plans"]["auto"]} == {"local"} and live["infeasible"]["auto"] == 0
+    # and it says why as the executor does: no config forced it (a newcomer read "forced by gpu_executor config")
+    assert {r["placement"]["reason"] for r in live["plans"]["auto"]} == {"auto: local is the only configured backend"}
     # modes whose backend is not configured have no total (not 0 USD) and count every partition infeasible
     n = len(live["plans"]["auto"])
     assert (live["totals_usd"]["slurm"], live["infeasible"]["slurm"]) == (None, n)

@@ -10,7 +10,7 @@ and prints these plans is :mod:`dagster_gpu.commands.whatif` (``dagster-gpu what
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from dagster_gpu.policy.forced import forced_backend
@@ -76,6 +76,7 @@ def plan(
         raise ValueError(f"per_run must be at least 1, got {per_run}")
     rows = []
     snap = snapshot
+    how = None
     if mode == "auto":
         how = forced_backend(request, "auto", [b for b in BACKENDS if snapshot.backend(b) is not None])
         force = how.backend if how else None
@@ -88,6 +89,8 @@ def plan(
         shares = [(b / total) if total else 1.0 / len(chunk) for _, b in chunk]
         try:
             p = decide(request, size, snap, model=model, force=force)
+            if mode == "auto" and how is not None:  # say why as the executor does ("the only configured backend")
+                p = replace(p, reason=how.reason)
         except NoFeasiblePlacement as e:
             rows += [PlanRow(key, b, None, str(e), unit, sh) for (key, b), sh in zip(chunk, shares)]
             continue
