@@ -56,8 +56,9 @@ def _one(key: str, sleep_s: float, preempt: bool) -> dict:
                     mp.setenv(k, v)
                 _, final = _backfill(instance, p.k8s_preemptible, [key], tmp, sleep_s=sleep_s, timeout_s=400)
                 run, seen = instance.get_runs(dg.RunsFilter(tags={"dagster/partition": key}))[0], {}
-            run = instance.get_run_by_id(run.run_id)
-            makespan = run.end_time - t0 if run.end_time else time.time() - t0
+            rec = instance.get_run_record_by_id(run.run_id)
+            run = rec.dagster_run
+            makespan = (rec.end_time or time.time()) - t0
             mats = instance.fetch_materializations(
                 dg.AssetRecordsFilter(asset_key=p.k8s_preemptible.key, asset_partitions=[key]), limit=5).records
             out = {"preempted": preempt, "succeeded": final.succeeded == 1 and run.status == dg.DagsterRunStatus.SUCCESS,

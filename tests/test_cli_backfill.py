@@ -166,6 +166,21 @@ def test_failed_partitions_are_listed_below_the_summary(setup, tmp_path):
         assert run.run_id in lines[0] and "partition 'failed.txt': undecodable" in lines[0] and str(log) in lines[0]
         assert "not materialized" in lines[1] and "no run recorded" in lines[1]
         assert failures_table([d]).row_count == 1
+        assert "reused" not in summary  # no partition reused a vector: no column for it
+        # a re-run that reused rows says so, and a partition whose every row was reused has no throughput
+        again = [PartitionSummary("done.txt", ok=True, rows=3, reused_rows=3, seconds=0.0, texts_per_second=0.0,
+                                  backend="local", gpu_seconds=0.5, cost_usd=0.00001),
+                 PartitionSummary("edited.txt", ok=True, rows=4, reused_rows=1, seconds=0.5, texts_per_second=6.0,
+                                  backend="local", gpu_seconds=1.0, cost_usd=0.00002),
+                 PartitionSummary("never.txt", ok=False, error="not materialized")]
+        con = Console(record=True, width=200)
+        print_summary(con, instance, again, title="Backfill y")
+        table = con.export_text().split("1 failed partition(s)")[0]
+        assert "reused" in table
+        done = next(ln for ln in table.splitlines() if "done.txt" in ln)
+        edited = next(ln for ln in table.splitlines() if "edited.txt" in ln)
+        assert [c.strip() for c in done.split("│")[1:6]] == ["done.txt", "3", "3", "0.00", "–"]
+        assert [c.strip() for c in edited.split("│")[1:6]] == ["edited.txt", "4", "1", "0.50", "6.0"]
 
 
 def test_a_partitions_billed_share_is_the_bill_of_the_unit_that_ran_it(setup):

@@ -394,6 +394,7 @@ class PartitionSummary(PendingBill):
     partition_key: str
     ok: bool
     rows: int | None = None
+    reused_rows: int | None = None
     seconds: float | None = None
     texts_per_second: float | None = None
     backend: str | None = None
@@ -450,6 +451,7 @@ def summarize_partitions(
                 pk,
                 ok=True,
                 rows=md.get("embedding/rows"),
+                reused_rows=md.get("embedding/reused_rows"),
                 seconds=md.get("embedding/seconds"),
                 texts_per_second=md.get("embedding/texts_per_second"),
                 backend=md.get("dagster_gpu/backend"),

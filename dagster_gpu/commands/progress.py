@@ -42,15 +42,20 @@ def useful_fraction(rows: Sequence[PartitionSummary]) -> float | None:
 
 
 def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition summary") -> Table:
-    """Columns: partition, rows, seconds (embedding), texts/s (texts that reached the model), backend, measured
+    """Columns: partition, rows, reused (rows whose vector was reused from the previous output; shown when a
+    partition reused any), seconds (embedding), texts/s (texts that reached the model; "–" when every row was
+    reused), backend, measured
     GPU-seconds and measured cost (USD): the step worker's own measurement; useful fraction (embedding ÷
     measured seconds; its footer the ratio of sums, as in the HTML report); scheduler's bill (USD): the
     partition's share of its unit's bill from sacct / the pod interval / the process ("pending" until it
     lands; failed partitions have one too). Failures in red."""
     t = Table(title=title, show_footer=True)
     ok = [r for r in rows if r.ok]
+    reuse = any(r.reused_rows for r in ok)  # the column only when a partition reused vectors
     t.add_column("partition", footer=f"{len(ok)}/{len(rows)} ok")
     t.add_column("rows", justify="right", footer=str(sum(r.rows or 0 for r in ok)))
+    if reuse:
+        t.add_column("reused", justify="right", footer=str(sum(r.reused_rows or 0 for r in ok)))
     t.add_column("seconds", justify="right", footer=f"{sum(r.seconds or 0 for r in ok):.1f}")
     t.add_column("texts/s", justify="right")
     t.add_column("backend")
@@ -61,14 +66,18 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
     t.add_column("scheduler's bill (USD)", justify="right", footer=billed_total(rows))  # failed partitions' shares too
     for r in rows:
         billed = f"{r.billed_cost_usd:.6f}" if r.billed_cost_usd is not None else ("pending" if r.bill_pending else "")
+        reused = [str(r.reused_rows or 0)] if reuse else []
         if r.ok:
+            all_reused = bool(r.rows) and r.reused_rows == r.rows  # nothing reached the model: no throughput
             t.add_row(
-                r.partition_key, str(r.rows), f"{r.seconds or 0:.2f}", f"{r.texts_per_second or 0:.1f}", r.backend or "",
+                r.partition_key, str(r.rows), *reused, f"{r.seconds or 0:.2f}",
+                "–" if all_reused else f"{r.texts_per_second or 0:.1f}", r.backend or "",
                 f"{r.gpu_seconds or 0:.2f}", f"{r.cost_usd or 0:.6f}",
                 "" if r.useful_fraction is None else f"{r.useful_fraction:.2f}", billed,
             )
         else:
-            t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", "", "", "", "", "", "", billed)
+            t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", *([""] * len(reused)), "", "", "", "", "",
+                      "", billed)
     return t
 
 
