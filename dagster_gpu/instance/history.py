@@ -4,9 +4,11 @@ The only I/O of the policy package. It reads, per materialization, ``embedding/r
 ``embedding/texts_per_second``, ``gpu/product_name`` (``cpu`` when ``billing/device_type`` is ``cpu``),
 ``gpu/utilization_mean_percent`` and the corpus file size (the first of :data:`SIZE_KEYS` present). Records missing rows or texts/s are skipped.
 
-Texts/s counts only the rows that reached the model: with ``embedding/seconds`` and ``embedding/reused_rows``
-present it is recomputed as (rows − reused rows) ÷ seconds, so materializations recorded before the worker
-wrote it so (rows ÷ seconds, reused rows included) teach the same figure.
+A materialization that reused rows (``embedding/reused_rows`` > 0) teaches nothing: what reached the model is a
+biased sample (the changed records, and the rows at the max sequence length that reuse always embeds again, the
+slowest ones) behind the fixed work of reading and hashing the whole file, so its texts/s is not a full embed's
+(a newcomer's plan grew by half after one mostly reused re-run). ``whatif`` plans full embeds; reuse only makes
+a re-run cheaper than planned.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from dagster_gpu.instance.events import metadata_get
 
 ROWS_KEY = "embedding/rows"
 TPS_KEY = "embedding/texts_per_second"
-SECONDS_KEY = "embedding/seconds"
 REUSED_KEY = "embedding/reused_rows"
 PRODUCT_KEY = "gpu/product_name"
 #: The rate card's device type the step was billed as: ``cpu`` for a step that embedded on the CPU (which
@@ -31,15 +32,16 @@ SIZE_KEYS = ("corpus/bytes", "embedding/input_bytes", "dagster_gpu/partition_byt
 
 
 def point_from_metadata(md: Mapping[str, Any]) -> HistoryPoint | None:
-    """One :class:`HistoryPoint` from a materialization's metadata (MetadataValue or plain values)."""
+    """One :class:`HistoryPoint` from a materialization's metadata (MetadataValue or plain values); None for one
+    without rows or texts/s, or one that reused rows (see the module doc)."""
     rows, tps = metadata_get(md, ROWS_KEY), metadata_get(md, TPS_KEY)
     try:
         rows_i, tps_f = int(rows), float(tps)
     except (TypeError, ValueError):
         return None
-    seconds, reused = metadata_get(md, SECONDS_KEY), metadata_get(md, REUSED_KEY)
-    if isinstance(seconds, (int, float)) and seconds > 0 and isinstance(reused, (int, float)):
-        tps_f = max(0, rows_i - int(reused)) / float(seconds)
+    reused = metadata_get(md, REUSED_KEY)
+    if isinstance(reused, (int, float)) and not isinstance(reused, bool) and reused > 0:
+        return None
     size = next((metadata_get(md, k) for k in SIZE_KEYS if metadata_get(md, k) is not None), None)
     util = metadata_get(md, UTIL_KEY)
     product = metadata_get(md, PRODUCT_KEY)
