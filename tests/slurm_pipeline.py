@@ -43,6 +43,10 @@ def executor_config() -> dict:
         slurm["coalesce_backlog_tasks"] = int(os.environ["SLURM_TEST_BACKLOG"])
     if os.environ.get("SLURM_TEST_TARGET"):
         slurm["coalesce_target_tasks"] = int(os.environ["SLURM_TEST_TARGET"])
+    if os.environ.get("SLURM_TEST_QOS"):
+        slurm["qos"] = os.environ["SLURM_TEST_QOS"]
+    if os.environ.get("SLURM_TEST_SIGNAL_LEAD"):
+        slurm["signal_lead_seconds"] = int(os.environ["SLURM_TEST_SIGNAL_LEAD"])
     if os.environ.get("SLURM_TEST_THROTTLE"):
         slurm["throttle"] = int(os.environ["SLURM_TEST_THROTTLE"])
     if os.environ.get("DAGSTER_GPU_SLURM_SPOOL"):
@@ -98,7 +102,10 @@ def trivial(context):
             f.write(str(os.getpid()))
         os.replace(pid_file + ".tmp", pid_file)
         sleep_s = 300.0
-    time.sleep(sleep_s)
+    if os.environ.get("DGPU_TEST_GRACEFUL") == "1":
+        _sleep_until_stopped(context, sleep_s)
+    else:
+        time.sleep(sleep_s)
     from dagster_gpu.worker.backend_env import backend_metadata
 
     md = backend_metadata("slurm")
@@ -106,6 +113,26 @@ def trivial(context):
     md["test/retry_number"] = context.retry_number
     md["test/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     return dg.MaterializeResult(metadata=md)
+
+
+def _sleep_until_stopped(context, sleep_s: float) -> None:
+    """``DGPU_TEST_GRACEFUL=1``: the embedding unit's stop path (dagster_gpu.worker.preempt) around the sleep: a
+    SIGTERM or SIGUSR1 writes ``$DGPU_TEST_PID_DIR/<partition>.stopped`` (signal number, epoch seconds) and ends
+    the worker with 143 and no step outcome. A requeued attempt (``SLURM_RESTART_COUNT`` >= 1) sleeps 1 s."""
+    from dagster_gpu.worker.preempt import GracefulStop, exit_preempted
+
+    if int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= 1:
+        sleep_s = 1.0
+    stop = GracefulStop().install()
+    deadline = time.monotonic() + sleep_s
+    while time.monotonic() < deadline:
+        if stop.event.wait(0.2):
+            marker = os.path.join(os.environ["DGPU_TEST_PID_DIR"], f"{context.partition_key}.stopped")
+            with open(marker + ".tmp", "w") as f:
+                f.write(f"{stop.signum} {time.time()}")
+            os.replace(marker + ".tmp", marker)
+            exit_preempted(signum=stop.signum)
+    stop.restore()
 
 
 trivial_job = dg.define_asset_job("trivial_job", selection=[trivial])

@@ -104,6 +104,7 @@ from dagster_gpu.slurm.gpu_types import from_settings as gpu_types_from_settings
 from dagster_gpu.slurm.parse import SlurmParseError
 from dagster_gpu.slurm.poller import SharedPoller
 from dagster_gpu.slurm.spool import Spool
+from dagster_gpu.slurm.self_requeue import ENV_VAR as REQUEUE_ON_WARNING
 from dagster_gpu.slurm.ssh import transport_from_settings
 from dagster_gpu.slurm.transport import TransportError
 from dagster_gpu.slurm.trust import UntrustedPathError
@@ -413,6 +414,8 @@ class SlurmBackend(Backend):
         }
         env = with_step_context(launch.env, slurm_request=slurm_request,
                                 **({"device_fraction": fraction} if fraction is not None else {}))
+        if self.settings.requeue and self.settings.signal_lead_seconds:  # the worker requeues itself on the warning
+            env[REQUEUE_ON_WARNING] = "1"
         req = TaskRequest(
             options=tuple(self.sbatch_options(launch)),
             throttle=self.throttle_for(launch),

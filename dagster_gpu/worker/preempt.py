@@ -30,6 +30,8 @@ import sys
 import threading
 import time
 
+from dagster_gpu.slurm.self_requeue import requeue_after_warning
+
 #: The worker's exit status after a graceful stop: 128 + SIGTERM, what a shell and the schedulers report for a
 #: process that SIGTERM ended.
 EXIT_PREEMPTED = 128 + signal.SIGTERM
@@ -120,9 +122,14 @@ def _dagster_keeps_off(signals: tuple[int, ...]):
     return undo
 
 
-def exit_preempted(code: int = EXIT_PREEMPTED) -> None:
+def exit_preempted(code: int = EXIT_PREEMPTED, signum: int | None = None) -> None:
     """Flush the logs and standard streams and end the process at once with ``code``: no ``finally`` block,
-    atexit handler or Dagster step-outcome event runs after this (``os._exit``)."""
+    atexit handler or Dagster step-outcome event runs after this (``os._exit``). ``signum``: the stop signal;
+    a Slurm array task that stopped on its warning SIGUSR1 first asks to be requeued
+    (:func:`dagster_gpu.slurm.self_requeue.requeue_after_warning`: 22.05 would not run it again)."""
+    said = requeue_after_warning(signum)
+    if said:
+        print(f"dagster-gpu: {said}", file=sys.stderr)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:

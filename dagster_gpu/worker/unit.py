@@ -171,7 +171,7 @@ def _run_unit(context: dg.AssetExecutionContext, spec: UnitSpec, step: StepConte
             yield from _embed_all(context, spec, step, loaded, files, shares, ready - started, ready, outcome, stop)
         except Preempted as p:
             _report_preempted(context, stop, p, outcome, len(keys))
-            exit_preempted()
+            exit_preempted(signum=stop.signum)
     yield from _failed_checks(context, outcome)
     if outcome.failed:
         lines = [f"{k}: {why}" for k, why in outcome.failed.items()]

@@ -170,18 +170,21 @@ ensure_associations() {
   wait_for "cluster $CLUSTER registered in slurmdbd" "$TIMEOUT" cluster_registered
   local q
   q="$(sacctmgr -n -P show qos format=name)"
-  if ! grep -qx high <<<"$q"; then
-    sacctmgr -i add qos high Priority=1000 >/dev/null
-  fi
-  sacctmgr -i modify qos where name=high set Priority=1000 Preempt=normal PreemptMode=requeue >/dev/null || true
+  for qos in high preemptible; do
+    grep -qx "$qos" <<<"$q" || sacctmgr -i add qos "$qos" >/dev/null
+  done
+  # preemptible: batch work on lent GPUs, as README "Sharing GPUs with online inference" sets it up
+  sacctmgr -i modify qos where name=preemptible set Priority=0 GraceTime=20 PreemptMode=requeue >/dev/null || true
+  sacctmgr -i modify qos where name=high set Priority=1000 Preempt=normal,preemptible PreemptMode=requeue >/dev/null || true
   sacctmgr -i modify qos where name=normal set Priority=0 >/dev/null || true
   if ! grep -qx "$ACCOUNT" <<<"$(sacctmgr -n -P show account format=account)"; then
     sacctmgr -i add account "$ACCOUNT" Cluster="$CLUSTER" Description=dagster-gpu Organization=dagster-gpu >/dev/null
   fi
   if ! grep -qx root <<<"$(sacctmgr -n -P show assoc where user=root account="$ACCOUNT" format=user)"; then
-    sacctmgr -i add user root Account="$ACCOUNT" Cluster="$CLUSTER" QOS=normal,high DefaultQOS=normal >/dev/null
+    sacctmgr -i add user root Account="$ACCOUNT" Cluster="$CLUSTER" QOS=normal,high,preemptible DefaultQOS=normal >/dev/null
     sacctmgr -i modify user root set DefaultAccount="$ACCOUNT" >/dev/null || true
   fi
+  sacctmgr -i modify user root where account="$ACCOUNT" set QOS=normal,high,preemptible >/dev/null || true
   # slurmctld learns associations from slurmdbd asynchronously: wait until it enforces them.
   dg_step "waiting for slurmctld to know account $ACCOUNT" "$D/log/slurmctld.log"
   wait_for "slurmctld to know account $ACCOUNT" "$TIMEOUT" account_known_to_ctld

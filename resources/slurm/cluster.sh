@@ -41,7 +41,8 @@ DB_PORT="${DAGSTER_GPU_SLURM_DB_PORT:-3307}"
 CLUSTER=dagstergpu
 ACCOUNT=research
 HOST="$(hostname -s)"
-RENDER_SED=()    # render's own sed expressions (resources/lib/slurm_cluster.sh): none
+# render's own sed expressions (resources/lib/slurm_cluster.sh): 22.05's spelling of send_user_signal
+RENDER_SED=(-e "s|@PREEMPT_SEND_USER_SIGNAL@|SlurmctldParameters=preempt_send_user_signal|")
 RENDER_EXTRA=()  # templates beyond slurm.conf, gres.conf and slurmdbd.conf: none
 DAEMON_PLACE=""
 export SLURM_CONF="$D/etc/slurm.conf"

@@ -216,7 +216,8 @@ launch() {
 
 # ---------------------------------------------------------------- render (resources/lib/slurm_cluster.sh)
 # The 22.05 templates, with their header naming this cluster and 24.11's cgroup.conf beside them.
-RENDER_SED=(-e "s|Slurm 22.05 cluster|Slurm 24.11 cluster (trixie.sh)|")
+RENDER_SED=(-e "s|Slurm 22.05 cluster|Slurm 24.11 cluster (trixie.sh)|"
+            -e "s|@PREEMPT_SEND_USER_SIGNAL@|PreemptParameters=send_user_signal|")
 RENDER_EXTRA=("$HERE/trixie/cgroup.conf.in" "$D/etc/cgroup.conf")
 
 # ---------------------------------------------------------------- daemons (all inside the root)
