@@ -174,9 +174,12 @@ class SlurmSettings:
     requeue: bool = setting(True, "sbatch --requeue (a preempted or failed-node task runs again, continuing after its "
                                   "checkpoint parts); False: --no-requeue (a preempting QOS then cancels the task).")
     signal_lead_seconds: int | None = setting(
-        None, "sbatch --signal=B:USR1@<s>: SIGUSR1 to the task <s> seconds before its time limit, so the worker "
-              "commits its checkpoint part and exits before it is killed (Slurm sends it up to 60 s early). "
-              "Preemption with GraceTime needs nothing here: Slurm sends SIGTERM at once, SIGKILL after GraceTime.")
+        None, "sbatch --signal=B:USR1@<s>: SIGUSR1 to the task <s> seconds before its time limit (Slurm sends it up "
+              "to 60 s early) and, where slurm.conf has PreemptParameters=send_user_signal (22.05: SlurmctldParameters="
+              "preempt_send_user_signal), as soon as a preempting QOS chooses it: the worker commits its checkpoint "
+              "part, asks scontrol requeue for itself when Slurm would not requeue it, and exits. Without it a "
+              "preempted worker gets SIGTERM only when GraceTime ends (Slurm signals the job's steps, not the batch "
+              "script, when GraceTime starts), then SIGKILL after KillWait.")
     time_limit: str | None = setting(None, "sbatch --time, e.g. 01:00:00.")
     throttle: int | None = setting(None, "%T of each job array (default: GPUs in the slurm partition).")
     coalesce_window_seconds: float = setting(2.0, "Quiet gap (s) that ends a coalescing window.")

@@ -5,13 +5,15 @@ Who sends what (the worker handles both signals the same way):
 - Kubernetes: a pod deleted by preemption (``DisruptionTarget`` / ``PreemptionByScheduler``), eviction, a node drain
   or the executor's terminate: the kubelet sends SIGTERM to the container's main process, waits the pod's
   ``terminationGracePeriodSeconds``, then sends SIGKILL (kubernetes.io, "Pod Lifecycle: Termination of Pods").
-- Slurm, a preempting QOS with ``GraceTime`` and ``PreemptMode=REQUEUE``: "The job is immediately sent SIGCONT and
-  SIGTERM signals ... followed by the SIGCONT, SIGTERM and SIGKILL signal sequence upon reaching its new end time"
-  (now + GraceTime; slurm.schedmd.com/preempt.html); a job that ends inside the grace time is still requeued.
-  ``scancel`` without ``--signal``: SIGCONT + SIGTERM, SIGKILL after ``KillWait``. ``sbatch --signal=B:USR1@<s>``
-  (the ``slurm.signal_lead_seconds`` setting): SIGUSR1 to the batch shell ``<s>`` seconds before the time limit.
-  The job script ``exec``s the task runner, which ``exec``s the worker (:data:`dagster_gpu.slurm.script.JOB_SCRIPT`),
-  so the batch shell's process *is* the worker and a ``B:`` signal reaches it with nothing to forward.
+- Slurm, a preempting QOS with ``GraceTime`` and ``PreemptMode=REQUEUE``: when GraceTime starts slurmctld signals
+  the job's steps only (preempt.c ``job_signal(SIGTERM)`` without the batch flag), not the batch script, which is
+  this worker (the job script ``exec``\ s the task runner, which ``exec``\ s the worker:
+  :data:`dagster_gpu.slurm.script.JOB_SCRIPT`). So the worker gets SIGTERM when GraceTime ends (SIGKILL after
+  ``KillWait``), unless the job asked for a warning signal (``sbatch --signal=B:USR1@<s>``, the
+  ``slurm.signal_lead_seconds`` setting) and the site set ``PreemptParameters=send_user_signal``: then SIGUSR1
+  arrives as GraceTime starts (measured on 22.05 and 24.11: tests/test_slurm_preempt_e2e.py). The same SIGUSR1
+  comes ``<s>`` seconds before the time limit. ``scancel`` without ``--signal``: SIGCONT + SIGTERM, SIGKILL
+  after ``KillWait``.
 
 On the signal the handler only sets :attr:`GracefulStop.event` (and notes when and which). The embedding loop
 (:func:`dagster_gpu.embedding.pipeline.embed_partition`) polls it after each read batch: it finishes the batch on
