@@ -7,16 +7,16 @@ QOS chooses it. The worker then commits its checkpoint and exits 143. What Slurm
 itself differs by version (measured on the test clusters, tests/test_slurm_preempt_e2e.py): 24.11 requeues a
 preempted job that ended inside its GraceTime ("requeue ... per user/system request"); 22.05 records it FAILED
 and never runs it again, and no version requeues a job that stopped before its time limit. So the worker asks
-for the requeue itself: ``scontrol requeue <job>``, which Slurm allows the job's owner (job_mgr.c
-``_job_requeue_op``), unless Slurm will: a preempted task (``PreemptTime`` set in ``scontrol show job``) on
-Slurm 24.11 or later, where asking too requeues it twice (measured: PREEMPTED, PREEMPTED, PENDING). Only on
-SIGUSR1, never on SIGTERM: a SIGTERM may be a user's cancel, which must stay one.
+for the requeue itself: ``scontrol requeue <job>``, which Slurm allows the job's owner (job_mgr.c ``_job_requeue_op``). On
+24.11 a preempted task that asks is then requeued once more after it completed (measured 2 of 2: PREEMPTED,
+PREEMPTED, PENDING); that attempt finds the step's outcome and exits at once (:mod:`dagster_gpu.slurm.requeue`),
+a cheaper mistake than 22.05's lost task. Only on SIGUSR1, never on SIGTERM: a SIGTERM may be a user's cancel,
+which must stay one.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 from typing import Callable, Mapping
@@ -46,8 +46,6 @@ def requeue_after_warning(signum: int | None, env: Mapping[str, str] | None = No
     if job is None:
         return None
     try:
-        if slurm_requeues_it(job, run):
-            return f"{job} was preempted: Slurm requeues it when it ends (24.11 and later)"
         cp = run(["scontrol", "requeue", job], capture_output=True, text=True, timeout=30)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"scontrol requeue {job} failed: {type(e).__name__}: {e}"
@@ -55,15 +53,3 @@ def requeue_after_warning(signum: int | None, env: Mapping[str, str] | None = No
         return f"scontrol requeue {job} refused (exit {cp.returncode}): {(cp.stderr or cp.stdout).strip()}"
     return f"asked Slurm to requeue {job} (stopped on its warning signal: it runs again after its checkpoint)"
 
-
-def slurm_requeues_it(job: str, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> bool:
-    """Will Slurm requeue ``job`` when it ends by itself? True for a preempted job (``PreemptTime`` set) on Slurm
-    24.11 or later (``scontrol --version``); False otherwise, or when either answer cannot be read. Raises
-    OSError or TimeoutExpired when ``scontrol`` cannot be run."""
-    ver = run(["scontrol", "--version"], capture_output=True, text=True, timeout=30).stdout
-    m = re.search(r"(\d+)\.(\d+)", ver or "")
-    if m is None or (int(m.group(1)), int(m.group(2))) < (24, 11):
-        return False
-    shown = run(["scontrol", "-o", "show", "job", job], capture_output=True, text=True, timeout=30).stdout or ""
-    m = re.search(r"\bPreemptTime=(\S+)", shown)
-    return m is not None and m.group(1) not in ("None", "Unknown", "(null)")
