@@ -89,7 +89,7 @@ def test_with_signal_lead_seconds_the_worker_stops_as_gracetime_starts_and_is_re
     signum, delay, states = _preempt_once(home_dir, env, "p091", signal_lead=60)
     print(f"GraceTime=20, --signal=B:USR1@60: signal {signum} reached the worker {delay:.1f} s after PreemptTime; sacct {states}")
     assert signum == signal.SIGUSR1 and delay <= 5, (signum, delay)
-    # requeued and run again (22.05: only by the worker's own scontrol requeue: REQUEUED, COMPLETED). 24.11 then
+    # requeued and run again (22.05: only by the worker's own scontrol requeue: REQUEUED, COMPLETED). 24.11 at times
     # requeues the completed attempt once more, which sacct lists as PREEMPTED, PREEMPTED, PENDING: that third
     # attempt finds the step's outcome and exits 0 (dagster_gpu.slurm.requeue)
     assert states[0] in ("PREEMPTED", "REQUEUED") and len(states) >= 2, states

@@ -8,8 +8,8 @@ itself differs by version (measured on the test clusters, tests/test_slurm_preem
 preempted job that ended inside its GraceTime ("requeue ... per user/system request"); 22.05 records it FAILED
 and never runs it again, and no version requeues a job that stopped before its time limit. So the worker asks
 for the requeue itself: ``scontrol requeue <job>``, which Slurm allows the job's owner (job_mgr.c ``_job_requeue_op``). On
-24.11 a preempted task that asks is then requeued once more after it completed (measured 2 of 2: PREEMPTED,
-PREEMPTED, PENDING); that attempt finds the step's outcome and exits at once (:mod:`dagster_gpu.slurm.requeue`),
+24.11 a preempted task that asks is at times requeued once more after it completed (measured in 3 of 4 runs:
+PREEMPTED, PREEMPTED, PENDING); that attempt finds the step's outcome and exits at once (:mod:`dagster_gpu.slurm.requeue`),
 a cheaper mistake than 22.05's lost task. Only on SIGUSR1, never on SIGTERM: a SIGTERM may be a user's cancel,
 which must stay one.
 """
