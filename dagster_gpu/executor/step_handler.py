@@ -36,7 +36,7 @@ from dagster_gpu.instance.connections import hold_storage_connections
 from dagster_gpu.instance.events import (
     BACKEND_KEY, HANDLE_KEY, PLACEMENT_KEY, PREEMPTIONS_KEY, Launch, launches, outcome_recorded,
 )
-from dagster_gpu.contracts import TERMINAL, Backend, Handle, StepLaunch, WorkerStatus, describe_partitions
+from dagster_gpu.contracts import TERMINAL, Backend, StepLaunch, WorkerStatus, describe_partitions
 from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import worker_argv, worker_env, worker_python_for
@@ -68,7 +68,7 @@ class GpuStepHandler(StepHandler):
         self._rate_card = RateCard.load(config.get("rate_card"))
         self._candidates = configured_backends(config)
         self._backends: dict[str, Backend] = {}
-        self._launched: dict[tuple[str, str, int], tuple[str, Handle, int | None]] = {}
+        self._launched: dict[tuple[str, str, int], Launch] = {}  # (run, step, attempt) -> its latest launch
         self._lock = threading.Lock()
         self._pooled = False
         self.settler = Settler()
@@ -174,8 +174,10 @@ class GpuStepHandler(StepHandler):
             handle = backend.launch(launch)
         except Exception as e:
             raise RuntimeError(f"{backend.name} backend could not launch step {step_key!r} ({describe_partitions(keys)}): {e}") from e
-        with self._lock:
-            self._launched[(run.run_id, step_key, attempt)] = (backend.name, handle, None)
+        with self._lock:  # known in memory until the event log has it (storage id None)
+            self._launched[(run.run_id, step_key, attempt)] = Launch(step_key, None, {
+                BACKEND_KEY: backend.name, HANDLE_KEY: dict(handle), PLACEMENT_KEY: placement.to_json(),
+                PREEMPTIONS_KEY: preemptions})
         self.settler.track(backend, handle)
         if not preemptions:
             tag_launch(ctx.instance, run.run_id, backend.name, placement.device)  # Runs page: where it ran
@@ -210,15 +212,11 @@ class GpuStepHandler(StepHandler):
         for launch in launches(ctx.instance, run_id, latest_first=True, limit=50):
             if launch.step_key == step_key and launch.has_handle:
                 with self._lock:
-                    self._launched[(run_id, step_key, attempt)] = (launch.backend, launch.handle, launch.storage_id)
+                    self._launched[(run_id, step_key, attempt)] = launch
                 self.settler.track(self.backend(launch.backend), launch.handle)
                 return launch
         with self._lock:
-            found = self._launched.get((run_id, step_key, attempt))
-        if found is None:
-            return None
-        name, handle, _ = found
-        return Launch(step_key, None, {BACKEND_KEY: name, HANDLE_KEY: dict(handle)})
+            return self._launched.get((run_id, step_key, attempt))
 
     def check_step_health(self, step_handler_context: StepHandlerContext) -> CheckStepHealthResult:
         ctx = step_handler_context

@@ -312,9 +312,7 @@ class KubernetesBackend(Backend):
                 self.sharing_failures.record(handle.placement_device or None,
                                              st.message.split("kubelet events: ", 1)[-1])
             return self._remember(uid, WorkerState(st.status, st.exit_code, st.message, abandoned=True), None)
-        if pod.metadata.deletion_timestamp is not None and disruption(body) is not None:
-            with self._lock:
-                self._disrupted[uid] = disruption(body)
+        self._note_disruption(uid, body)
         if verdict.state.status == WorkerStatus.RUNNING and not pod.metadata.deletion_timestamp \
                 and self.claims.get(uid) is None and handle.template:
             claim = self._claim_of(pod)  # fallback when the watch is behind
@@ -322,19 +320,27 @@ class KubernetesBackend(Backend):
                 self.claims.record(claim)
         return verdict.state
 
+    def _note_disruption(self, uid: str, body: Mapping[str, Any]) -> None:
+        """Remember the ``DisruptionTarget`` condition of a pod being deleted (read by :meth:`state` or the watch),
+        for when the pod is gone before its end was read (:meth:`_preempted_before_read`)."""
+        disrupted = disruption(body) if (body.get("metadata") or {}).get("deletionTimestamp") else None
+        if disrupted is not None:
+            with self._lock:
+                self._disrupted.setdefault(uid, disrupted)
+
+    def _remember_ended(self, pod, body: Mapping[str, Any]) -> None:
+        """Remember an ended pod's terminal state and end facts, as :meth:`state` does when it reads the end."""
+        self._remember(pod.metadata.uid, pod_state(body, 0.0, self.timeouts).state, self._end_facts(pod))
+
     def _observe(self, pod) -> None:
         """One version of a dagster-gpu pod from the watch: remember a disruption and, once the pod ended, its
         terminal state and end facts (as :meth:`state` would, had it read the pod then)."""
         body = m.to_dict(pod)
-        uid = pod.metadata.uid
-        disrupted = disruption(body)
+        self._note_disruption(pod.metadata.uid, body)
         with self._lock:
-            if disrupted is not None:
-                self._disrupted.setdefault(uid, disrupted)
-            known = uid in self._final
+            known = pod.metadata.uid in self._final
         if not known and (body.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            verdict = pod_state(body, 0.0, self.timeouts)
-            self._remember(uid, verdict.state, self._end_facts(pod))
+            self._remember_ended(pod, body)
 
     def _preempted_before_read(self, name: str, uid: str) -> str | None:
         """Why a pod that is gone was disrupted: its ``DisruptionTarget`` condition as this process saw it while
@@ -455,7 +461,7 @@ class KubernetesBackend(Backend):
             with self._lock:
                 if pod.metadata.uid in self._released:
                     continue
-            self._remember(pod.metadata.uid, pod_state(m.to_dict(pod), 0.0, self.timeouts).state, self._end_facts(pod))
+            self._remember_ended(pod, m.to_dict(pod))
             out.append(m.handle_from_pod(pod).to_handle())
         return out
 
