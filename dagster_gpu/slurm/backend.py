@@ -177,7 +177,7 @@ class SlurmSettings:
         None, "sbatch --signal=B:USR1@<s>: SIGUSR1 to the task <s> seconds before its time limit (Slurm sends it up "
               "to 60 s early) and, where slurm.conf has PreemptParameters=send_user_signal (22.05: SlurmctldParameters="
               "preempt_send_user_signal), as soon as a preempting QOS chooses it: the worker commits its checkpoint "
-              "part, asks scontrol requeue for itself when Slurm would not requeue it, and exits. Without it a "
+              "part, asks scontrol requeue for itself (22.05 never requeues a job that ended by itself), and exits. Without it a "
               "preempted worker gets SIGTERM only when GraceTime ends (Slurm signals the job's steps, not the batch "
               "script, when GraceTime starts), then SIGKILL after KillWait.")
     time_limit: str | None = setting(None, "sbatch --time, e.g. 01:00:00.")
