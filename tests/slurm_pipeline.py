@@ -74,8 +74,10 @@ def ssh_transport_config() -> dict:
         return {}
     from pipelines.demo_backends import ssh_settings
 
-    # what a local sbatch would have exported to the array task: the instance, the test's knobs, the checkout
-    cfg = ssh_settings(os.environ["DGPU_TEST_REMOTE_SPOOL"], ("DAGSTER_*", "DGPU_TEST_*", "PYTHONPATH"),
+    # what a local sbatch would have exported to the array task: the instance, the test's and ranged_pipeline's
+    # knobs, the checkout, the offline Hub
+    cfg = ssh_settings(os.environ["DGPU_TEST_REMOTE_SPOOL"],
+                       ("DAGSTER_*", "DGPU_TEST_*", "RANGED_TEST_*", "PYTHONPATH", "HF_HUB_OFFLINE"),
                        os.environ["DGPU_TEST_SSH_CONTROL_DIR"])
     if os.environ.get("DGPU_TEST_SLURM_BIN_DIR"):  # the 24.11 cluster's client wrappers, not on the login PATH
         cfg["slurm_bin_dir"] = os.environ["DGPU_TEST_SLURM_BIN_DIR"]
