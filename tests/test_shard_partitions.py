@@ -153,6 +153,17 @@ def test_a_worker_plans_only_the_files_of_its_keys_and_reads_the_stored_plan(cor
     # the whole file's own key is no partition once the file is cut
     with pytest.raises(FileNotFoundError, match="big.jsonl"):
         corpus.file_for_key("big.jsonl")
+    # the asset carries shard_bytes: its corpus found from the asset alone (dagster-gpu backfill without the module's
+    # CorpusSource) lists the same partitions, and backend: auto sizes a shard's step by the shard's bytes
+    from dagster_gpu.core.request import TAG_CORPUS_URL, TAG_SHARD_BYTES
+    from dagster_gpu.definitions.partitions import corpus_of
+    from dagster_gpu.executor.auto import step_size
+
+    asset = _asset("emb", corpus, root / "out")
+    assert asset.op.tags[TAG_SHARD_BYTES] == str(SHARD_BYTES)
+    assert [f.key for f in corpus_of(asset).list_files()] == sorted(listed)
+    assert step_size(asset.op.tags, [jsonl_key]).bytes == listed[jsonl_key].size_bytes < SHARD_BYTES + 200
+    assert asset.op.tags[TAG_CORPUS_URL] == corpus.url
 
 
 def test_a_changed_file_gets_new_shards_and_the_sensor_prunes_the_old(corpus_dir):
