@@ -219,3 +219,22 @@ def _keys(request: dg.RunRequest, order: list[str]) -> list[str]:
         return [request.partition_key]
     r = request.partition_key_range
     return order[order.index(r.start): order.index(r.end) + 1]
+
+
+def test_files_that_cannot_be_cut_stay_one_partition_under_their_own_key(tmp_path):
+    import gzip
+
+    forget_plans()
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "packed.jsonl.gz").write_bytes(gzip.compress(b"".join(
+        json.dumps({"text": f"{i} " + "x" * (i % 50)}).encode() + b"\n" for i in range(2000)), compresslevel=0))
+    (d / "broken.parquet").write_bytes(b"not a parquet file " * 1000)  # its read fails naming it, as today
+    pq.write_table(pa.table({"text": [_text(i) for i in range(400)]}), d / "one_group.parquet")  # one row group
+    corpus = CorpusSource(url=str(d), shard_bytes=1000, shard_plan_url=str(tmp_path / "plans"))
+    assert all((d / n).stat().st_size > 1000 for n in ("packed.jsonl.gz", "broken.parquet", "one_group.parquet"))
+    assert [(f.key, f.shard) for f in corpus.list_files()] == [
+        ("broken.parquet", None), ("one_group.parquet", None), ("packed.jsonl.gz", None)]
+    assert corpus.file_for_key("one_group.parquet").shard is None  # what a worker resolves
+    with pytest.raises(ValueError, match="shard_bytes must be >= 1"):
+        CorpusSource(url=str(d), shard_bytes=0)
