@@ -238,3 +238,24 @@ def test_files_that_cannot_be_cut_stay_one_partition_under_their_own_key(tmp_pat
     assert corpus.file_for_key("one_group.parquet").shard is None  # what a worker resolves
     with pytest.raises(ValueError, match="shard_bytes must be >= 1"):
         CorpusSource(url=str(d), shard_bytes=0)
+
+
+def test_dagster_gpu_registration_registers_shards_and_prunes_a_changed_files_old_ones(corpus_dir):
+    """The ``dagster-gpu backfill`` path (register_corpus_files, then ``--prune``'s prune_partitions)."""
+    from dagster_gpu.definitions.partitions import prune_partitions, register_corpus_files
+
+    root = corpus_dir
+    corpus = CorpusSource(url=str(root / "corpus"), shard_bytes=SHARD_BYTES, shard_plan_url=str(root / "plans"))
+    asset = _asset("reg", corpus, root / "out")
+    with dg.instance_for_test() as instance:
+        first = register_corpus_files(instance, asset, corpus)
+        assert first == [f.key for f in corpus.list_files()] and "big.jsonl" not in first and "small.txt" in first
+        assert register_corpus_files(instance, asset, corpus) == []
+        old_jsonl = [f.key for f in corpus.list_files() if f.file_key == "big.jsonl"]
+        _write_jsonl(root / "corpus", n_jsonl=100)
+        os.utime(root / "corpus" / "big.jsonl", (time.time() + 5, time.time() + 5))
+        pruned = prune_partitions(instance, asset, corpus, delete_outputs=True)
+        assert sorted(p.partition_key for p in pruned) == sorted(old_jsonl) and all(p.error is None for p in pruned)
+        added = register_corpus_files(instance, asset, corpus)
+        assert sorted(instance.get_dynamic_partitions("reg_files")) == sorted(f.key for f in corpus.list_files())
+        assert added and all(k.startswith("big.jsonl-s") for k in added) and not set(added) & set(old_jsonl)
