@@ -189,6 +189,11 @@ def test_a_changed_file_gets_new_shards_and_the_sensor_prunes_the_old(corpus_dir
         first = tick(None)
         old = [f.key for f in corpus.list_files()]
         assert instance.get_dynamic_partitions("emb_files") == old
+        # the sensor puts no two shards of one file in one run (each its own unit); other keys still share runs
+        j = [f.key for f in corpus.list_files() if f.file_key == "big.jsonl"]
+        p = [f.key for f in corpus.list_files() if f.file_key == "big.parquet"]
+        assert (len(j), len(p)) == (3, 2)
+        assert [_keys(r, old) for r in first.run_requests] == [[j[0]], [j[1]], [j[2], p[0]], [p[1], "small.txt"]]
         assert dg.materialize([asset], selection=[asset.key], instance=instance, tags=range_run_tags(old)).success
         for k in old:
             load_partition(ix, k, output_uri_for(str(out), "emb", k))
@@ -206,7 +211,7 @@ def test_a_changed_file_gets_new_shards_and_the_sensor_prunes_the_old(corpus_dir
         changed = tick(first.cursor)
         registered = instance.get_dynamic_partitions("emb_files")
         assert sorted(registered) == sorted(new)
-        assert sorted(k for r in changed.run_requests for k in _keys(r, registered)) == sorted(added)
+        assert [_keys(r, registered) for r in changed.run_requests] == [[k] for k in added]  # one unit per shard
         left = sorted(str(p) for p in (out / "emb").iterdir() if p.suffix == ".parquet")
         # the old shards' outputs deleted; the parquet shards' and the small file's kept
         assert left == sorted(output_uri_for(str(out), "emb", k) for k in old if k not in old_jsonl)
