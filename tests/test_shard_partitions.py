@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dagster_gpu import CorpusSource, TextFormat, corpus_sensor, embedding_asset
+from dagster_gpu import CorpusSource, corpus_sensor, embedding_asset
 from dagster_gpu.corpus.shard_plans import forget_plans
 from dagster_gpu.corpus.shards import shard_key
 from dagster_gpu.definitions.assets import output_uri_for
