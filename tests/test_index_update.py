@@ -94,9 +94,11 @@ def test_many_new_rows_rebuild_the_index_and_recall_holds(tmp_path):
     assert ix.index_stats(t.ix.key_index().name).num_unindexed_rows == 0
     assert ensure(t) == "current"
     assert t.recall(queries) >= before - 0.03
-    # 0 rebuilds after any change
+    # 0 rebuilds after any change; a cap in rows rebuilds below the fraction
     t.load("p6", 10)
     assert ensure(t, max_unindexed_fraction=0.0) == "rebuilt"
+    t.load("p7", 30)
+    assert ensure(t) == "deferred" and ensure(t, max_unindexed_rows=29) == "rebuilt"
 
 
 def test_ann_action_decides_from_the_index_statistics():
@@ -108,5 +110,9 @@ def test_ann_action_decides_from_the_index_statistics():
     assert ann_action(5501, 1000, True, 5000, 501) == "rebuild"
     assert ann_action(5001, 1000, True, 5000, 1, max_unindexed_fraction=0.0) == "rebuild"
     assert ann_action(7000, 1000, True, 5000, 2000, max_unindexed_fraction=0.5) == "defer"
+    assert ann_action(7000, 1000, True, 5000, 2000, max_unindexed_fraction=0.5, max_unindexed_rows=1999) == "rebuild"
+    assert ann_action(7000, 1000, True, 5000, 2000, max_unindexed_fraction=0.5, max_unindexed_rows=2000) == "defer"
+    with pytest.raises(ValueError, match="max_unindexed_rows"):
+        ann_action(7000, 1000, True, 5000, 2000, max_unindexed_rows=-1)
     with pytest.raises(ValueError, match="max_unindexed_fraction"):
         ann_action(7000, 1000, True, 5000, 2000, max_unindexed_fraction=-0.1)

@@ -321,7 +321,8 @@ class VectorIndex:
 
     def ensure_ann_index(self, min_rows: int = DEFAULT_ANN_MIN_ROWS, kind: str = "IVF_HNSW_SQ",
                          num_partitions: int | None = None, ef_construction: int = 300,
-                         max_unindexed_fraction: float = DEFAULT_MAX_UNINDEXED_FRACTION) -> str:
+                         max_unindexed_fraction: float = DEFAULT_MAX_UNINDEXED_FRACTION,
+                         max_unindexed_rows: int | None = None) -> str:
         """Build the table's indices when they are missing or stale: the ANN index on ``vector`` (cosine) and a
         BTREE on ``partition_key`` (so that a partition's rows are found without a scan: :meth:`write_partition`'s
         "is it new" count, the merge's filtered delete, the check's count back). The decision is
@@ -353,8 +354,10 @@ class VectorIndex:
         ``num_partitions``: IVF lists (default :func:`ivf_partitions`). ``ef_construction``: the HNSW graphs'
         candidate list while building (LanceDB's default 300; 100 builds ~2.5x faster on 100,000 rows for
         recall@10 0.95, bench/RESULTS.md). ``max_unindexed_fraction``: see ``"deferred"``; 0 rebuilds after any
-        change. Retries lost commits. Raises ValueError for an unknown ``kind`` or a negative
-        ``max_unindexed_fraction``."""
+        change. ``max_unindexed_rows``: a cap in rows as well (None: none): each query scans the rows out of the
+        index, so their number sets what that costs (at 100,000 rows, 1,000 of them added ~1 ms of p50;
+        bench/RESULTS.md). Retries lost commits. Raises ValueError for an unknown ``kind`` or a negative
+        ``max_unindexed_fraction`` or ``max_unindexed_rows``."""
         if kind not in ANN_KINDS:
             raise ValueError(f"ANN index kind {kind!r}: expected one of {ANN_KINDS}")
         tbl = self.open()
@@ -370,7 +373,8 @@ class VectorIndex:
                 ix = self.ann_index()
                 stats = tbl.index_stats(ix.name) if ix is not None else None
                 action = ann_action(rows, min_rows, ix is not None, int(stats.num_indexed_rows) if stats else 0,
-                                    int(stats.num_unindexed_rows) if stats else 0, max_unindexed_fraction)
+                                    int(stats.num_unindexed_rows) if stats else 0, max_unindexed_fraction,
+                                    max_unindexed_rows)
                 if action == "flat":
                     return "flat"
                 if action in ("create", "rebuild"):
