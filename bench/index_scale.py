@@ -120,6 +120,8 @@ def main(argv=None) -> int:
     ap.add_argument("--nprobes", type=int, nargs="+", default=[20, 50],
                     help="IVF lists searched per query, each measured (the first is the headline; LanceDB's default is 20)")
     ap.add_argument("--ef-construction", type=int, default=100, help="HNSW ef_construction of the build (default 100)")
+    ap.add_argument("--rows-per-list", type=int, default=None,
+                    help="rows per IVF list (default: dagster_gpu.index.rows.ROWS_PER_LIST, what ensure_ann_index uses)")
     ap.add_argument("--refine", type=int, default=None, help="refine_factor of the queries (default: VectorIndex.search's)")
     ap.add_argument("--skip-rebuild", action="store_true", help="leave out step 7 (the forced rebuild)")
     ap.add_argument("--skip-optimize-baseline", action="store_true",
@@ -127,6 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a new temp dir, removed)")
     ap.add_argument("--no-summary", action="store_true")
+    ap.add_argument("--out", default=None, help="results file name under bench/results/ (default: index_scale[_<rows>].json)")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -224,7 +227,9 @@ def main(argv=None) -> int:
 
     # 4. full build
     t0 = time.perf_counter()
-    state = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction)
+    lists = -(-rows // args.rows_per_list) if args.rows_per_list else None
+    res["lists"] = lists
+    state = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction, num_partitions=lists)
     build_s = time.perf_counter() - t0
     res.update({"ann_state": state, "ann_build_s": round(build_s, 2)})
     phase("build", state=state, seconds=round(build_s, 1))
@@ -269,7 +274,7 @@ def main(argv=None) -> int:
     add_s = time.perf_counter() - t0
     assert f["mode"] == "append", f
     t0 = time.perf_counter()
-    state2 = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction)
+    state2 = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction, num_partitions=lists)
     update_s = time.perf_counter() - t0
     res.update({"update_state": state2, "update_rows": len(extra), "update_load_s": round(add_s, 2), "update_s": round(update_s, 2),
                 ("index.update_1pct_ratio" if size == "1m" else f"index.update_1pct_ratio_{size}"): round(update_s / build_s, 4)})
@@ -283,7 +288,8 @@ def main(argv=None) -> int:
     # 7. the rebuild that follows once too many rows are out of the index (forced: max_unindexed_fraction 0)
     if not args.skip_rebuild:
         t0 = time.perf_counter()
-        state3 = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction, max_unindexed_fraction=0.0)
+        state3 = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction, max_unindexed_fraction=0.0,
+                                     num_partitions=-(-len(all_ids) // args.rows_per_list) if args.rows_per_list else None)
         rebuild_s = time.perf_counter() - t0
         res.update({"rebuild_state": state3, "rebuild_s": round(rebuild_s, 2), "rebuild_ratio": round(rebuild_s / build_s, 4)})
         rebuilt, _ = query(all_vectors, all_ids)
@@ -304,7 +310,7 @@ def main(argv=None) -> int:
     res.update({"cpu_s": round(cpu_s() - cpu0, 1), "wall_s": round(time.perf_counter() - t00, 1)})
     phase("done", cpu_s_total=res["cpu_s"])
     print(json.dumps(res), flush=True)
-    out = REPO / "bench" / "results" / ("index_scale.json" if args.rows == 1_000_000 else f"index_scale_{args.rows}.json")
+    out = REPO / "bench" / "results" / (args.out or ("index_scale.json" if args.rows == 1_000_000 else f"index_scale_{args.rows}.json"))
     out.write_text(json.dumps(res, indent=1) + "\n")
     if not args.no_summary:
         from summary import merge_summary
