@@ -28,11 +28,21 @@ are meaningless). Seeded (``--seed``).
 5. queries: exact top 10 by numpy over all rows (cosine = dot: normalised), ANN top 10 one query at a time
    (table opened once, ``ef`` 100): ``index.recall_at_10_1m``, ``index.query_p50_ms_1m``; a few queries'
    exact LanceDB search (``bypass_vector_index``) checked against numpy's;
-6. 1 % new rows (one new partition, derived the same way), loaded, then ``ensure_ann_index`` again (LanceDB's
-   ``optimize``: compaction of the new fragment, the indices updated with the new rows, no retraining):
-   ``index.update_1pct_ratio`` = its seconds / step 4's; recall measured again over all rows.
+6. 1 % new rows (one new partition, derived the same way), loaded, then ``ensure_ann_index`` again (since
+   2026-12-05: ``"deferred"``, the new rows stay out of the index and are searched exactly beside it; never
+   LanceDB's ``optimize``, which folded the IVF lists into one): ``index.update_1pct_ratio`` = its seconds /
+   step 4's; recall measured again over all rows;
+7. the rebuild that comes once the rows out of the index pass ``max_unindexed_fraction`` (forced here with 0):
+   drop, compaction, both indices built again — seconds against step 4's, recall after it (``--skip-rebuild``
+   leaves it out);
+8. the baseline of the old update path, in the same run: 1 % more rows, then LanceDB's ``optimize`` (what
+   ``ensure_ann_index`` called before 2026-12-05) — seconds against step 4's, recall after it
+   (``--skip-optimize-baseline`` leaves it out).
 
-Writes bench/results/index_scale.json and merges the ``index.*`` keys into bench/results/summary.json.
+Recall and p50 are measured at each ``--nprobes`` with ``--refine`` (default: ``VectorIndex.search``'s).
+Writes bench/results/index_scale.json (``index_scale_<rows>.json`` for other sizes) and merges the ``index.*``
+keys into bench/results/summary.json: a million rows writes ``index.recall_at_10_1m``, ``index.query_p50_ms_1m``
+and ``index.update_1pct_ratio``; another size writes the same figures under keys naming it (``..._100k``).
 """
 
 from __future__ import annotations
@@ -110,9 +120,16 @@ def main(argv=None) -> int:
     ap.add_argument("--nprobes", type=int, nargs="+", default=[20, 50],
                     help="IVF lists searched per query, each measured (the first is the headline; LanceDB's default is 20)")
     ap.add_argument("--ef-construction", type=int, default=100, help="HNSW ef_construction of the build (default 100)")
+    ap.add_argument("--rows-per-list", type=int, default=None,
+                    help="rows per IVF list (default: dagster_gpu.index.rows.ROWS_PER_LIST, what ensure_ann_index uses)")
+    ap.add_argument("--refine", type=int, default=None, help="refine_factor of the queries (default: VectorIndex.search's)")
+    ap.add_argument("--skip-rebuild", action="store_true", help="leave out step 7 (the forced rebuild)")
+    ap.add_argument("--skip-optimize-baseline", action="store_true",
+                    help="leave out step 8 (1 %% more rows, then LanceDB's optimize: the update path before 2026-12-05)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a new temp dir, removed)")
     ap.add_argument("--no-summary", action="store_true")
+    ap.add_argument("--out", default=None, help="results file name under bench/results/ (default: index_scale[_<rows>].json)")
     args = ap.parse_args(argv)
 
     import numpy as np
@@ -122,16 +139,19 @@ def main(argv=None) -> int:
     from dagster_gpu.embedding.model import load_model
     from dagster_gpu.embedding.writer import AtomicParquetWriter, lineage_metadata, output_schema, output_table
     from dagster_gpu.definitions.vector_index import load_partition
-    from dagster_gpu.index.lance import DEFAULT_EF, VectorIndex
+    from dagster_gpu.index.lance import DEFAULT_EF, DEFAULT_REFINE_FACTOR, VectorIndex
     from dagster_gpu.index.rows import recall_at_k
 
     ef = args.ef or DEFAULT_EF
+    refine = args.refine or DEFAULT_REFINE_FACTOR
+    size = "1m" if args.rows == 1_000_000 else f"{args.rows // 1000}k"
     own_work = args.work is None
     work = args.work or Path(tempfile.mkdtemp(prefix="index_scale-"))
     shutil.rmtree(work / "out", ignore_errors=True)
     shutil.rmtree(work / "lance", ignore_errors=True)
     res: dict = {"rows": args.rows, "per_partition": args.per_partition, "base": args.base, "queries": args.queries, "ef": ef,
-                 "nprobes": args.nprobes, "ef_construction": args.ef_construction}
+                 "nprobes": args.nprobes, "ef_construction": args.ef_construction,
+                 "refine_factor": refine}
     cpu0, t00 = cpu_s(), time.perf_counter()
 
     def phase(name, **kv):
@@ -207,7 +227,9 @@ def main(argv=None) -> int:
 
     # 4. full build
     t0 = time.perf_counter()
-    state = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction)
+    lists = -(-rows // args.rows_per_list) if args.rows_per_list else None
+    res["lists"] = lists
+    state = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction, num_partitions=lists)
     build_s = time.perf_counter() - t0
     res.update({"ann_state": state, "ann_build_s": round(build_s, 2)})
     phase("build", state=state, seconds=round(build_s, 1))
@@ -220,13 +242,13 @@ def main(argv=None) -> int:
         cols = ["partition_key", "index_row", "_distance"]
         search = lambda q: tbl.search(q.tolist(), vector_column_name="vector").distance_type("cosine").limit(10)
         for q in qvec[:10]:  # warm the index cache
-            search(q).ef(ef).select(cols).to_arrow()
+            search(q).ef(max(ef, 10 * refine)).refine_factor(refine).select(cols).to_arrow()
         out = {}
         for nprobes in args.nprobes:
             got, ms = [], []
             for q in qvec:
                 t1 = time.perf_counter()
-                r = search(q).ef(ef).nprobes(nprobes).select(cols).to_arrow()
+                r = search(q).ef(max(ef, 10 * refine)).refine_factor(refine).nprobes(nprobes).select(cols).to_arrow()
                 ms.append((time.perf_counter() - t1) * 1000)
                 got.append(list(zip(r.column("partition_key").to_pylist(), r.column("index_row").to_pylist())))
             out[nprobes] = (recall_at_k(exact, got, 10), statistics.median(ms))
@@ -239,7 +261,7 @@ def main(argv=None) -> int:
     ids = [(k, i) for k in keys for i in range(args.per_partition)]
     by_nprobes, exact_check = query(vectors, ids)
     recall, p50 = by_nprobes[args.nprobes[0]]
-    res.update({"index.recall_at_10_1m": round(recall, 4), "index.query_p50_ms_1m": round(p50, 2),
+    res.update({f"index.recall_at_10_{size}": round(recall, 4), f"index.query_p50_ms_{size}": round(p50, 2),
                 "by_nprobes": {str(k): {"recall_at_10": round(v[0], 4), "p50_ms": round(v[1], 2)} for k, v in by_nprobes.items()},
                 "lance_exact_vs_numpy_recall": round(exact_check, 4)})
     phase("query", by_nprobes=res["by_nprobes"], lance_exact_check=exact_check)
@@ -252,22 +274,50 @@ def main(argv=None) -> int:
     add_s = time.perf_counter() - t0
     assert f["mode"] == "append", f
     t0 = time.perf_counter()
-    state2 = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction)
+    state2 = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction, num_partitions=lists)
     update_s = time.perf_counter() - t0
     res.update({"update_state": state2, "update_rows": len(extra), "update_load_s": round(add_s, 2), "update_s": round(update_s, 2),
-                "index.update_1pct_ratio": round(update_s / build_s, 4)})
-    phase("update", state=state2, seconds=round(update_s, 2), ratio=res["index.update_1pct_ratio"])
-    after, _ = query(np.concatenate([vectors, extra]), ids + [(new_key, i) for i in range(len(extra))])
+                ("index.update_1pct_ratio" if size == "1m" else f"index.update_1pct_ratio_{size}"): round(update_s / build_s, 4)})
+    phase("update", state=state2, seconds=round(update_s, 2), ratio=round(update_s / build_s, 4))
+    all_vectors, all_ids = np.concatenate([vectors, extra]), ids + [(new_key, i) for i in range(len(extra))]
+    after, _ = query(all_vectors, all_ids)
     res["after_update_by_nprobes"] = {str(k): {"recall_at_10": round(v[0], 4), "p50_ms": round(v[1], 2)} for k, v in after.items()}
+    res[f"index.recall_at_10_after_update_{size}"] = round(after[args.nprobes[0]][0], 4)
+    phase("after_update", after_update=res["after_update_by_nprobes"])
+
+    # 7. the rebuild that follows once too many rows are out of the index (forced: max_unindexed_fraction 0)
+    if not args.skip_rebuild:
+        t0 = time.perf_counter()
+        state3 = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction, max_unindexed_fraction=0.0,
+                                     num_partitions=-(-len(all_ids) // args.rows_per_list) if args.rows_per_list else None)
+        rebuild_s = time.perf_counter() - t0
+        res.update({"rebuild_state": state3, "rebuild_s": round(rebuild_s, 2), "rebuild_ratio": round(rebuild_s / build_s, 4)})
+        rebuilt, _ = query(all_vectors, all_ids)
+        res["after_rebuild_by_nprobes"] = {str(k): {"recall_at_10": round(v[0], 4), "p50_ms": round(v[1], 2)} for k, v in rebuilt.items()}
+        phase("rebuild", state=state3, rebuild_ratio=res["rebuild_ratio"], after_rebuild=res["after_rebuild_by_nprobes"])
+
+    # 8. for comparison, the update path before 2026-12-05: 1 % more rows, then LanceDB's optimize
+    if not args.skip_optimize_baseline:
+        extra2 = smote(base, args.rows // 100, rng)
+        f = load_partition(ix, "part-new2.jsonl", write("part-new2.jsonl", extra2))
+        t0 = time.perf_counter()
+        ix.open().optimize()
+        opt_s = time.perf_counter() - t0
+        res.update({"optimize_s": round(opt_s, 2), "optimize_ratio": round(opt_s / build_s, 4)})
+        old_path, _ = query(np.concatenate([all_vectors, extra2]), all_ids + [("part-new2.jsonl", i) for i in range(len(extra2))])
+        res["after_optimize_by_nprobes"] = {str(k): {"recall_at_10": round(v[0], 4), "p50_ms": round(v[1], 2)} for k, v in old_path.items()}
+        phase("optimize_baseline", ratio=res["optimize_ratio"], after_optimize=res["after_optimize_by_nprobes"])
     res.update({"cpu_s": round(cpu_s() - cpu0, 1), "wall_s": round(time.perf_counter() - t00, 1)})
-    phase("done", after_update=res["after_update_by_nprobes"])
+    phase("done", cpu_s_total=res["cpu_s"])
     print(json.dumps(res), flush=True)
-    out = REPO / "bench" / "results" / ("index_scale.json" if args.rows == 1_000_000 else f"index_scale_{args.rows}.json")
+    out = REPO / "bench" / "results" / (args.out or ("index_scale.json" if args.rows == 1_000_000 else f"index_scale_{args.rows}.json"))
     out.write_text(json.dumps(res, indent=1) + "\n")
-    if not args.no_summary and args.rows == 1_000_000:
+    if not args.no_summary:
         from summary import merge_summary
 
-        merge_summary({k: v for k, v in res.items() if k.startswith("index.")})
+        # another size than a million: every key names it (the load ratio too), the million-row keys stay as measured
+        merge_summary({(k if size == "1m" or k.endswith(f"_{size}") else f"{k}_{size}"): v
+                       for k, v in res.items() if k.startswith("index.")})
     if own_work:
         shutil.rmtree(work, ignore_errors=True)
     return 0

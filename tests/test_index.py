@@ -100,10 +100,10 @@ def test_search_exact_and_ann_agree_and_fingerprints_listed(tmp_path):
     assert ix.ensure_ann_index(min_rows=1000) == "created"
     assert ix.ann_index() is not None and ix.ensure_ann_index(min_rows=1000) == "current"
     ix.replace_partition("p0", index_rows(output_rows(50, 16, pk="p0", fingerprint="fp1-a", seed=5)[0], "p0", "fp1-a"))
-    assert ix.ensure_ann_index(min_rows=1000) == "updated"
+    assert ix.ensure_ann_index(min_rows=1000) == "deferred"  # 50 rows out of the index: searched exactly beside it
     big = centers[rng.integers(0, 20, 2500)] + 0.3 * rng.standard_normal((2500, 16))
     ix.replace_partition("p9", index_rows(output_rows(2500, 16, pk="p9", fingerprint="fp1-a", vectors=big)[0], "p9", "fp1-a"))
-    assert ix.ensure_ann_index(min_rows=1000) == "rebuilt"  # 2500 new rows > 1850 indexed: trained again
+    assert ix.ensure_ann_index(min_rows=1000) == "rebuilt"  # 2550 rows out of the index > 10 % of 2400: trained again
     assert ix.open().index_stats(ix.ann_index().name).num_unindexed_rows == 0
     ix.delete_partition("p9")
     assert ix.fingerprints() == {"fp1-a": {"rows": 1850, "lineage": {"model": "m"}}}

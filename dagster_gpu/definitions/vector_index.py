@@ -9,7 +9,7 @@ from typing import Any, Mapping
 import dagster as dg
 
 from dagster_gpu.definitions.assets import beta_parameters_of_ours
-from dagster_gpu.index.lance import DEFAULT_ANN_MIN_ROWS, VectorIndex
+from dagster_gpu.index.lance import DEFAULT_ANN_MIN_ROWS, DEFAULT_MAX_UNINDEXED_FRACTION, VectorIndex
 from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.instance.events import metadata_value
 
@@ -78,6 +78,8 @@ def vector_index_asset(
     output_storage_options: Mapping[str, Any] | None = None,
     ann_min_rows: int = DEFAULT_ANN_MIN_ROWS,
     ann_kind: str = "IVF_HNSW_SQ",
+    ann_max_unindexed_fraction: float = DEFAULT_MAX_UNINDEXED_FRACTION,
+    ann_max_unindexed_rows: int | None = None,
     group_name: str | None = None,
     max_partitions_per_run: int | None = None,
     automation_condition: dg.AutomationCondition | None | str = "eager",
@@ -93,7 +95,12 @@ def vector_index_asset(
         output_url, output_storage_options: where ``embeddings`` wrote (default: its ``dagster_gpu/output_url``
             metadata) and the fsspec options to read it.
         ann_min_rows, ann_kind: at the end of each run, with at least ``ann_min_rows`` rows in the table, the
-            ANN index (``IVF_HNSW_SQ`` or ``IVF_PQ``, cosine) is built or updated; below, queries scan exactly.
+            ANN index (``IVF_HNSW_SQ`` or ``IVF_PQ``, cosine) is built; below, queries scan exactly.
+        ann_max_unindexed_fraction: rows loaded since the ANN index was built stay out of it (queries scan them
+            exactly beside it) until they pass this fraction of the indexed rows (default 0.1); then the index is
+            built again on every row (:meth:`VectorIndex.ensure_ann_index`: it is never merged in place).
+        ann_max_unindexed_rows: a cap in rows on the same (default None: none); every query scans those rows, so
+            this bounds what they add to its time.
         max_partitions_per_run: a backfill's runs cover at most this many partitions (default: ``embeddings``').
         automation_condition: how the index follows ``embeddings`` by itself: ``"eager"`` (default:
             ``AutomationCondition.eager()``: a partition is requested once its embeddings partition was
@@ -176,7 +183,8 @@ def vector_index_asset(
                 target_materialization_data=materialization_target(context.instance, key, pk),
             )
         try:
-            state = index.ensure_ann_index(ann_min_rows, ann_kind)
+            state = index.ensure_ann_index(ann_min_rows, ann_kind, max_unindexed_fraction=ann_max_unindexed_fraction,
+                                           max_unindexed_rows=ann_max_unindexed_rows)
             context.log.info(f"index {table!r}: ANN index {state} ({index.count_rows()} rows)")
         except Exception as e:
             failed["(ANN index)"] = f"{type(e).__name__}: {e}"

@@ -32,8 +32,8 @@ import pyarrow as pa
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from dagster_gpu.index.rows import (
-    FINGERPRINT_COLUMN, KEY_COLUMNS, PARTITION_COLUMN, IndexSchemaError, ivf_partitions, partition_filter,
-    schema_difference, sql_string,
+    DEFAULT_MAX_UNINDEXED_FRACTION, FINGERPRINT_COLUMN, KEY_COLUMNS, PARTITION_COLUMN, IndexSchemaError, ann_action,
+    ivf_partitions, partition_filter, schema_difference, sql_string,
 )
 
 log = logging.getLogger(__name__)
@@ -48,6 +48,10 @@ CONFLICT_MARKERS = ("commit conflict", "retryable commit conflict", "too much wr
 DEFAULT_ANN_MIN_ROWS = 10_000
 #: HNSW candidate list at query time: recall@10 0.989 against exact search on the fortunes (bench/index_bench.py).
 DEFAULT_EF = 100
+#: ANN candidates re-ranked with the stored vectors, as a multiple of k: recall@10 0.964 -> 0.990 at 100,000 rows
+#: (nprobes 20 of 25 lists, +0.4 ms p50) and 0.913 -> 0.947 at 300,000 (nprobes 40 of 74) against refine 1
+#: (bench/RESULTS.md, "An ANN index that stays right after updates").
+DEFAULT_REFINE_FACTOR = 4
 ANN_KINDS = ("IVF_HNSW_SQ", "IVF_PQ")
 
 
@@ -264,12 +268,14 @@ class VectorIndex:
 
     def search(self, vector: Sequence[float], k: int = 10, *, fingerprint: str | None = None, exact: bool = False,
                columns: Sequence[str] | None = None, nprobes: int | None = None, ef: int | None = DEFAULT_EF,
-               refine_factor: int | None = None) -> pa.Table:
+               refine_factor: int | None = DEFAULT_REFINE_FACTOR) -> pa.Table:
         """The ``k`` rows nearest ``vector`` (cosine distance, column ``_distance``), restricted to one
         ``fingerprint`` when given (prefiltered). ``exact``: flat search, the ANN index bypassed. Raises
         LookupError naming the table when it does not exist. ``nprobes``, ``ef``: the ANN query's IVF lists
         searched and HNSW candidates (LanceDB's defaults when None); ``refine_factor``: the ANN candidates
-        re-ranked with the stored vectors, ``refine_factor`` × ``k`` of them (at least 1 × ``k``).
+        re-ranked with the stored vectors, ``refine_factor`` × ``k`` of them (at least 1 × ``k``; default
+        :data:`DEFAULT_REFINE_FACTOR`; ``ef`` is raised to ``k`` × ``refine_factor`` when below it, since Lance
+        refuses fewer HNSW candidates than the rows it is asked for).
 
         ``_distance`` is always the exact cosine distance, with or without the index: the ANN candidates are
         always re-ranked, because LanceDB's indexes return their own approximations otherwise (measured on
@@ -289,9 +295,10 @@ class VectorIndex:
         else:
             if nprobes:
                 q = q.nprobes(int(nprobes))
-            if ef:
-                q = q.ef(int(ef))
-            q = q.refine_factor(max(1, int(refine_factor or 1)))
+            refine = max(1, int(refine_factor or 1))
+            if ef:  # Lance 13.0.0 raises "ef must be greater than or equal to k" for fewer than k x refine candidates
+                q = q.ef(max(int(ef), int(k) * refine))
+            q = q.refine_factor(refine)
         return q.to_arrow()
 
     # -- ANN index ------------------------------------------------------------------------------------------
@@ -313,55 +320,80 @@ class VectorIndex:
         return next((ix for ix in tbl.list_indices() if list(ix.columns) == [PARTITION_COLUMN]), None)
 
     def ensure_ann_index(self, min_rows: int = DEFAULT_ANN_MIN_ROWS, kind: str = "IVF_HNSW_SQ",
-                         num_partitions: int | None = None, ef_construction: int = 300) -> str:
-        """Build or update the table's indices: the ANN index on ``vector`` (cosine) and a BTREE on
-        ``partition_key`` (so that a partition's rows are found without a scan: :meth:`write_partition`'s
-        "is it new" count, the merge's filtered delete, the check's count back). Returns ``"flat"`` below
-        ``min_rows`` rows (no index: queries scan exactly), ``"created"`` when built now (after one ``optimize``
-        that compacts the fragments the loads appended, so the index is trained on the compacted table),
-        ``"rebuilt"`` when trained again because the rows not in it outnumber those in it (the IVF lists follow
-        the table's size), ``"updated"`` when rows added since were merged into both indices (LanceDB's
-        ``optimize``: compaction of the new fragments, the indices extended with their rows without retraining,
-        versions older than 7 days pruned), ``"current"`` when there was nothing to add. Rows not yet indexed are
-        still found (Lance scans unindexed fragments flat beside the index). ``num_partitions``: IVF lists
-        (default :func:`ivf_partitions`). ``ef_construction``: the HNSW graphs' candidate list while building
-        (LanceDB's default 300; 100 builds ~2.5x faster on 100,000 rows for recall@10 0.95, bench/RESULTS.md).
-        Retries lost commits. Raises ValueError for an unknown ``kind``.
+                         num_partitions: int | None = None, ef_construction: int = 300,
+                         max_unindexed_fraction: float = DEFAULT_MAX_UNINDEXED_FRACTION,
+                         max_unindexed_rows: int | None = None) -> str:
+        """Build the table's indices when they are missing or stale: the ANN index on ``vector`` (cosine) and a
+        BTREE on ``partition_key`` (so that a partition's rows are found without a scan: :meth:`write_partition`'s
+        "is it new" count, the merge's filtered delete, the check's count back). The decision is
+        :func:`dagster_gpu.index.rows.ann_action`'s. Returns:
 
-        Cost at a million rows (``bench/index_scale.py``, bench/RESULTS.md, LanceDB 0.40.0): the ``optimize`` after
-        1 % new rows took 0.28 of the full build, and recall@10 measured after it fell from 0.74 to 0.37."""
+        * ``"flat"`` below ``min_rows`` rows (nothing built; without an index queries scan exactly);
+        * ``"created"``: no ANN index yet: the table is compacted (LanceDB's ``optimize``: fragments the loads
+          appended merged, versions older than 7 days pruned), then both indices are built;
+        * ``"current"``: every row is in the index;
+        * ``"deferred"``: rows appended or replaced since the build (Lance's ``num_unindexed_rows``) are at most
+          ``max_unindexed_fraction`` of the indexed ones: they stay out of the index and every query scans them
+          exactly beside it (Lance searches a table's unindexed fragments flat and merges both results; LanceDB's
+          ``OptimizeAction::Index`` doc: "the search function will scan both the indexed data and the unindexed
+          data in parallel"), so they are found and recall does not fall; nothing is written;
+        * ``"rebuilt"``: more rows than that are out of the index: the ANN index is dropped (so the compaction
+          remaps no vector index), the table compacted, both indices built again on every row (queries running
+          meanwhile scan exactly: slower, still right).
+
+        The index is never updated in place: LanceDB 0.40.0's ``optimize`` (compaction, pruning, then Lance's
+        ``optimize_indices``) merges the new rows into an ``IVF_HNSW_SQ`` index by rebuilding it, and on
+        lancedb 0.40.0 (Lance 13.0.0) it folded every IVF list of :data:`ROWS_PER_LIST` rows into *one* list and
+        one HNSW graph (the index file after it: one HNSW graph of 50,500 rows where the build had 13; recall@10
+        0.964 -> 0.837 at 50,000 rows, the same at 1 or 13 probes; 0.742 -> 0.367 at a million rows; the update
+        cost 1.2-2.8x a full build at 50,000-100,000 rows; ``tests/test_index_update.py``, bench/RESULTS.md). Lance
+        sizes an ``IVF_HNSW_*`` list at 1,048,576 rows (``IndexType::target_partition_size``) and joins lists
+        under 25 % of that (``MIN_PARTITION_SIZE_PERCENT``; lance ``rust/lance-index/src/lib.rs``,
+        ``rust/lance/src/index/vector/builder.rs`` ``should_join``, read at v11.0.0-beta.19).
+
+        ``num_partitions``: IVF lists (default :func:`ivf_partitions`). ``ef_construction``: the HNSW graphs'
+        candidate list while building (LanceDB's default 300; 100 builds ~2.5x faster on 100,000 rows for
+        recall@10 0.95, bench/RESULTS.md). ``max_unindexed_fraction``: see ``"deferred"``; 0 rebuilds after any
+        change. ``max_unindexed_rows``: a cap in rows as well (None: none): each query scans the rows out of the
+        index, so their number sets what that costs (1,000 of them added ~1 ms of p50 at 100,000 rows, 10,000 added
+        3.5-8 ms at a million). Measured at a million rows (bench/RESULTS.md): 1 % new rows -> ``"deferred"`` in
+        under 0.005 s (0.0 of the 152 s build) with recall@10 0.822 -> 0.823; the rebuild 0.56 of a build.
+        Retries lost commits. Raises ValueError for an unknown ``kind`` or a negative
+        ``max_unindexed_fraction`` or ``max_unindexed_rows``."""
         if kind not in ANN_KINDS:
             raise ValueError(f"ANN index kind {kind!r}: expected one of {ANN_KINDS}")
         tbl = self.open()
         if tbl is None:
             return "flat"
-        rows = int(tbl.count_rows())
-        if rows < min_rows:
-            return "flat"
         from lancedb.index import BTree, HnswSq, IvfPq
 
+        had_index = self.ann_index() is not None
         for attempt in self._retrying():
             with attempt:
                 tbl.checkout_latest()
+                rows = int(tbl.count_rows())
                 ix = self.ann_index()
                 stats = tbl.index_stats(ix.name) if ix is not None else None
-                grew = stats is not None and stats.num_unindexed_rows > stats.num_indexed_rows
-                if ix is None or grew:  # none yet, or the table more than doubled since training: (re)train
+                action = ann_action(rows, min_rows, ix is not None, int(stats.num_indexed_rows) if stats else 0,
+                                    int(stats.num_unindexed_rows) if stats else 0, max_unindexed_fraction,
+                                    max_unindexed_rows)
+                if action == "flat":
+                    return "flat"
+                if action in ("create", "rebuild"):
+                    if ix is not None:  # compaction would otherwise remap (and may fold) the old index's lists
+                        tbl.drop_index(ix.name)
                     tbl.optimize()  # compaction first: the index then covers few large fragments
                     lists = num_partitions or ivf_partitions(rows, kind)
-                    cfg = (HnswSq(distance_type="cosine", num_partitions=lists, ef_construction=ef_construction) if kind == "IVF_HNSW_SQ"
-                           else IvfPq(distance_type="cosine", num_partitions=lists))
+                    cfg = (HnswSq(distance_type="cosine", num_partitions=lists, ef_construction=ef_construction)
+                           if kind == "IVF_HNSW_SQ" else IvfPq(distance_type="cosine", num_partitions=lists))
                     tbl.create_index(VECTOR_COLUMN, config=cfg, replace=True, wait_timeout=timedelta(minutes=30))
                     tbl.create_index(PARTITION_COLUMN, config=BTree(), replace=True)
-                    return "rebuilt" if grew else "created"
+                    return "rebuilt" if had_index else "created"
                 if self.key_index() is None:  # a table indexed before the key index existed
                     tbl.create_index(PARTITION_COLUMN, config=BTree(), replace=True)
-                if stats is None or not stats.num_unindexed_rows:
-                    return "current"
-                tbl.optimize()
-                return "updated"
+                return "current" if action == "current" else "deferred"
         raise AssertionError("unreachable")
 
 
 __all__ = ["VectorIndex", "ReplaceResult", "IndexSchemaError", "is_commit_conflict", "DEFAULT_ANN_MIN_ROWS",
-           "PARTITION_COLUMN"]
+           "DEFAULT_MAX_UNINDEXED_FRACTION", "PARTITION_COLUMN"]

@@ -91,6 +91,43 @@ def ivf_partitions(rows: int, kind: str = "IVF_HNSW_SQ") -> int:
     return max(1, math.ceil(max(rows, 0) / ROWS_PER_LIST[kind]))
 
 
+#: Rows the ANN index does not cover (appended or replaced since it was built), as a fraction of the rows it
+#: covers, above which :func:`ann_action` rebuilds it; at or below, Lance searches them exactly beside it.
+DEFAULT_MAX_UNINDEXED_FRACTION = 0.1
+
+
+def ann_action(rows: int, min_rows: int, has_index: bool, indexed: int, unindexed: int,
+               max_unindexed_fraction: float = DEFAULT_MAX_UNINDEXED_FRACTION,
+               max_unindexed_rows: int | None = None) -> str:
+    """What the ANN index of a table of ``rows`` rows needs (pure; ``indexed``/``unindexed``: Lance's index
+    statistics, rows covered by the index and not):
+
+    * ``"flat"`` below ``min_rows`` rows (nothing built or changed; without an index queries scan exactly);
+    * ``"create"`` with no index; ``"current"`` when every row is indexed;
+    * ``"defer"`` while ``unindexed <= max_unindexed_fraction * indexed`` and, when given,
+      ``unindexed <= max_unindexed_rows``: the rows stay out of the index and are searched exactly (Lance's flat
+      search of unindexed fragments beside the index: every query pays for scanning them, by their number, so a
+      cap in rows bounds that cost);
+    * ``"rebuild"`` above: train the index again on every row.
+
+    Never an incremental merge: LanceDB 0.40.0's ``optimize`` folds an ``IVF_HNSW_SQ`` index's IVF lists of
+    :data:`ROWS_PER_LIST` rows into one list and one HNSW graph (bench/RESULTS.md, "An ANN index that stays right
+    after updates"). Raises ValueError for a negative ``max_unindexed_fraction`` or ``max_unindexed_rows``."""
+    if max_unindexed_fraction < 0:
+        raise ValueError(f"max_unindexed_fraction must be >= 0, got {max_unindexed_fraction}")
+    if max_unindexed_rows is not None and max_unindexed_rows < 0:
+        raise ValueError(f"max_unindexed_rows must be >= 0 or None, got {max_unindexed_rows}")
+    if rows < min_rows:
+        return "flat"
+    if not has_index:
+        return "create"
+    if unindexed <= 0:
+        return "current"
+    if max_unindexed_rows is not None and unindexed > max_unindexed_rows:
+        return "rebuild"
+    return "defer" if unindexed <= max_unindexed_fraction * indexed else "rebuild"
+
+
 def recall_at_k(exact: Sequence[Sequence], approx: Sequence[Sequence], k: int) -> float:
     """Mean over queries of |approx[:k] ∩ exact[:k]| / |exact[:k]| (1.0 for no queries); the ids are any
     hashable values (e.g. ``(partition_key, index_row)``)."""
