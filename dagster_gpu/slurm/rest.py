@@ -17,7 +17,12 @@ the JSON is read by :mod:`dagster_gpu.slurm.rest_parse` into the CLI path's row 
   ask" words are transient (:class:`~dagster_gpu.slurm.client.SlurmUnreachable` /
   :class:`~dagster_gpu.slurm.client.SlurmTransientError`: retried with backoff; the poller's snapshot is an
   error and steps stay UNKNOWN, nothing fails). HTTP 401/403 is :class:`RestAuthError` naming the URL and the
-  user, and saying when the token's ``exp`` has passed; never an empty queue. Other refusals are
+  user, and saying when the token's ``exp`` has passed; never an empty queue. As slurmrestd 24.11.5 (Debian
+  trixie, ``SLURM_JWT=daemon``) answers an expired or foreign token (checked on the test cluster,
+  tests/test_slurm_rest.py): ``/openapi/v3`` still 200; slurmctld calls HTTP 511 with error 1007 "Protocol
+  authentication error"; slurmdbd calls HTTP 502 "Failed to open slurmdbd connection, authentication error"
+  (which reads like a transient "Unable to connect to database" and is not treated as one); plain 401/403
+  where a proxy or rest_auth/jwt itself refuses. Other refusals are
   :class:`~dagster_gpu.slurm.client.SlurmRejected` with slurmrestd's own error text.
 - **Manifest**: slurmrestd carries no files. The job script's text goes in the submit request (``job.script``)
   and its arguments in ``job.argv``; the manifest, the task runner and the tasks' logs stay in this host's
@@ -64,7 +69,7 @@ _INVALID_JOB = ("invalid job id", "unknown job", "not found")
 
 
 class RestAuthError(SlurmAccessRefused):
-    """slurmrestd refused the token (HTTP 401/403): expired, signed with another key, or for another user.
+    """slurmrestd refused the token (HTTP 401/403/511, or slurmdbd's authentication error): expired, signed with another key, or for another user.
     The message names the URL and the user, never the token."""
 
 
@@ -218,7 +223,7 @@ class RestSlurmClient(SlurmClient):
             err = SlurmUnreachable(argv, None, f"slurmrestd {self.url}: {type(e).__name__} during {what}")
             err.sent = True
             raise err from None
-        if r.status in (401, 403):
+        if r.status in (401, 403, 511):
             raise RestAuthError(argv, r.status, self._auth_message(r.status, what))
         try:
             doc = json.loads(r.data.decode("utf-8", "replace")) if r.data else {}
@@ -231,6 +236,8 @@ class RestSlurmClient(SlurmClient):
             self._release = RP.slurm_release(doc)
         if r.status >= 400 or text:
             low = text.lower()
+            if "authentication error" in low:  # slurmdbd refused the token (HTTP 502; see module doc)
+                raise RestAuthError(argv, r.status, self._auth_message(r.status, what))
             if ok_missing and any(w in low for w in _INVALID_JOB):
                 return {}
             msg = f"slurmrestd {what}: HTTP {r.status}: {text or r.reason}"

@@ -17,8 +17,11 @@ between them and is handled here:
   on the CLI path;
 - integers that may be unset or unlimited are ``{"set": bool, "infinite": bool, "number": int}`` objects
   (v0.0.40 on); a plain int is read too (:func:`number`);
-- v0.0.43 (Slurm 25.05) and v0.0.44 (25.11) keep these shapes for every field read here (checked against
-  the fixtures under ``tests/data/slurm/rest/``, written from each release's OpenAPI description).
+- v0.0.43 (Slurm 25.05) and v0.0.44 (25.11) keep these shapes for every field read here
+  (``src/plugins/data_parser/v0.0.43/parsers.c`` at slurm-25-05-8-1, ``v0.0.44/parsers.c`` at slurm-25-11-7-1:
+  the same UINT32_NO_VAL / TIMESTAMP_NO_VAL / JOB_STATE parsers for these fields); v0.0.44 adds the job state
+  flag EXPEDITING, which the CLI prints as the state and this module as well (UNKNOWN for that row). The
+  fixtures under ``tests/data/slurm/rest/v0.0.43`` and ``v0.0.44`` are written from those files.
 
 Times: slurmrestd sends UNIX seconds; they become naive local ``datetime`` as the CLI prints them (0 or unset ->
 None). Memory TRES counts are MiB in slurmdbd's records and become bytes, as :func:`parse.parse_tres` gives.
@@ -39,10 +42,11 @@ from dagster_gpu.slurm.states import JobState, parse_state
 #: v0.0.43: 25.05, v0.0.44: 25.11, from fixtures).
 SUPPORTED = ("v0.0.40", "v0.0.41", "v0.0.42", "v0.0.43", "v0.0.44")
 
-#: The job state flags ``job_state_string()`` names before the base state, in its order (slurm-24-11-5-1,
-#: src/common/slurm_protocol_defs.c): what squeue ``%T`` prints for a job with that flag.
-STATE_FLAG_ORDER = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "RESIZING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD",
-                    "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
+#: The job state flags ``job_state_string()`` names before the base state, in its order (SchedMD/slurm
+#: src/common/slurm_protocol_defs.c at slurm-24-11-5-1; slurm-25-11-7-1 adds EXPEDITING after CONFIGURING):
+#: what squeue ``%T`` prints for a job with that flag.
+STATE_FLAG_ORDER = ("COMPLETING", "STAGE_OUT", "CONFIGURING", "EXPEDITING", "RESIZING", "REQUEUED", "REQUEUE_FED",
+                    "REQUEUE_HOLD", "SPECIAL_EXIT", "STOPPED", "REVOKED", "RESV_DEL_HOLD", "SIGNALING")
 
 _PATH_VERSION = re.compile(r"^/slurm(?:db)?/(v0\.0\.\d+)/")
 
@@ -132,37 +136,32 @@ def error_text(doc: Mapping[str, Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------- queue
 def queue_rows(doc: Mapping[str, Any]) -> list[QueueRow]:
-    """The ``jobs`` of a ``/slurm/<v>/job/<id>`` (or ``/jobs/``) response as squeue ``--array`` rows: one per
-    array task, and one compact row for an array's pending tasks (``array_task_string`` ``2-5``, its throttle
-    from ``array_max_tasks``). Raises SlurmParseError."""
+    """The ``jobs`` of a ``/slurm/<v>/job/<id>`` (or ``/jobs/``) response as ``squeue --array`` rows: one per
+    array task, the pending ones included (an array's record of its pending tasks, ``array_task_string``
+    ``2-5``, becomes one row per task, each with the array job id as its job id, as squeue ``--array``
+    prints them). Raises SlurmParseError."""
     rows = []
     for j in doc.get("jobs") or []:
         try:
-            rows.append(_queue_row(j))
+            rows.extend(_queue_rows(j))
         except (KeyError, TypeError, ValueError) as e:
             raise SlurmParseError(f"slurmrestd job {j.get('job_id') if isinstance(j, Mapping) else j!r}: {e}") from e
     return rows
 
 
-def _queue_row(j: Mapping[str, Any]) -> QueueRow:
+def _queue_rows(j: Mapping[str, Any]) -> list[QueueRow]:
     job_id = int(number(j["job_id"]))  # type: ignore[arg-type]
     aid = number(j.get("array_job_id")) or 0
     task = number(j.get("array_task_id"))
     pending_tasks = str(j.get("array_task_string") or "")
-    throttle = number(j.get("array_max_tasks")) or None
     if aid and pending_tasks:
         ranges, _ = parse_array_task_field(pending_tasks)
-        text = f"{aid}_[{pending_tasks}{f'%{throttle}' if throttle else ''}]"
+        tasks = [t for lo, hi in ranges for t in range(lo, hi + 1)]
     elif aid and task is not None:
-        ranges, throttle, text = ((task, task),), None, f"{aid}_{task}"
+        tasks = [task]
     else:
-        aid, ranges, throttle, text = job_id, (), None, str(job_id)
-    return QueueRow(
-        id=parse_job_id(text),
-        job_id=job_id,
-        array_job_id=aid,
-        array_task_ids=tuple(ranges),
-        throttle=throttle if pending_tasks else None,
+        tasks = []
+    common = dict(
         state=job_state(j.get("job_state")),
         reason=str(j.get("state_reason") or "None"),
         start=timestamp(j.get("start_time")),
@@ -171,17 +170,20 @@ def _queue_row(j: Mapping[str, Any]) -> QueueRow:
         tres_per_node=str(j.get("tres_per_node") or "N/A"),
         name=str(j.get("name") or ""),
     )
+    if not tasks:
+        return [QueueRow(id=parse_job_id(str(job_id)), job_id=job_id, array_job_id=job_id, array_task_ids=(),
+                         throttle=None, **common)]  # type: ignore[arg-type]
+    return [QueueRow(id=parse_job_id(f"{aid}_{t}"), job_id=job_id, array_job_id=aid, array_task_ids=((t, t),),
+                     throttle=None, **common) for t in tasks]  # type: ignore[arg-type]
 
 
 def pending_tres_per_node(doc: Mapping[str, Any], slurm_partition: str | None) -> list[str]:
-    """The tres-per-node of every PENDING job and array task (a compact row counts once per pending task) of
-    a ``/jobs/`` response, in ``slurm_partition`` when given: what :meth:`SlurmClient.pending_gres` returns."""
+    """The tres-per-node of every PENDING job and array task of a ``/jobs/`` response, in ``slurm_partition`` when given: what :meth:`SlurmClient.pending_gres` returns."""
     out = []
     for r in queue_rows(doc):
         if r.state.name != "PENDING" or (slurm_partition and slurm_partition not in r.slurm_partition.split(",")):
             continue
-        n = sum(hi - lo + 1 for lo, hi in r.array_task_ids) or 1
-        out.extend([r.tres_per_node] * n)
+        out.append(r.tres_per_node)
     return out
 
 
