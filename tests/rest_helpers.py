@@ -25,11 +25,9 @@ def unavailable_reason() -> str | None:
 
 
 def write_token(path: Path, lifespan_s: int = 3600, user: str = "root") -> Path:
-    """A fresh JWT for ``user`` (``trixie.sh token``) in ``path``, mode 0600 from the start. Returns ``path``."""
-    cp = subprocess.run(["bash", str(H.TRIXIE_SH), "token", str(lifespan_s), user], capture_output=True, text=True, timeout=60)
-    if cp.returncode != 0 or not cp.stdout.strip():
+    """A fresh JWT for ``user`` (``trixie.sh token <lifespan> <user> <path>``) in ``path``, mode 0600 from the
+    start. Returns ``path``."""
+    cp = subprocess.run(["bash", str(H.TRIXIE_SH), "token", str(lifespan_s), user, str(path)], capture_output=True, text=True, timeout=60)
+    if cp.returncode != 0 or not path.exists():
         raise RuntimeError(f"trixie.sh token failed (rc {cp.returncode}): {cp.stderr.strip()[-500:]}")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(cp.stdout.strip() + "\n")
     return path

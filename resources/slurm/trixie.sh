@@ -13,8 +13,9 @@
 #   resources/slurm/trixie.sh status      daemon pids, node state, sinfo; exit 0 only when all run
 #   resources/slurm/trixie.sh env         `export SLURM_CONF=… PATH=<wrappers>:$PATH DAGSTER_GPU_SLURM_WORKER_PYTHON=…
 #                                         DAGSTER_GPU_SLURMRESTD_URL=http://127.0.0.1:<rest port>`
-#   resources/slurm/trixie.sh token [s] [user]   print a fresh JWT for slurmrestd (`scontrol token`, lifespan s,
-#                                         default 1800 = Slurm's own default, for user root)
+#   resources/slurm/trixie.sh token [s] [user] [file]   a fresh JWT for slurmrestd (`scontrol token`, lifespan s,
+#                                         default 1800 = Slurm's own default, for user root) on stdout, or into
+#                                         file (mode 0600, replaced atomically)
 #
 # slurmrestd: `start` also runs Debian's slurmrestd (with slurm-wlm-jwt-plugin's auth/jwt) in the root as the
 # unprivileged user `slurmrestd` (it refuses root and SlurmUser) on 127.0.0.1:<rest port>, with
@@ -351,8 +352,12 @@ print(",".join(sorted({m[1] for p in json.load(sys.stdin)["paths"] for m in [re.
 
 cmd_token() {
   need_started
-  local lifespan="${1:-1800}" user="${2:-root}"
-  scontrol token lifespan="$lifespan" username="$user" | sed -n 's/^SLURM_JWT=//p'
+  local lifespan="${1:-1800}" user="${2:-root}" out="${3:-}" tok
+  tok="$(scontrol token lifespan="$lifespan" username="$user" | sed -n 's/^SLURM_JWT=//p')"
+  [ -n "$tok" ] || die "scontrol token lifespan=$lifespan username=$user printed no token"
+  if [ -z "$out" ]; then printf '%s\n' "$tok"; return 0; fi
+  # into a file: 0600 from the start (umask), replaced atomically, never on stdout or in a log
+  (umask 077; printf '%s\n' "$tok" >"$out.tmp.$$" && mv -f "$out.tmp.$$" "$out")
 }
 
 prepare() {
