@@ -158,3 +158,25 @@ def test_submit_response_and_errors():
     with pytest.raises(SlurmParseError, match="Invalid account"):
         RP.submitted_job_id({"errors": [{"description": "Batch job submission failed", "error": "Invalid account"}]})
     assert RP.slurm_release(load("v0.0.41", "submit.json")) == "24.11.5"
+
+
+def test_the_shared_poll_stores_and_reads_slurmrestd_documents(tmp_path):
+    """What RestSlurmClient.poll_query writes (one compact JSON document per line, per array) read back by every
+    process from poll.json, beside the CLI format it keeps reading as before."""
+    import time
+
+    from dagster_gpu.slurm.poller import SharedPoller, parse_poll_acct, parse_poll_queue
+    from dagster_gpu.slurm.spool import Spool, write_json
+
+    lines = [json.dumps({"jobs": load(v, "job_running.json")["jobs"]}, separators=(",", ":")) for v in ("v0.0.42", "v0.0.44")]
+    acct = json.dumps({"jobs": load("v0.0.42", "slurmdb_jobs.json")["jobs"]}, separators=(",", ":"))
+    spool = Spool(tmp_path / "spool")
+    write_json(spool.poll_file, {"started_at": time.time(), "ids": [1], "format": "rest", "squeue": "\n".join(lines) + "\n",
+                                 "sacct": acct + "\n"})  # fmt: skip
+    snap = SharedPoller(spool, client=None, interval_s=60)._read()  # type: ignore[arg-type]
+    assert snap is not None and snap.ok
+    assert len(snap.queue) == 3 + 8 and len(snap.acct) == 3  # 24.11's three tasks; the written v0.0.44's eight
+    assert [r.state.name for r in snap.queue if r.array_job_id == 900 and r.array_task_id == 7] == ["UNKNOWN"]
+    assert parse_poll_queue("cli", "") == [] and parse_poll_acct("rest", "") == []
+    with pytest.raises(SlurmParseError, match="not a slurmrestd JSON"):
+        parse_poll_queue("rest", "squeue text\n")
