@@ -340,7 +340,8 @@ class RestSlurmClient(SlurmClient):
                 for j in sorted({str(j).split("_")[0] for j in job_ids}, key=int)]
 
     def _acct_docs(self, job_ids: Iterable[int | str], attempts: int | None = None, steps: bool = False) -> list[dict]:
-        q = {"show_duplicates": "true"} if not steps else {}
+        # without the steps (a third less JSON, measured: bench/RESULTS.md) unless their usage is what is read
+        q = {"show_duplicates": "true", "skip_steps": "true"} if not steps else {}
         return [self.request("GET", "slurmdb/jobs/", query={"step": str(j), **q}, attempts=attempts)
                 for j in sorted({str(j).split("_")[0] for j in job_ids}, key=int)]
 
@@ -349,7 +350,7 @@ class RestSlurmClient(SlurmClient):
         return [r for d in self._queue_docs(job_ids, attempts) for r in RP.queue_rows(d)]
 
     def sacct(self, job_ids: Iterable[int | str], *, attempts: int | None = None, cluster: str | None = None) -> list[P.AcctRow]:
-        """``slurmdb/jobs/?step=<id>&show_duplicates`` per id: one row per attempt. Empty -> []."""
+        """``slurmdb/jobs/?step=<id>&show_duplicates&skip_steps`` per id: one row per attempt. Empty -> []."""
         return [r for d in self._acct_docs(job_ids, attempts) for r in RP.acct_rows(d)]
 
     def sacct_steps(self, job_ids: Iterable[int | str], *, cluster: str | None = None) -> list[P.StepUsage]:
