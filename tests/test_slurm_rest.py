@@ -74,6 +74,7 @@ def test_submit_state_cancel_accounting(token_file, tmp_path, version):
     assert [by_task[t].state.name for t in (0, 1, 2)] == ["FAILED", "FAILED", "CANCELLED"]
     assert by_task[0].exit_code == 3 and by_task[0].alloc_tres["gres/gpu"] == 1.0  # `exit "$2"`
     assert by_task[2].start is not None and by_task[2].end >= by_task[2].start
+    c.scancel([f"{job.job_id}_0"])  # ended: slurmrestd answers error 2021 in the status list, ignored
     q, a = c.poll_query([job.job_id])
     assert a.count("\n") == 1 and '"jobs"' in a
 
@@ -150,3 +151,22 @@ def test_job_environment_leaves_secrets_and_slurm_names_out(monkeypatch):
     env = c.job_environment()
     assert env["DAGSTER_HOME"] == "/h" and env["SLURM_UMASK"] == "0077" and env["PATH"] == os.environ["PATH"]
     assert not {"DAGSTER_PG_PASSWORD", "DAGSTER_GPU_API_TOKEN", "SLURM_JWT", "OTHER", "SLURM_CONF"} & set(env)
+
+
+def test_settings_build_the_rest_client_or_say_what_is_missing(tmp_path):
+    from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
+    from dagster_gpu.slurm.rest import client_from_settings
+
+    with pytest.raises(ValueError, match="needs rest_url"):
+        client_from_settings(SlurmSettings(transport="rest", spool_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="must start with http"):
+        client_from_settings(SlurmSettings(transport="rest", rest_url="slurm:6820", spool_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match="leave remote_spool_dir unset"):
+        client_from_settings(SlurmSettings(transport="rest", rest_url="http://x:6820", remote_spool_dir="/s", spool_dir=str(tmp_path)))
+    s = SlurmSettings(transport="rest", rest_url="https://slurm.example.org/", rest_token_env="MY_JWT", rest_auth_header="bearer",
+                      rest_data_parser="v0.0.41", rest_max_array_size=501, spool_dir=str(tmp_path))
+    c = SlurmBackend(s).client
+    assert isinstance(c, RestSlurmClient) and c.url == "https://slurm.example.org" and c.tokens.env == "MY_JWT"
+    assert (c.auth_header, c.version, c.max_array_size_assumed, c.poll_format) == ("bearer", "v0.0.41", 501, "rest")
+    with pytest.raises(ValueError, match="x-slurm.*bearer"):
+        RestSlurmClient(url="http://x", auth_header="basic")

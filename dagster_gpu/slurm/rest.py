@@ -66,6 +66,9 @@ log = logging.getLogger(__name__)
 #: Names (fnmatch) never put in a job's environment by default: secrets reach tasks through env_files.
 DEFAULT_SECRET_ENV = ("*PASSWORD*", "*SECRET*", "*TOKEN*", "*JWT*")
 _INVALID_JOB = ("invalid job id", "unknown job", "not found")
+#: Slurm error numbers in a cancel's per-job status that mean "nothing to do" (slurm/slurm_errno.h at slurm-24-11-5-1):
+#: ESLURM_ALREADY_DONE and ESLURM_INVALID_JOB_ID.
+_ALREADY_DONE, _INVALID_JOB_ID = 2021, 2017
 
 
 class RestAuthError(SlurmAccessRefused):
@@ -321,14 +324,17 @@ class RestSlurmClient(SlurmClient):
 
     def scancel(self, ids: Iterable[str], *, signal: str | None = None, cluster: str | None = None) -> None:
         """``DELETE job/<id>`` for each id (``123_7`` one array task, ``123`` the whole array; ``signal``
-        when given). Unknown or finished ids are ignored."""
+        when given). Unknown ids (HTTP 404 "Invalid job id specified") and ended ones (a ``status`` entry with
+        error 2021, "Job/step already completing or completed", in an HTTP 200 answer: slurmrestd 24.11.5) are
+        ignored; any other per-job error raises SlurmRejected with its text."""
         for i in [str(i) for i in ids]:
             q = {"signal": signal} if signal else None
-            try:
-                self.request("DELETE", f"slurm/job/{quote(i, safe='')}", query=q, ok_missing=True)
-            except SlurmRejected as e:
-                if "already completing or completed" not in (e.stderr or "").lower() and "completed" not in (e.stderr or "").lower():
-                    raise
+            doc = self.request("DELETE", f"slurm/job/{quote(i, safe='')}", query=q, ok_missing=True)
+            for st in doc.get("status") or []:
+                err = (st or {}).get("error") or {}
+                if err.get("code") not in (None, 0, _ALREADY_DONE, _INVALID_JOB_ID):
+                    raise SlurmRejected(["slurmrestd", f"DELETE job/{i}"], None,
+                                        f"slurmrestd could not cancel {i}: {err.get('message') or err.get('string') or err}")
 
     def test_only(self, options: Sequence[str], script: str | Path) -> P.TestOnly:
         """Not offered by slurmrestd: raises SlurmRejected (the what-if estimate then has no start delay)."""
