@@ -80,3 +80,50 @@ def test_eight_runs_over_slurmrestd_share_one_submit(rest_home):
     client = RestSlurmClient(url=R.URL, user="root", tokens=TokenSource(file=str(token)))
     acct = client.sacct([b["array_job_id"] for b in batches])
     assert sorted(r.state.name for r in acct) == ["COMPLETED"] * 8
+
+
+@H.on_slurm("24.11")
+def test_a_backfill_terminated_mid_way_cancels_its_tasks_through_slurmrestd(rest_home):
+    """The backfill daemon's runs, throttle 2, terminated while two tasks run (what the UI's Terminate does:
+    the backfill CANCELING; tests/test_slurm_e2e.py's test_terminate_mid_backfill on the CLI path): every
+    task leaves the queue through slurmrestd's DELETE, and slurmdbd records the cancelled ones."""
+    import dagster as dg
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill
+    from tests.slurm_pipeline import defs
+
+    home_dir, env, token = rest_home
+    env = {**env, "SLURM_TEST_THROTTLE": "2", "SLURM_TEST_WINDOW": "2", "SLURM_TEST_MAX_WINDOW": "10"}
+    keys = [f"p{i:03d}" for i in range(6)]
+    spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
+    client = RestSlurmClient(url=R.URL, user="root", tokens=TokenSource(file=str(token)))
+    with dg.DagsterInstance.get() as instance:
+        with DaemonProcess(home_dir / "workspace.yaml", env=env, log_file=home_dir / "daemon.log"):
+            bid = submit_asset_backfill(instance, defs, dg.AssetKey("trivial"), keys, tags={"test/sleep": "120"})
+
+            def running_tasks():
+                ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+                return [r for r in (client.squeue(ids) if ids else []) if r.state.name == "RUNNING"]
+
+            _wait_for(lambda: len(running_tasks()) >= 2, 300, 2, "two running array tasks")
+            instance.update_backfill(instance.get_backfill(bid).with_status(BulkActionStatus.CANCELING))
+
+            def all_ended():
+                rs = instance.get_runs(RunsFilter(tags={"dagster/backfill": bid}))
+                return rs if rs and all(r.is_finished for r in rs) else None
+
+            runs = _wait_for(all_ended, 400, 3, "every run of the backfill to end")
+    ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+    assert ids, "nothing was submitted"
+    live = [r for r in client.squeue(ids) if r.state.status.value in ("pending", "running", "requeued")]
+    assert live == [], f"tasks still queued after terminate: {[(r.id.raw, str(r.state)) for r in live]}"
+    assert DagsterRunStatus.CANCELED in {r.status for r in runs}
+    # the two tasks that ran when the backfill was terminated are recorded CANCELLED after running
+    ran = _wait_for(lambda: (c := [r for r in client.sacct(ids) if r.state.name == "CANCELLED" and r.id.task_id is not None and r.start]) and
+                    len(c) >= 2 and c, 60, 2, "two cancelled tasks that ran, in slurmdbd")
+    # and the tasks that never left the array's pending record as one record, 625_[2-5] as sacct prints it
+    rest = [r for r in client.sacct(ids) if r.id.task_id is None]
+    assert all(r.id.task_ranges and r.state.name == "CANCELLED" and r.elapsed_s == 0 for r in rest), [(r.id.raw, str(r.state)) for r in rest]
+    assert all(r.elapsed_s > 0 and r.alloc_tres.get("gres/gpu") == 1.0 for r in ran), [(r.id.raw, r.start, r.end, r.elapsed_s, dict(r.alloc_tres)) for r in ran]

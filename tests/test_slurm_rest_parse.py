@@ -180,3 +180,12 @@ def test_the_shared_poll_stores_and_reads_slurmrestd_documents(tmp_path):
     assert parse_poll_queue("cli", "") == [] and parse_poll_acct("rest", "") == []
     with pytest.raises(SlurmParseError, match="not a slurmrestd JSON"):
         parse_poll_queue("rest", "squeue text\n")
+
+
+def test_recorded_pending_tasks_cancelled_inside_their_array_read_as_sacct_prints_them():
+    rows = RP.acct_rows(load("v0.0.42", "slurmdb_jobs_terminated.json"))
+    assert sorted((r.id.raw, r.state.name, r.elapsed_s > 0) for r in rows) == [
+        ("628_0", "CANCELLED", True), ("628_1", "CANCELLED", True), ("628_[2-3,5%2]", "CANCELLED", False)]
+    left = next(r for r in rows if r.id.task_id is None)
+    assert left.id.task_ranges == ((2, 3), (5, 5)) and left.id.throttle == 2 and left.elapsed_s == 0.0
+    assert RP.task_bitmap("0x2C") == "2-3,5" and RP.task_bitmap("0x1") == "0" and RP.task_bitmap("4-7") == "4-7"

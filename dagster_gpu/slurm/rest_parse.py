@@ -23,6 +23,10 @@ between them and is handled here:
   flag EXPEDITING, which the CLI prints as the state and this module as well (UNKNOWN for that row). The
   fixtures under ``tests/data/slurm/rest/v0.0.43`` and ``v0.0.44`` are written from those files.
 
+An array's accounting record of the tasks that never left it (cancelled while pending) names them in
+``array.task`` as a hex bitmap (``0x2C``: tasks 2, 3, 5) on the 24.11 slurmrestd: :func:`task_bitmap` decodes it to the
+``123_[2-3,5%2]`` sacct prints (recorded: ``tests/data/slurm/rest/v0.0.42/slurmdb_jobs_terminated.json``).
+
 Times: slurmrestd sends UNIX seconds; they become naive local ``datetime`` as the CLI prints them (0 or unset ->
 None). Memory TRES counts are MiB in slurmdbd's records and become bytes, as :func:`parse.parse_tres` gives.
 """
@@ -34,7 +38,7 @@ from datetime import datetime
 from typing import Any, Iterable, Mapping, Sequence
 
 from dagster_gpu.slurm import gres as G
-from dagster_gpu.slurm.ids import parse_array_task_field, parse_job_id
+from dagster_gpu.slurm.ids import compress_indices, parse_array_task_field, parse_job_id
 from dagster_gpu.slurm.parse import AcctRow, QueueRow, SlurmParseError, StepUsage
 from dagster_gpu.slurm.states import JobState, parse_state
 
@@ -218,8 +222,14 @@ def acct_rows(doc: Mapping[str, Any]) -> list[AcctRow]:
 def _acct_row(j: Mapping[str, Any]) -> AcctRow:
     job_id = int(number(j["job_id"]))  # type: ignore[arg-type]
     arr = j.get("array") or {}
-    aid, task = number(arr.get("job_id")) or 0, number(arr.get("task_id"))
-    text = f"{aid}_{task}" if aid and task is not None else str(job_id)
+    aid, task, tasks = number(arr.get("job_id")) or 0, number(arr.get("task_id")), str(arr.get("task") or "")
+    if aid and task is not None:
+        text = f"{aid}_{task}"
+    elif aid and tasks:  # an array's record of the tasks that never left it (cancelled while pending): sacct's 123_[2-3,5]
+        limit = number(((((arr.get("limits") or {}).get("max") or {}).get("running") or {}).get("tasks")))
+        text = f"{aid}_[{task_bitmap(tasks)}{f'%{limit}' if limit else ''}]"
+    else:
+        text = str(job_id)
     t = j.get("time") or {}
     code = j.get("exit_code") or {}
     sig = (code.get("signal") or {}).get("id")
@@ -242,6 +252,16 @@ def _acct_row(j: Mapping[str, Any]) -> AcctRow:
         node_list=str(j.get("nodes") or ""),
         name=str(j.get("name") or ""),
     )
+
+
+def task_bitmap(text: str) -> str:
+    """slurmdbd's array task string, a hex bitmap (``0x2C``: bits 2, 3 and 5) as the 24.11 slurmrestd sends it
+    (sacct prints it decoded: ``2-3,5``), -> ``2-3,5``; text that is already ranges is returned as is."""
+    t = text.strip()
+    if not t.lower().startswith("0x"):
+        return t
+    bits = int(t, 16)
+    return compress_indices(i for i in range(bits.bit_length()) if bits >> i & 1)
 
 
 def step_usage(doc: Mapping[str, Any]) -> list[StepUsage]:
