@@ -46,8 +46,13 @@ def _wait(pred, timeout_s: float, what: str, why=lambda: ""):
 
 @LIVE
 def test_the_newest_served_version_is_picked(token_file):
-    c = _client(token_file)
+    import dataclasses
+
+    c = _client(token_file, version=None)
     assert c.data_parser() == "v0.0.42"  # 24.11 serves v0.0.40-v0.0.42
+    # a copy with SLURM_UMASK (what the coalescer submits with) keeps the pick: no second /openapi/v3
+    copy = dataclasses.replace(c, extra_env={"SLURM_UMASK": "0077"}, calls={})
+    assert copy.data_parser() == "v0.0.42" and copy.calls == {}
     assert c.config()["SLURM_VERSION"].startswith("24.11") and c.gpu_tres_tracked()
 
 

@@ -69,6 +69,8 @@ _INVALID_JOB = ("invalid job id", "unknown job", "not found")
 #: Slurm error numbers in a cancel's per-job status that mean "nothing to do" (slurm/slurm_errno.h at slurm-24-11-5-1):
 #: ESLURM_ALREADY_DONE and ESLURM_INVALID_JOB_ID.
 _ALREADY_DONE, _INVALID_JOB_ID = 2021, 2017
+#: (url, wanted version) -> the data_parser version picked for it in this process.
+_PICKED: dict[tuple[str, str | None], str] = {}
 
 
 class RestAuthError(SlurmAccessRefused):
@@ -274,10 +276,12 @@ class RestSlurmClient(SlurmClient):
                             attempts=attempts, only_unsent=only_unsent)
 
     def data_parser(self) -> str:
-        """The data_parser version in use (picked from ``/openapi/v3`` on first use). Raises SlurmRejected
-        when the server serves none this client reads."""
+        """The data_parser version in use (picked from ``/openapi/v3`` on this process's first use for this URL,
+        then kept: the description is 1.6 MB on 24.11, and a copy of the client, as the coalescer makes for each
+        submission, must not fetch it again). Raises SlurmRejected when the server serves none this client reads."""
         if self._picked is None:
-            served: list[str] = []
+            self._picked = _PICKED.get((self.url, self.version))
+        if self._picked is None:
             doc = self.retried("slurmrestd GET /openapi/v3", lambda: self._once("GET", "/openapi/v3"))
             served = RP.served_versions(doc)
             try:
@@ -285,6 +289,7 @@ class RestSlurmClient(SlurmClient):
             except RP.NoCommonVersion as e:
                 raise SlurmRejected(["slurmrestd", "GET /openapi/v3"], None, f"{self.url}: {e}") from None
             log.info("slurmrestd %s: data_parser %s (served: %s)", self.url, self._picked, ", ".join(served))
+            _PICKED[(self.url, self.version)] = self._picked
         return self._picked
 
     # ------------------------------------------------------------------------------------ submit / cancel
