@@ -97,9 +97,12 @@ def all_records(fetch, records_filter) -> list:
         cursor = page.cursor
 
 
-def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_runs: int, workdir: Path) -> dict:
+def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_runs: int, workdir: Path,
+                 extra_env: dict[str, str] | None = None) -> dict:
+    """One backfill of ``keys`` through the slurm backend in runs of ``per_run``; ``extra_env`` on top of the
+    bench's settings (e.g. tests/slurm_pipeline.py's ``DGPU_TEST_SLURM_TRANSPORT`` and its ssh variables)."""
     home, env = H.make_dagster_home(max_concurrent_runs=max_runs)
-    env = {**env, "RANGED_TEST_BACKEND": "slurm", "RANGED_TEST_CORPUS": str(corpus), "RANGED_TEST_OUTPUT": str(workdir / variant),
+    env = {**env, **(extra_env or {}), "RANGED_TEST_BACKEND": "slurm", "RANGED_TEST_CORPUS": str(corpus), "RANGED_TEST_OUTPUT": str(workdir / variant),
            "RANGED_TEST_PER_RUN": str(per_run), "RANGED_TEST_RETRIES": "0", "SLURM_TEST_THROTTLE": "4",
            "SLURM_TEST_WINDOW": "3", "SLURM_TEST_MAX_WINDOW": "30", "SLURM_TEST_POLL": "2",
            "DAGSTER_GRPC_TIMEOUT_SECONDS": "300", "HF_HUB_OFFLINE": "1"}  # fmt: skip
@@ -146,7 +149,7 @@ def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_
     sacct_billed = sum(float(v.value) for v in sched if v is not None)
     embed = sum(m["embedding/seconds"] for m in mds)
     billed = sum(m["billing/wall_seconds"] for m in mds)
-    batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
+    batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))  # submitted.json: the run worker's side, for any transport
     return {"variant": variant, "partitions": len(keys), "succeeded": prog.succeeded, "failed": prog.failed,
             "runs": prog.runs, "sbatch_calls": len(batches), "makespan_s": round(makespan, 1),
             "backfill_marked_done_s": round(marked_done, 1),

@@ -33,7 +33,35 @@ def test_local_handle_round_trips_and_reads_one_without_a_unit():
                     host="vm", unit="run-step-1")
     assert LocalHandle.from_handle(json.loads(json.dumps(h.to_handle()))) == h
     old = LocalHandle.from_handle({"pid": 7, "create_time": 1.0, "status_file": "s", "log_file": "l"})
-    assert (old.unit, old.host) == ("", "")
+    assert (old.unit, old.host, old.start_ticks) == ("", "", None)
+    ticked = LocalHandle(pid=4242, create_time=1.0, status_file="s", log_file="l", start_ticks=123456)
+    assert LocalHandle.from_handle(json.loads(json.dumps(ticked.to_handle()))) == ticked
+
+
+def test_a_local_worker_stays_itself_when_the_wall_clock_is_stepped():
+    """psutil's create_time() is boot time (``/proc/stat`` btime, recomputed from the wall clock) plus the start
+    ticks: a clock step moves it, and a worker that still ran was once reported gone. The start ticks do not
+    move; they still tell a reused pid apart."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    from dagster_gpu.local.backend import _alive, start_ticks
+
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        ticks, created = start_ticks(proc.pid), psutil.Process(proc.pid).create_time()
+        assert ticks is not None and ticks > 0
+        # what the handle recorded before a step of the wall clock by 5 s
+        assert _alive(proc.pid, created + 5.0, ticks)
+        assert not _alive(proc.pid, created + 5.0)  # the create time alone was fooled (a handle without ticks)
+        assert not _alive(proc.pid, created, ticks + 1)  # another process with this pid
+        assert _alive(proc.pid, created)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not _alive(proc.pid, created, ticks)
 
 
 def test_pod_handle_round_trips_through_json():

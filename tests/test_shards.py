@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dagster_gpu.corpus.readers import CorpusReadError, ReadStats, TextFormat, read_batches
-from dagster_gpu.corpus.shards import Shard, plan_byte_shards, plan_row_group_shards, shard_key, shardable
+from dagster_gpu.corpus.shards import Shard, could_be_shard_key, plan_byte_shards, plan_row_group_shards, shard_key, shardable
 
 
 def _read(uri: str, fmt: TextFormat, shard=None):
@@ -118,3 +118,14 @@ def test_shard_keys_follow_the_source_version():
     assert k1.startswith("corpus__part-00017.jsonl-s0002of0016-") and len(k1) <= 63
     assert shard_key("corpus__part-00017.jsonl", "size=6|mtime=2.0", s) != k1
     assert len(shard_key("x" * 63, "v", s)) <= 63
+
+
+def test_shard_keys_of_files_sharing_a_long_prefix_and_a_version_differ():
+    s = Shard(0, 2, "bytes", 0, 10, 0, 3)
+    a, b = "p" * 45 + "a.jsonl", "p" * 45 + "b.jsonl"
+    assert shard_key(a, "size:5,mtime:1.0", s) != shard_key(b, "size:5,mtime:1.0", s)
+    key = shard_key(a, "size:5,mtime:1.0", s)
+    assert could_be_shard_key(key, a, "size:5,mtime:1.0")
+    assert not could_be_shard_key(key, b, "size:5,mtime:1.0")  # same head, another file
+    assert not could_be_shard_key(key, a, "size:6,mtime:2.0")  # another version
+    assert not could_be_shard_key(a, a, "size:5,mtime:1.0")  # the file's own key

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import dagster as dg
 from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
@@ -382,6 +382,18 @@ def wait_for_backfill(
 
 
 @dataclass(frozen=True)
+class IndexLoad:
+    """What loading one partition into a vector index did (an index asset's materialization,
+    :func:`dagster_gpu.definitions.vector_index.vector_index_asset`): ``mode`` ``append`` (the partition was new
+    to the table) or ``replace``; ``deleted``: rows of the partition the commit removed (those its new output no longer has);
+    ``version``: the table version it committed."""
+
+    mode: str | None
+    deleted: int | None
+    version: int | None
+
+
+@dataclass(frozen=True)
 class PartitionSummary(PendingBill):
     """One partition's outcome: its materialization figures, or the failure (with the run that failed it).
 
@@ -406,6 +418,7 @@ class PartitionSummary(PendingBill):
     run_id: str | None = None
     bill: BilledShare | None = None
     unit: tuple[str, str] | None = None
+    index: IndexLoad | None = None
 
 
 def summarize_partitions(
@@ -446,6 +459,9 @@ def summarize_partitions(
             continue
         md = {k: v.value for k, v in recs[0].asset_materialization.metadata.items()}
         unit = unit_of(md) or launched_unit(recs[0].run_id)
+        if "index/rows" in md:  # an index asset's partition: its load, not an embedding
+            out.append(index_summary(pk, md, recs[0].run_id, bill=billed_share(instance, asset_key, pk, unit), unit=unit))
+            continue
         out.append(
             PartitionSummary(
                 pk,
@@ -465,6 +481,18 @@ def summarize_partitions(
             )
         )
     return out
+
+
+def index_summary(pk: str, md: Mapping[str, Any], run_id: str | None, **bill: Any) -> PartitionSummary:
+    """The summary of an index asset's partition from its materialization's plain metadata ``md``: rows in
+    the index, the load's wall seconds and rows per second (``index/seconds``), its :class:`IndexLoad`."""
+    rows, seconds = md.get("index/rows"), md.get("index/seconds")
+    return PartitionSummary(
+        pk, ok=True, rows=rows, seconds=seconds, run_id=run_id,
+        texts_per_second=rows / seconds if rows is not None and seconds else None,
+        index=IndexLoad(mode=md.get("index/mode"), deleted=md.get("index/deleted"), version=md.get("index/version")),
+        **bill,
+    )
 
 
 def wait_for_bills(

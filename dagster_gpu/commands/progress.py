@@ -49,6 +49,8 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
     measured seconds; its footer the ratio of sums, as in the HTML report); scheduler's bill (USD): the
     partition's share of its unit's bill from sacct / the pod interval / the process ("pending" until it
     lands; failed partitions have one too). Failures in red."""
+    if any(r.index for r in rows):
+        return index_summary_table(rows, title)
     t = Table(title=title, show_footer=True)
     ok = [r for r in rows if r.ok]
     reuse = any(r.reused_rows for r in ok)  # the column only when a partition reused vectors
@@ -78,6 +80,35 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
         else:
             t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", *([""] * len(reused)), "", "", "", "", "",
                       "", billed)
+    return t
+
+
+def index_summary_table(rows: Sequence[PartitionSummary], title: str) -> Table:
+    """An index asset's summary: partition, rows now in the index, how the commit wrote them (``append`` for a
+    partition new to the table, ``replace``), rows of the partition it removed (those the new output no longer has), the load's wall
+    seconds and rows/s, the table version committed, and the scheduler's bill (USD) of the CPU step. Failures
+    in red."""
+    t = Table(title=title, show_footer=True)
+    ok = [r for r in rows if r.ok]
+    seconds = sum(r.seconds or 0 for r in ok)
+    total = sum(r.rows or 0 for r in ok)
+    t.add_column("partition", footer=f"{len(ok)}/{len(rows)} ok")
+    t.add_column("rows", justify="right", footer=str(total))
+    t.add_column("write")
+    t.add_column("removed", justify="right", footer=str(sum(r.index.deleted or 0 for r in ok if r.index)))
+    t.add_column("seconds", justify="right", footer=f"{seconds:.2f}")
+    t.add_column("rows/s", justify="right", footer=f"{total / seconds:.0f}" if seconds else "")
+    t.add_column("table version", justify="right")
+    t.add_column("scheduler's bill (USD)", justify="right", footer=billed_total(rows))
+    for r in rows:
+        billed = f"{r.billed_cost_usd:.6f}" if r.billed_cost_usd is not None else ("pending" if r.bill_pending else "")
+        if r.ok and r.index:
+            t.add_row(r.partition_key, str(r.rows), r.index.mode or "", str(r.index.deleted or 0),
+                      "" if r.seconds is None else f"{r.seconds:.2f}",
+                      "" if r.texts_per_second is None else f"{r.texts_per_second:.0f}",
+                      "" if r.index.version is None else str(r.index.version), billed)
+        else:
+            t.add_row(f"[red]{r.partition_key}[/red]", "[red]failed[/red]", "", "", "", "", "", billed)
     return t
 
 

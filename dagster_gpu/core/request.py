@@ -32,6 +32,8 @@ TAG_BACKEND = TAG_PREFIX + "backend"
 #: Set by ``embedding_asset`` so ``backend: auto`` can size the step and read the asset's history.
 TAG_CORPUS_URL = TAG_PREFIX + "corpus-url"
 TAG_ASSET_KEY = TAG_PREFIX + "asset-key"
+#: the corpus's ``CorpusSource.shard_bytes`` when set: the corpus URL alone would list a cut file whole
+TAG_SHARD_BYTES = TAG_PREFIX + "shard-bytes"
 #: the asset's DynamicPartitionsDefinition name: resolves a ranged run's partition keys
 TAG_PARTITIONS_DEF = TAG_PREFIX + "partitions-def"
 

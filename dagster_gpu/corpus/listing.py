@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 import fsspec
 
 from dagster_gpu.corpus.readers import TextFormat
+from dagster_gpu.corpus.shards import Shard, could_be_shard_key, shard_key, shardable
 from dagster_gpu.core.partition_keys import partition_key_for
 
 #: Our own temporary outputs, editor droppings and marker files (``_SUCCESS``) are never corpus files: a
@@ -19,7 +20,7 @@ _IGNORED_PREFIXES = (".", "_")
 
 @dataclass(frozen=True)
 class CorpusFile:
-    """One corpus file = one partition.
+    """One corpus file = one partition, or one shard of a large file = one partition (``shard`` set).
 
     Attributes:
         key: partition key (see dagster_gpu.core.partition_keys).
@@ -29,6 +30,11 @@ class CorpusFile:
         mtime: last modification, seconds since the epoch (0.0 when the store does not say).
         version: the file's source version as the listing reports it (:func:`source_version`): changes
             whenever the file is rewritten; "" when not known.
+        shard: for a shard of a file above ``CorpusSource.shard_bytes``, which records of the file it holds
+            (:class:`dagster_gpu.corpus.shards.Shard`); ``size_bytes`` is then the shard's share of the file (its
+            byte range, or its row groups' share); None for a whole file.
+        file_key: for a shard, the whole file's own key (its rows' ``doc_id`` values are made from it); "" otherwise.
+        file_bytes: for a shard, the whole file's size in bytes; 0 otherwise.
     """
 
     key: str
@@ -37,6 +43,14 @@ class CorpusFile:
     size_bytes: int
     mtime: float = 0.0
     version: str = ""
+    shard: Shard | None = None
+    file_key: str = ""
+    file_bytes: int = 0
+
+    @property
+    def doc_key(self) -> str:
+        """The key ids are made from: the whole file's key (a shard's ``file_key``, else ``key``)."""
+        return self.file_key or self.key
 
 
 class CorpusNotFound(FileNotFoundError):
@@ -59,6 +73,19 @@ class CorpusSource:
         text_format: how records are read (see :class:`TextFormat`).
         storage_options: passed to fsspec (e.g. ``{"client_kwargs": {"endpoint_url": …}}`` for S3);
             never put secrets here, use the provider's credential chain.
+        shard_bytes: a file larger than this many bytes is listed as several partitions, one per shard of
+            about this size (parquet: ranges of whole row groups; JSON Lines and text: byte ranges cut just
+            after a record, :mod:`dagster_gpu.corpus.shards`), keyed by
+            :func:`dagster_gpu.corpus.shards.shard_key` from the file's key and source version, so that
+            different work units embed one file side by side. A compressed text file, a parquet file of one
+            row group and a file that cannot be cut are listed whole. None (default): every file is one
+            partition.
+        shard_plan_url: where shard plans are cached (a directory or an fsspec URL, read and written with
+            ``storage_options``), see :mod:`dagster_gpu.corpus.shard_plans`; None = ``$DAGSTER_HOME/dagster_gpu/
+            shard_plans`` when ``DAGSTER_HOME`` is set, else this process only.
+
+    Raises:
+        ValueError: ``shard_bytes`` below 1.
     """
 
     url: str
@@ -66,6 +93,12 @@ class CorpusSource:
     recursive: bool = False
     text_format: TextFormat = field(default_factory=TextFormat)
     storage_options: Mapping[str, Any] = field(default_factory=dict)
+    shard_bytes: int | None = None
+    shard_plan_url: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.shard_bytes is not None and int(self.shard_bytes) < 1:
+            raise ValueError(f"CorpusSource({self.url!r}).shard_bytes must be >= 1 (or None), got {self.shard_bytes}")
 
     def filesystem(self):
         """(fsspec filesystem, root path without protocol)."""
@@ -73,8 +106,13 @@ class CorpusSource:
         return fs, root.rstrip("/")
 
     def list_files(self) -> list[CorpusFile]:
-        """All corpus files, sorted by key. Raises CorpusNotFound if the URL does not exist,
-        CorpusUnreadable when the store answers with an error."""
+        """All corpus files, sorted by key; a file above ``shard_bytes`` as its shards (see :meth:`shards_of`).
+        Raises CorpusNotFound if the URL does not exist, CorpusUnreadable when the store answers with an error."""
+        return self._list(None)
+
+    def _list(self, wanted: set[str] | None) -> list[CorpusFile]:
+        """The listing; with ``wanted``, a large file is planned only when one of those keys can be its shard's
+        (the others are left out of the result: a worker resolving its keys plans only its own files)."""
         try:
             fs, root = self.filesystem()
             if not fs.exists(root):
@@ -98,7 +136,50 @@ class CorpusSource:
                 continue
             key = partition_key_for(rel)
             out[key] = _file(fs, path, key, rel, info)
-        return [out[k] for k in sorted(out)]
+        listed: dict[str, CorpusFile] = {}
+        for k in sorted(out):
+            f = out[k]
+            if (self._cut(f) and wanted is not None and f.key not in wanted
+                    and not any(could_be_shard_key(w, f.key, f.version) for w in wanted)):
+                continue
+            for s in self.shards_of(f, fs):
+                listed[s.key] = s
+        return [listed[k] for k in sorted(listed)]
+
+    def _cut(self, f: CorpusFile) -> bool:
+        """Whether ``f`` is above ``shard_bytes`` and of a kind that can be cut (its plan may still be one shard)."""
+        return (self.shard_bytes is not None and f.size_bytes > int(self.shard_bytes) and f.version != ""
+                and shardable(f.uri, self.text_format.resolved(f.uri), self.text_format.encoding))
+
+    def shards_of(self, f: CorpusFile, fs=None) -> list[CorpusFile]:
+        """``f`` as its partitions: ``[f]`` when it is not above ``shard_bytes`` (or cannot be cut, or its plan is
+        one shard), else one CorpusFile per shard (:mod:`dagster_gpu.corpus.shard_plans`: the plan of this source
+        version, read or made once). Raises CorpusUnreadable naming the file when it cannot be read to plan."""
+        if not self._cut(f):
+            return [f]
+        from dagster_gpu.corpus.shard_plans import default_plan_url, file_shards
+
+        if fs is None:
+            fs, _root = self.filesystem()
+        kind = self.text_format.resolved(f.uri)
+        try:
+            shards = file_shards(fs, fs._strip_protocol(f.uri), f.uri, f.size_bytes, f.version, int(self.shard_bytes),
+                                 kind=kind, separator_line=self.text_format.record_separator_line,
+                                 encoding=self.text_format.encoding,
+                                 plan_url=self.shard_plan_url or default_plan_url(),
+                                 plan_storage_options=self.storage_options)
+        except FileNotFoundError:
+            return []  # gone since the listing: as if not listed
+        except Exception as e:  # noqa: BLE001 - a parquet footer pyarrow cannot read: listed whole, its read names the error
+            if kind == "parquet" and not isinstance(e, OSError):
+                return [f]
+            raise _unreadable(f"partition {f.key!r}: file {f.uri!r} cannot be read to plan its shards", e) from e
+        if len(shards) < 2:
+            return [f]
+        return [CorpusFile(key=shard_key(f.key, f.version, s), uri=f.uri, relative_name=f.relative_name,
+                           size_bytes=(s.end - s.start) if s.unit == "bytes" else _share(shards, s, f.size_bytes),
+                           mtime=f.mtime, version=f.version, shard=s, file_key=f.key, file_bytes=f.size_bytes)
+                for s in shards]
 
     def file_for_key(self, key: str) -> CorpusFile:
         """The file behind partition ``key``. Raises CorpusNotFound naming the key and the corpus."""
@@ -126,7 +207,7 @@ class CorpusSource:
                     found[key] = f
         missing = [k for k in wanted if k not in found]
         if missing:
-            listed = {f.key: f for f in self.list_files()}
+            listed = {f.key: f for f in self._list(set(missing))}
             for k in missing:
                 if k in listed:
                     found[k] = listed[k]
@@ -151,7 +232,8 @@ class CorpusSource:
             raise _unreadable(f"corpus {self.url!r} cannot be read", e) from e
         if info.get("type") != "file":
             return None
-        return _file(fs, path, key, key, info)
+        f = _file(fs, path, key, key, info)
+        return None if self._cut(f) else f  # a file cut into shards is no partition of its own
 
     def current_version(self, file: CorpusFile) -> str:
         """``file``'s source version now (one ``info`` call: a stat, an S3 HEAD), read right before the file
@@ -166,6 +248,12 @@ class CorpusSource:
             raise CorpusNotFound(f"partition {file.key!r}: file {file.uri!r} is gone") from e
         except Exception as e:  # noqa: BLE001 - as in list_files
             raise _unreadable(f"partition {file.key!r}: file {file.uri!r} cannot be read", e) from e
+
+
+def _share(shards, s: Shard, file_bytes: int) -> int:
+    """A row-group shard's bytes: the file's bytes shared by records (the plan's sizes are scaled to the file)."""
+    total = sum(x.records or 0 for x in shards) or 1
+    return int(file_bytes * (s.records or 0) // total)
 
 
 def source_version(info: Mapping[str, Any]) -> str:

@@ -38,10 +38,12 @@ class BatchPrefetcher:
     item; an error of the reader, e.g. ``CorpusReadError`` naming the file, is re-raised in the
     consumer); ``p.stats`` is the ``ReadStats`` (complete once iteration ended); ``p.close()`` stops the
     reader (also when the consumer stops early). Iterating starts it if ``start()`` was not called.
+    ``shard`` (a :class:`dagster_gpu.corpus.shards.Shard`): read only that shard of the file, with the whole
+    file's record ids (``read_batches(shard=)``); None = the whole file.
     """
 
     def __init__(self, uri: str, text_format: TextFormat, read_batch_rows: int = 4096,
-                 storage_options: Mapping[str, Any] | None = None, depth: int = 2):
+                 storage_options: Mapping[str, Any] | None = None, depth: int = 2, shard=None):
         if depth < 1 or read_batch_rows < 1:
             raise ValueError(f"depth and read_batch_rows must be >= 1, got {depth}, {read_batch_rows}")
         self.uri = uri
@@ -49,6 +51,7 @@ class BatchPrefetcher:
         self.read_batch_rows = read_batch_rows
         self.storage_options = dict(storage_options or {})
         self.depth = depth
+        self.shard = shard
         self.stats = ReadStats()
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
@@ -67,7 +70,8 @@ class BatchPrefetcher:
 
     def _produce(self) -> None:
         try:
-            for b in read_batches(self.uri, self.text_format, self.read_batch_rows, self.stats, self.storage_options):
+            for b in read_batches(self.uri, self.text_format, self.read_batch_rows, self.stats, self.storage_options,
+                                  shard=self.shard):
                 if not self._put(b):
                     return
             self._put(_DONE)

@@ -133,14 +133,27 @@ def plan_row_group_shards(row_group_rows: Sequence[int], row_group_bytes: Sequen
 
 def shard_key(file_key: str, source_version: str, shard: Shard) -> str:
     """The partition key of ``shard`` of the file whose partition key is ``file_key``: ``<file key, cut to 40>
-    -s<index>of<count>-<6 hex of the SHA-256 of the source version>`` (at most 63 characters, the characters
-    of :mod:`dagster_gpu.core.partition_keys`). A changed file (new source version) gets new keys, so its old shards' keys
-    (and their outputs and index rows) can be pruned by key."""
+    -s<index>of<count>-<6 hex of the SHA-256 of the file key and the source version>`` (at most 63 characters, the
+    characters of :mod:`dagster_gpu.core.partition_keys`). A changed file (new source version) gets new keys, so its
+    old shards' keys (and their outputs and index rows) can be pruned by key; the whole file key is hashed too, so two
+    files whose keys share their first 40 characters and whose versions are equal (same size and mtime) differ."""
     from dagster_gpu.core.partition_keys import validate_partition_key
 
     head = file_key[:40].rstrip("._-") or "file"
-    digest = hashlib.sha256(source_version.encode()).hexdigest()[:6]
-    return validate_partition_key(f"{head}-s{shard.index:04d}of{shard.count:04d}-{digest}")
+    return validate_partition_key(f"{head}-s{shard.index:04d}of{shard.count:04d}-{_digest(file_key, source_version)}")
 
 
-__all__ = ["Shard", "plan_byte_shards", "plan_row_group_shards", "shard_key", "shardable"]
+def could_be_shard_key(key: str, file_key: str, source_version: str) -> bool:
+    """Whether ``key`` has the form of a :func:`shard_key` of this file at this source version (any index and
+    count): lets a worker plan only the files its partition keys can belong to."""
+    head = file_key[:40].rstrip("._-") or "file"
+    rest = key[len(head):] if key.startswith(head) else ""
+    return (len(rest) == 19 and rest[:2] == "-s" and rest[2:6].isdigit() and rest[6:8] == "of"
+            and rest[8:12].isdigit() and rest[12:] == "-" + _digest(file_key, source_version))
+
+
+def _digest(file_key: str, source_version: str) -> str:
+    return hashlib.sha256(f"{file_key}\0{source_version}".encode()).hexdigest()[:6]
+
+
+__all__ = ["Shard", "could_be_shard_key", "plan_byte_shards", "plan_row_group_shards", "shard_key", "shardable"]

@@ -11,7 +11,7 @@ import dagster as dg
 from dagster_gpu.instance.checks import check_specs
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.embedding.fingerprint import config_fields, config_fingerprint
-from dagster_gpu.core.request import TAG_ASSET_KEY, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, GpuRequest
+from dagster_gpu.core.request import TAG_ASSET_KEY, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, TAG_SHARD_BYTES, GpuRequest
 from dagster_gpu.worker.unit import UnitSpec, run_unit
 
 #: Definition metadata of an embedding asset: its embedding options (JSON, ``config_fields``), what its
@@ -79,7 +79,8 @@ def embedding_asset(
     """Build a partitioned asset that embeds one corpus file per partition.
 
     Args:
-        corpus: where the files are and how to read them.
+        corpus: where the files are and how to read them; with ``corpus.shard_bytes`` a file above it is several
+            partitions, one per shard (each materialization says which file and shard: ``dagster_gpu/shard``…).
         output_url: directory or ``s3://bucket/prefix`` for the outputs (see :func:`output_uri_for`).
         name: asset name.
         partitions_def: defaults to ``DynamicPartitionsDefinition(name=f"{name}_files")``.
@@ -182,6 +183,7 @@ def embedding_asset(
                 TAG_CORPUS_URL: corpus.url,
                 TAG_ASSET_KEY: "/".join([*(key_prefix or []), name]),
                 TAG_PARTITIONS_DEF: pdef.name or "",
+                **({TAG_SHARD_BYTES: str(int(corpus.shard_bytes))} if corpus.shard_bytes is not None else {}),
             },
             kinds={"pytorch", "parquet"},
             group_name=group_name,
@@ -190,7 +192,8 @@ def embedding_asset(
             output_required=False,
             description=f"Sentence embeddings ({model}) of each file of corpus {corpus.url}, one parquet file per partition under {output_url}.",
             metadata={"dagster_gpu/corpus_url": corpus.url, "dagster_gpu/output_url": output_url,
-                      CONFIG_METADATA_KEY: dg.MetadataValue.json(config)},
+                      CONFIG_METADATA_KEY: dg.MetadataValue.json(config),
+                      **({"dagster_gpu/shard_bytes": int(corpus.shard_bytes)} if corpus.shard_bytes is not None else {})},
             code_version=code_version,
             check_specs=check_specs(dg.AssetKey([*(key_prefix or []), name]), pdef),
         )

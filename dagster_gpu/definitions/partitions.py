@@ -24,10 +24,10 @@ import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
 from dagster_gpu.instance.partition_status import dynamic_partitions_def, partition_status
-from dagster_gpu.core.request import TAG_CORPUS_URL
+from dagster_gpu.core.request import TAG_CORPUS_URL, TAG_SHARD_BYTES
 from dagster_gpu.instance.source_versions import recorded_versions
 from dagster_gpu.instance.stale import StalePartition, Staleness, find_stale
-from dagster_gpu.instance.events import metadata_value, metadata_values
+from dagster_gpu.instance.events import metadata_get, metadata_value, metadata_values
 
 log = logging.getLogger(__name__)
 
@@ -52,10 +52,10 @@ def embeddings_followed(asset: dg.AssetsDefinition, assets: Iterable[dg.AssetsDe
     from dagster_gpu.definitions.vector_index import META_EMBEDDINGS
 
     md = asset.metadata_by_key.get(asset.key, {})
-    name = md.get(META_EMBEDDINGS)
+    name = metadata_get(md, META_EMBEDDINGS)
     if name is None:
         return None
-    name = str(getattr(name, "value", name))
+    name = str(name)
     for a in assets:
         if a.key.to_user_string() == name and TAG_CORPUS_URL in (a.op.tags or {}):
             return a
@@ -91,12 +91,14 @@ def stale_index_partitions(instance: dg.DagsterInstance, index: dg.AssetsDefinit
 
 
 def corpus_of(asset: dg.AssetsDefinition, module: ModuleType | None = None) -> CorpusSource:
-    """The CorpusSource the asset was built from (looked up in ``module`` by URL), else a plain one."""
+    """The CorpusSource the asset was built from (looked up in ``module`` by URL), else a plain one on its URL
+    (with the asset's ``shard_bytes``, op tag ``dagster-gpu/shard-bytes``)."""
     url = corpus_url_of(asset)
     for value in vars(module).values() if module else ():
         if isinstance(value, CorpusSource) and value.url == url:
             return value
-    return CorpusSource(url=url)
+    shard_bytes = (asset.op.tags or {}).get(TAG_SHARD_BYTES)
+    return CorpusSource(url=url, shard_bytes=int(shard_bytes) if shard_bytes else None)
 
 
 def register_corpus_files(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource) -> list[str]:
@@ -244,8 +246,7 @@ def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
     in_progress = partition_status(instance, asset)[2]
     from dagster_gpu.definitions.assets import CONFIG_METADATA_KEY
 
-    config = asset.metadata_by_key.get(asset.key, {}).get(CONFIG_METADATA_KEY)
-    config = getattr(config, "value", config)
+    config = metadata_get(asset.metadata_by_key.get(asset.key, {}), CONFIG_METADATA_KEY)
     return find_stale(keys, current, recorded, asset.code_versions_by_key.get(asset.key), in_progress,
                       config=dict(config) if isinstance(config, Mapping) else None)
 

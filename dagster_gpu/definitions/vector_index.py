@@ -2,6 +2,7 @@
 parquet output into a LanceDB table (:class:`dagster_gpu.index.lance.VectorIndex`)."""
 
 
+import time
 import warnings
 from typing import Any, Mapping
 
@@ -103,8 +104,9 @@ def vector_index_asset(
 
     Per partition: the output is read, its rows replace the partition's rows in one commit
     (:meth:`VectorIndex.write_partition`: an append for a partition new to the table, else one ``merge_insert``),
-    one materialization (``index/rows``, ``index/version``, ``index/mode``,
-    ``index/deleted``, ``index/retries``, ``index/fingerprint``, ``index/output_uri``) and the blocking check
+    one materialization (``index/rows``, ``index/version``, ``index/mode``, ``index/deleted``, ``index/seconds``
+    (wall seconds: reading the output, the commit and the count back), ``index/retries``, ``index/fingerprint``,
+    ``index/output_uri``) and the blocking check
     ``index_rows_match_output`` are recorded. A partition whose output is missing or does not fit the table
     fails alone (dagster.Failure at the end names each); the table's other partitions are never touched.
     """
@@ -152,14 +154,16 @@ def vector_index_asset(
                 src = locate_output(src_url, emb_name, pk, output_storage_options)
                 if src is None:
                     raise FileNotFoundError(f"no output of {emb_key.to_user_string()} for partition {pk!r} under {src_url}")
+                started = time.perf_counter()
                 facts = load_partition(index, pk, src, output_storage_options)
+                seconds = time.perf_counter() - started
             except Exception as e:  # this partition fails alone; the table is unchanged for it
                 failed[pk] = f"{type(e).__name__}: {e}"
                 context.log.error(f"index partition {pk!r}: {failed[pk]}")
                 continue
             yield dg.AssetMaterialization(asset_key=key, partition=pk, metadata={
                 "index/rows": facts["index_rows"], "index/version": facts["version"], "index/mode": facts["mode"],
-                "index/deleted": facts["deleted"],
+                "index/deleted": facts["deleted"], "index/seconds": round(seconds, 4),
                 "index/retries": facts["retries"], "index/fingerprint": facts["fingerprint"],
                 "index/output_uri": dg.MetadataValue.path(src), "index/uri": uri, "index/table": table,
             })

@@ -246,6 +246,7 @@ def embed_partition(
     reuse: bool = True,
     checkpoint: CheckpointPolicy | None = None,
     stop: threading.Event | None = None,
+    doc_id_prefix: str | None = None,
 ) -> EmbeddingResult:
     """Embed every kept record of ``source`` into ``output_uri`` (parquet, atomic).
 
@@ -259,7 +260,8 @@ def embed_partition(
     ``on_batch(rows_done)`` is called after each I/O batch is encoded (records, not chunks).
 
     ``partition_key``: the ``doc_id`` prefix when the corpus has no id column (None = the source file's
-    name). ``include_text``: keep each row's text. ``output_dtype``: the vector column's type (``float32`` |
+    name), and the checkpoint parts' key. ``doc_id_prefix``: another ``doc_id`` prefix than ``partition_key`` (a
+    shard's: the whole file's key, so that its rows' ids are the file's). ``include_text``: keep each row's text. ``output_dtype``: the vector column's type (``float32`` |
     ``float16``). ``lineage``: ``{"fingerprint", "model", "model_revision", ...}`` written as the file's
     key-value metadata (:func:`dagster_gpu.embedding.writer.lineage_metadata`); None = none.
 
@@ -292,6 +294,7 @@ def embed_partition(
     else:
         out_options = storage_options if storage_options is not None or reader is not source else reader.storage_options
     prefix = partition_key if partition_key is not None else posixpath.basename(reader.uri.rstrip("/"))
+    id_prefix = doc_id_prefix if doc_id_prefix is not None else prefix
     kv = None
     if lineage is not None:
         rest = {k: v for k, v in lineage.items() if k not in ("fingerprint", "model", "model_revision")}
@@ -335,10 +338,10 @@ def embed_partition(
         def finish(batch, pending: PendingEncoded) -> _Counts:
             """Writer thread: wait for the vectors, hash, write; returns the batch's counts."""
             if len(previous):  # batch is a reuse.Planned: merge the embedded texts' rows with the reused ones
-                table, counts = rows_of(batch.batch, merge(batch, pending.result(), previous), prefix, writer.schema,
+                table, counts = rows_of(batch.batch, merge(batch, pending.result(), previous), id_prefix, writer.schema,
                                         include_text, batch.hashes)
             else:
-                table, counts = rows_of(batch, pending.result(), prefix, writer.schema, include_text)
+                table, counts = rows_of(batch, pending.result(), id_prefix, writer.schema, include_text)
             writer.write(table)
             if parts is not None:
                 parts.add(table, len(batch.batch if len(previous) else batch), asdict(counts))

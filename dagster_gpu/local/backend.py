@@ -77,6 +77,8 @@ class LocalHandle:
     Attributes:
         pid: the supervisor process (its own process group: terminate signals the whole tree).
         create_time: the process's creation time (Unix seconds, psutil): a reused pid is not this worker.
+        start_ticks: its start in clock ticks since boot (:func:`start_ticks`), which a step of the wall clock
+            does not move; None where /proc has none (then ``create_time`` identifies the process).
         status_file: the JSON file the supervisor writes the exit code and end time to.
         log_file: the worker's stdout/stderr file.
         host: the host it runs on (``os.uname().nodename``).
@@ -90,18 +92,21 @@ class LocalHandle:
     log_file: str
     host: str = ""
     unit: str = ""
+    start_ticks: int | None = None
 
     def to_handle(self) -> dict[str, Any]:
         """The handle as the executor stores it (JSON values)."""
         return {"pid": self.pid, "create_time": self.create_time, "status_file": self.status_file,
-                "log_file": self.log_file, "host": self.host, "unit": self.unit}
+                "log_file": self.log_file, "host": self.host, "unit": self.unit,
+                **({} if self.start_ticks is None else {"start_ticks": self.start_ticks})}
 
     @classmethod
     def from_handle(cls, handle: Mapping[str, Any]) -> "LocalHandle":
         """The handle from its stored form. Raises KeyError without pid, create time or files."""
         return cls(pid=int(handle["pid"]), create_time=float(handle["create_time"]),
                    status_file=str(handle["status_file"]), log_file=str(handle["log_file"]),
-                   host=str(handle.get("host") or ""), unit=str(handle.get("unit") or ""))
+                   host=str(handle.get("host") or ""), unit=str(handle.get("unit") or ""),
+                   start_ticks=None if handle.get("start_ticks") is None else int(handle["start_ticks"]))
 
 
 class LocalBackend(Backend):
@@ -153,7 +158,7 @@ class LocalBackend(Backend):
         self._bill_env[stem] = {k: launch.env[k] for k in (STEP_ARGS_ENV, STEP_CONTEXT_ENV) if k in launch.env}
         return LocalHandle(
             pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), status_file=str(status_file),
-            log_file=str(log_file), host=os.uname().nodename, unit=stem,
+            log_file=str(log_file), host=os.uname().nodename, unit=stem, start_ticks=start_ticks(proc.pid),
         ).to_handle()
 
     def state(self, handle: Handle) -> WorkerState:
@@ -169,7 +174,7 @@ class LocalBackend(Backend):
             if code != 0:
                 message += f"; last lines of {h.log_file}:\n{log_tail(Path(h.log_file))}"
             return WorkerState(WorkerStatus.SUCCEEDED if code == 0 else WorkerStatus.FAILED, exit_code=code, message=message)
-        if _alive(pid, h.create_time):
+        if _alive(pid, h.create_time, h.start_ticks):
             return WorkerState(WorkerStatus.RUNNING)
         code = child.returncode if child is not None else None
         return WorkerState(
@@ -181,7 +186,7 @@ class LocalBackend(Backend):
     def terminate(self, handle: Handle) -> None:
         h = LocalHandle.from_handle(handle)
         pid = h.pid
-        if not _alive(pid, h.create_time):
+        if not _alive(pid, h.create_time, h.start_ticks):
             return
         try:
             os.killpg(pid, signal.SIGTERM)
@@ -189,7 +194,7 @@ class LocalBackend(Backend):
             return
         deadline = time.monotonic() + self.terminate_grace_s
         while time.monotonic() < deadline:
-            if not _alive(pid, h.create_time):
+            if not _alive(pid, h.create_time, h.start_ticks):
                 break
             time.sleep(0.1)
         try:
@@ -210,7 +215,7 @@ class LocalBackend(Backend):
             return UnitBill.nothing("launched by another process: the step's arguments are not known here")
         status = read_status(Path(h.status_file))
         if status is None or "finished" not in status:
-            if _alive(h.pid, h.create_time):
+            if _alive(h.pid, h.create_time, h.start_ticks):
                 return None
             return UnitBill.nothing(f"worker process {h.pid} left no exit time")
         wall = max(0.0, float(status["finished"]) - h.create_time)
@@ -258,10 +263,29 @@ class LocalBackend(Backend):
                 **({"local/unit": h.unit} if h.unit else {})}
 
 
-def _alive(pid: int, create_time: float) -> bool:
-    """True if ``pid`` is the same process we started (guards against pid reuse) and not a zombie."""
+def start_ticks(pid: int) -> int | None:
+    """Process ``pid``'s start time in clock ticks since boot: field 22 (``starttime``) of ``/proc/<pid>/stat``
+    (proc(5)). It never changes for a process, unlike psutil's ``create_time()``, which adds the boot time of
+    ``/proc/stat``'s ``btime`` and so moves when the wall clock is stepped (psutil's own docstring: "affected by
+    changes such as manual adjustments or time synchronization (e.g. NTP)"). None where there is no such file
+    (not Linux, or the process is gone)."""
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold spaces and ')': split after the last one;
+    # the first field after it is field 3 (state), so field 22 is index 19
+    return int(data[data.rindex(b")") + 2:].split()[19])
+
+
+def _alive(pid: int, create_time: float, ticks: int | None = None) -> bool:
+    """True if ``pid`` is the same process we started (guards against pid reuse) and not a zombie: the same
+    start ticks (:func:`start_ticks`) where both are known, else the same ``create_time``."""
     try:
         p = psutil.Process(pid)
-        return abs(p.create_time() - create_time) < 0.01 and p.status() != psutil.STATUS_ZOMBIE
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return False
+        now = start_ticks(pid) if ticks is not None else None
+        return now == ticks if now is not None else abs(p.create_time() - create_time) < 0.01
     except psutil.NoSuchProcess:
         return False

@@ -7,7 +7,7 @@ Who sends what (the worker handles both signals the same way):
   ``terminationGracePeriodSeconds``, then sends SIGKILL (kubernetes.io, "Pod Lifecycle: Termination of Pods").
 - Slurm, a preempting QOS with ``GraceTime`` and ``PreemptMode=REQUEUE``: when GraceTime starts slurmctld signals
   the job's steps only (preempt.c ``job_signal(SIGTERM)`` without the batch flag), not the batch script, which is
-  this worker (the job script ``exec``\ s the task runner, which ``exec``\ s the worker:
+  this worker (the job script execs the task runner, which execs the worker:
   :data:`dagster_gpu.slurm.script.JOB_SCRIPT`). So the worker gets SIGTERM when GraceTime ends (SIGKILL after
   ``KillWait``), unless the job asked for a warning signal (``sbatch --signal=B:USR1@<s>``, the
   ``slurm.signal_lead_seconds`` setting) and the site set ``PreemptParameters=send_user_signal``: then SIGUSR1

@@ -302,7 +302,8 @@ def _embed_all(
                                      output_storage_options=dict(spec.output_storage_options), partition_key=key,
                                      include_text=spec.include_text, output_dtype=spec.output_dtype, lineage=lineage,
                                      reuse=spec.reuse, checkpoint=checkpoint,
-                                     stop=stop.event if stop is not None else None)
+                                     stop=stop.event if stop is not None else None,
+                                     doc_id_prefix=source.doc_key)  # a shard's rows carry the whole file's ids
         return result, sampler.summary()
 
     # the partitions are embedded on a thread; their events are written here while the next one encodes
@@ -349,6 +350,20 @@ def _embed_all(
             add_cost(context.instance, context.run.run_id, outcome.cost_usd)
 
 
+def shard_metadata(source: CorpusFile) -> dict[str, Any]:
+    """A shard partition's materialization metadata (empty for a whole file): ``dagster_gpu/shard`` ("2 of 4",
+    1-based), ``dagster_gpu/shard_file`` (the whole file's partition key), ``dagster_gpu/shard_range`` ("row groups
+    3–5" or "bytes 0–1048576", end exclusive), ``dagster_gpu/shard_first_record`` and ``dagster_gpu/shard_records``
+    (the file's record ids ``first … first + records − 1``), ``corpus/file_bytes`` (the whole file's size)."""
+    s = source.shard
+    if s is None:
+        return {}
+    what = "row groups" if s.unit == "row_groups" else "bytes"
+    return {"dagster_gpu/shard": f"{s.index + 1} of {s.count}", "dagster_gpu/shard_file": source.file_key,
+            "dagster_gpu/shard_range": f"{what} {s.start}–{s.end}", "dagster_gpu/shard_first_record": int(s.first_record),
+            "dagster_gpu/shard_records": int(s.records or 0), "corpus/file_bytes": int(source.file_bytes)}
+
+
 class _Progress:
     """One run-log line per tenth of the unit (not per partition: each line is an event-log write; every
     partition has its own materialization event)."""
@@ -367,7 +382,7 @@ class _Progress:
 def _prefetcher(spec: UnitSpec, source: CorpusFile) -> BatchPrefetcher:
     """A started reader of ``source`` (a bounded queue of record batches, see ``corpus.prefetch``)."""
     return BatchPrefetcher(source.uri, spec.corpus.text_format, spec.read_batch_rows,
-                           dict(spec.corpus.storage_options)).start()
+                           dict(spec.corpus.storage_options), shard=source.shard).start()
 
 
 def resolve_unit_prompt(loaded: LoadedModel, spec: UnitSpec) -> tuple[str, str | None]:
@@ -433,6 +448,7 @@ def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wa
         backend=step.backend,
         placement=step.placement,
         backend_metadata={**backend_metadata(step.backend), **claim, **unit, "corpus/file": source.uri,
-                          "corpus/bytes": int(source.size_bytes)},  # the cost policy's partition size
+                          "corpus/bytes": int(source.size_bytes),  # the cost policy's partition size
+                          **shard_metadata(source)},
         lineage=lineage,
     )

@@ -1,0 +1,101 @@
+"""Benchmark: the same ranged backfill with Slurm reached from this host (``transport: local``) and over SSH.
+
+    eval "$(bash resources/slurm/cluster.sh env)"; bash resources/postgres/postgres.sh start; bash resources/ssh/sshd.sh start
+    .venv/bin/python bench/remote_backfill.py [--files 1000] [--per-run 500] [--order local,ssh]
+
+Side by side, in one command, on one generated corpus (bench/make_corpus.py), each variant a backfill of every
+file through gpu_executor's slurm backend in runs of ``--per-run`` partitions (bench/ranged_backfill.py's
+``run_backfill``, same settings):
+
+  1. ``local``: Slurm's commands run on this host, the spool is this host's (Dagster on a login node);
+  2. ``ssh``: every Slurm command and every cluster-side spool file goes through the test sshd
+     (resources/ssh/sshd.sh, 127.0.0.1) over one shared OpenSSH ControlMaster, as from a Dagster host off the
+     cluster (tests/slurm_pipeline.py ``ssh_transport_config``); the spool the array tasks read is the
+     cluster's (``remote_spool_dir``).
+
+Reported per variant: makespan (submission to the end of the last run), runs, sbatch calls, partitions ok,
+useful fraction; for ``ssh`` the TCP connections sshd accepted during the backfill (its log's "Accepted
+publickey" lines: one per ControlMaster). Ratios: each remote variant's makespan ÷ ``local``'s, measured in
+the same run. Writes ``remote.ssh_makespan_ratio`` and ``remote.ssh_connections_per_backfill`` to
+bench/results/summary.json only at the issue's size (1,000 partitions), and the run's figures to
+bench/results/remote_backfill.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
+
+import slurm_helpers as H  # noqa: E402
+import ssh_helpers as SSH  # noqa: E402
+from make_corpus import make_corpus  # noqa: E402
+from ranged_backfill import run_backfill  # noqa: E402
+from summary import merge_summary  # noqa: E402
+
+from dagster_gpu.slurm import ssh_command as C  # noqa: E402
+
+
+def transport_env(variant: str, sshd: dict[str, str] | None, workdir: Path) -> tuple[dict[str, str], str | None]:
+    """The environment that puts ``variant``'s transport in tests/slurm_pipeline.py's executor config, and the
+    ControlMaster socket to close afterwards (None for ``local``)."""
+    if variant == "local":
+        return {"DGPU_TEST_SLURM_TRANSPORT": "local", "DGPU_TEST_REMOTE_SPOOL": ""}, None
+    if sshd is None:
+        sys.exit("cannot run the ssh variant: the test sshd did not start (resources/ssh/sshd.sh start)")
+    ctl = SSH.short_dir("dgs-bench-")
+    spool = workdir / "ssh-cluster-spool"
+    shutil.rmtree(spool, ignore_errors=True)
+    env = {**sshd, "DGPU_TEST_SLURM_TRANSPORT": "ssh", "DGPU_TEST_SSH_CONTROL_DIR": ctl, "DGPU_TEST_REMOTE_SPOOL": str(spool)}
+    return env, C.control_path(SSH.target(sshd), ctl)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--files", type=int, default=1000)
+    ap.add_argument("--records", type=int, default=20)
+    ap.add_argument("--per-run", type=int, default=500)
+    ap.add_argument("--max-runs", type=int, default=8)
+    ap.add_argument("--order", default="local,ssh", help="variants, in the order they run")
+    ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "dagster-gpu-bench-remote")
+    a = ap.parse_args()
+    reason = H.cluster_unavailable_reason() or H.postgres_unavailable_reason()
+    if reason:
+        sys.exit(f"cannot run: {reason}")
+    variants = a.order.split(",")
+    sshd = SSH.sshd_env() if "ssh" in variants else None
+    corpus = a.workdir / "corpus"
+    make_corpus(corpus, a.files, a.records)
+    keys = sorted(p.name for p in corpus.iterdir())
+    res: dict[str, dict] = {}
+    for v in variants:
+        env, socket = transport_env(v, sshd, a.workdir)
+        before = SSH.logins(sshd) if sshd else 0
+        try:
+            res[v] = run_backfill(v, corpus, keys, a.per_run, a.max_runs, a.workdir, extra_env=env)
+        finally:
+            if socket:
+                subprocess.run(["ssh", "-O", "exit", "-S", socket, "dagster-gpu-bench"], capture_output=True)
+        if v == "ssh":
+            res[v]["ssh_connections"] = SSH.logins(sshd) - before
+        print(json.dumps(res[v]), flush=True)
+    ratios = {}
+    if "local" in res and "ssh" in res:
+        ratios["remote.ssh_makespan_ratio"] = round(res["ssh"]["makespan_s"] / res["local"]["makespan_s"], 3)
+        ratios["remote.ssh_connections_per_backfill"] = res["ssh"]["ssh_connections"]
+    print(json.dumps({"files": a.files, "per_run": a.per_run, **ratios}), flush=True)
+    (REPO / "bench" / "results" / "remote_backfill.json").write_text(
+        json.dumps({"files": a.files, "per_run": a.per_run, "order": variants, **res, "summary": ratios}, indent=1) + "\n")
+    if a.files == 1000 and ratios and all(r["succeeded"] == len(keys) for r in res.values()):
+        merge_summary(ratios)
+
+
+if __name__ == "__main__":
+    main()
