@@ -1,7 +1,11 @@
-"""Benchmark: the same ranged backfill with Slurm reached from this host (``transport: local``) and over SSH.
+"""Benchmark: the same ranged backfill with Slurm reached from this host (``transport: local``), over SSH and
+through slurmrestd.
 
     eval "$(bash resources/slurm/cluster.sh env)"; bash resources/postgres/postgres.sh start; bash resources/ssh/sshd.sh start
     .venv/bin/python bench/remote_backfill.py [--files 1000] [--per-run 500] [--order local,ssh]
+    # rest: the 24.11 cluster's slurmrestd (resources/slurm/trixie.sh), local on the same cluster as the baseline
+    eval "$(bash resources/slurm/trixie.sh env)"; export DGPU_TEST_SLURM_PYTHON=$DAGSTER_GPU_SLURM_WORKER_PYTHON
+    .venv/bin/python bench/remote_backfill.py --files 100 --per-run 50 --order local,rest --out remote_backfill_rest_100.json
 
 Side by side, in one command, on one generated corpus (bench/make_corpus.py), each variant a backfill of every
 file through gpu_executor's slurm backend in runs of ``--per-run`` partitions (bench/ranged_backfill.py's
@@ -11,20 +15,25 @@ file through gpu_executor's slurm backend in runs of ``--per-run`` partitions (b
   2. ``ssh``: every Slurm command and every cluster-side spool file goes through the test sshd
      (resources/ssh/sshd.sh, 127.0.0.1) over one shared OpenSSH ControlMaster, as from a Dagster host off the
      cluster (tests/slurm_pipeline.py ``ssh_transport_config``); the spool the array tasks read is the
-     cluster's (``remote_spool_dir``).
+     cluster's (``remote_spool_dir``);
+  3. ``rest``: every Slurm call through the 24.11 test cluster's slurmrestd with a JWT (tests/slurm_pipeline.py
+     ``rest_transport_config``); the spool is this host's (the cluster's root shares /tmp), the tasks read the
+     PostgreSQL password from an env_files file.
 
 Reported per variant: makespan (submission to the end of the last run), runs, sbatch calls, partitions ok,
 useful fraction; for ``ssh`` the TCP connections sshd accepted during the backfill (its log's "Accepted
 publickey" lines: one per ControlMaster). Ratios: each remote variant's makespan ÷ ``local``'s, measured in
-the same run. Writes ``remote.ssh_makespan_ratio`` and ``remote.ssh_connections_per_backfill`` to
+the same run. Writes ``remote.ssh_makespan_ratio``, ``remote.ssh_connections_per_backfill`` and
+``remote.rest_makespan_ratio`` to
 bench/results/summary.json only at the issue's size (1,000 partitions), and the run's figures to
-bench/results/remote_backfill.json.
+bench/results/remote_backfill.json (``--out``).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -34,6 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
+import rest_helpers as R  # noqa: E402
 import slurm_helpers as H  # noqa: E402
 import ssh_helpers as SSH  # noqa: E402
 from make_corpus import make_corpus  # noqa: E402
@@ -48,6 +58,17 @@ def transport_env(variant: str, sshd: dict[str, str] | None, workdir: Path) -> t
     ControlMaster socket to close afterwards (None for ``local``)."""
     if variant == "local":
         return {"DGPU_TEST_SLURM_TRANSPORT": "local", "DGPU_TEST_REMOTE_SPOOL": ""}, None
+    if variant == "rest":
+        reason = R.unavailable_reason()
+        if reason:
+            sys.exit(f"cannot run the rest variant: {reason}")
+        token = R.write_token(workdir / "slurmrestd.jwt", 4 * 3600)
+        secrets = workdir / "worker-secrets.env"
+        fd = os.open(secrets, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(f"DAGSTER_PG_PASSWORD={(H.PG_DIR / 'password').read_text().strip()}\n")
+        return {"DGPU_TEST_SLURM_TRANSPORT": "rest", "DGPU_TEST_REST_URL": R.URL, "DGPU_TEST_REST_CREDENTIAL_FILE": str(token),
+                "DGPU_TEST_ENV_FILE": str(secrets), "DGPU_TEST_REMOTE_SPOOL": ""}, None
     if sshd is None:
         sys.exit("cannot run the ssh variant: the test sshd did not start (resources/ssh/sshd.sh start)")
     ctl = SSH.short_dir("dgs-bench-")
@@ -64,6 +85,7 @@ def main() -> None:
     ap.add_argument("--per-run", type=int, default=500)
     ap.add_argument("--max-runs", type=int, default=8)
     ap.add_argument("--order", default="local,ssh", help="variants, in the order they run")
+    ap.add_argument("--out", default="remote_backfill.json", help="the run's figures, under bench/results/")
     ap.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "dagster-gpu-bench-remote")
     a = ap.parse_args()
     reason = H.cluster_unavailable_reason() or H.postgres_unavailable_reason()
@@ -90,8 +112,10 @@ def main() -> None:
     if "local" in res and "ssh" in res:
         ratios["remote.ssh_makespan_ratio"] = round(res["ssh"]["makespan_s"] / res["local"]["makespan_s"], 3)
         ratios["remote.ssh_connections_per_backfill"] = res["ssh"]["ssh_connections"]
+    if "local" in res and "rest" in res:
+        ratios["remote.rest_makespan_ratio"] = round(res["rest"]["makespan_s"] / res["local"]["makespan_s"], 3)
     print(json.dumps({"files": a.files, "per_run": a.per_run, **ratios}), flush=True)
-    (REPO / "bench" / "results" / "remote_backfill.json").write_text(
+    (REPO / "bench" / "results" / a.out).write_text(
         json.dumps({"files": a.files, "per_run": a.per_run, "order": variants, **res, "summary": ratios}, indent=1) + "\n")
     if a.files == 1000 and ratios and all(r["succeeded"] == len(keys) for r in res.values()):
         merge_summary(ratios)

@@ -99,9 +99,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slurm-version", choices=tuple(SLURM_SCRIPTS), default=DEFAULT_SLURM_VERSION,
                     help="the local Slurm cluster for --backend slurm|auto (default: 22.05, resources/slurm/cluster.sh; "
                          "24.11: resources/slurm/trixie.sh)")
-    ap.add_argument("--transport", choices=("local", "ssh"), default="local",
-                    help="how --backend slurm|auto reaches Slurm: local commands, or ssh to the local login node "
-                         "(resources/ssh/sshd.sh; Slurm 22.05 only)")
+    ap.add_argument("--transport", choices=("local", "ssh", "rest"), default="local",
+                    help="how --backend slurm|auto reaches Slurm: local commands, ssh to the local login node "
+                         "(resources/ssh/sshd.sh; Slurm 22.05 only), or rest: slurmrestd with a JWT (the 24.11 "
+                         "cluster's, resources/slurm/trixie.sh; implies --slurm-version 24.11)")
     ap.add_argument("--home", type=Path, default=None,
                     help="DAGSTER_HOME (default: .dagster_home, .dagster_home_<backend>, .dagster_home_<backend>-24.11)")
     ap.add_argument("--corpus", type=Path, default=REPO / ".demo" / "corpus")
@@ -114,6 +115,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--summary-json", type=Path, default=None, help="also write the backfill's span and totals here")
     ap.add_argument("--no-index", action="store_true", help="do not load the outputs into the LanceDB index afterwards")
     args = ap.parse_args(argv)
+    if args.transport == "rest":
+        if "--slurm-version" in (argv if argv is not None else sys.argv) and args.slurm_version != "24.11":
+            ap.error("--transport rest runs on the 24.11 cluster's slurmrestd: --slurm-version 24.11")
+        args.slurm_version = "24.11"
     if args.per_run is not None:
         os.environ["DAGSTER_GPU_DEMO_PER_RUN"] = str(args.per_run)
 
@@ -121,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     prepared = prepare_corpus(args.corpus, limit=args.limit)
     args.home.mkdir(parents=True, exist_ok=True)
     try:
+        if args.transport == "rest" and args.backend not in ("slurm", "auto"):
+            raise ValueError("--transport rest needs --backend slurm|auto")
         if args.transport == "ssh" and (args.backend not in ("slurm", "auto") or args.slurm_version != DEFAULT_SLURM_VERSION):
             raise ValueError("--transport ssh needs --backend slurm|auto on Slurm 22.05")
         os.environ.update(start_services(args.backend, args.home, args.slurm_version, args.transport))

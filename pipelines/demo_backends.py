@@ -99,6 +99,9 @@ def start_services(backend: str, home: Path, slurm_version: str = DEFAULT_SLURM_
         if transport == "ssh":  # the login node in front of it (resources/ssh/sshd.sh: OpenSSH on 127.0.0.1)
             _script(["resources/ssh/sshd.sh", "start"], log)
             env.update(_exports(_script(["resources/ssh/sshd.sh", "env"], log)))
+        if transport == "rest":  # trixie.sh's slurmrestd: a token file and the tasks' secrets file, both 0600
+            _script([slurm, "token", str(REST_TOKEN_LIFESPAN_S), "root", str(home.resolve() / REST_TOKEN_FILE)], log)
+            _private_file(home / REST_SECRETS_FILE, f"DAGSTER_PG_PASSWORD={env['DAGSTER_PG_PASSWORD']}\n")
     if backend in ("kubernetes", "auto"):
         _script(["resources/k8s/cluster.sh", "start"], log)
         _k8s_secret(env["DAGSTER_PG_PASSWORD"])
@@ -169,6 +172,37 @@ def instance_yaml(backend: str, max_runs: int, home: Path) -> str:
 SSH_FORWARD_ENV = ("DAGSTER_*", "HF_*", "TRANSFORMERS_*", "SENTENCE_TRANSFORMERS_*", "PYTHONPATH")
 
 
+#: The demo's slurmrestd token (``trixie.sh token``; slurmrestd's client re-reads the file when it changes) and
+#: the KEY=VALUE file the array tasks load the PostgreSQL password from (the slurm section's env_files: a job's
+#: environment from slurmrestd carries no secret). Both 0600 in the demo's home.
+REST_TOKEN_FILE = "slurmrestd.jwt"
+REST_SECRETS_FILE = "worker-secrets.env"
+#: Seconds the demo's token lives: the demo's default --timeout (3600 s) plus start-up.
+REST_TOKEN_LIFESPAN_S = 4 * 3600
+
+
+def _private_file(path: Path, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)
+
+
+def rest_settings(home: Path, forward_env: tuple[str, ...] | list[str] = (*SSH_FORWARD_ENV, "PATH")) -> dict:
+    """The slurm section's ``transport: rest`` keys for the 24.11 cluster's slurmrestd (``DAGSTER_GPU_SLURMRESTD_URL``
+    from ``trixie.sh env``): user root, the token file and secrets file :func:`start_services` wrote in ``home``,
+    the variables put in each job's environment (``rest_forward_env``). The spool stays ``spool_dir``: /tmp and
+    the checkout are the same paths in the cluster's root. Raises KeyError when the URL is not set."""
+    return {
+        "transport": "rest",
+        "rest_url": os.environ["DAGSTER_GPU_SLURMRESTD_URL"],
+        "rest_user": "root",
+        "rest_token_file": str(home / REST_TOKEN_FILE),
+        "rest_forward_env": list(forward_env),
+        "env_files": [str(home / REST_SECRETS_FILE)],
+    }
+
+
 def ssh_settings(remote_spool_dir: str | Path, forward_env: tuple[str, ...] | list[str] = SSH_FORWARD_ENV,
                  control_dir: str | Path | None = None) -> dict:
     """The slurm section's ``transport: ssh`` keys for the local login node: host, port, user, key and
@@ -204,6 +238,8 @@ def executor_config(backend: str, home: Path, slurm_worker_python: str | None = 
             cfg["slurm"].update(python=slurm_worker_python, worker_python=slurm_worker_python)
         if transport == "ssh":
             cfg["slurm"].update(ssh_settings(home / "cluster-spool"))
+        if transport == "rest":
+            cfg["slurm"].update(rest_settings(home))
     if backend in ("kubernetes", "auto"):
         passed = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_GPU_CORPUS_URL", "DAGSTER_GPU_OUTPUT_URL")
         env_vars = [f"{k}={os.environ[k]}" for k in passed if k in os.environ]

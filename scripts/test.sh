@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The test suite on a fresh machine: set up, start every service the tests need, run pytest.
 #   PostgreSQL (Dagster instance), two single-host Slurm clusters (slurm-wlm + slurmdbd + MariaDB: 22.05 from
-#   Debian bookworm on the host, 24.11 from a Debian trixie root in a chroot, resources/slurm/trixie.sh),
+#   Debian bookworm on the host, 24.11 from a Debian trixie root in a chroot with slurmrestd (JWT) beside it,
+#   resources/slurm/trixie.sh),
 #   a Kubernetes 1.34 control plane (kube-apiserver/scheduler/controller-manager built from Go
 #   modules, etcd) with a fake DRA GPU node, a private OpenSSH server on 127.0.0.1 in front of the Slurm
 #   clusters (the ssh transport's login node, resources/ssh/sshd.sh), and moto's S3 server (started by the tests themselves).

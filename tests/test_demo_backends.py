@@ -31,17 +31,35 @@ def test_the_24_11_env_line_parses_into_the_worker_python_the_executor_config_ge
     fmt = next(line for line in (REPO / "resources/slurm/trixie.sh").read_text().splitlines()
                if "DAGSTER_GPU_SLURM_WORKER_PYTHON=%q" in line).split("'")[1]
     d = "/tmp/dagster-gpu-slurm-2411"
-    line = subprocess.run(["bash", "-c", f'printf "$0" {d}/etc/slurm.conf {d}/bin:/usr/bin {d}/bin/worker-python', fmt],
-                          capture_output=True, text=True, check=True).stdout
+    line = subprocess.run(["bash", "-c", f'printf "$0" {d}/etc/slurm.conf {d}/bin:/usr/bin {d}/bin/worker-python '
+                           'http://127.0.0.1:6820', fmt], capture_output=True, text=True, check=True).stdout
     env = demo_backends._exports(line)
     assert env == {"SLURM_CONF": f"{d}/etc/slurm.conf", "PATH": f"{d}/bin:/usr/bin",
-                   demo_backends.WORKER_PYTHON_ENV: f"{d}/bin/worker-python"}
+                   demo_backends.WORKER_PYTHON_ENV: f"{d}/bin/worker-python",
+                   "DAGSTER_GPU_SLURMRESTD_URL": "http://127.0.0.1:6820"}
     py = env[demo_backends.WORKER_PYTHON_ENV]
     cfg = executor_config("auto", tmp_path, py)
     assert cfg["slurm"] == {"account": "research", "spool_dir": str(tmp_path / "slurm-spool"), "python": py, "worker_python": py}
     assert "worker_python" not in cfg and "worker_python" not in cfg["kubernetes"]
     assert executor_config("slurm", tmp_path)["slurm"] == {"account": "research", "spool_dir": str(tmp_path / "slurm-spool")}
     assert "slurm" not in executor_config("kubernetes", tmp_path, py)
+
+
+def test_the_rest_transport_config_names_the_token_and_secrets_files_and_no_secret(tmp_path, monkeypatch):
+    monkeypatch.setenv("DAGSTER_GPU_SLURMRESTD_URL", "http://127.0.0.1:6820")
+    cfg = executor_config("slurm", tmp_path, "/py", "rest")["slurm"]
+    assert cfg["transport"] == "rest" and cfg["rest_url"] == "http://127.0.0.1:6820" and cfg["rest_user"] == "root"
+    assert cfg["rest_token_file"] == str(tmp_path / "slurmrestd.jwt")
+    assert cfg["env_files"] == [str(tmp_path / "worker-secrets.env")] and "PATH" in cfg["rest_forward_env"]
+    assert cfg["python"] == "/py" and "remote_spool_dir" not in cfg
+    # the settings it makes are valid gpu_executor settings and build a rest client
+    from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
+    from dagster_gpu.slurm.rest import RestSlurmClient
+
+    settings = SlurmSettings(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg.items()})
+    client = SlurmBackend(settings).client
+    assert isinstance(client, RestSlurmClient) and client.transport.kind == "rest" and client.transport.remote_spool is None
+    assert client.tokens.file == str(tmp_path / "slurmrestd.jwt") and client.user == "root"
 
 
 def test_the_browse_script_evals_the_chosen_clusters_env(tmp_path):

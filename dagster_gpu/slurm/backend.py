@@ -105,6 +105,7 @@ from dagster_gpu.slurm.parse import SlurmParseError
 from dagster_gpu.slurm.poller import SharedPoller
 from dagster_gpu.slurm.spool import Spool
 from dagster_gpu.slurm.self_requeue import ENV_VAR as REQUEUE_ON_WARNING
+from dagster_gpu.slurm.rest import client_from_settings as rest_client_from_settings
 from dagster_gpu.slurm.ssh import transport_from_settings
 from dagster_gpu.slurm.transport import TransportError
 from dagster_gpu.slurm.trust import UntrustedPathError
@@ -196,8 +197,10 @@ class SlurmSettings:
     extra_sbatch_args: tuple[str, ...] = setting((), "More sbatch argv items.")
     env_files: tuple[str, ...] = setting((), "KEY=VALUE secret files (0600) loaded by each task (~ expanded).")
     python: str | None = setting(None, "Interpreter on compute nodes (default: this one).")
-    transport: str = setting("local", "Where Slurm commands run: 'local' (Dagster is on a login node) or 'ssh' (on "
-                                      "ssh_host through OpenSSH, one shared ControlMaster; no passwords).")
+    transport: str = setting("local", "Where Slurm commands run: 'local' (Dagster is on a login node), 'ssh' (on "
+                                      "ssh_host through OpenSSH, one shared ControlMaster; no passwords) or 'rest' "
+                                      "(slurmrestd at rest_url with a JWT; spool_dir on a file system the compute "
+                                      "nodes see).")
     ssh_host: str | None = setting(None, "transport ssh: the login node.")
     ssh_user: str | None = setting(None, "transport ssh: login name (default: OpenSSH's, or ~/.ssh/config's with ssh_config).")
     ssh_port: int = setting(22, "transport ssh: port.")
@@ -214,6 +217,23 @@ class SlurmSettings:
                                                               "patterns) array tasks inherit, sent on sbatch's stdin.")
     remote_spool_dir: str | None = setting(None, "transport ssh: the spool on the cluster (manifests, job script, "
                                                  "task logs; a path compute nodes see); default: spool_dir.")
+    rest_url: str | None = setting(None, "transport rest: slurmrestd's base URL, e.g. http://127.0.0.1:6820 or https://slurm.example.org.")
+    rest_user: str | None = setting(None, "transport rest: the Slurm user the token is for (X-SLURM-USER-NAME); unset "
+                                          "for a token that names its user.")
+    rest_token_env: str = setting("SLURM_JWT", "transport rest: environment variable holding the JWT (scontrol token).")
+    rest_token_file: str | None = setting(None, "transport rest: file holding the JWT (mode 0600, re-read when it "
+                                                "changes; Slurm's default token lifespan is 1800 s); wins over rest_token_env.")
+    rest_auth_header: str = setting("x-slurm", "transport rest: 'x-slurm' (X-SLURM-USER-TOKEN) or 'bearer' "
+                                               "(Authorization: Bearer).")
+    rest_data_parser: str | None = setting(None, "transport rest: data_parser version, e.g. v0.0.42; default: the "
+                                                 "newest of v0.0.40-v0.0.44 the server serves (/openapi/v3).")
+    rest_max_array_size: int = setting(1001, "transport rest: the cluster's MaxArraySize (slurmrestd does not serve "
+                                             "slurm.conf; Slurm's default 1001).")
+    rest_forward_env: tuple[str, ...] = setting(("DAGSTER_*", "PATH"), "transport rest: this process's variables (fnmatch "
+                                                                "patterns) put in each job's environment; names "
+                                                                "with PASSWORD, SECRET, TOKEN or JWT never (use env_files).")
+    rest_working_dir: str = setting("/tmp", "transport rest: the jobs' working directory on the cluster.")
+    rest_ca_file: str | None = setting(None, "transport rest: CA bundle for an https rest_url (default: the system's).")
     worker_python: str | None = setting(
         None, "The array task's step worker Python (a path the compute nodes see, e.g. a venv on the shared "
               "filesystem); default: the executor-wide worker_python if set, else the code location's interpreter.")
@@ -268,6 +288,8 @@ class SlurmBackend(Backend):
 
     def __init__(self, settings: SlurmSettings, client: SlurmClient | None = None):
         self.settings = settings
+        if client is None and (settings.transport or "").lower() == "rest":
+            client = rest_client_from_settings(settings)
         if client is None:
             transport = transport_from_settings(settings)
             client = SlurmClient(slurm_conf=settings.slurm_conf, bin_dir=settings.slurm_bin_dir,

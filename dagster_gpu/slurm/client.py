@@ -190,6 +190,12 @@ class SlurmClient:
         ``only_unsent`` retries only failures where the request surely never reached the controller
         (connection refused / connect failure), for commands that must not run twice (sbatch).
         Raises SlurmTransientError after the last try, SlurmRejected at once, SlurmNotInstalled."""
+        return self.retried(argv[0], lambda: self._run_once(argv, forward_env=forward_env), attempts=attempts, only_unsent=only_unsent)
+
+    def retried(self, what: str, call, *, attempts: int | None = None, only_unsent: bool = False):
+        """``call()`` retried with exponential backoff while it raises SlurmTransientError (at most
+        ``attempts`` tries, default :attr:`attempts`); ``only_unsent``: only failures where the request surely
+        never reached Slurm. Returns what ``call`` returns; raises its last error."""
         n = max(1, attempts if attempts is not None else self.attempts)
 
         def retryable(e: BaseException) -> bool:
@@ -205,16 +211,32 @@ class SlurmClient:
             retry=retry_if_exception(retryable),
             reraise=True,
             before_sleep=lambda rs: log.warning(
-                "slurm: %s transient failure (try %d/%d): %s", argv[0], rs.attempt_number, n, rs.outcome.exception()
+                "slurm: %s transient failure (try %d/%d): %s", what, rs.attempt_number, n, rs.outcome.exception()
             ),
         )
         try:
             for attempt in retrying:
                 with attempt:
-                    return self._run_once(argv, forward_env=forward_env)
+                    return call()
         except RetryError as e:  # pragma: no cover - reraise=True returns the original error
             raise e.last_attempt.exception()  # type: ignore[misc]
         raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------------------------ the shared poll
+    #: How :meth:`poll_query`'s texts are written: ``cli`` (squeue / sacct output in parse's formats).
+    poll_format = "cli"
+
+    def poll_query(self, job_ids: Sequence[int], cluster: str | None = None) -> tuple[str, str]:
+        """(queue text, accounting text) of array jobs ``job_ids`` on one cluster, as the shared poll stores
+        them (:attr:`poll_format`; read back with :func:`dagster_gpu.slurm.poller.parse_poll_texts`): squeue
+        and sacct output. Raises SlurmError."""
+        try:
+            q = self.run(self.squeue_argv(job_ids, cluster), attempts=2).stdout
+        except SlurmError as e:
+            if "invalid job id specified" not in (e.stderr or "").lower():
+                raise
+            q = ""  # every id purged from squeue: sacct still knows them
+        return q, self.run(self.sacct_argv(job_ids, cluster), attempts=2).stdout
 
     # ------------------------------------------------------------------------------------ commands
     def submit_job(

@@ -14,6 +14,7 @@ assumed unique across those clusters (true in a federation).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from dataclasses import dataclass
@@ -21,11 +22,38 @@ from datetime import datetime
 
 from dagster_gpu.contracts import WorkerStatus
 from dagster_gpu.slurm import parse as P
+from dagster_gpu.slurm import rest_parse as RP
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.spool import Spool, read_json, write_json
 from dagster_gpu.slurm.status import acct_since, sacct_caught_up
 
 log = logging.getLogger(__name__)
+
+
+def parse_poll_queue(fmt: str, text: str) -> list[P.QueueRow]:
+    """The queue rows of a stored poll: ``cli`` squeue text, or ``rest``: one slurmrestd ``job/<id>`` response
+    (JSON) per line. Raises SlurmParseError."""
+    if fmt == "rest":
+        return [r for line in text.splitlines() if line.strip() for r in RP.queue_rows(_json_line(line))]
+    return P.parse_squeue(text)
+
+
+def parse_poll_acct(fmt: str, text: str) -> list[P.AcctRow]:
+    """The accounting rows of a stored poll: ``cli`` sacct text, or ``rest``: one slurmrestd ``slurmdb/jobs``
+    response (JSON) per line. Raises SlurmParseError."""
+    if fmt == "rest":
+        return [r for line in text.splitlines() if line.strip() for r in RP.acct_rows(_json_line(line))]
+    return P.parse_sacct(text)
+
+
+def _json_line(line: str) -> dict:
+    try:
+        d = json.loads(line)
+    except ValueError as e:
+        raise P.SlurmParseError(f"not a slurmrestd JSON document: {line[:200]!r}") from e
+    if not isinstance(d, dict):
+        raise P.SlurmParseError(f"not a slurmrestd JSON object: {line[:200]!r}")
+    return d
 
 
 @dataclass(frozen=True)
@@ -75,8 +103,8 @@ class SharedPoller:
             snap = Poll(
                 started_at=float(d["started_at"]),
                 ids=frozenset(int(i) for i in d["ids"]),
-                queue=tuple(P.parse_squeue(d.get("squeue", ""))),
-                acct=tuple(P.parse_sacct(d.get("sacct", ""))),
+                queue=tuple(parse_poll_queue(d.get("format", "cli"), d.get("squeue", ""))),
+                acct=tuple(parse_poll_acct(d.get("format", "cli"), d.get("sacct", ""))),
                 error=d.get("error"),
             )
         except (KeyError, ValueError) as e:
@@ -109,15 +137,9 @@ class SharedPoller:
             return self._poll(need, clusters)
 
     def _query(self, ids: list[int], cluster: str | None) -> tuple[str, str]:
-        """(squeue text, sacct text) for array jobs ``ids`` on one cluster. Raises SlurmError."""
-        try:
-            q = self.client.run(self.client.squeue_argv(ids, cluster), attempts=2).stdout
-        except SlurmError as e:
-            if "invalid job id specified" not in (e.stderr or "").lower():
-                raise
-            q = ""  # every id purged from squeue: sacct still knows them
-        a = self.client.run(self.client.sacct_argv(ids, cluster), attempts=2).stdout
-        return q, a
+        """(queue text, accounting text) for array jobs ``ids`` on one cluster (the client's
+        :meth:`~dagster_gpu.slurm.client.SlurmClient.poll_query`). Raises SlurmError."""
+        return self.client.poll_query(ids, cluster)
 
     def _poll(self, need: set[int], clusters: dict[int, str | None] | None = None) -> Poll:
         cluster_of = {int(sub["array_job_id"]): sub.get("cluster") for _, sub in self.spool.active_batches()}
@@ -128,14 +150,15 @@ class SharedPoller:
         for aid in sorted(ids):
             groups.setdefault(cluster_of.get(aid), []).append(aid)
         started = time.time()
-        doc: dict = {"started_at": started, "ids": sorted(ids)}
+        fmt = getattr(self.client, "poll_format", "cli")
+        doc: dict = {"started_at": started, "ids": sorted(ids), "format": fmt}
         try:
             # raw text is stored so every reader parses exactly what Slurm printed
             parts = [self._query(gids, cluster) for cluster, gids in sorted(groups.items(), key=lambda kv: kv[0] or "")]
             doc["squeue"] = "".join(q if q.endswith("\n") or not q else q + "\n" for q, _ in parts)
             doc["sacct"] = "".join(a if a.endswith("\n") or not a else a + "\n" for _, a in parts)
-            P.parse_squeue(doc["squeue"])
-            P.parse_sacct(doc["sacct"])
+            parse_poll_queue(fmt, doc["squeue"])
+            parse_poll_acct(fmt, doc["sacct"])
         except SlurmError as e:
             doc = {"started_at": started, "ids": sorted(ids), "error": str(e)}
         except P.SlurmParseError as e:

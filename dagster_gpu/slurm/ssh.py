@@ -246,12 +246,13 @@ class SshTransport:
 def transport_from_settings(settings) -> "SshTransport | None":
     """The transport a :class:`~dagster_gpu.slurm.backend.SlurmSettings` asks for: None for ``local`` (the
     client's default), an :class:`SshTransport` for ``ssh``. Raises ValueError for an unknown transport
-    (``rest`` is not built yet) or ssh settings missing a host."""
+    (``rest`` is built by :func:`dagster_gpu.slurm.rest.client_from_settings`) or ssh settings missing a host."""
     kind = (settings.transport or "local").lower()
     if kind == "local":
         return None
     if kind != "ssh":
-        raise ValueError(f"slurm transport {settings.transport!r}: only 'local' and 'ssh' exist (slurmrestd 'rest' is not built yet)")
+        raise ValueError(f"slurm transport {settings.transport!r}: 'local', 'ssh' or 'rest' (slurmrestd: "
+                         "dagster_gpu.slurm.rest.client_from_settings builds that client)")
     if not settings.ssh_host:
         raise ValueError("slurm transport 'ssh' needs ssh_host")
     target = C.SshTarget(

@@ -11,10 +11,10 @@ parsing. Two transports exist:
   carries the spool files the array tasks read (the manifest, the job script, the task runner) and reads
   the tasks' logs back.
 
-A third, ``rest`` (slurmrestd, not built yet), slots in the same way: an object with ``run`` for the
-commands it can answer (or, better, a client subclass that overrides ``submit_job``/``squeue``/``sacct``
-with JSON calls) and ``remote_spool`` / ``upload`` / ``tail`` for the manifest; the backend picks it from
-the ``transport`` setting in :func:`dagster_gpu.slurm.ssh.transport_from_settings`'s place.
+A third, ``rest`` (slurmrestd), is a client subclass instead, :class:`dagster_gpu.slurm.rest.RestSlurmClient`,
+whose methods call slurmrestd and read JSON; its ``transport`` (:class:`dagster_gpu.slurm.rest.RestTransport`)
+runs no commands and has no remote spool (the spool is on a file system the compute nodes see). The backend
+builds it from the ``transport`` setting with :func:`dagster_gpu.slurm.rest.client_from_settings`.
 
 Errors a transport raises besides what the command printed: :class:`TransportUnreachable` (the login
 node could not be reached now: transient, the client retries and the poller reports UNKNOWN, which never
@@ -65,7 +65,7 @@ def scrubbed_env(base: Mapping[str, str], extra: Mapping[str, str] = ()) -> dict
 class Transport(Protocol):
     """What :class:`~dagster_gpu.slurm.client.SlurmClient` needs of a transport."""
 
-    #: ``local``, ``ssh`` (and later ``rest``): for messages and metadata.
+    #: ``local``, ``ssh`` or ``rest``: for messages and metadata.
     kind: str
 
     def run(

@@ -37,7 +37,7 @@ render() {
 
 # render_all: the state dirs, the fake GPU device nodes and the configuration in $D/etc from $HERE's templates
 # (slurm.conf, gres.conf, slurmdbd.conf, and each <template> <dest> pair of RENDER_EXTRA); sets CONF_CHANGED=1
-# when a file the daemons read at start changed (all but slurmdbd.conf).
+# when a file slurmctld/slurmd read at start changed, DBD_CONF_CHANGED=1 when slurmdbd.conf did.
 render_all() {
   dg_step "rendering the Slurm configuration into $D/etc" "$D/log"
   [[ "$MAX_ARRAY_SIZE" =~ ^[0-9]+$ ]] && ((MAX_ARRAY_SIZE >= 1)) \
@@ -66,7 +66,8 @@ render_all() {
   for ((i = 0; i < ${#RENDER_EXTRA[@]}; i += 2)); do
     if render "${RENDER_EXTRA[i]}" "${RENDER_EXTRA[i + 1]}" 644; then CONF_CHANGED=1; fi
   done
-  render "$HERE/slurmdbd.conf.in" "$D/etc/slurmdbd.conf" 600 || true
+  DBD_CONF_CHANGED=0
+  if render "$HERE/slurmdbd.conf.in" "$D/etc/slurmdbd.conf" 600; then DBD_CONF_CHANGED=1; fi
 }
 
 # ---------------------------------------------------------------- daemons
@@ -202,7 +203,7 @@ restart_ctld_and_slurmd() {
 cmd_status() {
   dg_quiet
   local ok=0 n c
-  for n in munged:munged mariadbd:mariadbd slurmdbd:slurmdbd slurmctld:slurmctld slurmd:slurmd; do
+  for n in munged:munged mariadbd:mariadbd slurmdbd:slurmdbd slurmctld:slurmctld slurmd:slurmd ${STATUS_EXTRA:-}; do
     c="${n#*:}"; n="${n%%:*}"
     if alive "$n" "$c"; then
       echo "$n: running (pid $(cat "$(pidfile "$n")"))"

@@ -42,7 +42,8 @@ CLUSTER=dagstergpu
 ACCOUNT=research
 HOST="$(hostname -s)"
 # render's own sed expressions (resources/lib/slurm_cluster.sh): 22.05's spelling of send_user_signal
-RENDER_SED=(-e "s|@PREEMPT_SEND_USER_SIGNAL@|SlurmctldParameters=preempt_send_user_signal|")
+# @AUTH_ALT@: no JWT on 22.05 (slurmrestd runs on the 24.11 cluster only, trixie.sh): the line goes
+RENDER_SED=(-e "s|@PREEMPT_SEND_USER_SIGNAL@|SlurmctldParameters=preempt_send_user_signal|" -e "/@AUTH_ALT@/d")
 RENDER_EXTRA=()  # templates beyond slurm.conf, gres.conf and slurmdbd.conf: none
 DAEMON_PLACE=""
 export SLURM_CONF="$D/etc/slurm.conf"

@@ -11,7 +11,17 @@
 #   resources/slurm/trixie.sh stop        stop the daemons this script started (pid files only), unmount
 #   resources/slurm/trixie.sh restart-slurmctld | stop-slurmdbd | start-slurmdbd   as cluster.sh's
 #   resources/slurm/trixie.sh status      daemon pids, node state, sinfo; exit 0 only when all run
-#   resources/slurm/trixie.sh env         `export SLURM_CONF=… PATH=<wrappers>:$PATH DAGSTER_GPU_SLURM_WORKER_PYTHON=…`
+#   resources/slurm/trixie.sh env         `export SLURM_CONF=… PATH=<wrappers>:$PATH DAGSTER_GPU_SLURM_WORKER_PYTHON=…
+#                                         DAGSTER_GPU_SLURMRESTD_URL=http://127.0.0.1:<rest port>`
+#   resources/slurm/trixie.sh token [s] [user] [file]   a fresh JWT for slurmrestd (`scontrol token`, lifespan s,
+#                                         default 1800 = Slurm's own default, for user root) on stdout, or into
+#                                         file (mode 0600, replaced atomically)
+#
+# slurmrestd: `start` also runs Debian's slurmrestd (with slurm-wlm-jwt-plugin's auth/jwt) in the root as the
+# unprivileged user `slurmrestd` (it refuses root and SlurmUser) on 127.0.0.1:<rest port>, with
+# `-a rest_auth/jwt -s openapi/slurmctld,openapi/slurmdbd` and SLURM_JWT=daemon (Debian's slurmrestd.service);
+# slurmctld and slurmdbd take JWTs (AuthAltTypes=auth/jwt, AuthAltParameters=jwt_key=$D/etc/jwt_hs256.key,
+# 32 random bytes, 0600 root = SlurmUser), as Slurm's jwt.html sets them up.
 #
 # Environment:
 #   DAGSTER_GPU_CACHE                    cache folder (default ~/.cache/dagster-gpu); the root is <cache>/slurm-trixie
@@ -22,7 +32,7 @@
 #   DAGSTER_GPU_SLURM_TRIXIE_PYTHON      the host interpreter array tasks run (default <checkout>/.venv/bin/python)
 #   DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE     MaxArraySize (default 1001), as for cluster.sh
 #   DAGSTER_GPU_SLURM_START_TIMEOUT      seconds to wait for each daemon (default 60)
-#   DAGSTER_GPU_SLURM_TRIXIE_{CTLD,SLURMD,DBD,DB}_PORT   (6827 / 6828 / 6829 / 3317)
+#   DAGSTER_GPU_SLURM_TRIXIE_{CTLD,SLURMD,DBD,DB,REST}_PORT   (6827 / 6828 / 6829 / 3317 / 6820)
 #
 # How the two sides meet (resources/slurm/README.md, "Slurm 24.11"): the daemons run in the root (chroot);
 # the host's /tmp, the checkout, /dev, /proc and /sys are bind-mounted into it at the same paths, and the
@@ -51,7 +61,12 @@ CTLD_PORT="${DAGSTER_GPU_SLURM_TRIXIE_CTLD_PORT:-6827}"
 SLURMD_PORT="${DAGSTER_GPU_SLURM_TRIXIE_SLURMD_PORT:-6828}"
 DBD_PORT="${DAGSTER_GPU_SLURM_TRIXIE_DBD_PORT:-6829}"
 DB_PORT="${DAGSTER_GPU_SLURM_TRIXIE_DB_PORT:-3317}"
-PACKAGES=(slurm-wlm slurmdbd munge mariadb-server)
+REST_PORT="${DAGSTER_GPU_SLURM_TRIXIE_REST_PORT:-6820}"
+REST_USER=slurmrestd
+STATUS_EXTRA=slurmrestd:slurmrestd  # cmd_status (resources/lib/slurm_cluster.sh) reports it too
+PACKAGES=(slurm-wlm slurmdbd munge mariadb-server slurmrestd slurm-wlm-jwt-plugin)
+# added after the first roots were made: installed into an existing root when missing (add_packages)
+LATER_PACKAGES=(slurmrestd slurm-wlm-jwt-plugin)
 CLUSTER=dagstergpu
 ACCOUNT=research
 HOST="$(hostname -s)"
@@ -124,6 +139,25 @@ cmd_bootstrap() {
   mv "$tmp" "$ROOT"
   touch "$ROOT/.dagster-gpu-ready"
   log "trixie root ready in $((SECONDS - t0)) s: $(du -sh --one-file-system "$ROOT" | cut -f1), $(in_root /usr/sbin/slurmctld -V)"
+}
+
+# add_packages: LATER_PACKAGES into a root bootstrapped before they were in PACKAGES (idempotent; needs /proc
+# mounted in the root, as after mount_all).
+add_packages() {
+  local p missing=()
+  for p in "${LATER_PACKAGES[@]}"; do
+    in_root /usr/bin/dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  dg_step "apt-get install ${missing[*]} into the existing trixie root" "$D/log/bootstrap.log"
+  mkdir -p "$D/log"
+  in_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -q --no-install-recommends \
+    "${missing[@]}" >>"$D/log/bootstrap.log" 2>&1 \
+    || { in_root apt-get update -q >>"$D/log/bootstrap.log" 2>&1
+         in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${missing[@]}" \
+           >>"$D/log/bootstrap.log" 2>&1; } \
+    || die "apt-get install ${missing[*]} in the root failed"
+  in_root apt-get clean
 }
 
 # ---------------------------------------------------------------- mounts (host paths at the same paths)
@@ -216,8 +250,11 @@ launch() {
 
 # ---------------------------------------------------------------- render (resources/lib/slurm_cluster.sh)
 # The 22.05 templates, with their header naming this cluster and 24.11's cgroup.conf beside them.
+# @AUTH_ALT@: slurmctld and slurmdbd also take JWTs (slurmrestd's users), key $JWT_KEY (jwt_key).
+JWT_KEY="$D/etc/jwt_hs256.key"
 RENDER_SED=(-e "s|Slurm 22.05 cluster|Slurm 24.11 cluster (trixie.sh)|"
-            -e "s|@PREEMPT_SEND_USER_SIGNAL@|PreemptParameters=send_user_signal|")
+            -e "s|@PREEMPT_SEND_USER_SIGNAL@|PreemptParameters=send_user_signal|"
+            -e "s|@AUTH_ALT@|AuthAltTypes=auth/jwt\nAuthAltParameters=jwt_key=$JWT_KEY|")
 RENDER_EXTRA=("$HERE/trixie/cgroup.conf.in" "$D/etc/cgroup.conf")
 
 # ---------------------------------------------------------------- daemons (all inside the root)
@@ -272,13 +309,70 @@ start_slurmdbd() {
   log "slurmdbd up (pid $(cat "$(pidfile slurmdbd)"))"
 }
 
+# jwt_key: the HS256 key slurmctld and slurmdbd check JWTs with (32 random bytes, 0600, owned by SlurmUser root;
+# Slurm's jwt.html: "dd if=/dev/random of=/var/spool/slurm/statesave/jwt_hs256.key bs=32 count=1").
+jwt_key() {
+  [ -s "$JWT_KEY" ] && return 0
+  mkdir -p "$D/etc"
+  (umask 077; dd if=/dev/urandom of="$JWT_KEY.tmp" bs=32 count=1 status=none && mv -f "$JWT_KEY.tmp" "$JWT_KEY")
+}
+
+start_slurmrestd() {
+  alive slurmrestd slurmrestd && return 0
+  dg_step "starting slurmrestd on 127.0.0.1:$REST_PORT as $REST_USER (in the root)" "$D/log/slurmrestd.stdout"
+  in_root /usr/bin/id -u "$REST_USER" >/dev/null 2>&1 \
+    || in_root /usr/sbin/useradd --system --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin "$REST_USER"
+  # slurm.conf where the unprivileged user can read it ($D/etc is 0700: it holds db.pass and the JWT key)
+  mkdir -p "$D/restd"
+  chmod 755 "$D/restd"
+  install -m 644 "$D/etc/slurm.conf" "$D/restd/slurm.conf"
+  launch slurmrestd /usr/bin/env SLURM_JWT=daemon SLURM_CONF="$D/restd/slurm.conf" /usr/bin/setpriv \
+    --reuid="$REST_USER" --regid="$REST_USER" --init-groups \
+    /usr/sbin/slurmrestd -a rest_auth/jwt -s openapi/slurmctld,openapi/slurmdbd "127.0.0.1:$REST_PORT"
+  wait_for "slurmrestd on 127.0.0.1:$REST_PORT" "$TIMEOUT" rest_up
+  log "slurmrestd up (pid $(cat "$(pidfile slurmrestd)")), $(rest_versions)"
+}
+
+# rest_up: slurmrestd answers its OpenAPI description (/openapi/v3; with rest_auth/jwt only to a user with a
+# token). rest_versions: the data_parser versions it serves (its paths /slurm/v0.0.NN/...), e.g.
+# v0.0.40,v0.0.41,v0.0.42 on 24.11.
+rest_openapi() {
+  local tok
+  tok="$(scontrol token lifespan=60 username=root | sed -n 's/^SLURM_JWT=//p')"
+  # the token goes through the environment, never an argv
+  SLURM_JWT="$tok" python3 -c 'import os, sys, urllib.request as u
+r = u.Request(sys.argv[1], headers={"X-SLURM-USER-NAME": "root", "X-SLURM-USER-TOKEN": os.environ["SLURM_JWT"]})
+sys.stdout.write(u.urlopen(r, timeout=10).read().decode())' "http://127.0.0.1:$REST_PORT/openapi/v3"
+}
+rest_up() { rest_openapi >/dev/null; }
+rest_versions() {
+  rest_openapi | python3 -c 'import json, re, sys
+print(",".join(sorted({m[1] for p in json.load(sys.stdin)["paths"] for m in [re.match(r"/slurm/(v0\.0\.\d+)/", p)] if m})))'
+}
+
+cmd_token() {
+  need_started
+  local lifespan="${1:-1800}" user="${2:-root}" out="${3:-}" tok
+  tok="$(scontrol token lifespan="$lifespan" username="$user" | sed -n 's/^SLURM_JWT=//p')"
+  [ -n "$tok" ] || die "scontrol token lifespan=$lifespan username=$user printed no token"
+  if [ -z "$out" ]; then printf '%s\n' "$tok"; return 0; fi
+  # into a file: 0600 from the start (umask), replaced atomically, never on stdout or in a log
+  (umask 077; printf '%s\n' "$tok" >"$out.tmp.$$" && mv -f "$out.tmp.$$" "$out")
+}
+
 prepare() {
   cmd_bootstrap
   mount_all
+  add_packages
+  jwt_key
   render_all
   write_wrappers
   start_munge
   start_mariadb
+  if ((DBD_CONF_CHANGED)) && alive slurmdbd slurmdbd; then
+    log "slurmdbd.conf changed: restarting slurmdbd"
+    stop_one slurmdbd slurmdbd
+  fi
   start_slurmdbd
 }
 
@@ -293,6 +387,8 @@ cmd_start() {
   fi
   wait_node
   ensure_associations
+  if ((CONF_CHANGED)) && alive slurmrestd slurmrestd; then stop_one slurmrestd slurmrestd; fi
+  start_slurmrestd
   log "cluster ready ($(in_root /usr/sbin/slurmctld -V)): eval \"\$($0 env)\"; MaxArraySize=$(scontrol show config | awk '/^MaxArraySize/ {print $3}')"
 }
 
@@ -301,6 +397,8 @@ cmd_restart() {
   restart_ctld_and_slurmd
   wait_node
   ensure_associations
+  stop_one slurmrestd slurmrestd
+  start_slurmrestd
   log "cluster restarted: MaxArraySize=$(scontrol show config | awk '/^MaxArraySize/ {print $3}')"
 }
 
@@ -310,6 +408,7 @@ need_started() {
 
 cmd_stop() {
   if [ -d "$D/run" ]; then
+    stop_one slurmrestd slurmrestd
     stop_one slurmd slurmd
     stop_one slurmctld slurmctld
     stop_one slurmdbd slurmdbd
@@ -329,8 +428,9 @@ case "${1:-}" in
   stop-slurmdbd) need_started; stop_one slurmdbd slurmdbd ;;
   start-slurmdbd) need_started; start_slurmdbd ;;
   status) cmd_status ;;
+  token) shift; cmd_token "$@" ;;
   env)
-    printf 'export SLURM_CONF=%q PATH=%q DAGSTER_GPU_SLURM_WORKER_PYTHON=%q\n' \
-      "$SLURM_CONF" "$D/bin:$PATH" "$D/bin/worker-python" ;;
-  *) echo "usage: $0 bootstrap|start|restart|stop|status|env|restart-slurmctld|stop-slurmdbd|start-slurmdbd" >&2; exit 2 ;;
+    printf 'export SLURM_CONF=%q PATH=%q DAGSTER_GPU_SLURM_WORKER_PYTHON=%q DAGSTER_GPU_SLURMRESTD_URL=%q\n' \
+      "$SLURM_CONF" "$D/bin:$PATH" "$D/bin/worker-python" "http://127.0.0.1:$REST_PORT" ;;
+  *) echo "usage: $0 bootstrap|start|restart|stop|status|env|token|restart-slurmctld|stop-slurmdbd|start-slurmdbd" >&2; exit 2 ;;
 esac

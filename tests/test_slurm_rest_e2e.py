@@ -1,0 +1,129 @@
+"""gpu_executor's slurm backend with ``transport: rest``: the main end-to-end flow of tests/test_slurm_e2e.py with
+every Slurm call going to the 24.11 test cluster's slurmrestd (resources/slurm/trixie.sh: Debian trixie's
+slurmrestd with auth/jwt on 127.0.0.1) as from a Dagster host with no Slurm commands: the run workers' SLURM_CONF
+names no file and their PATH has no 24.11 wrappers, so a call that bypassed slurmrestd would fail. The spool is
+the local one (/tmp is the same directory inside the cluster's root); the tasks read the PostgreSQL password from
+an env_files file, since a job's environment from slurmrestd carries no secret.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from dagster_gpu.slurm.rest import RestSlurmClient, TokenSource
+from tests import rest_helpers as R
+from tests import slurm_helpers as H
+from tests.test_slurm_e2e import H_WEIRD, _all_observed, _materializations, _wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.postgres]
+
+
+@pytest.fixture
+def rest_home(slurm_cluster, monkeypatch):
+    for reason in (H.postgres_unavailable_reason(), R.unavailable_reason()):
+        if reason:
+            pytest.skip(reason)
+    home, env = H.make_dagster_home()
+    token = R.write_token(home / "slurmrestd.jwt", 3600)
+    secrets = home / "worker-secrets.env"
+    fd = os.open(secrets, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(f"DAGSTER_PG_PASSWORD={env['DAGSTER_PG_PASSWORD']}\n")
+    env.update({
+        "DGPU_TEST_SLURM_TRANSPORT": "rest", "DGPU_TEST_REST_URL": R.URL, "DGPU_TEST_REST_CREDENTIAL_FILE": str(token),
+        "DGPU_TEST_ENV_FILE": str(secrets), "SLURM_CONF": str(home / "no-slurm.conf"),
+        "PATH": os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p not in H.WRAPPER_DIRS),
+    })  # fmt: skip
+    for k, v in env.items():
+        if os.environ.get(k) != v:
+            monkeypatch.setenv(k, v)
+    yield home, env, token
+
+
+@H.on_slurm("24.11")
+def test_eight_runs_over_slurmrestd_share_one_submit(rest_home):
+    home_dir, env, token = rest_home
+    keys = [f"p{i:03d}" for i in range(7)] + [H_WEIRD]
+    pwned = Path("/tmp/pwned")
+    pwned.unlink(missing_ok=True)
+    procs = H.start_runs(env, keys)
+    codes = H.wait_all(procs, 600)
+    assert codes == [0] * len(keys), f"run workers exited {codes}; logs in {home_dir}\n{H.explain_failures(home_dir, keys, codes)}"
+    batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
+    print(f"rest transport: 8 runs -> {len(batches)} job/submit call(s): {[b['tasks'] for b in batches]}")
+    assert 1 <= len(batches) <= 2 and sum(b["tasks"] for b in batches) == 8
+    mats = _materializations(keys)
+    for k in keys:
+        assert len(mats[k]) == 1, f"{k!r} materialized {len(mats[k])} times"
+        md = mats[k][0]
+        assert md["test/partition_key"] == k and md["slurm/array_job_id"] in {b["array_job_id"] for b in batches}
+        assert md["test/cuda_visible_devices"] in {"0", "1", "2", "3"}
+    assert not pwned.exists(), "a partition key reached a shell"
+    # the manifests and the tasks' logs stay 0600 in the local spool the tasks read (docs/security.md)
+    spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
+    files = [p for b in batches for p in (spool / "batches" / b["batch"]).iterdir() if p.name == "manifest.json" or p.suffix == ".out"]
+    assert len(files) == len(batches) + 8 and {oct(p.stat().st_mode & 0o777) for p in files} == {"0o600"}
+    # no secret in the manifests or logs
+    password = env["DAGSTER_PG_PASSWORD"]
+    assert not any(password in p.read_text(errors="replace") for p in files)
+    assert not any(token.read_text().strip() in p.read_text(errors="replace") for p in files)
+    # bills from slurmdbd's records, read through slurmrestd
+    obs = _wait_for(lambda: _all_observed(keys), 90, what="sacct observations")
+    for k in keys:
+        o = obs[k][0]
+        assert o["billing/source"] == "sacct" and o["slurm/state"] == "COMPLETED"
+        assert o["billing/gpu_seconds"] == o["slurm/elapsed_seconds"] * 1.0 and "gres/gpu=1" in o["slurm/alloc_tres"]
+    # the same tasks as slurmrestd reports them
+    client = RestSlurmClient(url=R.URL, user="root", tokens=TokenSource(file=str(token)))
+    acct = client.sacct([b["array_job_id"] for b in batches])
+    assert sorted(r.state.name for r in acct) == ["COMPLETED"] * 8
+
+
+@H.on_slurm("24.11")
+def test_a_backfill_terminated_mid_way_cancels_its_tasks_through_slurmrestd(rest_home):
+    """The backfill daemon's runs, throttle 2, terminated while two tasks run (what the UI's Terminate does:
+    the backfill CANCELING; tests/test_slurm_e2e.py's test_terminate_mid_backfill on the CLI path): every
+    task leaves the queue through slurmrestd's DELETE, and slurmdbd records the cancelled ones."""
+    import dagster as dg
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._core.storage.dagster_run import DagsterRunStatus, RunsFilter
+
+    from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill
+    from tests.slurm_pipeline import defs
+
+    home_dir, env, token = rest_home
+    env = {**env, "SLURM_TEST_THROTTLE": "2", "SLURM_TEST_WINDOW": "2", "SLURM_TEST_MAX_WINDOW": "10"}
+    keys = [f"p{i:03d}" for i in range(6)]
+    spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
+    client = RestSlurmClient(url=R.URL, user="root", tokens=TokenSource(file=str(token)))
+    with dg.DagsterInstance.get() as instance:
+        with DaemonProcess(home_dir / "workspace.yaml", env=env, log_file=home_dir / "daemon.log"):
+            bid = submit_asset_backfill(instance, defs, dg.AssetKey("trivial"), keys, tags={"test/sleep": "120"})
+
+            def running_tasks():
+                ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+                return [r for r in (client.squeue(ids) if ids else []) if r.state.name == "RUNNING"]
+
+            _wait_for(lambda: len(running_tasks()) >= 2, 300, 2, "two running array tasks")
+            instance.update_backfill(instance.get_backfill(bid).with_status(BulkActionStatus.CANCELING))
+
+            def all_ended():
+                rs = instance.get_runs(RunsFilter(tags={"dagster/backfill": bid}))
+                return rs if rs and all(r.is_finished for r in rs) else None
+
+            runs = _wait_for(all_ended, 400, 3, "every run of the backfill to end")
+    ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+    assert ids, "nothing was submitted"
+    live = [r for r in client.squeue(ids) if r.state.status.value in ("pending", "running", "requeued")]
+    assert live == [], f"tasks still queued after terminate: {[(r.id.raw, str(r.state)) for r in live]}"
+    assert DagsterRunStatus.CANCELED in {r.status for r in runs}
+    # the two tasks that ran when the backfill was terminated are recorded CANCELLED after running
+    ran = _wait_for(lambda: (c := [r for r in client.sacct(ids) if r.state.name == "CANCELLED" and r.id.task_id is not None and r.start]) and
+                    len(c) >= 2 and c, 60, 2, "two cancelled tasks that ran, in slurmdbd")
+    # and the tasks that never left the array's pending record as one record, 625_[2-5] as sacct prints it
+    rest = [r for r in client.sacct(ids) if r.id.task_id is None]
+    assert all(r.id.task_ranges and r.state.name == "CANCELLED" and r.elapsed_s == 0 for r in rest), [(r.id.raw, str(r.state)) for r in rest]
+    assert all(r.elapsed_s > 0 and r.alloc_tres.get("gres/gpu") == 1.0 for r in ran), [(r.id.raw, r.start, r.end, r.elapsed_s, dict(r.alloc_tres)) for r in ran]
