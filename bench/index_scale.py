@@ -30,11 +30,12 @@ are meaningless). Seeded (``--seed``).
    exact LanceDB search (``bypass_vector_index``) checked against numpy's;
 6. 1 % new rows (one new partition, derived the same way), loaded, then ``ensure_ann_index`` again (since
    2026-12-05: ``"deferred"``, the new rows stay out of the index and are searched exactly beside it; never
-   LanceDB's ``optimize``, which folded the IVF lists into one): ``index.update_1pct_ratio`` = its seconds /
-   step 4's; recall measured again over all rows;
+   LanceDB's ``optimize``, which folded the IVF lists into one): ``index.update_1pct_deferred_ratio`` = its
+   seconds / step 4's; recall measured again over all rows;
 7. the rebuild that comes once the rows out of the index pass ``max_unindexed_fraction`` (forced here with 0):
-   drop, compaction, both indices built again — seconds against step 4's, recall after it (``--skip-rebuild``
-   leaves it out);
+   drop, compaction, both indices built again — seconds against step 4's (``index.rebuild_ratio_<size>``), recall
+   after it; what 1 % of new rows costs on average, one rebuild per ``DEFAULT_MAX_UNINDEXED_FRACTION`` of new
+   rows: ``index.update_1pct_ratio`` = rebuild ratio × 0.01 / 0.1 (``--skip-rebuild`` leaves both out);
 8. the baseline of the old update path, in the same run: 1 % more rows, then LanceDB's ``optimize`` (what
    ``ensure_ann_index`` called before 2026-12-05) — seconds against step 4's, recall after it
    (``--skip-optimize-baseline`` leaves it out).
@@ -42,7 +43,7 @@ are meaningless). Seeded (``--seed``).
 Recall and p50 are measured at each ``--nprobes`` with ``--refine`` (default: ``VectorIndex.search``'s).
 Writes bench/results/index_scale.json (``index_scale_<rows>.json`` for other sizes) and merges the ``index.*``
 keys into bench/results/summary.json: a million rows writes ``index.recall_at_10_1m``, ``index.query_p50_ms_1m``
-and ``index.update_1pct_ratio``; another size writes the same figures under keys naming it (``..._100k``).
+and ``index.update_1pct_ratio`` / ``index.update_1pct_deferred_ratio``; another size writes the same figures under keys naming it (``..._100k``).
 """
 
 from __future__ import annotations
@@ -140,7 +141,7 @@ def main(argv=None) -> int:
     from dagster_gpu.embedding.writer import AtomicParquetWriter, lineage_metadata, output_schema, output_table
     from dagster_gpu.definitions.vector_index import load_partition
     from dagster_gpu.index.lance import DEFAULT_EF, DEFAULT_REFINE_FACTOR, VectorIndex
-    from dagster_gpu.index.rows import recall_at_k
+    from dagster_gpu.index.rows import DEFAULT_MAX_UNINDEXED_FRACTION, recall_at_k
 
     ef = args.ef or DEFAULT_EF
     refine = args.refine or DEFAULT_REFINE_FACTOR
@@ -277,7 +278,7 @@ def main(argv=None) -> int:
     state2 = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction, num_partitions=lists)
     update_s = time.perf_counter() - t0
     res.update({"update_state": state2, "update_rows": len(extra), "update_load_s": round(add_s, 2), "update_s": round(update_s, 2),
-                ("index.update_1pct_ratio" if size == "1m" else f"index.update_1pct_ratio_{size}"): round(update_s / build_s, 4)})
+                f"index.update_1pct_deferred_ratio_{size}": round(update_s / build_s, 4)})
     phase("update", state=state2, seconds=round(update_s, 2), ratio=round(update_s / build_s, 4))
     all_vectors, all_ids = np.concatenate([vectors, extra]), ids + [(new_key, i) for i in range(len(extra))]
     after, _ = query(all_vectors, all_ids)
@@ -291,7 +292,10 @@ def main(argv=None) -> int:
         state3 = ix.ensure_ann_index(min_rows=1000, ef_construction=args.ef_construction, max_unindexed_fraction=0.0,
                                      num_partitions=-(-len(all_ids) // args.rows_per_list) if args.rows_per_list else None)
         rebuild_s = time.perf_counter() - t0
-        res.update({"rebuild_state": state3, "rebuild_s": round(rebuild_s, 2), "rebuild_ratio": round(rebuild_s / build_s, 4)})
+        res.update({"rebuild_state": state3, "rebuild_s": round(rebuild_s, 2), "rebuild_ratio": round(rebuild_s / build_s, 4),
+                    f"index.rebuild_ratio_{size}": round(rebuild_s / build_s, 4),
+                    # what 1 % of new rows costs on average: one rebuild per max_unindexed_fraction of new rows
+                    f"index.update_1pct_ratio_{size}": round(rebuild_s / build_s * 0.01 / DEFAULT_MAX_UNINDEXED_FRACTION, 4)})
         rebuilt, _ = query(all_vectors, all_ids)
         res["after_rebuild_by_nprobes"] = {str(k): {"recall_at_10": round(v[0], 4), "p50_ms": round(v[1], 2)} for k, v in rebuilt.items()}
         phase("rebuild", state=state3, rebuild_ratio=res["rebuild_ratio"], after_rebuild=res["after_rebuild_by_nprobes"])
@@ -316,7 +320,9 @@ def main(argv=None) -> int:
         from summary import merge_summary
 
         # another size than a million: every key names it (the load ratio too), the million-row keys stay as measured
-        merge_summary({(k if size == "1m" or k.endswith(f"_{size}") else f"{k}_{size}"): v
+        # (the million-row update keys drop the size: index.update_1pct_ratio, index.update_1pct_deferred_ratio)
+        merge_summary({(k.removesuffix("_1m") if k.startswith("index.update_1pct") else
+                        k if size == "1m" or k.endswith(f"_{size}") else f"{k}_{size}"): v
                        for k, v in res.items() if k.startswith("index.")})
     if own_work:
         shutil.rmtree(work, ignore_errors=True)
