@@ -6,6 +6,7 @@ through slurmrestd.
     # rest: the 24.11 cluster's slurmrestd (resources/slurm/trixie.sh), local on the same cluster as the baseline
     eval "$(bash resources/slurm/trixie.sh env)"; export DGPU_TEST_SLURM_PYTHON=$DAGSTER_GPU_SLURM_WORKER_PYTHON
     .venv/bin/python bench/remote_backfill.py --files 100 --per-run 50 --order local,rest --out remote_backfill_rest_100.json
+    # all three on the 24.11 cluster: --order local,ssh,rest (ssh finds the cluster's commands by SLURM_CONF)
 
 Side by side, in one command, on one generated corpus (bench/make_corpus.py), each variant a backfill of every
 file through gpu_executor's slurm backend in runs of ``--per-run`` partitions (bench/ranged_backfill.py's
@@ -75,6 +76,9 @@ def transport_env(variant: str, sshd: dict[str, str] | None, workdir: Path) -> t
     spool = workdir / "ssh-cluster-spool"
     shutil.rmtree(spool, ignore_errors=True)
     env = {**sshd, "DGPU_TEST_SLURM_TRANSPORT": "ssh", "DGPU_TEST_SSH_CONTROL_DIR": ctl, "DGPU_TEST_REMOTE_SPOOL": str(spool)}
+    for cluster in H.CLUSTERS.values():  # the 24.11 cluster's commands are wrappers the login shell has not on PATH
+        if cluster.bin_dir and cluster.conf == os.environ.get("SLURM_CONF"):
+            env["DGPU_TEST_SLURM_BIN_DIR"] = str(cluster.bin_dir)
     return env, C.control_path(SSH.target(sshd), ctl)
 
 
