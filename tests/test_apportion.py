@@ -84,8 +84,8 @@ def test_files_for_keys_resolves_without_listing_per_key(tmp_path, monkeypatch):
         (tmp_path / name).write_bytes(b"x" * size)
     corpus = CorpusSource(str(tmp_path))
     listings = []
-    real = CorpusSource.list_files
-    monkeypatch.setattr(CorpusSource, "list_files", lambda self: listings.append(1) or real(self))
+    real = CorpusSource._list  # what list_files and the lookup of keys not found directly both list through
+    monkeypatch.setattr(CorpusSource, "_list", lambda self, wanted: listings.append(1) or real(self, wanted))
     files = corpus.files_for_keys(["a.txt", "b.txt"])
     assert {k: f.size_bytes for k, f in files.items()} == {"a.txt": 10, "b.txt": 20}
     assert listings == []  # each resolved by one info call

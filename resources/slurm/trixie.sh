@@ -17,6 +17,11 @@
 #                                         default 1800 = Slurm's own default, for user root) on stdout, or into
 #                                         file (mode 0600, replaced atomically)
 #
+# (the rest of this header follows the libraries it uses)
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/errtrap.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/slurm_cluster.sh"  # daemons, waits, associations
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/mounts.sh"  # is_mounted, mounted_under, unmount_stale
+
 # slurmrestd: `start` also runs Debian's slurmrestd (with slurm-wlm-jwt-plugin's auth/jwt) in the root as the
 # unprivileged user `slurmrestd` (it refuses root and SlurmUser) on 127.0.0.1:<rest port>, with
 # `-a rest_auth/jwt -s openapi/slurmctld,openapi/slurmdbd` and SLURM_JWT=daemon (Debian's slurmrestd.service);
@@ -45,9 +50,6 @@
 # (CgroupPlugin=disabled: 24.11's slurmd loads a cgroup plugin even with proctrack/linuxproc, and there is
 # no cgroup hierarchy it may use here). A failure prints the step that failed and the tail of its log
 # (resources/lib/errtrap.sh).
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/errtrap.sh"
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/slurm_cluster.sh"  # daemons, waits, associations
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/mounts.sh"  # is_mounted, mounted_under, unmount_stale
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -146,7 +148,7 @@ cmd_bootstrap() {
 add_packages() {
   local p missing=()
   for p in "${LATER_PACKAGES[@]}"; do
-    in_root /usr/bin/dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+    [[ "$(in_root /usr/bin/dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)" == *"install ok installed"* ]] || missing+=("$p")
   done
   ((${#missing[@]} == 0)) && return 0
   dg_step "apt-get install ${missing[*]} into the existing trixie root" "$D/log/bootstrap.log"
