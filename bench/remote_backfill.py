@@ -7,6 +7,8 @@ through slurmrestd.
     eval "$(bash resources/slurm/trixie.sh env)"; export DGPU_TEST_SLURM_PYTHON=$DAGSTER_GPU_SLURM_WORKER_PYTHON
     .venv/bin/python bench/remote_backfill.py --files 100 --per-run 50 --order local,rest --out remote_backfill_rest_100.json
     # all three on the 24.11 cluster: --order local,ssh,rest (ssh finds the cluster's commands by SLURM_CONF)
+    # the relay (events: relay; the tasks get a wrong database password): a variant's name + "-relay", e.g.
+    .venv/bin/python bench/remote_backfill.py --files 1000 --per-run 500 --order local,ssh-relay
 
 Side by side, in one command, on one generated corpus (bench/make_corpus.py), each variant a backfill of every
 file through gpu_executor's slurm backend in runs of ``--per-run`` partitions (bench/ranged_backfill.py's
@@ -21,12 +23,16 @@ file through gpu_executor's slurm backend in runs of ``--per-run`` partitions (b
      ``rest_transport_config``); the spool is this host's (the cluster's root shares /tmp), the tasks read the
      PostgreSQL password from an env_files file.
 
+A variant named ``<transport>-relay`` is that transport with ``events: relay``: the array tasks load a wrong
+database password and no DAGSTER_HOME (tests/slurm_helpers.py ``no_database_env``), so each event reaches the
+instance through the run workers' relay; it reports the relay's delay (:func:`relay_figures`).
+
 Reported per variant: makespan (submission to the end of the last run), runs, sbatch calls, partitions ok,
 useful fraction; for ``ssh`` the TCP connections sshd accepted during the backfill (its log's "Accepted
 publickey" lines: one per ControlMaster). Ratios: each remote variant's makespan ÷ ``local``'s, measured in
 the same run. Writes ``remote.ssh_makespan_ratio``, ``remote.ssh_connections_per_backfill`` and
-``remote.rest_makespan_ratio`` to
-bench/results/summary.json only at the issue's size (1,000 partitions), and the run's figures to
+``remote.rest_makespan_ratio`` (and for a relay variant ``remote.<variant>_makespan_ratio``, ``remote.relay_delay_p50_s``,
+``remote.relay_delay_p95_s``) to bench/results/summary.json only at the issue's size (1,000 partitions), and the run's figures to
 bench/results/remote_backfill.json (``--out``).
 """
 
@@ -82,6 +88,25 @@ def transport_env(variant: str, sshd: dict[str, str] | None, workdir: Path) -> t
     return env, C.control_path(SSH.target(sshd), ctl)
 
 
+def relay_figures(home: str) -> dict:
+    """What the run workers' relay reported (tests/slurm_helpers.py ``relay_reports``) for the backfill stored at
+    DAGSTER_HOME ``home``: materializations relayed, torn or refused lines, and the delay from a partition's
+    materialization on the compute node to its store in the instance: p50 = the units' p50s weighted by their
+    materializations, p95 = the largest unit p95 (an upper bound of the backfill's p95)."""
+    import dagster as dg
+
+    os.environ.setdefault("DAGSTER_PG_PASSWORD", (H.PG_DIR / "password").read_text().strip())
+    with dg.DagsterInstance.from_config(home) as instance:
+        reports = H.relay_reports(instance, [r.run_id for r in instance.get_runs()])
+    n = sum(r["dagster_gpu/relay_materializations"] for r in reports)
+    return {"relay_reports": len(reports), "relay_materializations": n,
+            "relay_bad_lines": sum(r["dagster_gpu/relay_bad_lines"] for r in reports),
+            "relay_refused": sum(r["dagster_gpu/relay_refused"] for r in reports),
+            "relay_delay_p50_s": round(sum(r["dagster_gpu/relay_delay_p50_s"] * r["dagster_gpu/relay_materializations"]
+                                           for r in reports) / max(n, 1), 3),
+            "relay_delay_p95_s": max((r["dagster_gpu/relay_delay_p95_s"] for r in reports), default=None)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=1000)
@@ -96,21 +121,26 @@ def main() -> None:
     if reason:
         sys.exit(f"cannot run: {reason}")
     variants = a.order.split(",")
-    sshd = SSH.sshd_env() if "ssh" in variants else None
+    sshd = SSH.sshd_env() if any(v.startswith("ssh") for v in variants) else None
     corpus = a.workdir / "corpus"
     make_corpus(corpus, a.files, a.records)
     keys = sorted(p.name for p in corpus.iterdir())
     res: dict[str, dict] = {}
     for v in variants:
-        env, socket = transport_env(v, sshd, a.workdir)
+        transport, relay = v.removesuffix("-relay"), v.endswith("-relay")
+        env, socket = transport_env(transport, sshd, a.workdir)
+        if relay:  # the tasks load a wrong database password: every event comes back through the relay
+            env.update(H.no_database_env(a.workdir))
         before = SSH.logins(sshd) if sshd else 0
         try:
             res[v] = run_backfill(v, corpus, keys, a.per_run, a.max_runs, a.workdir, extra_env=env)
         finally:
             if socket:
                 subprocess.run(["ssh", "-O", "exit", "-S", socket, "dagster-gpu-bench"], capture_output=True)
-        if v == "ssh":
+        if transport == "ssh":
             res[v]["ssh_connections"] = SSH.logins(sshd) - before
+        if relay:
+            res[v].update(relay_figures(res[v]["home"]))
         print(json.dumps(res[v]), flush=True)
     ratios = {}
     if "local" in res and "ssh" in res:
@@ -118,6 +148,11 @@ def main() -> None:
         ratios["remote.ssh_connections_per_backfill"] = res["ssh"]["ssh_connections"]
     if "local" in res and "rest" in res:
         ratios["remote.rest_makespan_ratio"] = round(res["rest"]["makespan_s"] / res["local"]["makespan_s"], 3)
+    for v in (v for v in variants if v.endswith("-relay")):
+        if "local" in res:
+            ratios[f"remote.{v.replace('-', '_')}_makespan_ratio"] = round(res[v]["makespan_s"] / res["local"]["makespan_s"], 3)
+        ratios["remote.relay_delay_p50_s"] = res[v]["relay_delay_p50_s"]
+        ratios["remote.relay_delay_p95_s"] = res[v]["relay_delay_p95_s"]
     print(json.dumps({"files": a.files, "per_run": a.per_run, **ratios}), flush=True)
     (REPO / "bench" / "results" / a.out).write_text(
         json.dumps({"files": a.files, "per_run": a.per_run, "order": variants, **res, "summary": ratios}, indent=1) + "\n")

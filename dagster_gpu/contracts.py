@@ -270,6 +270,18 @@ class Backend(ABC):
         Raises when the backend cannot be asked; ``backend: auto`` then records it as unreachable."""
         raise NotImplementedError(f"the {self.name} backend does not report live state")
 
+    def relay_channel(self, launch: StepLaunch) -> str | None:
+        """Where the worker of ``launch`` relays its events instead of writing them into the instance (a path
+        the worker appends to and :meth:`read_channel` reads: ``dagster_gpu.instance.relay_channel``), or None
+        when the worker writes them itself (the default)."""
+        return None
+
+    def read_channel(self, path: str, offset: int) -> bytes:
+        """The bytes of relay channel ``path`` from byte ``offset`` (b"" while it does not exist). Raises
+        NotImplementedError on a backend that never relays, or what its transport raises when the cluster
+        cannot be reached now."""
+        raise NotImplementedError(f"the {self.name} backend does not relay events")
+
     def handle_metadata(self, handle: Handle) -> Mapping[str, str | int | float]:
         """Metadata for the STEP_WORKER_STARTING event (defaults to the handle itself)."""
         return dict(handle)

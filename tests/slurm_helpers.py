@@ -270,3 +270,28 @@ def spool_batches(spool: Path) -> list[dict]:
         if f.exists():
             out.append({"batch": d.name, **json.loads(f.read_text())})
     return out
+
+
+def no_database_env(home: Path) -> dict[str, str]:
+    """The environment that makes gpu_executor's Slurm tasks relay their events (``events: relay``) and that
+    keeps them off the database: an ``env_files`` file (0600) the tasks load last, with a wrong
+    ``DAGSTER_PG_PASSWORD`` and a ``DAGSTER_HOME`` that does not exist (a task that opened the instance would fail)."""
+    f = home / "no-database.env"
+    f.write_text("DAGSTER_PG_PASSWORD=not-the-password\nDAGSTER_HOME=/nonexistent/dagster-home\n")
+    f.chmod(0o600)
+    return {"DGPU_TEST_EVENTS": "relay", "DGPU_TEST_NO_DB_ENV_FILE": str(f)}
+
+
+def relay_reports(instance, run_ids) -> list[dict]:
+    """The metadata of each ``dagster-gpu relay: stored ...`` engine event of ``run_ids`` (one per relayed step attempt
+    that ended), with its run id under ``_run_id``."""
+    import dagster as dg
+
+    out = []
+    for run_id in run_ids:
+        for r in instance.get_records_for_run(run_id, of_type=dg.DagsterEventType.ENGINE_EVENT).records:
+            entry = r.event_log_entry
+            if (entry.message or "").startswith("dagster-gpu relay: stored"):
+                md = entry.dagster_event.engine_event_data.metadata
+                out.append({**{k: v.value for k, v in md.items()}, "_run_id": run_id})
+    return out

@@ -4,7 +4,7 @@ Settings come from the environment so every process (test, daemon, run workers, 
 ``SLURM_TEST_THROTTLE`` (array %T), ``SLURM_TEST_WINDOW`` / ``SLURM_TEST_MAX_WINDOW`` (coalescing, s),
 ``SLURM_TEST_BACKLOG`` / ``SLURM_TEST_TARGET`` (coalesce_backlog_tasks / coalesce_target_tasks; 0 turns
 that hold off),
-``DAGSTER_GPU_SLURM_SPOOL`` (spool dir), ``DGPU_TEST_SLURM_PYTHON`` (the interpreter array tasks run: see
+``DAGSTER_GPU_SLURM_SPOOL`` (spool dir), ``DGPU_TEST_EVENTS`` (``relay``: see :func:`relay_config`), ``DGPU_TEST_SLURM_PYTHON`` (the interpreter array tasks run: see
 :func:`worker_python_config`), ``SLURM_TEST_RETRIES=1`` (the executor's retries on: the asset's
 RetryPolicy(max_retries=1) applies). The asset sleeps ``test/sleep`` seconds (a run tag) and returns its
 partition key; the first attempt of a partition listed in ``DGPU_TEST_SLOW_FIRST`` (comma-separated)
@@ -55,6 +55,7 @@ def executor_config() -> dict:
         slurm["slurm_conf"] = os.environ["SLURM_CONF"]
     slurm.update(ssh_transport_config())
     slurm.update(rest_transport_config())
+    slurm.update(relay_config(slurm))
     return {
         "backend": "slurm",
         "local": {"enabled": False},
@@ -100,6 +101,16 @@ def rest_transport_config() -> dict:
             "env_files": [os.environ["DGPU_TEST_ENV_FILE"]]}
 
 
+def relay_config(slurm: dict) -> dict:
+    """``DGPU_TEST_EVENTS=relay``: the array tasks relay their events (``events: relay``) and load
+    ``DGPU_TEST_NO_DB_ENV_FILE`` last (e.g. a wrong ``DAGSTER_PG_PASSWORD`` and a ``DAGSTER_HOME`` that does not
+    exist: a task that touched the database would fail). Empty otherwise."""
+    if os.environ.get("DGPU_TEST_EVENTS", "direct") != "relay":
+        return {}
+    extra = [os.environ["DGPU_TEST_NO_DB_ENV_FILE"]] if os.environ.get("DGPU_TEST_NO_DB_ENV_FILE") else []
+    return {"events": "relay", "env_files": [*slurm.get("env_files", []), *extra]}
+
+
 def worker_python_config(slurm: dict) -> dict:
     """``DGPU_TEST_SLURM_PYTHON`` (the 24.11 test cluster's worker-python, whose array tasks run in a
     chroot; resources/slurm/README.md): the interpreter of the job script (``slurm.python``, set in
@@ -130,6 +141,7 @@ def trivial(context):
     md["test/partition_key"] = context.partition_key
     md["test/retry_number"] = context.retry_number
     md["test/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    md["test/dagster_home"] = os.environ.get("DAGSTER_HOME", "")
     return dg.MaterializeResult(metadata=md)
 
 

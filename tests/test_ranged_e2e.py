@@ -44,7 +44,7 @@ def _worker_pids(run_id: str) -> list[int]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info.get("cmdline") or []
-        if "execute_step" not in cmd:
+        if "execute_step" not in cmd and "dagster_gpu.worker.relay_step" not in cmd:
             continue
         try:
             env = p.environ()
@@ -178,13 +178,18 @@ def check_bills(by_unit: dict[str, list[dict]], res: dict) -> None:
 @pytest.mark.slurm
 @pytest.mark.postgres
 @pytest.mark.e2e
-def test_ranged_backfill_on_slurm(tmp_path, monkeypatch):
+@pytest.mark.parametrize("events", ["direct", "relay"])
+def test_ranged_backfill_on_slurm(tmp_path, monkeypatch, events):
+    """``relay``: the array tasks cannot open the instance (wrong password, no DAGSTER_HOME: slurm_helpers.
+    no_database_env); every event reaches it through the run workers' relay, with the same outcome."""
     from tests import slurm_helpers as H
 
     reason = H.cluster_unavailable_reason() or H.postgres_unavailable_reason()
     if reason:
         pytest.skip(reason)
     home, env = H.make_dagster_home(max_concurrent_runs=4)
+    if events == "relay":
+        env.update(H.no_database_env(home))
     env = {**env, "RANGED_TEST_BACKEND": "slurm", "RANGED_TEST_CORPUS": str(tmp_path / "corpus"),
            "RANGED_TEST_OUTPUT": str(tmp_path / "out"), "RANGED_TEST_PER_RUN": str(PER_RUN), "RANGED_TEST_RETRIES": "1",
            "SLURM_TEST_THROTTLE": "4", "SLURM_TEST_WINDOW": "2", "SLURM_TEST_MAX_WINDOW": "20",
@@ -196,8 +201,10 @@ def test_ranged_backfill_on_slurm(tmp_path, monkeypatch):
                   f"      working_directory: {REPO}\n      location_name: ranged\n")
     with dg.DagsterInstance.get() as instance:
         res = run_ranged_backfill(instance, tmp_path, ws, env, "slurm/job_id", "sacct")
-        check_outcome(instance, res, "slurm", tmp_path / "daemon.log")
+        units = check_outcome(instance, res, "slurm", tmp_path / "daemon.log")
         check_bills(res["bills"], res)
+        if events == "relay":
+            check_relayed(instance, res, units)
     # nothing of ours left in squeue
     batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
     ids = {str(b["array_job_id"]) for b in batches}
@@ -207,6 +214,30 @@ def test_ranged_backfill_on_slurm(tmp_path, monkeypatch):
     assert not left, left
     # 4 ranges and 1 retry: at most one sbatch each (fewer when launches arrive within the coalescing window)
     assert 1 <= len(batches) <= 5 and sum(b["tasks"] for b in batches) == 5
+
+
+def check_relayed(instance, res: dict, units: dict[str, list[dict]]) -> None:
+    """Every unit that materialized was relayed: one report per ended unit (the killed one ended with no outcome,
+    so none), its materializations all stored once, its delay measured, no torn or refused line."""
+    from tests import slurm_helpers as H
+
+    runs = {r.run_id for r in instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": res["backfill_id"]}))}
+    reports = H.relay_reports(instance, runs)
+    assert len(reports) == len(units) - 1 == N // PER_RUN, reports
+    first_killed = res["killed"]["materialized_before"][0]
+    killed_unit = next(str(md["slurm/job_id"]) for k, _, md in _mats(instance, res["asset_key"]) if k == first_killed)
+    assert sum(r["dagster_gpu/relay_materializations"] for r in reports) == sum(
+        len(v) for u, v in units.items() if u != killed_unit)
+    for r in reports:
+        assert r["dagster_gpu/relay_bad_lines"] == 0 and r["dagster_gpu/relay_refused"] == 0, r
+        assert r["dagster_gpu/relay_materializations"] >= 1 and 0 <= r["dagster_gpu/relay_delay_p95_s"] < 60, r
+        assert r["dagster_gpu/relay_channel"].endswith(".jsonl") and "/relay/" in r["dagster_gpu/relay_channel"]
+    # the run's cost tag grew by what its relayed materializations measured
+    for run_id in runs:
+        run = instance.get_run_by_id(run_id)
+        mats = [md for _, rid, md in _mats(instance, res["asset_key"], run_id)]
+        if mats:
+            assert float(run.tags["dagster_gpu/cost_usd"]) == pytest.approx(sum(md["billing/cost_usd"] for md in mats), abs=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ Kubernetes

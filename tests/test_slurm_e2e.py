@@ -446,15 +446,22 @@ def _start_one_run(env, key: str, sleep_s: float):
 
 
 @ON_2411
-def test_killed_run_worker_is_resumed_and_reattaches_to_its_task(home):
+@pytest.mark.parametrize("events", ["direct", "relay"])
+def test_killed_run_worker_is_resumed_and_reattaches_to_its_task(home, events, monkeypatch):
     """The orchestrating process dies (SIGKILL, as on a host restart) while its step runs as an array task:
     the task keeps running; the run, resumed as Dagster's run monitoring resumes it (``dagster api
     resume_run``), re-attaches to that task by the handle in its event log instead of launching another,
-    and the partition materializes once."""
+    and the partition materializes once. ``relay``: the task cannot open the instance; the killed run worker
+    had stored part of its channel, the resumed one reads the channel from the start and stores every event
+    exactly once."""
     import dagster as dg
     from dagster._core.storage.dagster_run import DagsterRunStatus
 
     home_dir, env = home
+    if events == "relay":
+        for k, v in H.no_database_env(home_dir).items():
+            env[k] = v
+            monkeypatch.setenv(k, v)
     key = "p190"
     proc, run, handle = _start_one_run(env, key, 25)
     client = _client()
@@ -474,6 +481,18 @@ def test_killed_run_worker_is_resumed_and_reattaches_to_its_task(home):
     obs = _wait_for(lambda: _all_observed([key]), 60, what="the sacct observation from the resumed process")[key]
     assert obs[0]["billing/source"] == "sacct" and obs[0]["slurm/state"] == "COMPLETED"
     assert obs[0]["slurm/elapsed_seconds"] >= 25
+    if events == "relay":
+        from dagster_gpu.instance.relay_channel import event_key
+
+        assert mats[0]["test/dagster_home"] == "/nonexistent/dagster-home"
+        with dg.DagsterInstance.get() as inst:
+            entries = [r.event_log_entry for r in inst.get_records_for_run(run.run_id).records]
+            reports = H.relay_reports(inst, [run.run_id])
+        worker = [event_key(e) for e in entries if e.step_key == "trivial"]
+        assert len(worker) == len(set(worker)), "an event was stored twice"
+        types = [e.dagster_event.event_type_value for e in entries if e.dagster_event and e.step_key == "trivial"]
+        assert types.count("STEP_START") == 1 and types.count("STEP_SUCCESS") == 1 and types.count("ASSET_MATERIALIZATION") == 1
+        assert len(reports) == 1 and reports[0]["dagster_gpu/relay_materializations"] == 1
 
 
 @ON_2205

@@ -101,3 +101,34 @@ def test_the_master_killed_mid_backfill_is_remade_and_no_step_fails(ssh_home):
     connections = SSH.logins(sshd) - before
     print(f"ssh transport: master killed {killed_at:.0f}; {connections} TCP connection(s) for the backfill")
     assert connections == 2  # the first master and the one re-made; no command opened its own
+
+
+def test_relayed_events_come_back_over_the_same_connection_and_the_tasks_never_open_the_instance(ssh_home, monkeypatch):
+    """``events: relay`` over ssh: the tasks load a wrong database password and no DAGSTER_HOME (slurm_helpers.
+    no_database_env); their events reach the instance through channels in the cluster's spool, read over the one
+    master; every run succeeds with one materialization per partition, and sacct bills each."""
+    import dagster as dg
+
+    home_dir, env, sshd, socket = ssh_home
+    for k, v in H.no_database_env(home_dir).items():
+        env[k] = v
+        monkeypatch.setenv(k, v)
+    keys = [f"p{i:03d}" for i in range(20, 26)]
+    before = SSH.logins(sshd)
+    mats = _check_runs(home_dir, env, keys, H.start_runs(env, keys))
+    assert {mats[k][0]["test/dagster_home"] for k in keys} == {"/nonexistent/dagster-home"}
+    remote = Path(env["DGPU_TEST_REMOTE_SPOOL"])
+    channels = sorted((remote / "relay").rglob("*.jsonl"))
+    assert len(channels) == len(keys) and {oct(p.stat().st_mode & 0o777) for p in channels} == {"0o600"}
+    with dg.DagsterInstance.get() as instance:
+        runs = [r.run_id for r in instance.get_runs()]
+        reports = H.relay_reports(instance, runs)
+    assert len(runs) == len(reports) == len(keys), reports
+    assert all(r["dagster_gpu/relay_materializations"] == 1 and r["dagster_gpu/relay_bad_lines"] == 0 for r in reports)
+    assert {r["dagster_gpu/relay_channel"] for r in reports} == {str(p) for p in channels}
+    obs = _wait_for(lambda: _all_observed(keys), 60, what="sacct observations")
+    assert all(obs[k][0]["billing/source"] == "sacct" for k in keys)
+    delays = sorted(r["dagster_gpu/relay_delay_p50_s"] for r in reports)
+    connections = SSH.logins(sshd) - before
+    print(f"relay over ssh: {len(keys)} runs, delays {delays} s, {connections} TCP connection(s)")
+    assert connections == 1

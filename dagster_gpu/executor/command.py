@@ -48,6 +48,16 @@ def worker_argv(args: ExecuteStepArgs, python: str | None = None) -> tuple[str, 
     return (exe, "-m", "dagster", *tail)
 
 
+#: The module a relayed step worker runs instead of ``dagster api execute_step`` (``events: relay``).
+RELAY_WORKER_MODULE = "dagster_gpu.worker.relay_step"
+
+
+def relay_worker_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """:func:`worker_argv`'s command with ``-m dagster api execute_step`` replaced by ``-m`` :data:`RELAY_WORKER_MODULE`
+    (same interpreter; the step args still travel in the environment)."""
+    return (argv[0], "-m", RELAY_WORKER_MODULE)
+
+
 #: Environment every step worker gets (see the module docstring).
 WORKER_FIXED_ENV = {"TOKENIZERS_PARALLELISM": "false"}
 

@@ -20,6 +20,7 @@ ended (abandoned worker terminated, scheduler bill read, unit released, bill wri
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -34,12 +35,15 @@ from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHa
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.instance.connections import hold_storage_connections
 from dagster_gpu.instance.events import (
-    BACKEND_KEY, HANDLE_KEY, PLACEMENT_KEY, PREEMPTIONS_KEY, Launch, launches, outcome_recorded,
+    BACKEND_KEY, HANDLE_KEY, PLACEMENT_KEY, PREEMPTIONS_KEY, RELAY_CHANNEL_KEY, Launch, launches, outcome_recorded,
 )
+from dagster_gpu.instance.relay_channel import RELAY_ENV
+from dagster_gpu.instance.relay_storage import seed_for
 from dagster_gpu.contracts import TERMINAL, Backend, StepLaunch, WorkerStatus, describe_partitions
 from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backfill_hint import launches_to_come
-from dagster_gpu.executor.command import worker_argv, worker_env, worker_python_for
+from dagster_gpu.executor.command import relay_worker_argv, worker_argv, worker_env, worker_python_for
+from dagster_gpu.executor.relay import RelayPump
 from dagster_gpu.instance.run_ranges import run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.instance.run_tags import tag_launch
@@ -72,6 +76,7 @@ class GpuStepHandler(StepHandler):
         self._lock = threading.Lock()
         self._pooled = False
         self.settler = Settler()
+        self.relay = RelayPump()
 
     @property
     def name(self) -> str:
@@ -170,6 +175,13 @@ class GpuStepHandler(StepHandler):
             launches_to_come=self._launches_to_come(ctx) if backend.coalesces_launches and not preemptions else None,
             preemptions=preemptions,
         )
+        channel = backend.relay_channel(launch)
+        if channel is not None:  # events: relay: the worker writes its events to the channel, this process stores them
+            seed = seed_for(ctx.instance, ctx.instance.get_run_by_id(run.run_id) or run,
+                            dynamic={pdef: keys} if pdef and keys else None).encode()
+            launch = dataclasses.replace(launch, argv=relay_worker_argv(launch.argv),
+                                         env={**launch.env, RELAY_ENV: json.dumps({"channel": channel, "seed": seed})})
+            self.relay.watch(channel, run.run_id, step_key, backend.read_channel)
         try:
             handle = backend.launch(launch)
         except Exception as e:
@@ -177,7 +189,7 @@ class GpuStepHandler(StepHandler):
         with self._lock:  # known in memory until the event log has it (storage id None)
             self._launched[(run.run_id, step_key, attempt)] = Launch(step_key, None, {
                 BACKEND_KEY: backend.name, HANDLE_KEY: dict(handle), PLACEMENT_KEY: placement.to_json(),
-                PREEMPTIONS_KEY: preemptions})
+                PREEMPTIONS_KEY: preemptions, **({RELAY_CHANNEL_KEY: channel} if channel else {})})
         self.settler.track(backend, handle)
         if not preemptions:
             tag_launch(ctx.instance, run.run_id, backend.name, placement.device)  # Runs page: where it ran
@@ -191,6 +203,7 @@ class GpuStepHandler(StepHandler):
                 PLACEMENT_KEY: MetadataValue.json(placement.to_json()),
                 "dagster_gpu/request": MetadataValue.json(request.to_json()),
                 **({PREEMPTIONS_KEY: MetadataValue.int(preemptions)} if preemptions else {}),
+                **({RELAY_CHANNEL_KEY: MetadataValue.text(channel)} if channel else {}),
                 **{k: v for k, v in backend.handle_metadata(handle).items()},
             },
         )
@@ -214,6 +227,8 @@ class GpuStepHandler(StepHandler):
                 with self._lock:
                     self._launched[(run_id, step_key, attempt)] = launch
                 self.settler.track(self.backend(launch.backend), launch.handle)
+                if launch.relay_channel:  # a resumed run worker reads the channel again (the pump skips what is stored)
+                    self.relay.watch(launch.relay_channel, run_id, step_key, self.backend(launch.backend).read_channel)
                 return launch
         with self._lock:
             return self._launched.get((run_id, step_key, attempt))
@@ -230,6 +245,7 @@ class GpuStepHandler(StepHandler):
         state = backend.state(handle)
         if state.status not in TERMINAL:
             return CheckStepHealthResult.healthy()
+        self.relay.pump(ctx.instance, ctx.dagster_run.run_id, step_key)  # what an ended relayed worker wrote last
         if outcome_recorded(ctx.instance, ctx.dagster_run.run_id, [step_key], launched_at):
             return CheckStepHealthResult.healthy()
         where = describe_partitions(self.partition_keys(ctx, step_key))

@@ -46,6 +46,12 @@ class GpuStepDelegatingExecutor(StepDelegatingExecutor):
             raise
         yield from self._terminate_after_user_cancel(plan_context)
 
+    def _pop_events(self, instance, run_id, seen_storage_ids):
+        """Dagster's read of the run's new events, after storing what relayed workers wrote
+        (:mod:`dagster_gpu.executor.relay`): a relayed step's events are seen in the same poll."""
+        self._step_handler.relay.pump(instance, run_id)
+        return super()._pop_events(instance, run_id, seen_storage_ids)
+
     def _terminate_after_user_cancel(self, plan_context):
         instance, run_id = plan_context.instance, plan_context.run_id
         run = instance.get_run_by_id(run_id)

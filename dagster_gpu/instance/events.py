@@ -20,6 +20,8 @@ HANDLE_KEY = "dagster_gpu/handle"
 BACKEND_KEY = "dagster_gpu/backend"
 PLACEMENT_KEY = "dagster_gpu/placement"
 PREEMPTIONS_KEY = "dagster_gpu/preemptions"
+#: the relay channel of a launch with ``events: relay`` (absent: the worker writes to the instance itself)
+RELAY_CHANNEL_KEY = "dagster_gpu/relay_channel"
 
 #: The events that record a step's outcome.
 OUTCOMES = frozenset({DagsterEventType.STEP_SUCCESS, DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_UP_FOR_RETRY})
@@ -90,6 +92,12 @@ class Launch:
         """The placement the launch was made with (JSON), None when the event carries none."""
         v = metadata_get(self.metadata, PLACEMENT_KEY)
         return v if isinstance(v, dict) else None
+
+    @property
+    def relay_channel(self) -> str | None:
+        """Where the launched worker relays its events (``events: relay``), None when it writes them itself."""
+        v = metadata_get(self.metadata, RELAY_CHANNEL_KEY)
+        return v if isinstance(v, str) and v else None
 
 
 def launches(instance, run_id: str, *, latest_first: bool = False, limit: int | None = None) -> list[Launch]:

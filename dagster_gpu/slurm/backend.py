@@ -76,6 +76,7 @@ anything and a refused task fails its step with the reason from its log.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import tempfile
@@ -234,6 +235,10 @@ class SlurmSettings:
                                                                 "with PASSWORD, SECRET, TOKEN or JWT never (use env_files).")
     rest_working_dir: str = setting("/tmp", "transport rest: the jobs' working directory on the cluster.")
     rest_ca_file: str | None = setting(None, "transport rest: CA bundle for an https rest_url (default: the system's).")
+    events: str = setting("direct", "How the array tasks' events reach the Dagster instance: 'direct' (each task "
+                                    "writes to the instance's database, so compute nodes reach it) or 'relay' (each task "
+                                    "appends them to a file in the spool that the run worker reads, over the transport "
+                                    "with ssh, and stores: compute nodes need no database access and no database password).")
     worker_python: str | None = setting(
         None, "The array task's step worker Python (a path the compute nodes see, e.g. a venv on the shared "
               "filesystem); default: the executor-wide worker_python if set, else the code location's interpreter.")
@@ -494,6 +499,29 @@ class SlurmBackend(Backend):
             # the task's own words: e.g. why it refused its manifest (exit 3) before running anything
             st = WorkerState(st.status, st.exit_code, f"{st.message}; last lines of {h.log_file}:\n{self._log_tail(h.log_file)}")
         return WorkerState(st.status, st.exit_code, st.message, abandoned=abandoned)
+
+    def relay_channel(self, launch: StepLaunch) -> str | None:
+        """With ``events: relay``: the task's channel, ``<spool the tasks see>/relay/<run id>/<digest>.jsonl``, the
+        digest over the step key, attempt and preemptions (no key or user text in a path). None with ``direct``."""
+        if self.settings.events == "direct":
+            return None
+        remote = getattr(getattr(self.client, "transport", None), "remote_spool", None)
+        root = remote or str(self.spool.root)
+        digest = hashlib.sha256(f"{launch.step_key}\0{launch.attempt}\0{launch.preemptions}".encode()).hexdigest()[:20]
+        return f"{root}/relay/{launch.run_id}/{digest}.jsonl"
+
+    def read_channel(self, path: str, offset: int) -> bytes:
+        """Relay channel ``path`` from byte ``offset``: over the transport when the spool the tasks write is on
+        the cluster (``transport: ssh``), else from this host's spool. b"" while the task has not written it."""
+        transport = getattr(self.client, "transport", None)
+        if getattr(transport, "remote_spool", None):
+            return transport.read_from(path, offset)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                return f.read()
+        except FileNotFoundError:
+            return b""
 
     def _task_log(self, batch: str, task: int) -> str:
         """Where array task ``task`` of ``batch`` writes its log (``sbatch --output``): under the spool the

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Iterator, Mapping, Sequence
 
 from dagster_gpu.slurm import ssh_command as C
-from dagster_gpu.slurm.transport import TransportRefused, TransportUnreachable, scrubbed_env
+from dagster_gpu.slurm.transport import TransportError, TransportRefused, TransportUnreachable, scrubbed_env
 
 log = logging.getLogger(__name__)
 
@@ -240,6 +240,16 @@ class SshTransport:
             cp = self._remote(C.tail_command(path, lines), 30)
         except (TransportUnreachable, TransportRefused, subprocess.TimeoutExpired) as e:
             return f"(could not read {path} over ssh: {e})"
+        return cp.stdout
+
+
+    def read_from(self, path: str, offset: int, timeout_s: float = 30.0) -> bytes:
+        """The bytes of a file on the cluster from ``offset`` (b"" when absent), in one round trip over the
+        master. Raises TransportUnreachable, TransportRefused, subprocess.TimeoutExpired, and
+        TransportError when the remote ``tail`` fails."""
+        cp = self._remote(C.read_from_command(path, offset), timeout_s, text=False)
+        if cp.returncode != 0:
+            raise TransportError(f"ssh {self.target.label}: reading {path}: {cp.stderr.decode(errors='replace').strip()}")
         return cp.stdout
 
 

@@ -99,6 +99,9 @@ sha256sum $written
 
 #: ``sh -c REMOTE_TAIL dagster-gpu <path> <n>``: the last n lines of a file ('' when it does not exist).
 REMOTE_TAIL = r"""[ -f "$1" ] && tail -n "$2" -- "$1" || true"""
+#: ``sh -c REMOTE_READ_FROM dagster-gpu <path> <offset + 1>``: a file's bytes from a 0-based offset (``tail -c +K``
+#: starts at byte K, 1-based; POSIX tail); nothing when the file does not exist.
+REMOTE_READ_FROM = r"""[ -f "$1" ] && tail -c +"$2" -- "$1" || true"""
 
 
 @dataclass(frozen=True)
@@ -225,6 +228,11 @@ def upload_command(root: str, files: Sequence[tuple[str, int, int]]) -> str:
 def tail_command(path: str, lines: int) -> str:
     """:data:`REMOTE_TAIL` for the last ``lines`` lines of ``path``, quoted."""
     return shlex.join(["sh", "-c", REMOTE_TAIL, "dagster-gpu", path, str(int(lines))])
+
+
+def read_from_command(path: str, offset: int) -> str:
+    """:data:`REMOTE_READ_FROM` for ``path`` from byte ``offset`` (0-based), quoted."""
+    return shlex.join(["sh", "-c", REMOTE_READ_FROM, "dagster-gpu", path, str(int(offset) + 1)])
 
 
 def parse_sha256sum(text: str) -> dict[str, str]:
