@@ -221,7 +221,7 @@ def check_relayed(instance, res: dict, units: dict[str, list[dict]]) -> None:
     so none), its materializations all stored once, its delay measured, no torn or refused line."""
     from tests import slurm_helpers as H
 
-    runs = {r.run_id for r in instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": res["backfill_id"]}))}
+    runs = {r.dagster_run.run_id for r in instance.get_run_records(dg.RunsFilter(tags={"dagster/backfill": res["backfill_id"]}))}
     reports = H.relay_reports(instance, runs)
     assert len(reports) == len(units) - 1 == N // PER_RUN, reports
     first_killed = res["killed"]["materialized_before"][0]
