@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -102,6 +103,8 @@ def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_
     """One backfill of ``keys`` through the slurm backend in runs of ``per_run``; ``extra_env`` on top of the
     bench's settings (e.g. tests/slurm_pipeline.py's ``DGPU_TEST_SLURM_TRANSPORT`` and its ssh variables)."""
     home, env = H.make_dagster_home(max_concurrent_runs=max_runs)
+    # a fresh output directory: an earlier run's outputs would let the units reuse every vector (embedding nothing)
+    shutil.rmtree(workdir / variant, ignore_errors=True)
     env = {**env, **(extra_env or {}), "RANGED_TEST_BACKEND": "slurm", "RANGED_TEST_CORPUS": str(corpus), "RANGED_TEST_OUTPUT": str(workdir / variant),
            "RANGED_TEST_PER_RUN": str(per_run), "RANGED_TEST_RETRIES": "0", "SLURM_TEST_THROTTLE": "4",
            "SLURM_TEST_WINDOW": "3", "SLURM_TEST_MAX_WINDOW": "30", "SLURM_TEST_POLL": "2",

@@ -123,6 +123,7 @@ def main() -> None:
     variants = a.order.split(",")
     sshd = SSH.sshd_env() if any(v.startswith("ssh") for v in variants) else None
     corpus = a.workdir / "corpus"
+    shutil.rmtree(corpus, ignore_errors=True)  # exactly --files files, whatever an earlier run left there
     make_corpus(corpus, a.files, a.records)
     keys = sorted(p.name for p in corpus.iterdir())
     res: dict[str, dict] = {}

@@ -103,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="how --backend slurm|auto reaches Slurm: local commands, ssh to the local login node "
                          "(resources/ssh/sshd.sh; Slurm 22.05 only), or rest: slurmrestd with a JWT (the 24.11 "
                          "cluster's, resources/slurm/trixie.sh; implies --slurm-version 24.11)")
+    ap.add_argument("--events", choices=("direct", "relay"), default="direct",
+                    help="how --backend slurm|auto's array tasks record their events: direct (into the instance's "
+                         "PostgreSQL) or relay (into a file in the spool that the run worker reads and stores: compute "
+                         "nodes need no database access)")
     ap.add_argument("--home", type=Path, default=None,
                     help="DAGSTER_HOME (default: .dagster_home, .dagster_home_<backend>, .dagster_home_<backend>-24.11)")
     ap.add_argument("--corpus", type=Path, default=REPO / ".demo" / "corpus")
@@ -141,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["DAGSTER_GPU_OUTPUT_URL"] = str(args.output.resolve())
     run_config = None if args.backend == "local" else {"execution": {"config": executor_config(
         args.backend, args.home.resolve(), os.environ.get(WORKER_PYTHON_ENV) if args.slurm_version != DEFAULT_SLURM_VERSION else None,
-        args.transport)}}
+        args.transport, args.events)}}
 
     import dagster as dg
     from dagster_gpu.commands.common import console as make_console

@@ -225,12 +225,14 @@ def ssh_settings(remote_spool_dir: str | Path, forward_env: tuple[str, ...] | li
     return cfg
 
 
-def executor_config(backend: str, home: Path, slurm_worker_python: str | None = None, transport: str = "local") -> dict:
+def executor_config(backend: str, home: Path, slurm_worker_python: str | None = None, transport: str = "local",
+                    events: str = "direct") -> dict:
     """gpu_executor's config for ``backend`` (the local Slurm cluster's account, the test namespace).
 
     ``slurm_worker_python`` (``DAGSTER_GPU_SLURM_WORKER_PYTHON`` from ``trixie.sh env``): the interpreter that
     exists where the Slurm array tasks run, set as the slurm section's ``python`` (the job script's) and
-    ``worker_python`` (the step worker's); only that section, so pods keep their image's python."""
+    ``worker_python`` (the step worker's); only that section, so pods keep their image's python. ``events``: the
+    slurm section's ``events`` (``relay``: the array tasks' events come back through the spool, not the database)."""
     cfg: dict = {"backend": backend, "retries": {"disabled": {}}}
     if backend in ("slurm", "auto"):
         cfg["slurm"] = {"account": "research", "spool_dir": str(home / "slurm-spool")}
@@ -240,6 +242,8 @@ def executor_config(backend: str, home: Path, slurm_worker_python: str | None = 
             cfg["slurm"].update(ssh_settings(home / "cluster-spool"))
         if transport == "rest":
             cfg["slurm"].update(rest_settings(home))
+        if events != "direct":
+            cfg["slurm"]["events"] = events
     if backend in ("kubernetes", "auto"):
         passed = ("DAGSTER_PG_HOST", "DAGSTER_PG_PORT", "DAGSTER_PG_USER", "DAGSTER_GPU_CORPUS_URL", "DAGSTER_GPU_OUTPUT_URL")
         env_vars = [f"{k}={os.environ[k]}" for k in passed if k in os.environ]

@@ -5,6 +5,7 @@ started, no demo runs. The 24.11 environment is the one ``resources/slurm/trixie
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -83,3 +84,34 @@ def test_an_unknown_slurm_version_is_refused_by_the_option(capsys):
     with pytest.raises(SystemExit) as e:
         demo.main(["--backend", "slurm", "--slurm-version", "23.02"])
     assert e.value.code == 2 and "invalid choice: '23.02'" in capsys.readouterr().err
+
+
+def test_events_relay_gives_each_launch_a_channel_in_the_spool_named_by_digest(tmp_path):
+    from dagster_gpu.contracts import StepLaunch
+    from dagster_gpu.core.request import GpuRequest
+    from dagster_gpu.policy.placement import Placement
+    from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
+
+    cfg = executor_config("slurm", tmp_path, "/py", events="relay")["slurm"]
+    assert cfg["events"] == "relay" and "events" not in executor_config("slurm", tmp_path, "/py")["slurm"]
+    backend = SlurmBackend(SlurmSettings(**cfg))
+    launch = StepLaunch(run_id="r-1", step_key="emb; rm -rf /", partition_keys=("k",), attempt=1, argv=("py",), env={},
+                        request=GpuRequest(), placement=Placement(backend="slurm", reason="test"))
+    channel = backend.relay_channel(launch)
+    root = str(tmp_path / "slurm-spool")
+    import re
+
+    assert channel.startswith(f"{root}/relay/r-1/") and re.fullmatch(r"[0-9a-f]{20}\.jsonl", os.path.basename(channel))
+    # another attempt or a relaunch after a preemption writes another channel
+    import dataclasses
+
+    assert backend.relay_channel(dataclasses.replace(launch, attempt=2)) != channel
+    assert backend.relay_channel(dataclasses.replace(launch, preemptions=1)) != channel
+    assert backend.read_channel(channel, 0) == b""
+    os.makedirs(os.path.dirname(channel))
+    with open(channel, "wb") as f:
+        f.write(b"0123456789")
+    assert backend.read_channel(channel, 4) == b"456789"
+    assert SlurmBackend(SlurmSettings(**executor_config("slurm", tmp_path, "/py")["slurm"])).relay_channel(launch) is None
+    with pytest.raises(ValueError, match="slurm.events: 'sideways'"):
+        SlurmSettings(events="sideways")

@@ -127,3 +127,30 @@ def test_a_backfill_terminated_mid_way_cancels_its_tasks_through_slurmrestd(rest
     rest = [r for r in client.sacct(ids) if r.id.task_id is None]
     assert all(r.id.task_ranges and r.state.name == "CANCELLED" and r.elapsed_s == 0 for r in rest), [(r.id.raw, str(r.state)) for r in rest]
     assert all(r.elapsed_s > 0 and r.alloc_tres.get("gres/gpu") == 1.0 for r in ran), [(r.id.raw, r.start, r.end, r.elapsed_s, dict(r.alloc_tres)) for r in ran]
+
+
+@H.on_slurm("24.11")
+def test_relayed_events_over_slurmrestd_the_tasks_never_open_the_instance(rest_home, monkeypatch):
+    """``events: relay`` with ``transport: rest``: the tasks load a wrong database password after the real one and
+    no DAGSTER_HOME (slurm_helpers.no_database_env); each run's events come back through its channel in the
+    spool both sides see, and each partition materializes once with its task's metadata."""
+    import dagster as dg
+
+    home_dir, env, token = rest_home
+    for k, v in H.no_database_env(home_dir).items():
+        env[k] = v
+        monkeypatch.setenv(k, v)
+    keys = [f"p{i:03d}" for i in range(30, 34)]
+    procs = H.start_runs(env, keys)
+    codes = H.wait_all(procs, 600)
+    assert codes == [0] * len(keys), f"run workers exited {codes}; logs in {home_dir}\n{H.explain_failures(home_dir, keys, codes)}"
+    mats = _materializations(keys)
+    assert all(len(mats[k]) == 1 and mats[k][0]["test/partition_key"] == k for k in keys), mats
+    assert {mats[k][0]["test/dagster_home"] for k in keys} == {"/nonexistent/dagster-home"}
+    with dg.DagsterInstance.get() as instance:
+        reports = H.relay_reports(instance, [r.run_id for r in instance.get_runs()])
+    assert len(reports) == len(keys) and all(r["dagster_gpu/relay_materializations"] == 1 for r in reports), reports
+    spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
+    assert {r["dagster_gpu/relay_channel"] for r in reports} == {str(p) for p in (spool / "relay").rglob("*.jsonl")}
+    obs = _wait_for(lambda: _all_observed(keys), 90, what="sacct observations")
+    assert all(obs[k][0]["billing/source"] == "sacct" for k in keys)

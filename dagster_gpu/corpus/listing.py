@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import fsspec
+from fsspec.core import strip_protocol
 
 from dagster_gpu.corpus.readers import TextFormat
 from dagster_gpu.corpus.shards import Shard, could_be_shard_key, shard_key, shardable
@@ -163,7 +164,7 @@ class CorpusSource:
             fs, _root = self.filesystem()
         kind = self.text_format.resolved(f.uri)
         try:
-            shards = file_shards(fs, fs._strip_protocol(f.uri), f.uri, f.size_bytes, f.version, int(self.shard_bytes),
+            shards = file_shards(fs, strip_protocol(f.uri), f.uri, f.size_bytes, f.version, int(self.shard_bytes),
                                  kind=kind, separator_line=self.text_format.record_separator_line,
                                  encoding=self.text_format.encoding,
                                  plan_url=self.shard_plan_url or default_plan_url(),
@@ -240,7 +241,7 @@ class CorpusSource:
         is read so that the version recorded is never newer than the bytes read. Raises CorpusNotFound
         naming the partition and the file when it is gone, CorpusUnreadable when the store refuses."""
         fs, _root = self.filesystem()
-        path = fs._strip_protocol(file.uri)
+        path = strip_protocol(file.uri)
         try:
             fs.invalidate_cache(path)  # an object store's listing cache (s3fs) would answer with the listed version
             return source_version(fs.info(path))

@@ -79,6 +79,7 @@ import dataclasses
 import hashlib
 import logging
 import os
+import re
 import tempfile
 import threading
 import time
@@ -269,6 +270,8 @@ class SlurmSettings:
         object.__setattr__(self, "extra_sbatch_args", tuple(self.extra_sbatch_args))
         object.__setattr__(self, "env_files", tuple(os.path.expanduser(x) for x in self.env_files))
         object.__setattr__(self, "ssh_forward_env", tuple(self.ssh_forward_env))
+        if self.events not in ("direct", "relay"):
+            raise ValueError(f"gpu_executor config slurm.events: {self.events!r} is not 'direct' or 'relay'")
         if self.signal_lead_seconds is not None and not 0 < int(self.signal_lead_seconds) <= 65535:
             raise ValueError(f"gpu_executor config slurm.signal_lead_seconds: {self.signal_lead_seconds} is not in "
                              "1..65535 (sbatch --signal's sig_time)")
@@ -508,7 +511,8 @@ class SlurmBackend(Backend):
         remote = getattr(getattr(self.client, "transport", None), "remote_spool", None)
         root = remote or str(self.spool.root)
         digest = hashlib.sha256(f"{launch.step_key}\0{launch.attempt}\0{launch.preemptions}".encode()).hexdigest()[:20]
-        return f"{root}/relay/{launch.run_id}/{digest}.jsonl"
+        run = launch.run_id if re.fullmatch(r"[A-Za-z0-9-]{1,64}", launch.run_id) else hashlib.sha256(launch.run_id.encode()).hexdigest()[:32]
+        return f"{root}/relay/{run}/{digest}.jsonl"
 
     def read_channel(self, path: str, offset: int) -> bytes:
         """Relay channel ``path`` from byte ``offset``: over the transport when the spool the tasks write is on

@@ -144,12 +144,18 @@ def queue_rows(doc: Mapping[str, Any]) -> list[QueueRow]:
     array task, the pending ones included (an array's record of its pending tasks, ``array_task_string``
     ``2-5``, becomes one row per task, each with the array job id as its job id, as squeue ``--array``
     prints them). Raises SlurmParseError."""
+    return _per_job(doc, "job", _queue_rows)
+
+
+def _per_job(doc: Mapping[str, Any], what: str, rows_of) -> list:
+    """``rows_of(job)`` for each of ``doc``'s ``jobs``, concatenated; a job that does not parse raises
+    SlurmParseError naming it (``slurmrestd <what> <job id>``)."""
     rows = []
     for j in doc.get("jobs") or []:
         try:
-            rows.extend(_queue_rows(j))
+            rows.extend(rows_of(j))
         except (KeyError, TypeError, ValueError) as e:
-            raise SlurmParseError(f"slurmrestd job {j.get('job_id') if isinstance(j, Mapping) else j!r}: {e}") from e
+            raise SlurmParseError(f"slurmrestd {what} {j.get('job_id') if isinstance(j, Mapping) else j!r}: {e}") from e
     return rows
 
 
@@ -210,13 +216,7 @@ def _tres(items: Any, mem_mib: bool = False) -> dict[str, float]:
 def acct_rows(doc: Mapping[str, Any]) -> list[AcctRow]:
     """The ``jobs`` of a ``/slurmdb/<v>/jobs/`` (or ``job/<id>``) response as sacct ``--allocations
     --duplicates`` rows (one per attempt slurmdbd returned). Raises SlurmParseError."""
-    rows = []
-    for j in doc.get("jobs") or []:
-        try:
-            rows.append(_acct_row(j))
-        except (KeyError, TypeError, ValueError) as e:
-            raise SlurmParseError(f"slurmrestd accounting job {j.get('job_id') if isinstance(j, Mapping) else j!r}: {e}") from e
-    return rows
+    return _per_job(doc, "accounting job", lambda j: [_acct_row(j)])
 
 
 def _acct_row(j: Mapping[str, Any]) -> AcctRow:
