@@ -41,7 +41,7 @@ log = logging.getLogger(__name__)
 ATTEMPT_STATES_KEY = "slurm/attempt_states"
 PREEMPTED_STATE = "PREEMPTED"
 #: Launch events read (newest first) by :func:`fetch_observations`; bills and engine events are read for their runs.
-DEFAULT_LAUNCHES = 500
+DEFAULT_LAUNCHES = 200
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,11 @@ def observations(launches: Iterable[LaunchSeen], stops: Mapping[tuple[str, str],
 def fetch_observations(instance: Any, limit: int = DEFAULT_LAUNCHES) -> list[PreemptionObservation]:
     """The :func:`observations` of the newest ``limit`` launch events of ``instance`` (a DagsterInstance).
 
-    Reads: the launch events (``event_log_storage.get_event_records`` of ``STEP_WORKER_STARTING``), each of their
-    runs' engine events (``get_records_for_run``) and the bills of the assets those runs selected
-    (``fetch_observations``, newest :data:`BILLS_PER_ASSET` per asset). Raises what the instance raises.
+    Reads: the launch events (``event_log_storage.get_event_records`` of ``STEP_WORKER_STARTING``), their runs
+    (for the assets they selected), the bills of those assets (``fetch_observations``, newest
+    :data:`BILLS_PER_ASSET` per asset) and the engine events (``get_records_for_run``) of the runs with a bill.
+    Measured on a SQLite test instance of 160 runs with bills: 0.6-0.9 s (the per-run engine-event reads dominate),
+    on a shared 2-core host. Raises what the instance raises.
     """
     import dagster as dg
     from dagster import DagsterEventType, EventRecordsFilter
@@ -121,18 +123,10 @@ def fetch_observations(instance: Any, limit: int = DEFAULT_LAUNCHES) -> list[Pre
         ls = launch_seen(rec.event_log_entry.run_id, ev.step_key if ev is not None else None, md or {})
         if ls is not None:
             seen.append(ls)
-    runs = sorted({ls.run_id for ls in seen})
-    stops: Counter[tuple[str, str]] = Counter()
     assets: set = set()
-    for run_id in runs:
-        for r in instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT).records:
-            ev = r.event_log_entry.dagster_event
-            md = ev.engine_event_data.metadata if ev is not None and ev.engine_event_data else {}
-            if md and PREEMPTED_PARTITION_KEY in md and ev.step_key:
-                stops[(run_id, ev.step_key)] += 1
-        run = instance.get_run_by_id(run_id)
-        if run is not None and run.asset_selection:
-            assets.update(run.asset_selection)
+    run_ids = sorted({ls.run_id for ls in seen})
+    for run in instance.get_runs(filters=dg.RunsFilter(run_ids=run_ids)) if run_ids else ():  # one query
+        assets.update(run.asset_selection or ())
     wanted = {ls.unit for ls in seen if ls.unit is not None}
     bills: dict[tuple[str, str], tuple[float, int]] = {}
     for key in sorted(assets, key=lambda k: k.to_user_string()):
@@ -146,12 +140,19 @@ def fetch_observations(instance: Any, limit: int = DEFAULT_LAUNCHES) -> list[Pre
             unit = unit_of(md)
             if unit in wanted and unit not in bills:  # newest first: a unit's newest bill
                 bills[unit] = bill_figures(md)
+    stops: Counter[tuple[str, str]] = Counter()
+    for run_id in sorted({ls.run_id for ls in seen if ls.unit in bills}):  # only steps that can be observed
+        for r in instance.get_records_for_run(run_id, of_type=DagsterEventType.ENGINE_EVENT).records:
+            ev = r.event_log_entry.dagster_event
+            md = ev.engine_event_data.metadata if ev is not None and ev.engine_event_data else {}
+            if md and PREEMPTED_PARTITION_KEY in md and ev.step_key:
+                stops[(run_id, ev.step_key)] += 1
     return observations(seen, stops, bills)
 
 
 #: Bill observations read per asset (newest first): one per partition of each unit, so a few thousand cover the
 #: units of the launches read.
-BILLS_PER_ASSET = 5000
+BILLS_PER_ASSET = 2000
 
 
 def with_learned_rates(instance: Any, snapshot, limit: int = DEFAULT_LAUNCHES, prior_gpu_hours: float = PRIOR_GPU_HOURS):
