@@ -232,6 +232,10 @@ class Backend(ABC):
     #: ``WorkerStatus.PREEMPTED`` (a scheduler that requeues by itself, as Slurm does, reports REQUEUED
     #: instead and needs none); the next preemption fails the step, saying how many there were.
     max_preemptions: int = 0
+    #: The preemption pool its units run in (``dagster_gpu.policy.preemption.pool_key``: ``slurm:<slurm
+    #: partition>/<qos>``, ``kubernetes:<priority class>``, ``local``), written on each launch event so the
+    #: preemptions observed there teach the policy that pool's rate; "" when unnamed.
+    preemption_pool: str = ""
 
     @abstractmethod
     def launch(self, launch: StepLaunch) -> Handle:

@@ -198,9 +198,10 @@ def test_slurm_time_limit_and_preemption_rework():
     st = S(pool(1), time_limit_s=200.0)
     with pytest.raises(NoFeasiblePlacement, match="exceeds the time limit 200 s"):
         decide(GpuRequest(), SIZE, snap(st), model=MODEL)
-    # 1 preemption per GPU-hour: rework = 1 * (216/3600) * (108 + 20) = 7.68 s
+    # 1 preemption per GPU-hour over the unit's 236 s (start-up + work, one GPU), each costing a new start-up
+    # and half the partition (no checkpoints): rework = 1 * (236/3600) * (20 + 108) = 8.391 s
     a = decide(GpuRequest(), SIZE, snap(S(pool(1), preemptions_per_gpu_hour=1.0)), model=MODEL).chosen
-    assert a.runtime_s == pytest.approx(236 + 7.68)
+    assert a.runtime_s == pytest.approx(236 + 236 / 3600 * 128)
 
 
 def test_deterministic_json_round_trip_and_finite():

@@ -73,3 +73,29 @@ def test_the_recommended_priority_class_never_preempts():
     doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "resources/k8s/manifests/50-batch-priorityclass.yaml").read_text())
     assert (doc["kind"], doc["metadata"]["name"], doc["preemptionPolicy"]) == ("PriorityClass", "dagster-gpu-batch", "Never")
     assert doc["value"] < -10 and doc["globalDefault"] is False  # below the autoscaler's expendable cutoff
+
+
+def test_each_backend_names_its_preemption_pool_and_reports_its_prior(tmp_path):
+    from dagster_gpu.k8s.backend import KubernetesBackend
+    from dagster_gpu.local.backend import LocalBackend
+
+    r = process_config(config_field_slurm().config_type, {"slurm_partition": "gpu", "qos": "batch-preemptible",
+                                                            "preemptions_per_gpu_hour": 0.5})
+    assert r.success, r.errors
+    s = _slurm(tmp_path, **{k: r.value[k] for k in ("slurm_partition", "qos", "preemptions_per_gpu_hour")})
+    assert s.preemption_pool == "slurm:gpu/batch-preemptible" and s.settings.preemptions_per_gpu_hour == 0.5
+    assert _slurm(tmp_path).preemption_pool == "slurm:-/-"
+    r = process_config(k8s_config_field().config_type, {"priority_class_name": "dagster-gpu-batch",
+                                                        "preemptions_per_gpu_hour": 0.25})
+    assert r.success, r.errors
+    ks = KubernetesSettings.from_section(r.value)
+    kb = KubernetesBackend(object(), ks.pod_settings(), rates={"default": 1.0},
+                           preemptions_per_gpu_hour=ks.preemptions_per_gpu_hour)
+    assert (kb.preemption_pool, kb.preemptions_per_gpu_hour) == ("kubernetes:dagster-gpu-batch", 0.25)
+    assert LocalBackend(tmp_path / "logs").preemption_pool == "local"
+
+
+def config_field_slurm():
+    from dagster_gpu.instance.settings import config_field
+
+    return config_field(SlurmSettings, "slurm")

@@ -19,8 +19,14 @@ and keyed by :class:`dagster_gpu.corpus.CorpusSource` exactly as the asset's par
 name, see :func:`dagster_gpu.core.partition_keys.partition_key_for`; ``--pattern``/``--recursive`` as the asset's
 CorpusSource has them, or ``-m MODULE --asset KEY`` to take the asset's own), its size in bytes the
 partition size. The plans are :func:`dagster_gpu.policy.whatif.plan`'s, one per mode (``auto``, ``slurm``,
-``kubernetes``); printed: backend + estimated cost per partition (its share of its unit's) and the totals of
-the three modes. ``whatif_main(argv)`` is the entry point the ``dagster-gpu`` CLI hooks.
+``kubernetes``); printed: backend + estimated cost per partition (its share of its unit's), the part of it that is
+expected preemption rework, and the totals of the three modes.
+
+Preemption: each preemptible pool's rate (per GPU-hour) is the snapshot's (the backend's configured prior,
+``preemptions_per_gpu_hour``) blended with the preemptions ``$DAGSTER_HOME``'s instance observed in that pool
+(:func:`dagster_gpu.instance.preemptions.with_learned_rates`); a preemption loses a start-up and half a
+checkpoint interval (``--checkpoint-records``, the asset's own with ``-m``; none: half the partition in flight).
+The rate used per pool, and whether learned or prior, is printed above the totals (JSON: ``preemption``). ``whatif_main(argv)`` is the entry point the ``dagster-gpu`` CLI hooks.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ import json
 import os
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -66,6 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--history", help="JSON list of HistoryPoint fields (rows, texts_per_second, bytes, ...)")
     ap.add_argument("--json", action="store_true", help="print the plan as JSON instead of tables")
     ap.add_argument("--max-rows", type=int, default=50, help="partitions shown in the table (default 50)")
+    ap.add_argument("--checkpoint-records", type=int, help="records between checkpoint parts, what a preemption loses "
+                    "half of (default: the asset's checkpoint_every_batches x read_batch_rows with -m, else 0: no "
+                    "checkpoints, a preemption loses half the partition in flight)")
     ap.add_argument("--per-run", type=int, help="partitions per run, each run one work unit (default: the asset's "
                     "max_partitions_per_run with -m, else 50, embedding_asset's default; 1: a unit per partition)")
     tr = ap.add_argument_group("trickle", "price a trickle of files under the corpus sensor instead of a backfill "
@@ -138,11 +148,11 @@ def _executor_config(path: str | None, rate_card: str | None) -> dict:
     return cfg
 
 
-def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int]:
-    """The corpus to plan and the partitions per run: the asset's own CorpusSource and
-    ``max_partitions_per_run`` with ``-m MODULE --asset KEY`` (CORPUS, when also given, must be its URL),
-    else one on CORPUS with ``--pattern``/``--recursive`` and 50 (embedding_asset's default). Raises
-    ValueError."""
+def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int, float | None]:
+    """The corpus to plan, the partitions per run and the records between checkpoint parts: the asset's own
+    CorpusSource, ``max_partitions_per_run`` and op tag ``dagster-gpu/checkpoint-records`` with ``-m MODULE --asset
+    KEY`` (CORPUS, when also given, must be its URL), else one on CORPUS with ``--pattern``/``--recursive``, 50
+    (embedding_asset's default) and None (no checkpoints). Raises ValueError."""
     from dagster_gpu.definitions.assets import DEFAULT_PARTITIONS_PER_RUN
 
     if args.module:
@@ -164,10 +174,12 @@ def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int]:
         corpus = corpus_of(asset, module)
         if args.corpus and args.corpus.rstrip("/") != corpus.url.rstrip("/"):
             raise ValueError(f"CORPUS {args.corpus!r} is not asset {args.asset}'s corpus {corpus.url!r}")
-        return corpus, max_partitions_per_run(asset)
+        from dagster_gpu.executor.auto import checkpoint_records
+
+        return corpus, max_partitions_per_run(asset), checkpoint_records(dict(asset.op.tags or {}))
     if not args.corpus:
         raise ValueError("CORPUS is required (or -m MODULE --asset KEY to plan the asset's own corpus)")
-    return CorpusSource(url=args.corpus, pattern=args.pattern, recursive=args.recursive), DEFAULT_PARTITIONS_PER_RUN
+    return CorpusSource(url=args.corpus, pattern=args.pattern, recursive=args.recursive), DEFAULT_PARTITIONS_PER_RUN, None
 
 
 def live_snapshot(executor_config: dict) -> Snapshot:
@@ -189,6 +201,30 @@ def instance_runtime_model(asset_key: str | None) -> RuntimeModel:
     from dagster_gpu.instance.history import runtime_model
 
     return runtime_model(dg.DagsterInstance.get(), asset_key)
+
+
+def learned_snapshot(snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with each pool's preemption rate learned from ``$DAGSTER_HOME``'s instance
+    (:func:`dagster_gpu.instance.preemptions.with_learned_rates`); as it is without ``DAGSTER_HOME``."""
+    if not os.environ.get("DAGSTER_HOME"):
+        return snapshot
+    import dagster as dg
+
+    from dagster_gpu.instance.preemptions import with_learned_rates
+
+    return with_learned_rates(dg.DagsterInstance.get(), snapshot)
+
+
+def preemption_summary(snapshot: Snapshot) -> dict[str, dict]:
+    """backend -> its preemption pool, rate per GPU-hour, whether learned, and how it was set: the
+    configured backends whose rate is above 0."""
+    out = {}
+    for b in BACKENDS:
+        st = snapshot.backend(b)
+        if st is not None and st.preemptions_per_gpu_hour > 0:
+            out[b] = {"pool": st.preemption_pool, "preemptions_per_gpu_hour": st.preemptions_per_gpu_hour,
+                      "learned": st.preemption_learned, "source": st.preemption_source or "as in the snapshot"}
+    return out
 
 
 def whatif_main(argv: Sequence[str] | None = None) -> int:
@@ -224,9 +260,13 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
             else:
                 _print_trickle(rows, args)
             return 0
-        corpus, per_run = corpus_for(args)
+        corpus, per_run, checkpoints = corpus_for(args)
         partitions = list_partitions(corpus)
         per_run = args.per_run or per_run
+        if args.checkpoint_records is not None:
+            checkpoints = args.checkpoint_records if args.checkpoint_records > 0 else None
+        model = replace(model, checkpoint_records=checkpoints)
+        snapshot = learned_snapshot(snapshot)
         plans = {m: plan(partitions, request, snapshot, model, m, per_run) for m in MODES}
     except (ValueError, OSError, KeyError, TypeError, ImportError) as e:
         print(f"whatif: {e}", file=sys.stderr)
@@ -236,19 +276,25 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
         print(json.dumps({
             "runtime_model": model.source,
             "partitions_per_run": per_run,
+            "checkpoint_records": model.checkpoint_records,
+            "preemption": preemption_summary(snapshot),
             "plans": {m: [{"partition": r.partition, "bytes": r.size_bytes, "error": r.error, "unit": r.unit,
-                           "cost_usd": r.cost_usd, "placement": r.placement.to_json() if r.placement else None}
+                           "cost_usd": r.cost_usd, "preemption_cost_usd": r.preemption_cost_usd,
+                           "placement": r.placement.to_json() if r.placement else None}
                           for r in rows]
                       for m, rows in plans.items()},
             "totals_usd": {m: None if t.infeasible else t.cost_usd for m, t in sums.items()},
+            "preemption_usd": {m: None if t.infeasible else t.preemption_cost_usd for m, t in sums.items()},
             "infeasible": {m: t.infeasible for m, t in sums.items()},
         }, indent=1))
         return 0
-    _print_tables(plans, model, args.max_rows, {b for b in BACKENDS if snapshot.backend(b) is not None})
+    _print_tables(plans, model, args.max_rows, {b for b in BACKENDS if snapshot.backend(b) is not None},
+                  preemption_summary(snapshot))
     return 0
 
 
-def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows: int, configured: set[str]) -> None:
+def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows: int, configured: set[str],
+                  preemption: dict[str, dict] | None = None) -> None:
     from rich.table import Table
 
     from dagster_gpu.commands.common import console
@@ -258,22 +304,29 @@ def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows
     units = len({r.unit for r in auto})
     t = Table(title=f"Plan (policy 'auto'): {len(auto)} partitions in {units} work unit(s); runtime from {model.source}; "
                     "start, runtime and deadline are the unit's, cost the partition's share (by bytes)")
-    for col in ("partition", "MB", "unit", "backend", "device", "start s", "runtime s", "cost USD", "deadline"):
-        t.add_column(col, justify="right" if col in ("MB", "unit", "start s", "runtime s", "cost USD") else "left")
+    numeric = ("MB", "unit", "start s", "runtime s", "cost USD", "preempt USD")
+    for col in ("partition", "MB", "unit", "backend", "device", "start s", "runtime s", "cost USD", "preempt USD",
+                "deadline"):
+        t.add_column(col, justify="right" if col in numeric else "left")
     for r in auto[:max_rows]:
         a = r.placement.chosen if r.placement else None
         if a is None:
-            t.add_row(r.partition, f"{r.size_bytes / 1e6:.1f}", str(r.unit), "-", "-", "-", "-", "-", r.error[:60])
+            t.add_row(r.partition, f"{r.size_bytes / 1e6:.1f}", str(r.unit), "-", "-", "-", "-", "-", "-", r.error[:60])
             continue
         t.add_row(
             r.partition, f"{r.size_bytes / 1e6:.1f}", str(r.unit), a.backend, a.device or "", f"{a.start_delay_s:.0f}",
-            f"{a.runtime_s:.0f}", f"{r.cost_usd:.6f}", "met" if r.placement.deadline_met else "MISS",
+            f"{a.runtime_s:.0f}", f"{r.cost_usd:.6f}", f"{r.preemption_cost_usd:.6f}",
+            "met" if r.placement.deadline_met else "MISS",
         )
     if len(auto) > max_rows:
-        t.add_row(f"... {len(auto) - max_rows} more", "", "", "", "", "", "", "", "")
+        t.add_row(f"... {len(auto) - max_rows} more", "", "", "", "", "", "", "", "", "")
     con.print(t)
-    s = Table(title=f"Totals over {len(auto)} partitions")
-    for col in ("mode", "cost USD", "vs auto", "infeasible", "deadline misses", "last finish s", "backends"):
+    for b, pre in (preemption or {}).items():
+        con.print(f"preemption on {b} ({pre['pool'] or 'unnamed pool'}): {pre['preemptions_per_gpu_hour']:.3g} per "
+                  f"GPU-h ({pre['source']})", soft_wrap=True, markup=False)
+    s = Table(title=f"Totals over {len(auto)} partitions (cost includes the expected preemption rework)")
+    for col in ("mode", "cost USD", "preempt USD", "vs auto", "infeasible", "deadline misses", "last finish s",
+                "backends"):
         s.add_column(col)
     base = totals(auto)
     for m, rows in plans.items():
@@ -282,6 +335,7 @@ def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows
         # a mode that cannot place a partition has no total: a sum over the others would read as cheap
         s.add_row(
             "all-" + m if m != "auto" else "auto (policy)", "-" if bad else f"{tot.cost_usd:.6f}",
+            "-" if bad else f"{tot.preemption_cost_usd:.6f}",
             f"{tot.cost_usd / base.cost_usd:.2f}x" if base.cost_usd > 0 and not bad and not base.infeasible else "-",
             str(bad), str(tot.deadline_misses), f"{tot.last_finish_s:.0f}" if not bad else "-",
             ", ".join(f"{k}={v}" for k, v in sorted(tot.backends.items()))

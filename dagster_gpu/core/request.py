@@ -36,6 +36,9 @@ TAG_ASSET_KEY = TAG_PREFIX + "asset-key"
 TAG_SHARD_BYTES = TAG_PREFIX + "shard-bytes"
 #: the asset's DynamicPartitionsDefinition name: resolves a ranged run's partition keys
 TAG_PARTITIONS_DEF = TAG_PREFIX + "partitions-def"
+#: records a unit embeds between two committed checkpoint parts (``checkpoint_every_batches × read_batch_rows``;
+#: "0": no checkpoints): what a preemption loses, in the policy's estimate
+TAG_CHECKPOINT_RECORDS = TAG_PREFIX + "checkpoint-records"
 
 BACKENDS = ("local", "slurm", "kubernetes")
 

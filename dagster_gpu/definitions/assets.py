@@ -11,7 +11,9 @@ import dagster as dg
 from dagster_gpu.instance.checks import check_specs
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.embedding.fingerprint import config_fields, config_fingerprint
-from dagster_gpu.core.request import TAG_ASSET_KEY, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, TAG_SHARD_BYTES, GpuRequest
+from dagster_gpu.core.request import (
+    TAG_ASSET_KEY, TAG_CHECKPOINT_RECORDS, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, TAG_SHARD_BYTES, GpuRequest,
+)
 from dagster_gpu.worker.unit import UnitSpec, run_unit
 
 #: Definition metadata of an embedding asset: its embedding options (JSON, ``config_fields``), what its
@@ -183,6 +185,7 @@ def embedding_asset(
                 TAG_CORPUS_URL: corpus.url,
                 TAG_ASSET_KEY: "/".join([*(key_prefix or []), name]),
                 TAG_PARTITIONS_DEF: pdef.name or "",
+                TAG_CHECKPOINT_RECORDS: str(max(0, int(checkpoint_every_batches)) * int(read_batch_rows)),
                 **({TAG_SHARD_BYTES: str(int(corpus.shard_bytes))} if corpus.shard_bytes is not None else {}),
             },
             kinds={"pytorch", "parquet"},

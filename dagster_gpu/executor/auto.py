@@ -3,20 +3,24 @@
 Each backend reports its live state as a :class:`~dagster_gpu.policy.snapshot.BackendState`
 (``Backend.policy_state()``); a backend that cannot be asked is recorded as unreachable with the error,
 and the policy skips it. The step's size comes from the corpus files of its partitions (op tag ``dagster-gpu/corpus-url``,
-set by ``embedding_asset``), the expected throughput from the asset's earlier materializations.
+set by ``embedding_asset``), the expected throughput from the asset's earlier materializations, each preemption
+pool's rate from the preemptions the instance observed there (:mod:`dagster_gpu.instance.preemptions`) and what
+a preemption loses from the asset's checkpoint interval (op tag ``dagster-gpu/checkpoint-records``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from dataclasses import replace
+from typing import Mapping, Sequence
 
 from dagster_gpu.corpus.listing import CorpusSource
-from dagster_gpu.policy import StepSize, choose_placement
+from dagster_gpu.policy import RuntimeModel, StepSize, choose_placement
 from dagster_gpu.instance.history import runtime_model
+from dagster_gpu.instance.preemptions import with_learned_rates
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.policy.snapshot import KubernetesState, LocalState, SlurmState, Snapshot
-from dagster_gpu.core.request import TAG_ASSET_KEY, TAG_CORPUS_URL, TAG_SHARD_BYTES, GpuRequest
+from dagster_gpu.core.request import TAG_ASSET_KEY, TAG_CHECKPOINT_RECORDS, TAG_CORPUS_URL, TAG_SHARD_BYTES, GpuRequest
 _STATE_TYPES = {"local": LocalState, "slurm": SlurmState, "kubernetes": KubernetesState}
 
 
@@ -51,7 +55,18 @@ def gather_snapshot(handler, candidates) -> Snapshot:
 def auto_placement(handler, request: GpuRequest, ctx, step_key: str, partition_keys: Sequence[str] = ()) -> Placement:
     """The cost policy's placement of one step (all of its partitions) over the handler's configured backends."""
     tags = dict(ctx.step_tags.get(step_key, {}))
-    snapshot = gather_snapshot(handler, handler.candidates)
+    snapshot = with_learned_rates(ctx.instance, gather_snapshot(handler, handler.candidates))
     asset_key = tags.get(TAG_ASSET_KEY)
-    history = runtime_model(ctx.instance, asset_key) if asset_key else None
-    return choose_placement(request, step_size(tags, partition_keys), snapshot, history=history)
+    model = runtime_model(ctx.instance, asset_key) if asset_key else RuntimeModel.from_history([])
+    model = replace(model, checkpoint_records=checkpoint_records(tags))
+    return choose_placement(request, step_size(tags, partition_keys), snapshot, history=model)
+
+
+def checkpoint_records(tags: Mapping[str, str]) -> float | None:
+    """Records between checkpoint parts from the op tag ``dagster-gpu/checkpoint-records`` (``embedding_asset``
+    writes it); None when absent, not a number or 0 (no checkpoints: a preemption loses the partition in flight)."""
+    try:
+        n = float(tags.get(TAG_CHECKPOINT_RECORDS) or 0)
+    except ValueError:
+        return None
+    return n if n > 0 else None

@@ -35,7 +35,7 @@ from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHa
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.instance.connections import hold_storage_connections
 from dagster_gpu.instance.events import (
-    BACKEND_KEY, HANDLE_KEY, PLACEMENT_KEY, PREEMPTIONS_KEY, RELAY_CHANNEL_KEY, Launch, launches, outcome_recorded,
+    BACKEND_KEY, HANDLE_KEY, PLACEMENT_KEY, PREEMPTION_POOL_KEY, PREEMPTIONS_KEY, RELAY_CHANNEL_KEY, Launch, launches, outcome_recorded,
 )
 from dagster_gpu.instance.relay_channel import RELAY_ENV
 from dagster_gpu.instance.relay_storage import seed_for
@@ -203,6 +203,7 @@ class GpuStepHandler(StepHandler):
                 PLACEMENT_KEY: MetadataValue.json(placement.to_json()),
                 "dagster_gpu/request": MetadataValue.json(request.to_json()),
                 **({PREEMPTIONS_KEY: MetadataValue.int(preemptions)} if preemptions else {}),
+                **({PREEMPTION_POOL_KEY: MetadataValue.text(backend.preemption_pool)} if backend.preemption_pool else {}),
                 **({RELAY_CHANNEL_KEY: MetadataValue.text(channel)} if channel else {}),
                 **{k: v for k, v in backend.handle_metadata(handle).items()},
             },

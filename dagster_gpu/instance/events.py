@@ -20,6 +20,10 @@ HANDLE_KEY = "dagster_gpu/handle"
 BACKEND_KEY = "dagster_gpu/backend"
 PLACEMENT_KEY = "dagster_gpu/placement"
 PREEMPTIONS_KEY = "dagster_gpu/preemptions"
+#: the launch's preemption pool (``Backend.preemption_pool``: ``slurm:<slurm partition>/<qos>``, ...)
+PREEMPTION_POOL_KEY = "dagster_gpu/preemption_pool"
+#: on the engine event a step worker records when it stopped for a preemption: the partition it was on
+PREEMPTED_PARTITION_KEY = "dagster_gpu/preempted_partition"
 #: the relay channel of a launch with ``events: relay`` (absent: the worker writes to the instance itself)
 RELAY_CHANNEL_KEY = "dagster_gpu/relay_channel"
 
@@ -86,6 +90,12 @@ class Launch:
     def preemptions(self) -> int:
         """How many earlier workers of this attempt were preempted before this launch (0 for the first)."""
         return int(metadata_number(self.metadata, PREEMPTIONS_KEY) or 0)
+
+    @property
+    def preemption_pool(self) -> str | None:
+        """The launch's preemption pool (:data:`PREEMPTION_POOL_KEY`), None for a launch that recorded none."""
+        v = metadata_get(self.metadata, PREEMPTION_POOL_KEY)
+        return v if isinstance(v, str) and v else None
 
     @property
     def placement(self) -> dict | None:

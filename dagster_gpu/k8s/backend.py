@@ -73,6 +73,7 @@ from dagster_gpu.k8s import manifests as m
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, PodWatcher, load_api_client
 from dagster_gpu.k8s.inventory import device_groups
 from dagster_gpu.k8s.sharing_failures import SharingFailures, default_path
+from dagster_gpu.policy.preemption import pool_key
 from dagster_gpu.policy.snapshot import KubernetesState
 
 log = logging.getLogger(__name__)
@@ -106,6 +107,7 @@ def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any]
         rates=rate_card.table("kubernetes"),
         settle_wait_s=s.settle_wait_seconds,
         max_preemptions=s.max_preemptions,
+        preemptions_per_gpu_hour=s.preemptions_per_gpu_hour,
     )
 
 
@@ -149,6 +151,8 @@ class KubernetesBackend(Backend):
             negative: never.
         max_preemptions: how many times the executor launches a unit again after a disruption ended its pod
             (:attr:`~dagster_gpu.contracts.Backend.max_preemptions`).
+        preemptions_per_gpu_hour: the policy's prior rate for this backend's preemption pool (its priority class,
+            :attr:`~dagster_gpu.contracts.Backend.preemption_pool`), in :meth:`policy_state`.
         sharing_failures: where a shared (TimeSlicing/MPS) claim that failed to prepare
             (``FailedPrepareDynamicResources``) is recorded, by the step's placement pool, and read back into
             :meth:`policy_state`'s ``no_sharing`` (default: ``$DAGSTER_HOME/dagster_gpu/sharing-failures.json``,
@@ -166,9 +170,12 @@ class KubernetesBackend(Backend):
                  rates: Mapping[str, float] | None = None,
                  settle_wait_s: float = KubernetesSettings.settle_wait_seconds, sweep_grace_s: float = 10.0,
                  sharing_failures: SharingFailures | None = None,
-                 max_preemptions: int = KubernetesSettings.max_preemptions):
+                 max_preemptions: int = KubernetesSettings.max_preemptions,
+                 preemptions_per_gpu_hour: float = KubernetesSettings.preemptions_per_gpu_hour):
         self.kube = kube
         self.max_preemptions = int(max_preemptions)
+        self.preemptions_per_gpu_hour = float(preemptions_per_gpu_hour)
+        self.preemption_pool = pool_key("kubernetes", priority_class=settings.priority_class_name)
         self.settings = settings
         self.timeouts = PodTimeouts(pending_s=pending_timeout_s, create_s=create_timeout_s, pull_s=image_pull_timeout_s)
         self.delete_finished_pods = delete_finished_pods
@@ -197,7 +204,9 @@ class KubernetesBackend(Backend):
             if device:
                 waiting[device] = waiting.get(device, 0) + 1
         return KubernetesState(pools=device_groups(slices, claims, waiting), namespace=self.kube.namespace,
-                               no_sharing=tuple(sorted(self.sharing_failures.blocked())))
+                               no_sharing=tuple(sorted(self.sharing_failures.blocked())),
+                               preemptions_per_gpu_hour=self.preemptions_per_gpu_hour,
+                               preemption_pool=self.preemption_pool)
 
     # -- launch -------------------------------------------------------------------------------------
     def launch(self, launch: StepLaunch) -> Handle:

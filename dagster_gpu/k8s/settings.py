@@ -83,6 +83,10 @@ class KubernetesSettings:
               "Default: the namespace's default priority.")
     queue_name: str | None = setting(
         None, "A Kueue LocalQueue: step pods get the label kueue.x-k8s.io/queue-name with it. Default: no label.")
+    preemptions_per_gpu_hour: float = setting(
+        0.0, "The cost policy's prior for how often step pods of this priority class are preempted, per GPU-hour; "
+             "blended with the preemptions the instance observed there (dagster_gpu/policy/preemption.py). "
+             "0: not preemptible until preemptions are observed.")
     max_preemptions: int = setting(
         3, "How many times a step is launched again (a new pod, the same range minus what it materialized, continuing "
            "after its checkpoint parts) after a preemption or eviction ended its pod (the pod's DisruptionTarget "

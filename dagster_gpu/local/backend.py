@@ -122,6 +122,7 @@ class LocalBackend(Backend):
 
     name = "local"
     workers_survive_orchestrator = False
+    preemption_pool = "local"
 
     def __init__(self, log_dir: str | Path, cuda_visible_devices: str | None = None,
                  terminate_grace_s: float = LocalSettings.terminate_grace_seconds,
@@ -255,7 +256,7 @@ class LocalBackend(Backend):
                     free=max(0, len(same) - running), total=len(same),
                 )
             )
-        return LocalState(pools=tuple(pools))
+        return LocalState(pools=tuple(pools), preemption_pool=self.preemption_pool)
 
     def handle_metadata(self, handle: Handle):
         h = LocalHandle.from_handle(handle)

@@ -31,6 +31,12 @@ class Alternative:
         finish_s: ``start_delay_s + runtime_s`` (seconds from launch to expected finish), None if unknown.
         meets_deadline: whether ``finish_s`` is within the request's deadline (True for ``batch``),
             None when the alternative is infeasible.
+        preemptions_per_gpu_hour: the pool's preemption rate used (per GPU-hour), None when not evaluated.
+        preemption_rate_learned: whether that rate was learned from observed preemptions (False: the
+            configured prior), None when not evaluated.
+        expected_preemptions: the rate × the unit's GPU-hours (:mod:`dagster_gpu.policy.preemption`).
+        preemption_rework_s: expected seconds of rework those preemptions add (included in ``runtime_s``).
+        expected_preemption_cost_usd: USD of that rework (included in ``cost_usd``).
     """
 
     backend: str
@@ -44,10 +50,16 @@ class Alternative:
     device_fraction: float | None = None
     finish_s: float | None = None
     meets_deadline: bool | None = None
+    preemptions_per_gpu_hour: float | None = None
+    preemption_rate_learned: bool | None = None
+    expected_preemptions: float | None = None
+    preemption_rework_s: float | None = None
+    expected_preemption_cost_usd: float | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
-        for k in ("start_delay_s", "runtime_s", "cost_usd", "device_fraction", "finish_s"):
+        for k in ("start_delay_s", "runtime_s", "cost_usd", "device_fraction", "finish_s", "preemptions_per_gpu_hour",
+                  "expected_preemptions", "preemption_rework_s", "expected_preemption_cost_usd"):
             d[k] = _finite_or_none(d[k])
         return d
 
@@ -86,7 +98,28 @@ class Placement:
                 return a
         return None
 
+    @property
+    def expected_preemption_cost_usd(self) -> float | None:
+        """USD the chosen alternative expects to lose to preemptions (start-ups and lost work redone; part of
+        its cost); None when it was not evaluated (a forced placement)."""
+        a = self.chosen
+        return a.expected_preemption_cost_usd if a else None
+
+    @property
+    def preemptions_per_gpu_hour(self) -> float | None:
+        """The chosen pool's preemption rate (per GPU-hour) used for that cost; None when not evaluated."""
+        a = self.chosen
+        return a.preemptions_per_gpu_hour if a else None
+
+    @property
+    def preemption_rate_learned(self) -> bool | None:
+        """Whether that rate was learned from observed preemptions (False: the prior); None when not evaluated."""
+        a = self.chosen
+        return a.preemption_rate_learned if a else None
+
     def to_json(self) -> dict:
+        """The placement as JSON (the chosen alternative's preemption figures repeated at the top, read-only:
+        :meth:`from_json` takes them from the alternatives)."""
         return {
             "backend": self.backend,
             "device": self.device,
@@ -95,6 +128,9 @@ class Placement:
             "deadline_s": _finite_or_none(self.deadline_s),
             "deadline_met": self.deadline_met,
             "shared": self.shared,
+            "expected_preemption_cost_usd": _finite_or_none(self.expected_preemption_cost_usd),
+            "preemptions_per_gpu_hour": _finite_or_none(self.preemptions_per_gpu_hour),
+            "preemption_rate_learned": self.preemption_rate_learned,
             "alternatives": [a.to_json() for a in self.alternatives],
         }
 

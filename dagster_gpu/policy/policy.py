@@ -11,10 +11,13 @@ Rule:
 
        start_delay = launch_latency_s + wait_s
        work        = RuntimeModel.runtime_s(size, product, fraction)       (see runtime.py; a range: Σ partitions)
-       rework      = λ · (work/3600) · (work/2 + billed_overhead_s)        (Slurm preemption, λ per GPU-hour:
-                     expected preemptions λ·T, each losing on average half the work plus a restart)
-       runtime     = billed_overhead_s + n · per_partition_s + work + rework   (device seconds billed; one
-                     start-up per work unit, n = partitions the unit embeds, per_partition_s from the model)
+       base        = billed_overhead_s + n · per_partition_s + work         (one start-up per work unit, n =
+                     partitions the unit embeds, per_partition_s from the model)
+       rework      = λ · G · (billed_overhead_s + lost)                   (preemption: λ = the pool's
+                     preemptions per GPU-hour, learned or its prior; G = count · fraction · base / 3600
+                     GPU-hours; lost = the work one preemption loses: about half a checkpoint interval
+                     with checkpoints, half the partition in flight without: policy/preemption.py)
+       runtime     = base + rework                                         (device seconds billed)
        cost        = count · fraction · rate · runtime / 3600             (billing.metering.charge, as the meters
                                                                             bill: rate in USD per GPU-hour, a MIG
                                                                             slice at its parent product's rate)
@@ -39,12 +42,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from dataclasses import replace
+from typing import Sequence
 
 from dagster_gpu.billing.metering import charge
 from dagster_gpu.billing.ratecard import RateCardError
 from dagster_gpu.core.device_memory import memory_fits
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
+from dagster_gpu.policy.preemption import Rework, expected_rework, preemption_fields, preemption_note, preemption_reason
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import BackendState, DeviceGroup, LocalState, SlurmState, Snapshot
 from dagster_gpu.core.request import BACKENDS, GpuRequest
@@ -109,17 +114,23 @@ def _wait(state: BackendState, pool: DeviceGroup, count: int, runtime_s: float) 
     return waves * runtime_s, f"queue estimate: {pool.pending} pending, {pool.free} free, {waves} wave(s)"
 
 
-def unit_runtime_s(state: BackendState, work_s: float, partition_overhead_s: float = 0.0) -> tuple[float, float]:
-    """``(runtime, rework)`` in billed seconds of one work unit on ``state``'s backend.
+def unit_runtime_s(state: BackendState, work_s: float, partition_overhead_s: float = 0.0, *, gpus: float = 1.0,
+                   partition_work_s: Sequence[float] | None = None, checkpoint_s: float | None = None
+                   ) -> tuple[float, Rework]:
+    """``(runtime, rework)`` of one work unit on ``state``'s backend: billed seconds, and the expected preemption
+    :class:`~dagster_gpu.policy.preemption.Rework` they include (module docstring, rule 2).
 
-    ``work_s``: embedding seconds of all its partitions on the chosen device; ``partition_overhead_s``:
-    ``n · per_partition_s``. ``runtime = billed_overhead_s + partition_overhead_s + work_s + rework`` with
-    Slurm's expected preemption ``rework = λ · (work/3600) · (work/2 + billed_overhead_s)`` (module docstring).
+    Args:
+        work_s: embedding seconds of all its partitions on the chosen device.
+        partition_overhead_s: ``n · per_partition_s``.
+        gpus: whole-GPU equivalents it holds (count × device fraction): its GPU-hours are ``gpus × base / 3600``.
+        partition_work_s: each partition's embedding seconds (default: one partition of ``work_s``).
+        checkpoint_s: embedding seconds between checkpoint parts; None: no checkpoints.
     """
-    rework = 0.0
-    if isinstance(state, SlurmState) and state.preemptions_per_gpu_hour > 0:
-        rework = state.preemptions_per_gpu_hour * (work_s / 3600.0) * (work_s / 2.0 + state.billed_overhead_s)
-    return state.billed_overhead_s + partition_overhead_s + work_s + rework, rework
+    base = state.billed_overhead_s + partition_overhead_s + work_s
+    rw = expected_rework(state.preemptions_per_gpu_hour, gpus * base / 3600.0, state.billed_overhead_s,
+                         [work_s] if partition_work_s is None else partition_work_s, checkpoint_s)
+    return base + rw.seconds, rw
 
 
 def _evaluate(
@@ -130,8 +141,11 @@ def _evaluate(
     base = dict(backend=name, device=pool.device, product=pool.product, device_fraction=pool.fraction)
     if why:
         return Alternative(feasible=False, note=why, **base)
-    work = model.runtime_s(size, pool.product, pool.fraction)
-    runtime, rework = unit_runtime_s(state, work, model.partition_overhead_s(size))
+    works = [model.runtime_s(p, pool.product, pool.fraction) for p in size.parts]
+    work = sum(works)
+    gpus = max(1, request.count) * pool.fraction
+    runtime, rework = unit_runtime_s(state, work, model.partition_overhead_s(size), gpus=gpus, partition_work_s=works,
+                                     checkpoint_s=model.checkpoint_s(pool.product, pool.fraction))
     if isinstance(state, SlurmState) and state.time_limit_s is not None and runtime > state.time_limit_s:
         return Alternative(
             feasible=False, runtime_s=runtime,
@@ -144,11 +158,13 @@ def _evaluate(
     wait, how = _wait(state, pool, max(1, request.count), runtime)
     delay = state.launch_latency_s + wait
     cost, rate = bill.cost_usd, bill.rate_usd_per_gpu_hour
+    cost_per_s = cost / runtime if runtime > 0 else 0.0
+    pre = preemption_fields(state, rework, cost_per_s)
     note = f"{how}; {rate:g} USD/GPU-h"
-    if rework:
-        note += f"; +{rework:.0f} s expected preemption rework"
+    if pre:
+        note += "; " + preemption_note(state, rework, pre["expected_preemption_cost_usd"])
     return Alternative(
-        start_delay_s=delay, runtime_s=runtime, cost_usd=cost, finish_s=delay + runtime, note=note, **base
+        start_delay_s=delay, runtime_s=runtime, cost_usd=cost, finish_s=delay + runtime, note=note, **pre, **base
     )
 
 
@@ -289,6 +305,8 @@ def decide(
         f"{_label(best)}: {why}; est. start {best.start_delay_s:.0f} s, runtime {best.runtime_s:.0f} s, "
         f"cost {best.cost_usd:.4f} USD, finish {best.finish_s:.0f} s"
     )
+    if best.expected_preemption_cost_usd is not None:
+        reason += f"; {preemption_reason(best)}"
     if how:
         reason += f"; {how.reason}"
     shared, why_unshared = placement_shared(request, snapshot, best.backend, best.device)

@@ -26,7 +26,8 @@ Rule of :func:`plan_range`:
      ahead to be as long as this one, is kept when no such unit exists);
    - else **joining** the plan's least-loaded unit there (load = Σ (per_partition_s + work) seconds,
      ties: the unit opened first): no new start-up; runtime grows by per_partition_s + work (+ Slurm's
-     expected preemption rework of the longer unit); cost = that growth × count × rate / 3600 (USD);
+     expected preemption rework of the longer unit, :mod:`dagster_gpu.policy.preemption`); cost = that growth ×
+     count × rate / 3600 (USD);
      finish = the unit's start delay + its new runtime.
 
 3. A unit embeds its partitions in the order they joined it (largest first). The same unit-forming
@@ -41,7 +42,7 @@ Times are seconds from the launch, money USD. A partition's deadline is the requ
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Hashable, Iterable, Sequence
 
 from dagster_gpu.policy.forced import forced_backend
@@ -49,6 +50,7 @@ from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.policy import (
     DEFAULT_CONFIG, NoFeasiblePlacement, PolicyConfig, alternatives, placement_shared, select, unit_runtime_s,
 )
+from dagster_gpu.policy.preemption import NO_REWORK, Rework, preemption_fields, preemption_reason
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import BackendState, LocalState, SlurmState, Snapshot, after_submit
 from dagster_gpu.core.request import GpuRequest
@@ -143,6 +145,8 @@ class UnitPlan:
         start_delay_s: expected seconds from launch to its start.
         runtime_s: expected billed seconds (one start-up + Σ (per_partition_s + work) + rework).
         cost_usd: expected cost (count × rate × runtime / 3600).
+        expected_preemption_cost_usd: the part of ``cost_usd`` that is expected preemption rework (0.0 on a pool
+            that is not preemptible).
         placement: the decision that opened the unit (its alternatives as seen then), with a reason
             naming the unit and its partitions; what the executor records as ``dagster_gpu/placement``.
     """
@@ -156,6 +160,7 @@ class UnitPlan:
     runtime_s: float
     cost_usd: float
     placement: Placement
+    expected_preemption_cost_usd: float = 0.0
 
     @property
     def finish_s(self) -> float:
@@ -208,9 +213,21 @@ class _Open:
     count: int
     placement: Placement
     parts: list[int]
-    work_s: float = 0.0
+    works: list[float] = field(default_factory=list)
     overhead_s: float = 0.0
     runtime_s: float = 0.0
+    rework: Rework = NO_REWORK
+
+    @property
+    def work_s(self) -> float:
+        return sum(self.works)
+
+    def runtime(self, works: list[float], overhead_s: float, model: RuntimeModel):
+        """``(runtime, rework)`` of this unit embedding ``works`` (seconds each) with ``overhead_s``."""
+        a = self.alt
+        return unit_runtime_s(self.state, sum(works), overhead_s, gpus=self.count * (a.device_fraction or 1.0),
+                              partition_work_s=works,
+                              checkpoint_s=None if a.device == "cpu" else model.checkpoint_s(a.product, a.device_fraction or 1.0))
 
 
 def _work_s(alt: Alternative, state: BackendState, part: StepSize, model: RuntimeModel) -> float:
@@ -301,14 +318,17 @@ def plan_range(
                 options.append((a, a, None))
                 continue
             o = units[u]
-            work = o.work_s + _work_s(a, o.state, part, model)
-            runtime, _rw = unit_runtime_s(o.state, work, o.overhead_s + model.per_partition_s)
+            runtime, rw = o.runtime([*o.works, _work_s(a, o.state, part, model)], o.overhead_s + model.per_partition_s,
+                                    model)
             grow = runtime - o.runtime_s
             fin = o.alt.start_delay_s + runtime
+            per_s = o.count * o.rate / 3600.0  # rate: USD per hour of one device (RateCard.rate)
+            pre = preemption_fields(o.state, replace(rw, seconds=rw.seconds - o.rework.seconds,
+                                                         expected_preemptions=rw.expected_preemptions - o.rework.expected_preemptions), per_s)
             shown = replace(
-                a, start_delay_s=o.alt.start_delay_s, runtime_s=grow, cost_usd=o.count * o.rate * grow / 3600.0,
+                a, start_delay_s=o.alt.start_delay_s, runtime_s=grow, cost_usd=per_s * grow,
                 finish_s=fin, meets_deadline=dl is None or fin <= dl + config.deadline_slack_s,
-                note=f"joins planned unit {u} ({len(o.parts)} partition(s)): no new start-up; {a.note}")
+                note=f"joins planned unit {u} ({len(o.parts)} partition(s)): no new start-up; {a.note}", **pre)
             options.append((shown, a, u))
         best, why, _met = select([s for s, _a, _u in options], dl, config)
         shown, a, u = next(x for x in options if x[0] is best)
@@ -321,6 +341,8 @@ def plan_range(
             reason = (f"{a.backend} {a.device}: {why}; est. start {a.start_delay_s:.0f} s, runtime "
                       f"{a.runtime_s:.0f} s, cost {a.cost_usd:.4f} USD (unit {got} of a ranged step, opened "
                       f"for partition {i}, largest first)")
+            if a.expected_preemption_cost_usd is not None:
+                reason += f"; {preemption_reason(a)}"
             shared, why_unshared = placement_shared(request, snap, a.backend, a.device)
             pl = Placement(backend=a.backend, device=a.device, product=a.product,
                            reason=f"{reason}; {why_unshared}" if why_unshared else reason,
@@ -333,16 +355,18 @@ def plan_range(
             snap = after_submit(snap, a.backend, a.device, a.product)
         o = units[got]
         o.parts.append(i)
-        o.work_s += w
+        o.works.append(w)
         o.overhead_s += model.per_partition_s
-        o.runtime_s, _rw = unit_runtime_s(o.state, o.work_s, o.overhead_s)
+        o.runtime_s, rw = o.runtime(o.works, o.overhead_s, model)
+        o.rework = rw
         finish[i] = o.alt.start_delay_s + o.runtime_s
         if u is None:
             heapq.heappush(releases.setdefault(key, []), finish[i])
     out = []
     for k, o in enumerate(units):
         rt = o.runtime_s
+        per_s = o.count * o.rate / 3600.0
         pl = replace(o.placement, reason=o.placement.reason + f"; embeds partitions {o.parts}")
         out.append(UnitPlan(o.alt.backend, o.alt.device, o.alt.product, o.alt.device_fraction, tuple(o.parts),
-                            o.alt.start_delay_s, rt, o.count * o.rate * rt / 3600.0, pl))
+                            o.alt.start_delay_s, rt, per_s * rt, pl, per_s * o.rework.seconds))
     return RangePlan(tuple(out), order, tuple(finish), dl)

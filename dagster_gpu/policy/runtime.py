@@ -32,6 +32,7 @@ Fallback when there is no history (stated, not measured here):
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from typing import Iterable
@@ -148,6 +149,10 @@ class RuntimeModel:
             (open and read its file, write its parquet atomically, record its materialization); 0.0 by
             default (the single-partition policy of issue 5 folded it into the start-up). The simulator
             takes it from ``bench/results/unit_startup.json``.
+        checkpoint_records: records a unit embeds between two committed checkpoint parts (the asset's
+            ``checkpoint_every_batches × read_batch_rows``, :mod:`dagster_gpu.embedding.checkpoint`); None: no
+            checkpoints (a preemption loses the partition in flight). Sets the lost work of a preemption
+            (:mod:`dagster_gpu.policy.preemption`).
     """
 
     texts_per_second: float = FALLBACK_TEXTS_PER_SECOND
@@ -159,6 +164,7 @@ class RuntimeModel:
     per_product: tuple[tuple[str, float], ...] = ()
     typical_rows: float = FALLBACK_ROWS
     per_partition_s: float = 0.0
+    checkpoint_records: float | None = None
 
     #: materializations on a GPU among ``n_history`` (the rest ran on the CPU; None: all of them); 0 = the GPU
     #: figures are the fallback
@@ -229,6 +235,13 @@ class RuntimeModel:
     def runtime_s(self, size: StepSize, product: str | None = None, fraction: float = 1.0) -> float:
         """Expected seconds of work on a device of ``product`` and compute ``fraction``."""
         return self.gpu_seconds_full(size, product) / self.speed(fraction)
+
+    def checkpoint_s(self, product: str | None = None, fraction: float = 1.0) -> float | None:
+        """Embedding seconds between two checkpoint parts on a device of ``product`` and ``fraction``
+        (``checkpoint_records`` at that device's speed); None without checkpoints."""
+        if not self.checkpoint_records or self.checkpoint_records <= 0:
+            return None
+        return self.runtime_s(StepSize(rows=int(math.ceil(self.checkpoint_records))), product, fraction)
 
     def partition_overhead_s(self, size: StepSize) -> float:
         """Billed seconds the step's partitions add beyond their embedding: ``n_partitions × per_partition_s``."""

@@ -18,15 +18,17 @@ Each backend's ``policy_state()``; ``dagster_gpu.executor.auto`` records a backe
 - ``DeviceGroup.start_estimate_s``: when the free GPUs do not outnumber the pending tasks, ``StartTime - now``
   of ``sbatch --test-only`` with our options and ``--gres=gpu:1`` (None when it cannot say);
 - ``array_throttle``: the configured ``throttle``; ``running_tasks``: GPUs held (at most the total);
-- ``preemptions_per_gpu_hour``, ``time_limit_s``: not filled by the backend (0 / None: set them in a
-  snapshot for the simulator or ``whatif``).
+- ``time_limit_s``: not filled by the backend (None: set it in a snapshot for the simulator or ``whatif``);
+- ``preemption_pool``: ``slurm:<slurm partition>/<qos>`` and ``preemptions_per_gpu_hour``: the ``slurm`` section's
+  prior (:mod:`dagster_gpu.policy.preemption`; the executor and ``whatif`` blend in what the instance observed).
 
 *Kubernetes* (:class:`KubernetesState`, ``KubernetesBackend.policy_state``): one :class:`DeviceGroup` per
 distinct (device type, product, memory, MIG profile) among the NVIDIA driver's ResourceSlice devices
 (``dagster_gpu.k8s.inventory.device_groups``: each pool's newest slice generation; devices that consume
 shared counters, as dynamic MIG's, counted by what the counters allow); ``free`` counts devices not in any
 ResourceClaim's ``status.allocation``; ``pending`` counts our Pending pods by their placement-device annotation;
-``start_estimate_s`` is not filled (None); ``no_sharing`` lists the pools where a shared claim failed to
+``start_estimate_s`` is not filled (None); ``preemption_pool`` is ``kubernetes:<priority class>`` and
+``preemptions_per_gpu_hour`` the ``kubernetes`` section's prior, as for Slurm; ``no_sharing`` lists the pools where a shared claim failed to
 prepare (the driver's sharing feature gates are off: ``dagster_gpu.k8s.sharing_failures``).
 
 *Local* (:class:`LocalState`, ``LocalBackend.policy_state``): one group per GPU product NVML sees, ``free``
@@ -108,6 +110,12 @@ class BackendState:
         back_in_s: when unreachable, seconds until an *announced* outage ends (a Slurm reservation with
             the MAINT flag, a published Kubernetes maintenance window); None = unknown, and then the
             backend is skipped. When set, the pools describe the state expected when it returns.
+        preemptions_per_gpu_hour: expected preemptions per GPU-hour of our units there (0 = not preemptible):
+            the configured prior, or the rate learned from observed preemptions
+            (:func:`dagster_gpu.policy.preemption.with_rates`).
+        preemption_pool: the pool's name (:func:`dagster_gpu.policy.preemption.pool_key`), "" when unnamed.
+        preemption_source: how ``preemptions_per_gpu_hour`` was set, in words ("" = as configured).
+        preemption_learned: True when observations of the pool moved the rate off its prior.
     """
 
     reachable: bool = True
@@ -117,6 +125,10 @@ class BackendState:
     launch_latency_s: float = 0.0
     billed_overhead_s: float = 0.0
     cpu_available: bool = True
+    preemptions_per_gpu_hour: float = 0.0
+    preemption_pool: str = ""
+    preemption_source: str = ""
+    preemption_learned: bool = False
 
     @property
     def pending(self) -> int:
@@ -132,14 +144,12 @@ class SlurmState(BackendState):
         slurm_partition: the slurm partition we submit to.
         array_throttle: the ``%N`` throttle of our array (None = none): at most N of our tasks run.
         running_tasks: our array tasks running now.
-        preemptions_per_gpu_hour: expected preemptions per GPU-hour of one task (0 = not preemptible).
         time_limit_s: the slurm partition's (or our QOS's) time limit; a longer step is infeasible.
     """
 
     slurm_partition: str = ""
     array_throttle: int | None = None
     running_tasks: int = 0
-    preemptions_per_gpu_hour: float = 0.0
     time_limit_s: float | None = None
     launch_latency_s: float = 5.0
     billed_overhead_s: float = 20.0

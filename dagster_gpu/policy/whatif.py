@@ -43,6 +43,13 @@ class PlanRow:
         a = self.placement.chosen if self.placement else None
         return a.cost_usd * self.share if a else None
 
+    @property
+    def preemption_cost_usd(self) -> float | None:
+        """This partition's share of its unit's expected preemption cost in USD (part of :attr:`cost_usd`):
+        0.0 on a pool that is not preemptible, None when infeasible."""
+        a = self.placement.chosen if self.placement else None
+        return (a.expected_preemption_cost_usd or 0.0) * self.share if a else None
+
 
 @dataclass(frozen=True)
 class PlanTotals:
@@ -52,7 +59,8 @@ class PlanTotals:
     ``infeasible``: partitions with no placement; ``last_finish_s``: the latest estimated finish (seconds
     from now; 0 when none is feasible); ``deadline_misses``: placed partitions whose unit misses its
     deadline; ``backends``: partitions per chosen backend; ``first_error``: why the first infeasible
-    partition could not be placed (at most 80 characters)."""
+    partition could not be placed (at most 80 characters); ``preemption_cost_usd``: the part of ``cost_usd``
+    that is expected preemption rework (USD)."""
 
     cost_usd: float
     infeasible: int
@@ -60,6 +68,7 @@ class PlanTotals:
     deadline_misses: int
     backends: dict[str, int] = field(default_factory=dict)
     first_error: str = ""
+    preemption_cost_usd: float = 0.0
 
 
 def plan(
@@ -113,4 +122,5 @@ def totals(rows: Sequence[PlanRow]) -> PlanTotals:
         deadline_misses=sum(1 for r in rows if r.placement and not r.placement.deadline_met),
         backends=backends,
         first_error=next((r.error for r in rows if r.placement is None and r.error), "")[:80],
+        preemption_cost_usd=sum(r.preemption_cost_usd or 0.0 for r in rows),
     )

@@ -95,6 +95,7 @@ from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage,
 from dagster_gpu.instance.settings import config_field as settings_config_field
 from dagster_gpu.instance.settings import apply_renamed, from_section, renamed, setting
 from dagster_gpu.core.log_tail import log_tail
+from dagster_gpu.policy.preemption import pool_key
 from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python
@@ -174,6 +175,10 @@ class SlurmSettings:
     account: str | None = setting(None, "sbatch --account.")
     slurm_partition: str | None = setting(None, "sbatch --partition (a slurm partition).")
     qos: str | None = setting(None, "sbatch --qos (e.g. a preemptible QOS of a cluster shared with online inference).")
+    preemptions_per_gpu_hour: float = setting(
+        0.0, "The cost policy's prior for how often this slurm partition and QOS preempt a task, per GPU-hour; "
+             "blended with the preemptions the instance observed there (dagster_gpu/policy/preemption.py). "
+             "0: not preemptible until preemptions are observed.")
     requeue: bool = setting(True, "sbatch --requeue (a preempted or failed-node task runs again, continuing after its "
                                   "checkpoint parts); False: --no-requeue (a preempting QOS then cancels the task).")
     signal_lead_seconds: int | None = setting(
@@ -574,7 +579,13 @@ class SlurmBackend(Backend):
         return SlurmState(
             pools=tuple(pools), slurm_partition=s.slurm_partition or "", array_throttle=s.throttle,
             running_tasks=min(all_gpus.used, all_gpus.usable),
+            preemptions_per_gpu_hour=float(s.preemptions_per_gpu_hour), preemption_pool=self.preemption_pool,
         )
+
+    @property
+    def preemption_pool(self) -> str:
+        """``slurm:<slurm partition>/<qos>`` (:func:`~dagster_gpu.policy.preemption.pool_key`)."""
+        return pool_key("slurm", slurm_partition=self.settings.slurm_partition, qos=self.settings.qos)
 
     def start_estimate_s(self, gpus: int = 1, options: list[str] | None = None) -> float | None:
         """Seconds until the controller expects to start a task like ours (``sbatch --test-only`` with

@@ -84,6 +84,7 @@ _COLUMNS = (  # (header, attribute, decimals); a column whose every value is unk
     ("start delay (s)", "start_delay_s", 1),
     ("runtime (s)", "runtime_s", 1),
     ("cost (USD)", "cost_usd", 6),
+    ("of which preemption (USD)", "expected_preemption_cost_usd", 6),
 )
 
 

@@ -43,6 +43,7 @@ from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
 from dagster_gpu.billing.measured import measure
 from dagster_gpu.instance.connections import hold_storage_connections
+from dagster_gpu.instance.events import PREEMPTED_PARTITION_KEY
 from dagster_gpu.worker.context import StepContext
 from dagster_gpu.worker.embed_ahead import EmbedAhead
 from dagster_gpu.k8s.claim import allocated_device_uuids, claim_metadata
@@ -207,7 +208,7 @@ def _report_preempted(context: dg.AssetExecutionContext, stop: GracefulStop, p: 
     try:
         context.instance.report_engine_event(
             message, context.run, EngineEventData(metadata={
-                "dagster_gpu/preempted_partition": p.partition_key, "dagster_gpu/committed_records": int(p.records),
+                PREEMPTED_PARTITION_KEY: p.partition_key, "dagster_gpu/committed_records": int(p.records),
                 "dagster_gpu/committed_rows": int(p.rows), "dagster_gpu/stop_signal": stop.signal_name,
                 "dagster_gpu/stop_seconds": float(round(seconds, 3)),
                 "dagster_gpu/materialized_partitions": len(outcome.materialized)}),
