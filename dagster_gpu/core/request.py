@@ -34,6 +34,8 @@ TAG_CORPUS_URL = TAG_PREFIX + "corpus-url"
 TAG_ASSET_KEY = TAG_PREFIX + "asset-key"
 #: the corpus's ``CorpusSource.shard_bytes`` when set: the corpus URL alone would list a cut file whole
 TAG_SHARD_BYTES = TAG_PREFIX + "shard-bytes"
+#: the corpus's ``CorpusSource.group_buckets`` when set: the corpus URL alone would list each file, not its bucket
+TAG_GROUP_BUCKETS = TAG_PREFIX + "group-buckets"
 #: the asset's DynamicPartitionsDefinition name: resolves a ranged run's partition keys
 TAG_PARTITIONS_DEF = TAG_PREFIX + "partitions-def"
 #: records a unit embeds between two committed checkpoint parts (``checkpoint_every_batches × read_batch_rows``;

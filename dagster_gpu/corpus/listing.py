@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 import fsspec
 from fsspec.core import strip_protocol
 
+from dagster_gpu.corpus.groups import Group, bucket_of, group_key, group_version, parse_group_key, validate_buckets
 from dagster_gpu.corpus.readers import TextFormat
 from dagster_gpu.corpus.shards import Shard, could_be_shard_key, shard_key, shardable
 from dagster_gpu.core.partition_keys import partition_key_for
@@ -21,7 +22,8 @@ _IGNORED_PREFIXES = (".", "_")
 
 @dataclass(frozen=True)
 class CorpusFile:
-    """One corpus file = one partition, or one shard of a large file = one partition (``shard`` set).
+    """One corpus file = one partition, one shard of a large file = one partition (``shard`` set), or one bucket of
+    many files = one partition (``group`` set, the files in ``members``).
 
     Attributes:
         key: partition key (see dagster_gpu.core.partition_keys).
@@ -36,6 +38,12 @@ class CorpusFile:
             byte range, or its row groups' share); None for a whole file.
         file_key: for a shard, the whole file's own key (its rows' ``doc_id`` values are made from it); "" otherwise.
         file_bytes: for a shard, the whole file's size in bytes; 0 otherwise.
+        group: for a bucket of ``CorpusSource.group_buckets``, which bucket (:class:`dagster_gpu.corpus.groups.Group`);
+            None otherwise. A bucket's ``uri`` is the corpus root, ``relative_name`` its key, ``size_bytes`` the sum
+            of its files', ``mtime`` the latest of theirs and ``version`` :func:`dagster_gpu.corpus.groups.group_version`
+            of their versions.
+        members: for a bucket, its files (each a whole-file CorpusFile with its own key and source version), sorted
+            by key; () otherwise.
     """
 
     key: str
@@ -47,11 +55,18 @@ class CorpusFile:
     shard: Shard | None = None
     file_key: str = ""
     file_bytes: int = 0
+    group: Group | None = None
+    members: tuple["CorpusFile", ...] = ()
 
     @property
     def doc_key(self) -> str:
         """The key ids are made from: the whole file's key (a shard's ``file_key``, else ``key``)."""
         return self.file_key or self.key
+
+    @property
+    def member_versions(self) -> dict[str, str]:
+        """A bucket's ``{file key: source version}`` ({} for a file or a shard)."""
+        return {m.key: m.version for m in self.members}
 
 
 class CorpusNotFound(FileNotFoundError):
@@ -84,9 +99,15 @@ class CorpusSource:
         shard_plan_url: where shard plans are cached (a directory or an fsspec URL, read and written with
             ``storage_options``), see :mod:`dagster_gpu.corpus.shard_plans`; None = ``$DAGSTER_HOME/dagster_gpu/
             shard_plans`` when ``DAGSTER_HOME`` is set, else this process only.
+        group_buckets: file groups: every file goes to one of this many buckets by a stable hash of its path
+            (:mod:`dagster_gpu.corpus.groups`) and each non-empty bucket is one partition, keyed
+            ``group-0042-of-1024``, for corpora of many small files (one JSON document per file). A new file never
+            moves another; a bucket is stale when one of its files changed, came or went. Changing the number
+            re-keys every file. None (default): every file is one partition.
 
     Raises:
-        ValueError: ``shard_bytes`` below 1.
+        ValueError: ``shard_bytes`` below 1, ``group_buckets`` not an integer >= 1, or both set (a bucket of whole
+            files and a file cut into shards are opposite mappings: choose one per corpus).
     """
 
     url: str
@@ -96,10 +117,21 @@ class CorpusSource:
     storage_options: Mapping[str, Any] = field(default_factory=dict)
     shard_bytes: int | None = None
     shard_plan_url: str | None = None
+    group_buckets: int | None = None
 
     def __post_init__(self) -> None:
         if self.shard_bytes is not None and int(self.shard_bytes) < 1:
             raise ValueError(f"CorpusSource({self.url!r}).shard_bytes must be >= 1 (or None), got {self.shard_bytes}")
+        if self.group_buckets is not None:
+            try:
+                validate_buckets(self.group_buckets)
+            except ValueError as e:
+                raise ValueError(f"CorpusSource({self.url!r}): {e}") from None
+            if self.shard_bytes is not None:
+                raise ValueError(
+                    f"CorpusSource({self.url!r}): group_buckets and shard_bytes cannot both be set: file groups put many "
+                    "small files in one partition, shards cut one large file into several; choose one per corpus "
+                    "(two CorpusSources with patterns that split the files work)")
 
     def filesystem(self):
         """(fsspec filesystem, root path without protocol)."""
@@ -107,9 +139,31 @@ class CorpusSource:
         return fs, root.rstrip("/")
 
     def list_files(self) -> list[CorpusFile]:
-        """All corpus files, sorted by key; a file above ``shard_bytes`` as its shards (see :meth:`shards_of`).
-        Raises CorpusNotFound if the URL does not exist, CorpusUnreadable when the store answers with an error."""
-        return self._list(None)
+        """All corpus files, sorted by key; a file above ``shard_bytes`` as its shards (see :meth:`shards_of`); with
+        ``group_buckets``, the non-empty buckets instead (see :meth:`groups_of`). Raises CorpusNotFound if the URL
+        does not exist, CorpusUnreadable when the store answers with an error."""
+        files = self._list(None)
+        return self.groups_of(files) if self.group_buckets is not None else files
+
+    def groups_of(self, files: Sequence[CorpusFile]) -> list[CorpusFile]:
+        """``files`` (whole files) as the non-empty buckets of ``group_buckets``, sorted by key, each with its files
+        as ``members`` (sorted by key). Raises ValueError when ``group_buckets`` is not set."""
+        if self.group_buckets is None:
+            raise ValueError(f"CorpusSource({self.url!r}) has no group_buckets")
+        n = int(self.group_buckets)
+        buckets: dict[int, list[CorpusFile]] = {}
+        for f in files:
+            buckets.setdefault(bucket_of(f.relative_name, n), []).append(f)
+        root = self.url.rstrip("/") or self.url
+        out = []
+        for i in sorted(buckets):
+            members = tuple(sorted(buckets[i], key=lambda f: f.key))
+            key = group_key(i, n)
+            out.append(CorpusFile(key=key, uri=root, relative_name=key, size_bytes=sum(m.size_bytes for m in members),
+                                  mtime=max(m.mtime for m in members),
+                                  version=group_version({m.key: m.version for m in members}),
+                                  group=Group(i, n), members=members))
+        return out
 
     def _list(self, wanted: set[str] | None) -> list[CorpusFile]:
         """The listing; with ``wanted``, a large file is planned only when one of those keys can be its shard's
@@ -199,6 +253,8 @@ class CorpusSource:
         CorpusUnreadable when the store answers with an error.
         """
         wanted = list(dict.fromkeys(keys))
+        if self.group_buckets is not None:
+            return self._groups_for_keys(wanted, missing_ok)
         found: dict[str, CorpusFile] = {}
         if len(wanted) <= max_direct_lookups:
             fs, root = self.filesystem()
@@ -220,6 +276,18 @@ class CorpusSource:
                 )
         return {k: found[k] for k in wanted if k in found}
 
+    def _groups_for_keys(self, wanted: list[str], missing_ok: bool) -> dict[str, CorpusFile]:
+        """:meth:`files_for_keys` of bucket keys: one listing, grouped (a bucket's files are known only by listing)."""
+        listed = {g.key: g for g in self.list_files()}
+        gone = [k for k in wanted if k not in listed]
+        if gone and not missing_ok:
+            n = int(self.group_buckets)
+            why = ", ".join(repr(k) + ("" if (g := parse_group_key(k)) is not None and g.count == n
+                                       else f" (not a key of group_buckets={n})") for k in gone)
+            raise CorpusNotFound(f"partition(s) {why}: no file in corpus {self.url!r} falls in this bucket "
+                                 "(its files deleted or renamed?)")
+        return {k: listed[k] for k in wanted if k in listed}
+
     def _direct(self, fs, root: str, key: str) -> CorpusFile | None:
         """The file named exactly ``key`` under the root, when ``key`` is its own file's key; else None."""
         if partition_key_for(key) != key or key.startswith(_IGNORED_PREFIXES) or not fnmatch.fnmatchcase(key, self.pattern):
@@ -238,8 +306,12 @@ class CorpusSource:
 
     def current_version(self, file: CorpusFile) -> str:
         """``file``'s source version now (one ``info`` call: a stat, an S3 HEAD), read right before the file
-        is read so that the version recorded is never newer than the bytes read. Raises CorpusNotFound
+        is read so that the version recorded is never newer than the bytes read. A bucket (``group`` set): its
+        listed version, no call (its files were listed by the caller right before: see
+        :func:`dagster_gpu.instance.source_versions.version_at_read`). Raises CorpusNotFound
         naming the partition and the file when it is gone, CorpusUnreadable when the store refuses."""
+        if file.group is not None:
+            return file.version
         fs, _root = self.filesystem()
         path = strip_protocol(file.uri)
         try:

@@ -68,10 +68,14 @@ class BatchPrefetcher:
     def _put(self, item) -> bool:
         return put_until_stopped(self._q, item, self._stop)
 
+    def _batches(self) -> Iterator[RecordBatch]:
+        """What the reader thread reads (a subclass reads something else: :mod:`dagster_gpu.corpus.group_reads`)."""
+        return read_batches(self.uri, self.text_format, self.read_batch_rows, self.stats, self.storage_options,
+                            shard=self.shard)
+
     def _produce(self) -> None:
         try:
-            for b in read_batches(self.uri, self.text_format, self.read_batch_rows, self.stats, self.storage_options,
-                                  shard=self.shard):
+            for b in self._batches():
                 if not self._put(b):
                     return
             self._put(_DONE)

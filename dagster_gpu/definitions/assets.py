@@ -12,7 +12,8 @@ from dagster_gpu.instance.checks import check_specs
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.embedding.fingerprint import config_fields, config_fingerprint
 from dagster_gpu.core.request import (
-    TAG_ASSET_KEY, TAG_CHECKPOINT_RECORDS, TAG_CORPUS_URL, TAG_PARTITIONS_DEF, TAG_SHARD_BYTES, GpuRequest,
+    TAG_ASSET_KEY, TAG_CHECKPOINT_RECORDS, TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_PARTITIONS_DEF, TAG_SHARD_BYTES,
+    GpuRequest,
 )
 from dagster_gpu.worker.unit import UnitSpec, run_unit
 
@@ -82,7 +83,9 @@ def embedding_asset(
 
     Args:
         corpus: where the files are and how to read them; with ``corpus.shard_bytes`` a file above it is several
-            partitions, one per shard (each materialization says which file and shard: ``dagster_gpu/shard``…).
+            partitions, one per shard (each materialization says which file and shard: ``dagster_gpu/shard``…); with
+            ``corpus.group_buckets`` each partition is a bucket of many files (``dagster_gpu/group``, ``corpus/files``,
+            ``corpus/files_changed``…; rows keep their files' own ids; a bad file fails its bucket, naming the file).
         output_url: directory or ``s3://bucket/prefix`` for the outputs (see :func:`output_uri_for`).
         name: asset name.
         partitions_def: defaults to ``DynamicPartitionsDefinition(name=f"{name}_files")``.
@@ -187,6 +190,7 @@ def embedding_asset(
                 TAG_PARTITIONS_DEF: pdef.name or "",
                 TAG_CHECKPOINT_RECORDS: str(max(0, int(checkpoint_every_batches)) * int(read_batch_rows)),
                 **({TAG_SHARD_BYTES: str(int(corpus.shard_bytes))} if corpus.shard_bytes is not None else {}),
+                **({TAG_GROUP_BUCKETS: str(int(corpus.group_buckets))} if corpus.group_buckets is not None else {}),
             },
             kinds={"pytorch", "parquet"},
             group_name=group_name,
@@ -196,7 +200,8 @@ def embedding_asset(
             description=f"Sentence embeddings ({model}) of each file of corpus {corpus.url}, one parquet file per partition under {output_url}.",
             metadata={"dagster_gpu/corpus_url": corpus.url, "dagster_gpu/output_url": output_url,
                       CONFIG_METADATA_KEY: dg.MetadataValue.json(config),
-                      **({"dagster_gpu/shard_bytes": int(corpus.shard_bytes)} if corpus.shard_bytes is not None else {})},
+                      **({"dagster_gpu/shard_bytes": int(corpus.shard_bytes)} if corpus.shard_bytes is not None else {}),
+                      **({"dagster_gpu/group_buckets": int(corpus.group_buckets)} if corpus.group_buckets is not None else {})},
             code_version=code_version,
             check_specs=check_specs(dg.AssetKey([*(key_prefix or []), name]), pdef),
         )

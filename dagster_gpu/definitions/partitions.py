@@ -24,7 +24,7 @@ import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
 from dagster_gpu.instance.partition_status import dynamic_partitions_def, partition_status
-from dagster_gpu.core.request import TAG_CORPUS_URL, TAG_SHARD_BYTES
+from dagster_gpu.core.request import TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_SHARD_BYTES
 from dagster_gpu.instance.source_versions import recorded_versions
 from dagster_gpu.instance.stale import StalePartition, Staleness, find_stale
 from dagster_gpu.instance.events import metadata_get, metadata_value, metadata_values
@@ -92,13 +92,16 @@ def stale_index_partitions(instance: dg.DagsterInstance, index: dg.AssetsDefinit
 
 def corpus_of(asset: dg.AssetsDefinition, module: ModuleType | None = None) -> CorpusSource:
     """The CorpusSource the asset was built from (looked up in ``module`` by URL), else a plain one on its URL
-    (with the asset's ``shard_bytes``, op tag ``dagster-gpu/shard-bytes``)."""
+    (with the asset's ``shard_bytes``, op tag ``dagster-gpu/shard-bytes``, and ``group_buckets``, op tag
+    ``dagster-gpu/group-buckets``)."""
     url = corpus_url_of(asset)
     for value in vars(module).values() if module else ():
         if isinstance(value, CorpusSource) and value.url == url:
             return value
     shard_bytes = (asset.op.tags or {}).get(TAG_SHARD_BYTES)
-    return CorpusSource(url=url, shard_bytes=int(shard_bytes) if shard_bytes else None)
+    buckets = (asset.op.tags or {}).get(TAG_GROUP_BUCKETS)
+    return CorpusSource(url=url, shard_bytes=int(shard_bytes) if shard_bytes else None,
+                        group_buckets=int(buckets) if buckets else None)
 
 
 def register_corpus_files(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource) -> list[str]:

@@ -57,7 +57,8 @@ def load_partition(index: VectorIndex, partition_key: str, output_uri: str,
     table, lineage = read_output(output_uri, output_storage_options)
     fp = str(lineage.get("fingerprint", ""))
     rows = index_rows(table, partition_key, fp, source=output_uri)
-    index.record_lineage(fp, {**dict(lineage.get("lineage") or {}), "model": lineage.get("model"),
+    per_model = {k: v for k, v in dict(lineage.get("lineage") or {}).items() if k != "files"}  # a bucket's own files
+    index.record_lineage(fp, {**per_model, "model": lineage.get("model"),
                               "model_revision": lineage.get("model_revision"), "fingerprint": fp})
     r = index.write_partition(partition_key, rows)
     tbl = index.open()

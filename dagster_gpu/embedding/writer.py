@@ -148,6 +148,17 @@ def read_lineage(uri: str, storage_options: Mapping[str, Any] | None = None) -> 
     return lineage_from_metadata(kv)
 
 
+def recorded_files(uri: str, storage_options: Mapping[str, Any] | None = None) -> dict[str, str] | None:
+    """A file group's output's ``{file key: source version}`` (its lineage's ``files``, written by the unit for each
+    bucket), read from the footer only; None when there is no output, it cannot be read or it records no files.
+    Never raises."""
+    try:
+        files = read_lineage(uri, storage_options).get("lineage", {}).get("files")
+    except Exception:  # noqa: BLE001 - no previous output (or an unreadable one): nothing known, every file is new
+        return None
+    return {str(k): str(v) for k, v in files.items()} if isinstance(files, dict) else None
+
+
 def lineage_from_metadata(kv: Mapping[bytes, bytes] | None) -> dict[str, Any]:
     """:func:`read_lineage` of a schema's key-value metadata already read (``pa.Schema.metadata``: bytes keys and
     values; None reads as no metadata)."""

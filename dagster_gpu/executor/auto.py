@@ -20,21 +20,26 @@ from dagster_gpu.instance.history import runtime_model
 from dagster_gpu.instance.preemptions import with_learned_rates
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.policy.snapshot import KubernetesState, LocalState, SlurmState, Snapshot
-from dagster_gpu.core.request import TAG_ASSET_KEY, TAG_CHECKPOINT_RECORDS, TAG_CORPUS_URL, TAG_SHARD_BYTES, GpuRequest
+from dagster_gpu.core.request import (
+    TAG_ASSET_KEY, TAG_CHECKPOINT_RECORDS, TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_SHARD_BYTES, GpuRequest,
+)
 _STATE_TYPES = {"local": LocalState, "slurm": SlurmState, "kubernetes": KubernetesState}
 
 
 def step_size(tags: dict, partition_keys: Sequence[str]) -> StepSize:
     """The step's size: one partition's corpus file bytes, or a ranged step's per-partition bytes
     (``StepSize.for_range``: the policy then counts each partition's overhead once the unit has started); a shard's
-    bytes for a shard partition (the op tag ``dagster-gpu/shard-bytes`` says the corpus is cut). One listing of the corpus at most (``CorpusSource.files_for_keys``); StepSize() when the corpus is
+    bytes for a shard partition (the op tag ``dagster-gpu/shard-bytes`` says the corpus is cut), a bucket's files' bytes
+    for a file group (op tag ``dagster-gpu/group-buckets``). One listing of the corpus at most (``CorpusSource.files_for_keys``); StepSize() when the corpus is
     unknown (the policy's fallback applies), None for a partition without a file."""
     url = tags.get(TAG_CORPUS_URL)
     if not url or not partition_keys:
         return StepSize()
     try:
         shard_bytes = int(tags[TAG_SHARD_BYTES]) if tags.get(TAG_SHARD_BYTES) else None
-        files = CorpusSource(url=url, shard_bytes=shard_bytes).files_for_keys(partition_keys, missing_ok=True)
+        group_buckets = int(tags[TAG_GROUP_BUCKETS]) if tags.get(TAG_GROUP_BUCKETS) else None
+        files = CorpusSource(url=url, shard_bytes=shard_bytes, group_buckets=group_buckets).files_for_keys(
+            partition_keys, missing_ok=True)
     except Exception:  # the step itself reports a missing corpus or file with a clear error
         return StepSize()
     sizes = [files[k].size_bytes if k in files else None for k in partition_keys]

@@ -86,7 +86,8 @@ class OutputFacts:
     """What reading the output found (None = could not be read; ``error`` says why).
 
     Attributes:
-        rows: rows in the file (chunks). records: distinct record ids (None = as many as rows).
+        rows: rows in the file (chunks). records: distinct (doc_id, record_id) pairs, i.e. records (a file group's
+            files each number their records from 0; None = as many as rows).
         dim: the vector column's fixed size (None if not a fixed-size list).
         nonfinite_vectors: vectors with at least one NaN/inf component.
         duplicate_ids: rows whose (doc_id, chunk_index) an earlier row has (``record_id`` and chunk 0 in a file
@@ -138,16 +139,14 @@ def read_facts(output_uri: str, storage_options: Mapping[str, Any] | None = None
             has_doc, has_chunk, has_text = (c in schema.names for c in (DOC_ID_COLUMN, CHUNK_COLUMN, TEXT_COLUMN))
             cols = [ID_COLUMN, HASH_COLUMN, VECTOR_COLUMN] + [c for c, has in (
                 (DOC_ID_COLUMN, has_doc), (CHUNK_COLUMN, has_chunk), (TEXT_COLUMN, has_text)) if has]
-            ids: list[np.ndarray] = []
             keys: list[pa.Table] = []
             nonfinite = bad_hashes = 0
             first_nonfinite = None
             for batch in pf.iter_batches(batch_size=batch_rows, columns=cols):
                 bid = batch.column(ID_COLUMN).to_numpy(zero_copy_only=False)
-                ids.append(bid)
                 doc = batch.column(DOC_ID_COLUMN) if has_doc else batch.column(ID_COLUMN)
                 chunk = batch.column(CHUNK_COLUMN) if has_chunk else pa.array(np.zeros(len(bid), np.int32))
-                keys.append(pa.table({"d": doc, "c": chunk}))
+                keys.append(pa.table({"d": doc, "c": chunk, "r": pa.array(bid)}))
                 hashes = batch.column(HASH_COLUMN)
                 ok = pc.match_substring_regex(hashes, _HEX64.pattern)
                 bad_hashes += len(hashes) - pc.sum(pc.fill_null(ok, False)).as_py() if len(hashes) else 0
@@ -164,11 +163,12 @@ def read_facts(output_uri: str, storage_options: Mapping[str, Any] | None = None
                     if n and first_nonfinite is None:
                         first_nonfinite = int(bid[np.argmax(bad)])
                     nonfinite += n
-            all_ids = np.concatenate(ids) if ids else np.zeros(0, np.int64)
             rows = pf.metadata.num_rows
-            duplicates, first_dup = 0, None
+            duplicates, first_dup, records = 0, None, 0
             if keys:
                 kt = pa.concat_tables(keys)
+                # a record is a (doc_id, record_id): a file group's files each number their records from 0
+                records = kt.group_by(["d", "r"]).aggregate([]).num_rows
                 counts = kt.group_by(["d", "c"]).aggregate([([], "count_all")])
                 dup = counts.filter(pc.greater(counts.column("count_all"), 1))
                 duplicates = int(pc.sum(dup.column("count_all")).as_py() or 0) - dup.num_rows
@@ -176,7 +176,7 @@ def read_facts(output_uri: str, storage_options: Mapping[str, Any] | None = None
                     first_dup = dup.column("d")[0].as_py()
             return OutputFacts(
                 rows=rows,
-                records=int(len(np.unique(all_ids))),
+                records=int(records),
                 dim=dim,
                 nonfinite_vectors=nonfinite,
                 first_nonfinite_id=first_nonfinite,

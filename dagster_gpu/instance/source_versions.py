@@ -103,7 +103,9 @@ def input_tags(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, asset_k
 def version_at_read(corpus: CorpusSource, file: CorpusFile) -> str:
     """``file``'s source version right before its read starts (:meth:`CorpusSource.current_version`), so a
     file rewritten during the read records the older version and is found changed afterwards; the listed
-    version when the store cannot say (the read then fails with its own error)."""
+    version when the store cannot say (the read then fails with its own error). A file group's version is the
+    one the unit's own listing gave (one stat per file would cost a request per file on an object store): listed
+    before the read, so it is never newer than the bytes read either."""
     try:
         return corpus.current_version(file)
     except (CorpusNotFound, CorpusUnreadable):
@@ -179,6 +181,7 @@ def corpus_updates(corpus_key: dg.AssetKey, files: Sequence[CorpusFile],
             continue
         tags = {DATA_VERSION_TAG: f.version}
         md = {"corpus/file": f.uri, "corpus/size_bytes": int(f.size_bytes), SOURCE_VERSION_KEY: f.version,
+              **({"corpus/files": len(f.members)} if f.group is not None else {}),
               **({"corpus/modified_at": dg.MetadataValue.timestamp(f.mtime)} if f.mtime else {})}
         events += [dg.AssetObservation(corpus_key, partition=f.key, tags=tags, metadata=md),
                    dg.AssetMaterialization(corpus_key, partition=f.key, tags=tags, metadata=md)]

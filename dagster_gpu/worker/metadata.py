@@ -251,3 +251,21 @@ def placement_from_metadata(md: Mapping[str, Any]) -> Placement | None:
         except ValueError:
             return None
     return Placement.from_json(data) if isinstance(data, dict) else None
+
+
+def group_metadata(source: Any, changes: Any = None, limit: int = 10) -> dict[str, Any]:
+    """A file group partition's materialization metadata (empty for a file or a shard; pure): ``dagster_gpu/group``
+    ("43 of 1024", 1-based), ``corpus/files`` (files in the bucket), and with ``changes``
+    (:class:`dagster_gpu.corpus.groups.FileChanges` against the previous output) ``corpus/files_changed`` (files
+    changed, added or removed: a count), ``corpus/files_added`` and ``corpus/files_removed`` (counts) and
+    ``corpus/files_changed_list`` (text: at most ``limit`` file keys of each kind, or ``first materialization: N
+    file(s)``). The rows are ``embedding/rows``; the files' versions are in the output's key-value metadata."""
+    g = getattr(source, "group", None)
+    if g is None:
+        return {}
+    md: dict[str, Any] = {"dagster_gpu/group": f"{g.index + 1} of {g.count}", "corpus/files": len(source.members)}
+    if changes is not None:
+        md.update({"corpus/files_changed": int(changes.count), "corpus/files_added": len(changes.added),
+                   "corpus/files_removed": len(changes.removed),
+                   "corpus/files_changed_list": changes.describe(limit)})
+    return md

@@ -32,6 +32,8 @@ from dagster_gpu.billing.metering import useful_fraction
 from dagster_gpu.instance.checks import (
     check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, verify_output,
 )
+from dagster_gpu.corpus.group_reads import GroupPrefetcher
+from dagster_gpu.corpus.groups import FileChanges, file_changes
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
 from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.embedding.devices import device_labels, unit_devices
@@ -47,7 +49,8 @@ from dagster_gpu.instance.events import PREEMPTED_PARTITION_KEY
 from dagster_gpu.worker.context import StepContext
 from dagster_gpu.worker.embed_ahead import EmbedAhead
 from dagster_gpu.k8s.claim import allocated_device_uuids, claim_metadata
-from dagster_gpu.worker.metadata import build_metadata
+from dagster_gpu.embedding.writer import recorded_files
+from dagster_gpu.worker.metadata import build_metadata, group_metadata
 from dagster_gpu.worker.preempt import EXIT_PREEMPTED, GracefulStop, exit_preempted
 from dagster_gpu.instance.source_versions import CONFIG_KEY, SOURCE_VERSION_KEY, input_tags, version_at_read
 
@@ -294,6 +297,11 @@ def _embed_all(
         context.log.info(f"embedding on {len(used)} devices: {devices_md['embedding/device_names']}")
 
     def embed_one(key: str, source: CorpusFile, reader: BatchPrefetcher):
+        partition_lineage = lineage
+        if source.group is not None:  # which files the output holds, at which versions: the next run's "changed"
+            before = recorded_files(spec.output_uri_for(key), spec.output_storage_options)
+            changes[key] = file_changes(before, source.member_versions)
+            partition_lineage = {**lineage, "files": source.member_versions}
         # a DRA pod: the claim's devices (the NVIDIA driver sets no CUDA_VISIBLE_DEVICES)
         with NvmlSampler(spec.telemetry_interval_s,
                          device_uuids=allocated_device_uuids if step.backend == "kubernetes" else None) as sampler:
@@ -301,7 +309,8 @@ def _embed_all(
                           if spec.checkpoint_every_batches > 0 else None)
             result = embed_partition(reader, spec.output_uri_for(key), loaded, encoder=encoder,
                                      output_storage_options=dict(spec.output_storage_options), partition_key=key,
-                                     include_text=spec.include_text, output_dtype=spec.output_dtype, lineage=lineage,
+                                     include_text=spec.include_text, output_dtype=spec.output_dtype,
+                                     lineage=partition_lineage,
                                      reuse=spec.reuse, checkpoint=checkpoint,
                                      stop=stop.event if stop is not None else None,
                                      doc_id_prefix=source.doc_key)  # a shard's rows carry the whole file's ids
@@ -309,6 +318,7 @@ def _embed_all(
 
     # the partitions are embedded on a thread; their events are written here while the next one encodes
     read_versions: dict[str, str] = {}  # each file's source version right before its read starts
+    changes: dict[str, FileChanges] = {}  # a file group's files changed since its previous output
 
     def prefetch(source: CorpusFile) -> BatchPrefetcher:
         read_versions[source.key] = version_at_read(spec.corpus, source)
@@ -330,7 +340,7 @@ def _embed_all(
             out_uri = spec.output_uri_for(key)
             md = _metadata(step, loaded, spec, done.source, done.result, done.telemetry,
                            partition_wall_seconds(startup_s, shares[key], done.interval_s), position=(done.index, n),
-                           lineage=lineage, devices=devices_md)
+                           lineage=lineage, devices=devices_md, changes=changes.get(key))
             md[SOURCE_VERSION_KEY] = read = read_versions.get(key, done.source.version)
             outcome.materialized.append(key)
             yield dg.AssetMaterialization(asset_key=context.asset_key, partition=key, metadata=md, tags={
@@ -381,7 +391,11 @@ class _Progress:
 
 
 def _prefetcher(spec: UnitSpec, source: CorpusFile) -> BatchPrefetcher:
-    """A started reader of ``source`` (a bounded queue of record batches, see ``corpus.prefetch``)."""
+    """A started reader of ``source`` (a bounded queue of record batches, see ``corpus.prefetch``; a file group's
+    files one after another, see ``corpus.group_reads``)."""
+    if source.group is not None:
+        return GroupPrefetcher(source, spec.corpus.text_format, spec.read_batch_rows,
+                               dict(spec.corpus.storage_options)).start()
     return BatchPrefetcher(source.uri, spec.corpus.text_format, spec.read_batch_rows,
                            dict(spec.corpus.storage_options), shard=source.shard).start()
 
@@ -417,9 +431,12 @@ DATA_VERSION_TAG = "dagster/data_version"
 
 def version_tags(code_version: str, fingerprint: str, source: CorpusFile) -> dict[str, str]:
     """The materialization's tags: the asset's code version, and as data version the first 16 hex digits of
-    sha256 over the fingerprint and the corpus file's version (key, size, mtime): a changed file or another
-    configuration gives another data version."""
+    sha256 over the fingerprint and the corpus file's version (key, size, mtime; a file group's source version
+    too: one file of it may change with the sum of sizes and the latest mtime unchanged): a changed file or
+    another configuration gives another data version."""
     version = f"{fingerprint}\0{source.key}\0{source.size_bytes}\0{source.mtime!r}"
+    if source.group is not None:
+        version += f"\0{source.version}"
     tags = {DATA_VERSION_TAG: hashlib.sha256(version.encode()).hexdigest()[:16]}
     if code_version:
         tags[CODE_VERSION_TAG] = code_version
@@ -427,7 +444,8 @@ def version_tags(code_version: str, fingerprint: str, source: CorpusFile) -> dic
 
 
 def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wall_s: float, position,
-              lineage: Mapping[str, Any] | None = None, devices: Mapping[str, Any] | None = None) -> dict:
+              lineage: Mapping[str, Any] | None = None, devices: Mapping[str, Any] | None = None,
+              changes: FileChanges | None = None) -> dict:
     product, count = telemetry.product_name, len(telemetry.device_uuids)
     if product is None:
         product, count = _torch_gpu(loaded.device)
@@ -450,6 +468,6 @@ def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wa
         placement=step.placement,
         backend_metadata={**backend_metadata(step.backend), **claim, **unit, "corpus/file": source.uri,
                           "corpus/bytes": int(source.size_bytes),  # the cost policy's partition size
-                          **shard_metadata(source)},
+                          **shard_metadata(source), **group_metadata(source, changes)},
         lineage=lineage,
     )
