@@ -190,3 +190,16 @@ def test_group_reader_casts_carried_columns_to_the_first_files_type_or_names_the
     g = _group(d, ["a.json", "b.json", "c.json"])
     with pytest.raises(CorpusReadError, match=r"b\.json: carried column 'n'"):
         list(read_group_batches(g.members, TextFormat(carry_columns=("n",)), 16, ReadStats()))
+
+
+def test_group_reader_refuses_an_id_two_files_of_the_bucket_share(tmp_path):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "a.json").write_text('{"id": "x1", "text": "one"}\n{"id": "x2", "text": "two"}\n')
+    (d / "b.json").write_text('{"id": "x3", "text": "three"}\n{"id": "x2", "text": "again"}\n')
+    g = _group(d, ["a.json", "b.json"])
+    with pytest.raises(CorpusReadError, match=r"b\.json: record_id 1: id 'x2' .* also in file 'a\.json'"):
+        list(read_group_batches(g.members, TextFormat(id_column="id"), 16, ReadStats()))
+    (d / "b.json").write_text('{"id": "x3", "text": "three"}\n')
+    (batch,) = read_group_batches(g.members, TextFormat(id_column="id"), 16, ReadStats())
+    assert batch.doc_ids == ["x1", "x2", "x3"] and batch.ids == [0, 1, 0]

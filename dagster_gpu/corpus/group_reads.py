@@ -12,7 +12,9 @@ is paid in parallel, not once per file in turn): memory is bounded by ``parallel
 batches being refilled. A file above ``whole_file_bytes`` is streamed batch by batch when its turn comes.
 
 Errors: a file that cannot be read raises its reader's ``CorpusReadError`` (the message names the file), or its
-store's error; the whole bucket fails with it and no output is written (an earlier output is kept). Carried
+store's error; the whole bucket fails with it and no output is written (an earlier output is kept). With
+``id_column``, an id that two files of the bucket share raises ``CorpusReadError`` naming both (memory: one set
+entry per record, as the reader's own check within a file). Carried
 columns take the types of the bucket's first file that has them; a later file whose values do not convert
 raises ``CorpusReadError`` naming that file.
 """
@@ -98,12 +100,20 @@ class _Refill:
         self.parts: list[RecordBatch] = []
         self.n = 0
         self.types: dict[str, pa.DataType] = {}
+        self.seen: dict[str, str] = {}  # id_column value -> the file key that has it
 
     def add(self, member, b: RecordBatch) -> Iterator[RecordBatch]:
         if not len(b):
             return
         if self.fmt.id_column is None:  # the file's own ids, as if it were its own partition
             b.doc_ids = [f"{member.key}/{i}" for i in b.ids]
+        else:  # the reader checked them within the file; one bucket's rows must not share an id either
+            for doc_id, record_id in zip(b.doc_ids or [], b.ids):
+                other = self.seen.setdefault(doc_id, member.key)
+                if other != member.key:
+                    raise CorpusReadError(
+                        f"{member.uri}: record_id {record_id}: id {doc_id!r} in column {self.fmt.id_column!r} is also "
+                        f"in file {other!r} of this file group; ids must be unique within a file group")
         for c, a in list(b.columns.items()):
             known = self.types.setdefault(c, a.type)
             if a.type != known:

@@ -68,8 +68,12 @@ def corpus_source(asset: dg.AssetsDefinition, corpus: CorpusSource) -> tuple[dg.
     key = corpus_asset_key(asset.key)
     spec = dg.AssetSpec(
         key, partitions_def=pdef, group_name=asset.group_names_by_key.get(asset.key),
-        description=f"The files under {corpus.url} (one partition per file); each partition's data version is its "
-                    "file's source version (S3 VersionId or ETag, else size and modification time), observed by the corpus sensor.",
+        description=(f"The files under {corpus.url} (one partition per file); each partition's data version is its "
+                     "file's source version (S3 VersionId or ETag, else size and modification time), observed by the corpus sensor."
+                     if corpus.group_buckets is None else
+                     f"The files under {corpus.url} in {corpus.group_buckets} buckets by a hash of their paths (one partition "
+                     "per non-empty bucket); each partition's data version digests its files' source versions, observed by "
+                     "the corpus sensor."),
         metadata={"dagster_gpu/corpus_url": corpus.url}, kinds={"s3" if corpus.url.startswith("s3://") else "file"},
     )
     (linked,) = dg.map_asset_specs(lambda s: s.merge_attributes(deps=[key]) if s.key == asset.key else s, [asset])
