@@ -170,3 +170,41 @@ def test_a_bad_file_fails_its_bucket_naming_the_file_and_keeps_the_rest(corpus_d
             n = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=asset.key, asset_partitions=[g.key]),
                                                 limit=5).records
             assert len(n) == (1 if g.key == bad_group.key else 2)
+
+
+def test_a_stopped_bucket_continues_after_its_checkpoint_parts_into_the_clean_output(tmp_path):
+    """The batches refilled across files are cut the same way on every read: a bucket stopped after 3 read batches
+    continues after its committed parts, and its output is the uninterrupted run's file, byte for byte."""
+    import threading
+
+    from dagster_gpu.corpus.group_reads import GroupPrefetcher
+    from dagster_gpu.embedding.pipeline import CheckpointPolicy, Preempted, embed_partition
+    from tests.checkpoint_child import LINEAGE, load_test_model, write_corpus
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for i in range(12):
+        write_corpus(d / f"part-{i:02d}.txt", 5 + i, seed=i, max_words=20)
+    corpus = CorpusSource(url=str(d), group_buckets=1)
+    (group,) = corpus.list_files()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DAGSTER_GPU_CPU_SHARE", "0")
+        model = load_test_model()
+
+    def embed(out, stop=None, on_batch=None, checkpoint=True):
+        reader = GroupPrefetcher(group, corpus.text_format, read_batch_rows=8)
+        return embed_partition(reader, str(out), model, batch_size=8, partition_key=group.key, lineage=dict(LINEAGE),
+                               checkpoint=CheckpointPolicy(group.version, 1) if checkpoint else None, stop=stop,
+                               on_batch=on_batch)
+
+    clean = embed(tmp_path / "clean.parquet", checkpoint=False)
+    stop = threading.Event()
+    out = tmp_path / "out.parquet"
+    with pytest.raises(Preempted) as info:
+        embed(out, stop=stop, on_batch=lambda done: stop.set() if done >= 24 else None)
+    assert (info.value.records, info.value.parts_committed) == (24, 3) and not out.exists()
+    again = embed(out)
+    assert again.resumed_rows == 24 and (again.rows, again.records) == (clean.rows, clean.records)
+    assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes()
+    doc_ids = pq.read_table(out).column("doc_id").to_pylist()
+    assert doc_ids[0] == "part-00.txt/0" and len({x.split("/")[0] for x in doc_ids}) == 12
