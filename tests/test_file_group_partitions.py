@@ -208,3 +208,35 @@ def test_a_stopped_bucket_continues_after_its_checkpoint_parts_into_the_clean_ou
     assert out.read_bytes() == (tmp_path / "clean.parquet").read_bytes()
     doc_ids = pq.read_table(out).column("doc_id").to_pylist()
     assert doc_ids[0] == "part-00.txt/0" and len({x.split("/")[0] for x in doc_ids}) == 12
+
+
+def test_a_bucket_whose_files_are_all_gone_is_pruned_with_its_output_and_index_rows(corpus_dir):
+    from dagster_gpu.definitions.vector_index import load_partition, vector_index_asset
+    from dagster_gpu.index.lance import VectorIndex
+
+    root = corpus_dir
+    corpus = CorpusSource(url=str(root / "corpus"), group_buckets=BUCKETS)
+    groups = corpus.list_files()
+    out = root / "out"
+    asset = _asset(corpus, out)
+    index = vector_index_asset(asset, uri=str(root / "lance"))
+    sensor = corpus_sensor(asset, corpus, prune=True)
+    defs = dg.Definitions(assets=[asset, index], sensors=[sensor])
+    ix = VectorIndex(str(root / "lance"), "emb")
+    keys = [g.key for g in groups]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions("emb_files", keys)
+        _run(instance, asset, keys)
+        for k in keys:
+            load_partition(ix, k, output_uri_for(str(out), "emb", k))
+        emptied = groups[2]
+        assert ix.partition_rows(emptied.key) > 0
+        for m in emptied.members:
+            (root / "corpus" / m.key).unlink()
+        assert [g.key for g in corpus.list_files()] == [k for k in keys if k != emptied.key]
+        tick = sensor(dg.build_sensor_context(instance=instance, definitions=defs))
+        assert not tick.run_requests  # nothing else changed
+        assert instance.get_dynamic_partitions("emb_files") == [k for k in keys if k != emptied.key]
+        assert not os.path.exists(output_uri_for(str(out), "emb", emptied.key))
+        assert ix.partition_rows(emptied.key) == 0
+        assert all(ix.partition_rows(k) > 0 for k in keys if k != emptied.key)
