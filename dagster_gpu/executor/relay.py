@@ -86,24 +86,19 @@ class RelayPump:
         with self._lock:
             self._channels.setdefault(path, _Channel(path, run_id, step_key, read))
 
-    def watching(self, run_id: str, step_key: str | None = None) -> list[str]:
-        with self._lock:
-            return [c.path for c in self._channels.values()
-                    if c.run_id == run_id and (step_key is None or c.step_key == step_key)]
-
     def pump(self, instance: dg.DagsterInstance, run_id: str, step_key: str | None = None) -> int:
         """Store every new event of the run's channels (only ``step_key``'s when given) into ``instance``.
         Returns how many were stored. A channel that cannot be read now is left for the next call."""
         with self._lock:
-            chans = [c for c in self._channels.values()
-                     if c.run_id == run_id and (step_key is None or c.step_key == step_key)]
-            return sum(self._drain(instance, c) for c in chans)
+            return sum(self._drain(instance, c) for c in self._of(run_id, step_key))
 
     def delays(self, run_id: str, step_key: str | None = None) -> list[float]:
         """Seconds from each relayed materialization's timestamp to its store, in channel order."""
         with self._lock:
-            return [d for c in self._channels.values() if c.run_id == run_id
-                    and (step_key is None or c.step_key == step_key) for d in c.delays]
+            return [d for c in self._of(run_id, step_key) for d in c.delays]
+
+    def _of(self, run_id: str, step_key: str | None) -> list[_Channel]:
+        return [c for c in self._channels.values() if c.run_id == run_id and step_key in (None, c.step_key)]
 
     def _drain(self, instance: dg.DagsterInstance, ch: _Channel) -> int:
         try:

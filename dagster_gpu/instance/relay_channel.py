@@ -3,12 +3,9 @@ worker to store.
 
 One channel per launch of a step: an append-only file of JSON lines on a file system the worker writes and
 the run worker can read (the Slurm spool: on this host, or on the cluster and read over the SSH transport).
-Each line is one record:
-
-- ``{"event": <serdes JSON of a dagster EventLogEntry>}``: an event the worker's instance stored (step start,
-  each partition's materialization, check evaluations, log lines, engine events, step success or failure);
-- ``{"cost_usd": <float>}``: an amount to add to the run's ``dagster_gpu/cost_usd`` tag (a run tag, not an
-  event: :func:`dagster_gpu.instance.run_tags.add_cost`).
+Each line is one record, ``{"event": <serdes JSON of a dagster EventLogEntry>}``: an event the worker's instance
+stored (step start, each partition's materialization, check evaluations, log lines, engine events, step success
+or failure).
 
 Guarantees:
 
@@ -65,9 +62,6 @@ class ChannelWriter:
     def write_event(self, entry: EventLogEntry) -> None:
         self._write(encode({"event": serialize_value(entry)}))
 
-    def write_cost(self, cost_usd: float) -> None:
-        self._write(encode({"cost_usd": float(cost_usd)}))
-
     def close(self) -> None:
         if self._fd >= 0:
             os.close(self._fd)
@@ -85,14 +79,12 @@ class Decoded:
 
     Attributes:
         events: the events, in channel order.
-        costs: the cost records' amounts (USD), in channel order.
         consumed: bytes read up to and including the last complete line (the reader's next offset adds it).
         bad_lines: complete lines that are not records (a torn write's fragment), with their byte offsets in
             the chunk.
     """
 
     events: list[EventLogEntry] = field(default_factory=list)
-    costs: list[float] = field(default_factory=list)
     consumed: int = 0
     bad_lines: list[tuple[int, str]] = field(default_factory=list)
 
@@ -111,14 +103,8 @@ def decode(chunk: bytes) -> Decoded:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-            if "event" in record:
-                out.events.append(deserialize_value(record["event"], EventLogEntry))
-            elif "cost_usd" in record:
-                out.costs.append(float(record["cost_usd"]))
-            else:
-                raise ValueError("neither 'event' nor 'cost_usd'")
-        except Exception as e:  # noqa: BLE001 - a torn or foreign line: skipped and counted, never fatal
+            out.events.append(deserialize_value(json.loads(line)["event"], EventLogEntry))
+        except Exception as e:  # noqa: BLE001 - a torn or foreign line (not JSON, no "event"): skipped and counted
             out.bad_lines.append((at, f"{type(e).__name__}: {e}"[:200]))
     return out
 
