@@ -240,6 +240,8 @@ def executor_config(backend: str, home: Path, slurm_worker_python: str | None = 
             cfg["slurm"].update(python=slurm_worker_python, worker_python=slurm_worker_python)
         if transport == "ssh":
             cfg["slurm"].update(ssh_settings(home / "cluster-spool"))
+            if os.environ.get("SLURM_CONF"):  # the login node's shell has no SLURM_CONF of its own: name the cluster's
+                cfg["slurm"]["slurm_conf"] = os.environ["SLURM_CONF"]
         if transport == "rest":
             cfg["slurm"].update(rest_settings(home))
         if events != "direct":

@@ -115,3 +115,15 @@ def test_events_relay_gives_each_launch_a_channel_in_the_spool_named_by_digest(t
     assert SlurmBackend(SlurmSettings(**executor_config("slurm", tmp_path, "/py")["slurm"])).relay_channel(launch) is None
     with pytest.raises(ValueError, match="slurm.events: 'sideways'"):
         SlurmSettings(events="sideways")
+
+
+def test_the_ssh_transport_config_names_the_clusters_slurm_conf_for_the_login_nodes_shell(tmp_path, monkeypatch):
+    """A command run over ssh gets the login node's environment, not the Dagster host's: without ``slurm_conf``
+    the demo's sinfo on the login node failed "Could not establish a configuration source"."""
+    monkeypatch.setenv("SLURM_CONF", "/tmp/dagster-gpu-slurm/etc/slurm.conf")
+    for k, v in {"HOST": "127.0.0.1", "PORT": "22022", "USER": "root", "KEY": str(tmp_path / "key"),
+                 "KNOWN_HOSTS": str(tmp_path / "known_hosts")}.items():  # what resources/ssh/sshd.sh env exports
+        monkeypatch.setenv(f"DAGSTER_GPU_SSH_{k}", v)
+    cfg = executor_config("slurm", tmp_path, None, "ssh")["slurm"]
+    assert cfg["transport"] == "ssh" and cfg["slurm_conf"] == "/tmp/dagster-gpu-slurm/etc/slurm.conf"
+    assert "slurm_conf" not in executor_config("slurm", tmp_path)["slurm"]
