@@ -99,10 +99,12 @@ def all_records(fetch, records_filter) -> list:
 
 
 def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_runs: int, workdir: Path,
-                 extra_env: dict[str, str] | None = None) -> dict:
+                 extra_env: dict[str, str] | None = None, on_progress=None, extra_yaml: str = "") -> dict:
     """One backfill of ``keys`` through the slurm backend in runs of ``per_run``; ``extra_env`` on top of the
-    bench's settings (e.g. tests/slurm_pipeline.py's ``DGPU_TEST_SLURM_TRANSPORT`` and its ssh variables)."""
-    home, env = H.make_dagster_home(max_concurrent_runs=max_runs)
+    bench's settings (e.g. tests/slurm_pipeline.py's ``DGPU_TEST_SLURM_TRANSPORT`` and its ssh variables);
+    ``on_progress(instance, backfill_id, progress)`` at each poll of the backfill (bench/remote_faults.py fires its
+    faults from there); ``extra_yaml`` appended to the instance's dagster.yaml."""
+    home, env = H.make_dagster_home(max_concurrent_runs=max_runs, extra_yaml=extra_yaml)
     # a fresh output directory: an earlier run's outputs would let the units reuse every vector (embedding nothing)
     shutil.rmtree(workdir / variant, ignore_errors=True)
     env = {**env, **(extra_env or {}), "RANGED_TEST_BACKEND": "slurm", "RANGED_TEST_CORPUS": str(corpus), "RANGED_TEST_OUTPUT": str(workdir / variant),
@@ -130,7 +132,8 @@ def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_
             sampler.start()
             t0 = time.time()
             bid = submit_asset_backfill(instance, ranged_pipeline.defs, asset.key, keys, title=f"bench-{variant}")
-            prog = wait_for_backfill(instance, bid, len(keys), timeout_s=7200, poll_s=5, daemon=d, partitions_def_name=pdef)
+            prog = wait_for_backfill(instance, bid, len(keys), timeout_s=7200, poll_s=5, daemon=d, partitions_def_name=pdef,
+                                     on_progress=on_progress and (lambda p: on_progress(instance, bid, p)))
             marked_done = time.time() - t0
             sampler.stop.set()
             # sacct lags the array task's end: wait for the bills (not a speed limit) while the run workers

@@ -92,7 +92,9 @@ def relay_figures(home: str) -> dict:
     """What the run workers' relay reported (tests/slurm_helpers.py ``relay_reports``) for the backfill stored at
     DAGSTER_HOME ``home``: materializations relayed, torn or refused lines, and the delay from a partition's
     materialization on the compute node to its store in the instance: p50 = the units' p50s weighted by their
-    materializations, p95 = the largest unit p95 (an upper bound of the backfill's p95)."""
+    materializations, p95 = the largest unit p95 (an upper bound of the backfill's p95); the channels' reads (each
+    one a command on the login node over ssh) against the executor's polls, which read at every poll before the
+    quiet-channel back-off."""
     import dagster as dg
 
     os.environ.setdefault("DAGSTER_PG_PASSWORD", (H.PG_DIR / "password").read_text().strip())
@@ -102,6 +104,8 @@ def relay_figures(home: str) -> dict:
     return {"relay_reports": len(reports), "relay_materializations": n,
             "relay_bad_lines": sum(r["dagster_gpu/relay_bad_lines"] for r in reports),
             "relay_refused": sum(r["dagster_gpu/relay_refused"] for r in reports),
+            "relay_reads": sum(r.get("dagster_gpu/relay_reads", 0) for r in reports),
+            "relay_polls": sum(r.get("dagster_gpu/relay_polls", 0) for r in reports),
             "relay_delay_p50_s": round(sum(r["dagster_gpu/relay_delay_p50_s"] * r["dagster_gpu/relay_materializations"]
                                            for r in reports) / max(n, 1), 3),
             "relay_delay_p95_s": max((r["dagster_gpu/relay_delay_p95_s"] for r in reports), default=None)}

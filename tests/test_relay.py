@@ -20,7 +20,7 @@ import pytest
 from dagster._core.storage.dagster_run import DagsterRun
 
 from dagster_gpu.executor.relay import RelayPump, quantile, refusal, rewrite, stored_keys
-from dagster_gpu.instance.relay_channel import ChannelWriter, decode, event_key, outcome_in_channel
+from dagster_gpu.instance.relay_channel import ChannelWriter, decode, event_key, outcome_in_channel, read_from
 from dagster_gpu.instance.relay_storage import (
     MAX_SEED_BYTES, RelaySeed, RelaySeedTooLarge, decode_seed, relay_instance, seed_for,
 )
@@ -34,14 +34,6 @@ def relayed(context):
     yield dg.MaterializeResult(metadata={"billing/cost_usd": 0.25, "test/partition_key": context.partition_key},
                                check_results=[dg.AssetCheckResult(passed=True, check_name="rows_positive")])
 
-
-def _local_read(path: str, offset: int) -> bytes:
-    try:
-        with open(path, "rb") as f:
-            f.seek(offset)
-            return f.read()
-    except FileNotFoundError:
-        return b""
 
 
 def _relayed_run(tmp_path, partition: str = "a") -> tuple[str, str]:
@@ -85,7 +77,7 @@ def test_channel_holds_every_event_the_worker_stored_and_the_pump_stores_them_on
     _copy_run(channel, run_id, real)
     step = next(e.step_key for e in decoded.events if e.step_key)
     pump = RelayPump()
-    pump.watch(channel, run_id, step, _local_read)
+    pump.watch(channel, run_id, step, read_from)
     stored = pump.pump(real, run_id)
     # everything but the run-level events (materialize() ran a whole run in process; a step worker writes none)
     run_level = [t for t in types if t.startswith("PIPELINE_") or t.endswith("_PLANNED")]
@@ -108,8 +100,9 @@ def test_channel_holds_every_event_the_worker_stored_and_the_pump_stores_them_on
     assert len(reports) == 1
     md = reports[0].event_log_entry.dagster_event.engine_event_data.metadata
     assert md["dagster_gpu/relay_events"].value == stored and md["dagster_gpu/relay_materializations"].value == 1
-    # nothing more on the next poll
-    assert pump.pump(real, run_id) == 0
+    assert md["dagster_gpu/relay_reads"].value == md["dagster_gpu/relay_polls"].value == 1
+    # nothing more on the next read
+    assert pump.pump(real, run_id, force=True) == 0 and pump.reads(run_id) == 2
 
 
 def test_a_restarted_run_worker_stores_nothing_twice_and_nothing_is_lost(tmp_path, real):
@@ -126,7 +119,7 @@ def test_a_restarted_run_worker_stores_nothing_twice_and_nothing_is_lost(tmp_pat
     assert 0 < n_first < len(admitted)
     # its successor reads the whole channel from the start
     second = RelayPump()
-    second.watch(channel, run_id, step, _local_read)
+    second.watch(channel, run_id, step, read_from)
     n_second = second.pump(real, run_id)
     assert n_first + n_second == len(admitted)
     keys = [event_key(r.event_log_entry) for r in _records(real, run_id)
@@ -135,6 +128,40 @@ def test_a_restarted_run_worker_stores_nothing_twice_and_nothing_is_lost(tmp_pat
     assert stored_keys(real, run_id) >= {event_key(e) for e in admitted}
     mats = real.fetch_materializations(dg.AssetRecordsFilter(asset_key=relayed.key), limit=5).records
     assert len(mats) == 1
+
+
+def test_a_quiet_channel_is_read_less_often_and_a_busy_one_at_every_poll(tmp_path, real):
+    """Reads of a channel that keeps coming back empty (a task still queued) back off to one per 8 s; the first
+    bytes bring the gap back under the poll period; ``force`` (the health check) reads whatever the gap."""
+    channel, run_id = _relayed_run(tmp_path)
+    _copy_run(channel, run_id, real)
+    data = open(channel, "rb").read()
+    step = next(e.step_key for e in decode(data).events if e.step_key)
+    now = [0.0]
+    written = [b""]  # what the task has written so far
+    reads: list[float] = []
+
+    def read(path: str, offset: int) -> bytes:
+        reads.append(now[0])
+        return written[0][offset:]
+
+    pump = RelayPump(clock=lambda: now[0])
+    pump.watch(channel, run_id, step, read)
+    for t in range(0, 30):  # the executor's poll, every second, for 30 s of an empty channel
+        now[0] = float(t)
+        pump.pump(real, run_id)
+    assert reads == [0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 24.0]  # gaps 0.5 (under the poll), 1, 2, 4, 8, 8 s
+    written[0] = data  # the task writes its events
+    now[0] = 30.0
+    assert pump.pump(real, run_id) == 0  # 32 is the next read
+    now[0] = 32.0
+    assert pump.pump(real, run_id) > 0 and reads[-1] == 32.0
+    now[0] = 33.0
+    pump.pump(real, run_id)
+    assert reads[-1] == 33.0  # bytes came: read at every poll again
+    now[0] = 33.2
+    pump.pump(real, run_id, force=True)
+    assert reads[-1] == 33.2 and pump.reads(run_id) == len(reads) == 10
 
 
 def test_a_torn_last_line_is_not_read_until_complete_and_a_new_writer_ends_it(tmp_path):
@@ -196,7 +223,7 @@ def test_the_seed_round_trips_and_too_large_a_seed_is_refused(tmp_path, real):
     _copy_run(channel, run_id, real)
     pump = RelayPump()
     step = next(e.step_key for e in decode(open(channel, "rb").read()).events if e.step_key)
-    pump.watch(channel, run_id, step, _local_read)
+    pump.watch(channel, run_id, step, read_from)
     pump.pump(real, run_id)
     seed = seed_for(real, real.get_run_by_id(run_id), dynamic={"files": ["f1", "f2"]})
     back = decode_seed(seed.encode())

@@ -7,6 +7,13 @@ The executor calls :meth:`RelayPump.pump` before it reads the run's events (``_p
 ``sleep_seconds``) and before a health check decides that an ended worker recorded no outcome, so a relayed
 step is seen by Dagster as a direct one is, one poll later.
 
+**How often.** Each read of a remote channel is a command on the login node (``tail -c +<offset>`` over the SSH
+master, a process sshd starts), so a channel that had nothing new is read less often: the gap between reads doubles
+from :data:`MIN_READ_INTERVAL_S` to :data:`MAX_READ_INTERVAL_S` while reads come back empty or fail (a task still
+pending in the queue, a model loading, the login node unreachable) and drops back to the minimum as soon as one
+brings bytes. A materialization written during a quiet spell is stored at most ``MAX_READ_INTERVAL_S`` later. The
+health check reads regardless of the gap (``force``): it must see an ended worker's last events before it decides.
+
 **Exactly once.** A channel's offset lives in this process; a run worker that starts (a resumed run, a restarted
 run worker) reads its channels from the beginning and skips every event whose :func:`event_key` the instance
 already holds for the run (one query per channel, at its first read). An event is stored before its key is
@@ -39,6 +46,7 @@ from typing import Callable
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
+from dagster._core.definitions.data_version import INPUT_EVENT_POINTER_TAG_PREFIX
 from dagster._core.events import PIPELINE_EVENTS, DagsterEventType
 from dagster._core.events.log import EventLogEntry
 from dagster._record import copy
@@ -48,6 +56,7 @@ from dagster_gpu.instance.checks import materialization_target
 from dagster_gpu.instance.events import OUTCOMES
 from dagster_gpu.instance.relay_channel import decode, event_key
 from dagster_gpu.instance.run_tags import add_cost
+from dagster_gpu.instance.source_versions import input_event_pointer
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +64,16 @@ log = logging.getLogger(__name__)
 #: backend's transport raises when the cluster cannot be reached now: the pump logs it and tries next time.
 ChannelReader = Callable[[str, int], bytes]
 
-#: Dagster's tag prefix for an input's event pointer (dagster._core.definitions.data_version
-#: ``INPUT_EVENT_POINTER_TAG_PREFIX``): the value is the storage id of the input's latest record.
-INPUT_EVENT_POINTER_PREFIX = "dagster/input_event_pointer/"
+#: Dagster's tag prefix for an input's event pointer (``dagster/input_event_pointer/<asset key>``): the value is
+#: the storage id of the input's latest record.
+INPUT_EVENT_POINTER_PREFIX = INPUT_EVENT_POINTER_TAG_PREFIX + "/"
+
+
+#: Seconds between two reads of a channel whose last read brought bytes: under the executor's poll period
+#: (``sleep_seconds``, Dagster's 1 s by default), so a busy channel is read at each poll.
+MIN_READ_INTERVAL_S = 0.5
+#: The longest gap between two reads of a channel that keeps coming back empty.
+MAX_READ_INTERVAL_S = 8.0
 
 
 @dataclass
@@ -72,25 +88,46 @@ class _Channel:
     refused: int = 0
     relayed: int = 0
     delays: list[float] = field(default_factory=list)
+    interval: float = 0.0
+    next_read: float = 0.0
+    polls: int = 0
+    reads: int = 0
+
+    def schedule(self, now: float, got_bytes: bool) -> None:
+        """The next read: :data:`MIN_READ_INTERVAL_S` after one that brought bytes, else twice the last gap (at
+        most :data:`MAX_READ_INTERVAL_S`)."""
+        self.interval = MIN_READ_INTERVAL_S if got_bytes else min(MAX_READ_INTERVAL_S, max(MIN_READ_INTERVAL_S, 2 * self.interval))
+        self.next_read = now + self.interval
 
 
 class RelayPump:
     """Every relay channel a run worker watches, and what was stored from each (see the module doc)."""
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
         self._channels: dict[str, _Channel] = {}
         self._lock = threading.Lock()
+        self._clock = clock
 
     def watch(self, path: str, run_id: str, step_key: str, read: ChannelReader) -> None:
         """Start reading the channel at ``path`` (a no-op when it is watched already)."""
         with self._lock:
             self._channels.setdefault(path, _Channel(path, run_id, step_key, read))
 
-    def pump(self, instance: dg.DagsterInstance, run_id: str, step_key: str | None = None) -> int:
-        """Store every new event of the run's channels (only ``step_key``'s when given) into ``instance``.
-        Returns how many were stored. A channel that cannot be read now is left for the next call."""
+    def pump(self, instance: dg.DagsterInstance, run_id: str, step_key: str | None = None, *, force: bool = False) -> int:
+        """Store every new event of the run's channels (only ``step_key``'s when given) into ``instance``; a channel
+        is read only when its gap has passed (see the module doc), or always with ``force``. Returns how many events
+        were stored. A channel that cannot be read now is left for a later call."""
         with self._lock:
-            return sum(self._drain(instance, c) for c in self._of(run_id, step_key))
+            now = self._clock()
+            channels = self._of(run_id, step_key)
+            for c in channels:
+                c.polls += 1
+            return sum(self._drain(instance, c, now) for c in channels if force or now >= c.next_read)
+
+    def reads(self, run_id: str, step_key: str | None = None) -> int:
+        """How many times the run's channels (``step_key``'s when given) were read by this process."""
+        with self._lock:
+            return sum(c.reads for c in self._of(run_id, step_key))
 
     def delays(self, run_id: str, step_key: str | None = None) -> list[float]:
         """Seconds from each relayed materialization's timestamp to its store, in channel order."""
@@ -100,12 +137,16 @@ class RelayPump:
     def _of(self, run_id: str, step_key: str | None) -> list[_Channel]:
         return [c for c in self._channels.values() if c.run_id == run_id and step_key in (None, c.step_key)]
 
-    def _drain(self, instance: dg.DagsterInstance, ch: _Channel) -> int:
+    def _drain(self, instance: dg.DagsterInstance, ch: _Channel, now: float) -> int:
+        ch.reads += 1
         try:
             chunk = ch.read(ch.path, ch.offset)
         except Exception as e:  # noqa: BLE001 - the cluster unreachable now: the events wait in the channel
-            log.warning("relay: could not read %s now (%s: %s); trying again at the next poll", ch.path, type(e).__name__, e)
+            ch.schedule(now, got_bytes=False)
+            log.warning("relay: could not read %s now (%s: %s); trying again in %.0f s", ch.path, type(e).__name__, e,
+                        ch.interval)
             return 0
+        ch.schedule(now, got_bytes=bool(chunk))
         decoded = decode(chunk)
         for at, why in decoded.bad_lines:
             log.warning("relay: %s: skipped a line at byte %d that is not a record (a write cut short?): %s",
@@ -152,7 +193,8 @@ def quantile(values: list[float], q: float) -> float | None:
 
 def report(instance: dg.DagsterInstance, ch: _Channel) -> None:
     """One engine event on the step: events relayed from the channel by this process, materializations' delay
-    (p50, p95, max seconds) and skipped lines (``dagster_gpu/relay_*`` metadata)."""
+    (p50, p95, max seconds), skipped lines, and the channel's reads against the polls that could have read it
+    (``dagster_gpu/relay_*`` metadata)."""
     from dagster._core.events import EngineEventData
 
     run = instance.get_run_by_id(ch.run_id)
@@ -160,7 +202,8 @@ def report(instance: dg.DagsterInstance, ch: _Channel) -> None:
         return
     p50, p95 = quantile(ch.delays, 0.5), quantile(ch.delays, 0.95)
     md = {"dagster_gpu/relay_channel": ch.path, "dagster_gpu/relay_events": ch.relayed,
-          "dagster_gpu/relay_bad_lines": ch.bad_lines, "dagster_gpu/relay_refused": ch.refused, "dagster_gpu/relay_materializations": len(ch.delays)}
+          "dagster_gpu/relay_bad_lines": ch.bad_lines, "dagster_gpu/relay_refused": ch.refused, "dagster_gpu/relay_materializations": len(ch.delays),
+          "dagster_gpu/relay_reads": ch.reads, "dagster_gpu/relay_polls": ch.polls}
     if p50 is not None:
         md.update({"dagster_gpu/relay_delay_p50_s": round(p50, 3), "dagster_gpu/relay_delay_p95_s": round(p95, 3),
                    "dagster_gpu/relay_delay_max_s": round(max(ch.delays), 3)})
@@ -241,10 +284,7 @@ def rewrite(instance: dg.DagsterInstance, entry: EventLogEntry) -> EventLogEntry
         tags = dict(mat.tags)
         for tag in [t for t in tags if t.startswith(INPUT_EVENT_POINTER_PREFIX)]:
             upstream = dg.AssetKey.from_user_string(tag[len(INPUT_EVENT_POINTER_PREFIX):])
-            latest = instance.get_latest_storage_id_by_partition(
-                upstream, DagsterEventType.ASSET_OBSERVATION, {mat.partition}).get(mat.partition)
-            if latest is not None:
-                tags[tag] = str(latest)
+            tags[tag] = input_event_pointer(instance, upstream, mat.partition)
         data = ev.step_materialization_data
         ev = ev._replace(event_specific_data=data._replace(materialization=mat._replace(tags=tags)))
     return entry._replace(dagster_event=ev)

@@ -246,7 +246,7 @@ class GpuStepHandler(StepHandler):
         state = backend.state(handle)
         if state.status not in TERMINAL:
             return CheckStepHealthResult.healthy()
-        self.relay.pump(ctx.instance, ctx.dagster_run.run_id, step_key)  # what an ended relayed worker wrote last
+        self.relay.pump(ctx.instance, ctx.dagster_run.run_id, step_key, force=True)  # what an ended relayed worker wrote last
         if outcome_recorded(ctx.instance, ctx.dagster_run.run_id, [step_key], launched_at):
             return CheckStepHealthResult.healthy()
         where = describe_partitions(self.partition_keys(ctx, step_key))

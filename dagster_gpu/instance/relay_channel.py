@@ -116,14 +116,20 @@ def event_key(entry: EventLogEntry) -> tuple:
     return (repr(float(entry.timestamp)), entry.step_key, etype, entry.user_message)
 
 
+def read_from(path: str, offset: int = 0) -> bytes:
+    """The bytes of the channel file at ``path`` (on this host) from byte ``offset``; b"" while it does not exist."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            return f.read()
+    except FileNotFoundError:
+        return b""
+
+
 def outcome_in_channel(path: str, step_keys: set[str]) -> bool:
     """Did one of ``step_keys`` write a step outcome (success, failure, up for retry) to the channel at ``path``?
     False when the channel does not exist. What a requeued array task checks before running a relayed step again
     (:mod:`dagster_gpu.slurm.requeue`): it cannot ask the instance."""
-    try:
-        with open(path, "rb") as f:
-            decoded = decode(f.read())
-    except FileNotFoundError:
-        return False
+    decoded = decode(read_from(path))
     return any(e.dagster_event is not None and e.dagster_event.event_type in OUTCOMES and e.step_key in step_keys
                for e in decoded.events)

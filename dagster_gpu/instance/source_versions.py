@@ -98,10 +98,17 @@ def input_tags(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, asset_k
     if not depends_on_corpus(asset, asset_key):
         return {}
     corpus_key = corpus_asset_key(asset_key)
-    latest = instance.get_latest_storage_id_by_partition(corpus_key, dg.DagsterEventType.ASSET_OBSERVATION, {partition_key})
-    pointer = latest.get(partition_key)
     return {get_input_data_version_tag(corpus_key): source_version,
-            get_input_event_pointer_tag(corpus_key): str(pointer) if pointer else _NULL_POINTER}
+            get_input_event_pointer_tag(corpus_key): input_event_pointer(instance, corpus_key, partition_key)}
+
+
+def input_event_pointer(instance: dg.DagsterInstance, upstream: dg.AssetKey, partition_key: str) -> str:
+    """The value of ``dagster/input_event_pointer/<upstream>`` for partition ``partition_key``: the storage id of
+    that partition's latest observation of ``upstream`` (one event-log query), or Dagster's null pointer when it
+    has none."""
+    latest = instance.get_latest_storage_id_by_partition(upstream, dg.DagsterEventType.ASSET_OBSERVATION, {partition_key})
+    pointer = latest.get(partition_key)
+    return str(pointer) if pointer else _NULL_POINTER
 
 
 def version_at_read(corpus: CorpusSource, file: CorpusFile) -> str:

@@ -92,6 +92,7 @@ import dagster as dg
 
 from dagster_gpu.contracts import TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, with_step_context
 from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
+from dagster_gpu.instance.relay_channel import read_from as read_local_channel
 from dagster_gpu.instance.settings import config_field as settings_config_field
 from dagster_gpu.instance.settings import apply_renamed, from_section, renamed, setting
 from dagster_gpu.core.log_tail import log_tail
@@ -525,12 +526,7 @@ class SlurmBackend(Backend):
         transport = getattr(self.client, "transport", None)
         if getattr(transport, "remote_spool", None):
             return transport.read_from(path, offset)
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                return f.read()
-        except FileNotFoundError:
-            return b""
+        return read_local_channel(path, offset)
 
     def _task_log(self, batch: str, task: int) -> str:
         """Where array task ``task`` of ``batch`` writes its log (``sbatch --output``): under the spool the

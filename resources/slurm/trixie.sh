@@ -10,6 +10,7 @@
 #                                         (e.g. DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE=101 trixie.sh restart)
 #   resources/slurm/trixie.sh stop        stop the daemons this script started (pid files only), unmount
 #   resources/slurm/trixie.sh restart-slurmctld | stop-slurmdbd | start-slurmdbd   as cluster.sh's
+#   resources/slurm/trixie.sh stop-slurmrestd | start-slurmrestd   slurmrestd alone (a restart in the fault bench)
 #   resources/slurm/trixie.sh status      daemon pids, node state, sinfo; exit 0 only when all run
 #   resources/slurm/trixie.sh env         `export SLURM_CONF=… PATH=<wrappers>:$PATH DAGSTER_GPU_SLURM_WORKER_PYTHON=…
 #                                         DAGSTER_GPU_SLURMRESTD_URL=http://127.0.0.1:<rest port>`
@@ -429,10 +430,12 @@ case "${1:-}" in
   restart-slurmctld) need_started; stop_one slurmctld slurmctld; start_slurmctld ;;
   stop-slurmdbd) need_started; stop_one slurmdbd slurmdbd ;;
   start-slurmdbd) need_started; start_slurmdbd ;;
+  stop-slurmrestd) need_started; stop_one slurmrestd slurmrestd ;;
+  start-slurmrestd) need_started; start_slurmrestd ;;
   status) cmd_status ;;
   token) shift; cmd_token "$@" ;;
   env)
     printf 'export SLURM_CONF=%q PATH=%q DAGSTER_GPU_SLURM_WORKER_PYTHON=%q DAGSTER_GPU_SLURMRESTD_URL=%q\n' \
       "$SLURM_CONF" "$D/bin:$PATH" "$D/bin/worker-python" "http://127.0.0.1:$REST_PORT" ;;
-  *) echo "usage: $0 bootstrap|start|restart|stop|status|env|token|restart-slurmctld|stop-slurmdbd|start-slurmdbd" >&2; exit 2 ;;
+  *) echo "usage: $0 bootstrap|start|restart|stop|status|env|token|restart-slurmctld|stop-slurmdbd|start-slurmdbd|stop-slurmrestd|start-slurmrestd" >&2; exit 2 ;;
 esac
