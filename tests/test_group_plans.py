@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections import Counter
 
 import pytest
@@ -15,7 +16,7 @@ from fsspec.implementations.local import LocalFileSystem
 from dagster_gpu import CorpusSource
 from dagster_gpu.corpus.group_plan_store import forget_group_plans
 from dagster_gpu.corpus.group_plans import (Member, PlanSource, plan_doc, plan_members, plan_name, planned_version,
-                                            pointer_doc, pointer_name)
+                                            pointer_doc, pointer_name, replaces)
 from dagster_gpu.corpus.groups import group_version
 
 N_FILES, BUCKETS = 40, 4
@@ -94,11 +95,17 @@ def test_plan_names_depend_on_every_input_and_documents_are_checked():
     for junk in (None, [], "x", {"format": 1}, {**doc, "members": [["too", "short"]]}, {**doc, "format": 2}):
         assert plan_members(src, 7, version, junk) is None
     # a pointer names its version's plan, nothing else
-    assert planned_version(src, 7, pointer_doc(src, 7, version)) == version
-    assert planned_version(src, 8, pointer_doc(src, 7, version)) is None
+    assert planned_version(src, 7, pointer_doc(src, 7, version, 100.0)) == version
+    assert planned_version(src, 8, pointer_doc(src, 7, version, 100.0)) is None
     assert planned_version(src, 7, {"version": version, "plan": plan_name(src, 7, "group:1:x")}) is None
     assert planned_version(src, 7, None) is None and planned_version(src, 7, {"version": 3}) is None
     assert pointer_name(src, 7) != pointer_name(src, 8)
+    # a pointer is replaced by another version's from a listing that started no earlier, never set back
+    now = pointer_doc(src, 7, version, 100.0)
+    assert replaces(None, now) and replaces({"version": version}, now)
+    assert replaces(pointer_doc(src, 7, "group:1:old", 99.0), now)
+    assert not replaces(pointer_doc(src, 7, "group:1:new", 101.0), now)
+    assert not replaces(pointer_doc(src, 7, version, 50.0), now)  # the same version: nothing to write
 
 
 # -- local disk ---------------------------------------------------------------------------------------
@@ -198,6 +205,19 @@ def test_a_file_added_after_the_listing_comes_with_the_next_listing(corpus, call
     assert corpus.files_for_keys([key])[key] == now[key]
 
 
+def test_a_slower_listing_of_an_older_state_never_sets_a_pointer_back(corpus, calls, tmp_path):
+    d = tmp_path / "corpus"
+    started = time.time() - 60  # a unit's fallback listing that started a minute ago ...
+    old = corpus.list_files()
+    key = old[0].key
+    (d / old[0].members[0].relative_name).write_text(json.dumps({"text": "rewritten"}) + "\n")
+    _touch_later(d / old[0].members[0].relative_name)
+    new = {g.key: g for g in corpus.list_files()}  # ... a tick's listing since, of the new state ...
+    corpus._store_group_plans(old, started)  # ... and the old listing's plans stored after it
+    calls.clear()
+    assert corpus.files_for_keys([key]) == {key: new[key]} and calls["find"] == 0
+
+
 def test_without_a_plan_directory_a_unit_lists_as_before(tmp_path, calls, monkeypatch):
     monkeypatch.delenv("DAGSTER_HOME", raising=False)
     d = tmp_path / "corpus"
@@ -253,4 +273,20 @@ def test_on_s3_a_unit_reads_plans_and_heads_members_without_listing(s3, monkeypa
     seen.clear()
     got = corpus.files_for_keys(sorted(listed))
     assert got == want and got[first].version != listed[first].version and seen["lsdir"] >= 1
+    forget_group_plans()
+
+
+def test_members_of_another_version_are_never_stored_under_a_version(tmp_path, caplog):
+    from dagster_gpu.corpus.group_plan_store import load_group_plans, store_group_plans
+    from dagster_gpu.corpus.plan_dir import PlanDir
+
+    forget_group_plans()
+    src = PlanSource(str(tmp_path / "corpus"), "*", False, 2)
+    members = [Member("a.json", str(tmp_path / "corpus" / "a.json"), "a.json", 3, 1.0, "size:3,mtime:1.0")]
+    good = group_version({"a.json": "size:3,mtime:1.0"})
+    plans = PlanDir(str(tmp_path / "plans"))
+    store_group_plans(plans, src, {0: ("group:1:not-these-members", lambda: members)}, 10.0)
+    assert "not stored" in caplog.text and load_group_plans(plans, src, [0]) == {}
+    store_group_plans(plans, src, {0: (good, lambda: members)}, 10.0)
+    assert load_group_plans(plans, src, [0, 1]) == {0: members}
     forget_group_plans()

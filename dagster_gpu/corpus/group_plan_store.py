@@ -14,8 +14,11 @@ is the group version of exactly those members, so it describes the bytes embedde
 missing or unreadable plan or pointer, or a plan of another version falls back to a full listing (correct, just
 slower). A file added to the bucket after the latest listing is not in the plan: it comes with the next listing
 (the corpus sensor's next tick sees a new group version, unequal to the recorded one, and requests the bucket
-again with the new versions). Every listing rewrites every bucket's pointer before its runs are requested, so a
-unit started by a tick reads that tick's membership or a newer one.
+again with the new versions). Every listing sets each bucket's pointer before its runs are requested, unless
+the stored pointer comes from a listing that started later (a slower listing of an older state, e.g. a unit's
+fallback, finishing after a tick's, never sets a pointer back), so a unit started by a tick reads that tick's
+membership or a newer one. The pointers compare listing start times across hosts: clocks are assumed to agree
+within the time between two listings.
 
 The directory is ``CorpusSource.group_plan_url``, else ``$DAGSTER_HOME/dagster_gpu/group_plans`` when
 ``DAGSTER_HOME`` is set (beside the shard plans), else none: then every unit lists, as without plans. Old plans
@@ -32,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from dagster_gpu.corpus.group_plans import (Member, PlanSource, plan_doc, plan_members, plan_name, planned_version,
-                                            pointer_doc, pointer_name)
+                                            pointer_doc, pointer_name, replaces)
 from dagster_gpu.corpus.plan_dir import PlanDir
 
 #: ``info`` calls (stat / HEAD) and plan reads or writes at once on an object store (a local disk: one at a time).
@@ -60,28 +63,43 @@ def _each(fn: Callable[[T], R], items: Sequence[T], threads: int) -> list[R]:
         return list(pool.map(fn, items))
 
 
-def store_group_plans(plans: PlanDir, source: PlanSource, buckets: Mapping[int, Sequence[Member]]) -> None:
-    """Store bucket index -> its members (``buckets``: one full listing) in ``plans``: each bucket's plan unless
-    this process already wrote it there, then every bucket's pointer. Best effort: a failure is logged (one
-    warning), never raised."""
+def store_group_plans(plans: PlanDir, source: PlanSource, buckets: Mapping[int, tuple[str, Callable[[], Sequence[Member]]]],
+                      listed_at: float) -> None:
+    """Store one full listing's buckets, started at ``listed_at`` (seconds since the epoch), in ``plans``;
+    ``buckets``: bucket index -> (its group version, a function giving its members, called only when its plan is
+    written). Each bucket's plan unless this process already wrote it there, then each bucket's pointer where the
+    stored one names another version from a listing that started no later (read, compared, then written:
+    :func:`dagster_gpu.corpus.group_plans.replaces`). Best effort: a failure is logged (one warning), never raised."""
     threads = 1 if plans.local else STAT_THREADS
-    todo = []
-    for index, members in buckets.items():
-        doc = plan_doc(source, index, members)
-        todo.append((index, doc, (plans.url, plan_name(source, index, doc["version"]))))
+    todo = [(index, version, (plans.url, plan_name(source, index, version)))
+            for index, (version, _members) in buckets.items()]
     with _lock:
         new = [t for t in todo if t[2] not in _written]
+
+    def write_plan(t) -> None:
+        doc = plan_doc(source, t[0], buckets[t[0]][1]())
+        if doc["version"] != t[1]:  # not the members of that version: store nothing under its name
+            raise ValueError(f"bucket {t[0]}: members of version {doc['version']}, not {t[1]}")
+        plans.write(t[2][1], doc)
+
     try:
-        _each(lambda t: plans.write(t[2][1], t[1]), new, threads)
+        _each(write_plan, new, threads)
         with _lock:
             if len(_written) + len(new) > _WRITTEN_MAX:
                 _written.clear()
             _written.update(t[2] for t in new)
-        _each(lambda t: plans.write(pointer_name(source, t[0]), pointer_doc(source, t[0], t[1]["version"])), todo,
-              threads)
+        _each(lambda t: _point(plans, pointer_name(source, t[0]), pointer_doc(source, t[0], t[1], listed_at)),
+              todo, threads)
     except Exception as e:  # noqa: BLE001 - see the docstring: the units list instead
         logging.getLogger(__name__).warning("file group plans not stored under %s: %s: %s", plans.url,
                                             type(e).__name__, e)
+
+
+def _point(plans: PlanDir, name: str, doc: Mapping[str, Any]) -> None:
+    """Pointer ``name`` set to ``doc`` when it :func:`replaces` the stored one (a read costs less than a write: a
+    small read against a temp file and a rename, a GET against a PUT)."""
+    if replaces(plans.read(name), doc):
+        plans.write(name, doc)
 
 
 def load_group_plans(plans: PlanDir, source: PlanSource, indexes: Iterable[int]) -> dict[int, list[Member]]:

@@ -10,8 +10,8 @@ Two kinds of file, both small JSON:
 
 - the plan, named by :func:`plan_name`: a hash of (corpus URL, pattern, recursive, bucket count, bucket index,
   group version); written once per bucket version, never rewritten with other content;
-- the bucket's pointer, named by :func:`pointer_name` (no version in the name): ``{"version", "plan"}`` of the
-  latest listing of the bucket, rewritten by every listing.
+- the bucket's pointer, named by :func:`pointer_name` (no version in the name): ``{"version", "plan", "listed_at"}``
+  of the latest listing of the bucket, rewritten by a listing that finds another version (:func:`replaces`).
 """
 
 from __future__ import annotations
@@ -80,9 +80,19 @@ def plan_doc(source: PlanSource, index: int, members: Sequence[Member]) -> dict[
                         for m in members]}
 
 
-def pointer_doc(source: PlanSource, index: int, version: str) -> dict[str, str]:
-    """The pointer document naming bucket ``index``'s plan at ``version``."""
-    return {"version": version, "plan": plan_name(source, index, version)}
+def pointer_doc(source: PlanSource, index: int, version: str, listed_at: float) -> dict[str, Any]:
+    """The pointer document naming bucket ``index``'s plan at ``version``, from a listing that started at
+    ``listed_at`` (seconds since the epoch)."""
+    return {"version": version, "plan": plan_name(source, index, version), "listed_at": float(listed_at)}
+
+
+def replaces(stored: Any, new: Mapping[str, Any]) -> bool:
+    """Whether pointer document ``new`` should be written over ``stored`` (what the directory holds, None if
+    nothing readable): when it names another version and its listing did not start before the stored one's (a
+    slower listing of an older state, finishing later, never sets a pointer back)."""
+    if not isinstance(stored, Mapping) or not isinstance(stored.get("listed_at"), (int, float)):
+        return True
+    return stored.get("version") != new["version"] and float(stored["listed_at"]) <= float(new["listed_at"])
 
 
 def planned_version(source: PlanSource, index: int, pointer: Any) -> str | None:
@@ -110,4 +120,4 @@ def plan_members(source: PlanSource, index: int, version: str, doc: Any) -> list
 
 
 __all__ = ["FORMAT", "Member", "PlanSource", "plan_doc", "plan_members", "plan_name", "planned_version",
-           "pointer_doc", "pointer_name"]
+           "pointer_doc", "pointer_name", "replaces"]

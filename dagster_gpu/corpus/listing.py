@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
+import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Mapping, Sequence
 
 import fsspec
@@ -150,11 +152,12 @@ class CorpusSource:
         ``group_buckets``, the non-empty buckets instead (see :meth:`groups_of`), each bucket's member list then
         stored in the group plan directory (``group_plan_url``) for the work units. Raises CorpusNotFound if the URL
         does not exist, CorpusUnreadable when the store answers with an error."""
+        started = time.time()
         files = self._list(None)
         if self.group_buckets is None:
             return files
         groups = self.groups_of(files)
-        self._store_group_plans(groups)
+        self._store_group_plans(groups, started)
         return groups
 
     def groups_of(self, files: Sequence[CorpusFile]) -> list[CorpusFile]:
@@ -191,16 +194,15 @@ class CorpusSource:
         return (PlanDir(url, self.storage_options),
                 PlanSource(self.url, self.pattern, self.recursive, int(self.group_buckets)))
 
-    def _store_group_plans(self, groups: Sequence[CorpusFile]) -> None:
-        """Each of ``groups`` (a full listing's buckets) as its stored plan (best effort)."""
+    def _store_group_plans(self, groups: Sequence[CorpusFile], listed_at: float) -> None:
+        """Each of ``groups`` (the buckets of a full listing started at ``listed_at``, seconds since the epoch) as its
+        stored plan (best effort)."""
         from dagster_gpu.corpus.group_plan_store import store_group_plans
-        from dagster_gpu.corpus.group_plans import Member
 
         where = self._plan_source()
         if where is None:
             return
-        store_group_plans(*where, {g.group.index: [Member(m.key, strip_protocol(m.uri), m.relative_name, m.size_bytes,
-                                                          m.mtime, m.version) for m in g.members] for g in groups})
+        store_group_plans(*where, {g.group.index: (g.version, partial(_members, g)) for g in groups}, listed_at)
 
     def _groups_from_plans(self, indexes: Sequence[int]) -> dict[int, CorpusFile]:
         """Bucket index -> the bucket from its stored plan, for each of ``indexes`` whose plan is readable and
@@ -441,6 +443,18 @@ def _followed(fs, path: str) -> dict:
         return fs.info(path)
     except OSError:
         return {}
+
+
+def _members(group: CorpusFile) -> list:
+    """A bucket's files as its plan's members (:class:`dagster_gpu.corpus.group_plans.Member`)."""
+    from dagster_gpu.corpus.group_plans import Member
+
+    return [Member(m.key, _path_of(m.uri), m.relative_name, m.size_bytes, m.mtime, m.version) for m in group.members]
+
+
+def _path_of(uri: str) -> str:
+    """The filesystem path of a URI :func:`_uri` made (the inverse, without fsspec's lookup of the protocol)."""
+    return uri.split("://", 1)[1] if "://" in uri else uri
 
 
 def _uri(fs, path: str) -> str:
