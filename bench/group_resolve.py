@@ -97,17 +97,19 @@ def main() -> None:
     if a.json:
         print(json.dumps(out, indent=2))
         return
-    print(f"{a.files} files, {out['buckets']} buckets, one bucket of {members} files; median of {a.repeats}, interleaved")
+    print(f"{a.files} files, {out['buckets']} buckets, one bucket of {members} files; "
+          f"median of {a.repeats}, interleaved")
     print(f"{'resolving one bucket key':<46} {'seconds':>8} {'baseline (s)':>13} {'ratio':>7}")
-    for label, k, b, r in (
-            ("without a plan (listing + storing the plans)", "without_plan_s", "baseline_listing_s", "without_plan_ratio"),
+    rows = (("without a plan (listing + storing the plans)", "without_plan_s", "baseline_listing_s", "without_plan_ratio"),
             ("with a plan (pointer, plan, one stat/member)", "with_plan_s", "baseline_again_s", "with_plan_ratio"),
-            ("list_files storing every plan and pointer", "list_files_storing_plans_s", "list_files_s", "storing_ratio"),
+            ("list_files storing every plan and pointer", "list_files_storing_plans_s", "list_files_s",
+             "storing_ratio"),
             ("list_files, plans stored (pointers read)", "list_files_plans_stored_s", "list_files_again_s",
-             "plans_stored_ratio")):
+             "plans_stored_ratio"))
+    for label, k, b, r in rows:
         print(f"{label:<46} {out[k]:>8.4f} {out[b]:>13.4f} {out[r]:>7.4f}")
-    print("baseline: the same call with no plan directory (a whole-corpus listing, as before plans), resp. "
-          "list_files with none")
+    print("baseline: the same call with no plan directory (a whole-corpus listing, as before plans), "
+          "resp. list_files with none")
 
 
 if __name__ == "__main__":

@@ -63,8 +63,8 @@ def _each(fn: Callable[[T], R], items: Sequence[T], threads: int) -> list[R]:
         return list(pool.map(fn, items))
 
 
-def store_group_plans(plans: PlanDir, source: PlanSource, buckets: Mapping[int, tuple[str, Callable[[], Sequence[Member]]]],
-                      listed_at: float) -> None:
+def store_group_plans(plans: PlanDir, source: PlanSource,
+                      buckets: Mapping[int, tuple[str, Callable[[], Sequence[Member]]]], listed_at: float) -> None:
     """Store one full listing's buckets, started at ``listed_at`` (seconds since the epoch), in ``plans``;
     ``buckets``: bucket index -> (its group version, a function giving its members, called only when its plan is
     written). Each bucket's plan unless this process already wrote it there, then each bucket's pointer where the
