@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import fnmatch
 import posixpath
+import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Mapping, Sequence
 
 import fsspec
@@ -104,6 +106,12 @@ class CorpusSource:
             ``group-0042-of-1024``, for corpora of many small files (one JSON document per file). A new file never
             moves another; a bucket is stale when one of its files changed, came or went. Changing the number
             re-keys every file. None (default): every file is one partition.
+        group_plan_url: with ``group_buckets``, where each bucket's member list is kept by whoever lists the whole
+            corpus, so that a work unit resolves its bucket keys with one ``info`` call per member instead of a
+            listing (a directory or an fsspec URL, read and written with ``storage_options``; see
+            :mod:`dagster_gpu.corpus.group_plan_store`); None = ``$DAGSTER_HOME/dagster_gpu/group_plans`` when
+            ``DAGSTER_HOME`` is set, else no plans (every unit lists). Put it where the units can read it (an
+            ``s3://`` prefix for pods without the run worker's disk).
 
     Raises:
         ValueError: ``shard_bytes`` below 1, ``group_buckets`` not an integer >= 1, or both set (a bucket of whole
@@ -118,6 +126,7 @@ class CorpusSource:
     shard_bytes: int | None = None
     shard_plan_url: str | None = None
     group_buckets: int | None = None
+    group_plan_url: str | None = None
 
     def __post_init__(self) -> None:
         if self.shard_bytes is not None and int(self.shard_bytes) < 1:
@@ -140,30 +149,85 @@ class CorpusSource:
 
     def list_files(self) -> list[CorpusFile]:
         """All corpus files, sorted by key; a file above ``shard_bytes`` as its shards (see :meth:`shards_of`); with
-        ``group_buckets``, the non-empty buckets instead (see :meth:`groups_of`). Raises CorpusNotFound if the URL
+        ``group_buckets``, the non-empty buckets instead (see :meth:`groups_of`), each bucket's member list then
+        stored in the group plan directory (``group_plan_url``) for the work units. Raises CorpusNotFound if the URL
         does not exist, CorpusUnreadable when the store answers with an error."""
+        started = time.time()
         files = self._list(None)
-        return self.groups_of(files) if self.group_buckets is not None else files
+        if self.group_buckets is None:
+            return files
+        groups = self.groups_of(files)
+        self._store_group_plans(groups, started)
+        return groups
 
     def groups_of(self, files: Sequence[CorpusFile]) -> list[CorpusFile]:
         """``files`` (whole files) as the non-empty buckets of ``group_buckets``, sorted by key, each with its files
-        as ``members`` (sorted by key). Raises ValueError when ``group_buckets`` is not set."""
+        as ``members`` (sorted by key). Stores no plan (``files`` may be part of the corpus only: :meth:`list_files`
+        stores them). Raises ValueError when ``group_buckets`` is not set."""
         if self.group_buckets is None:
             raise ValueError(f"CorpusSource({self.url!r}) has no group_buckets")
         n = int(self.group_buckets)
         buckets: dict[int, list[CorpusFile]] = {}
         for f in files:
             buckets.setdefault(bucket_of(f.relative_name, n), []).append(f)
-        root = self.url.rstrip("/") or self.url
-        out = []
-        for i in sorted(buckets):
-            members = tuple(sorted(buckets[i], key=lambda f: f.key))
-            key = group_key(i, n)
-            out.append(CorpusFile(key=key, uri=root, relative_name=key, size_bytes=sum(m.size_bytes for m in members),
-                                  mtime=max(m.mtime for m in members),
-                                  version=group_version({m.key: m.version for m in members}),
-                                  group=Group(i, n), members=members))
-        return out
+        return [self._bucket(i, buckets[i]) for i in sorted(buckets)]
+
+    def _bucket(self, index: int, files: Sequence[CorpusFile]) -> CorpusFile:
+        """Bucket ``index`` holding ``files`` (at least one) as one CorpusFile (see :attr:`CorpusFile.group`)."""
+        n = int(self.group_buckets)
+        members = tuple(sorted(files, key=lambda f: f.key))
+        key = group_key(index, n)
+        return CorpusFile(key=key, uri=self.url.rstrip("/") or self.url, relative_name=key,
+                          size_bytes=sum(m.size_bytes for m in members), mtime=max(m.mtime for m in members),
+                          version=group_version({m.key: m.version for m in members}), group=Group(index, n),
+                          members=members)
+
+    def _plan_source(self):
+        """(plan directory, its PlanSource) of this corpus's file group plans, or None without a directory."""
+        from dagster_gpu.corpus.group_plan_store import default_group_plan_url
+        from dagster_gpu.corpus.group_plans import PlanSource
+        from dagster_gpu.corpus.plan_dir import PlanDir
+
+        url = self.group_plan_url or default_group_plan_url()
+        if not url:
+            return None
+        return (PlanDir(url, self.storage_options),
+                PlanSource(self.url, self.pattern, self.recursive, int(self.group_buckets)))
+
+    def _store_group_plans(self, groups: Sequence[CorpusFile], listed_at: float) -> None:
+        """Each of ``groups`` (the buckets of a full listing started at ``listed_at``, seconds since the epoch) as its
+        stored plan (best effort)."""
+        from dagster_gpu.corpus.group_plan_store import store_group_plans
+
+        where = self._plan_source()
+        if where is None:
+            return
+        store_group_plans(*where, {g.group.index: (g.version, partial(_members, g)) for g in groups}, listed_at)
+
+    def _groups_from_plans(self, indexes: Sequence[int]) -> dict[int, CorpusFile]:
+        """Bucket index -> the bucket from its stored plan, for each of ``indexes`` whose plan is readable and
+        whose every member still has the version listed (one ``info`` call per member); the others are left
+        out (the caller lists them). Never raises for the plans or the members' stores."""
+        from dagster_gpu.corpus.group_plan_store import STAT_THREADS, current_infos, load_group_plans
+
+        where = self._plan_source()
+        if where is None or not indexes:
+            return {}
+        planned = load_group_plans(*where, indexes)
+        if not planned:
+            return {}
+        try:
+            fs, _root = self.filesystem()
+        except Exception:  # noqa: BLE001 - the listing names the store's error
+            return {}
+        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        infos = current_infos(fs, [m.path for ms in planned.values() for m in ms],
+                              1 if protocol in ("file", "local") else STAT_THREADS)
+        return {index: self._bucket(index, [CorpusFile(key=m.key, uri=_uri(fs, m.path), relative_name=m.relative_name,
+                                                       size_bytes=m.size_bytes, mtime=m.mtime, version=m.version)
+                                            for m in members])
+                for index, members in planned.items()
+                if all(_unchanged(m.version, infos.get(m.path)) for m in members)}
 
     def _list(self, wanted: set[str] | None) -> list[CorpusFile]:
         """The listing; with ``wanted``, a large file is planned only when one of those keys can be its shard's
@@ -277,16 +341,21 @@ class CorpusSource:
         return {k: found[k] for k in wanted if k in found}
 
     def _groups_for_keys(self, wanted: list[str], missing_ok: bool) -> dict[str, CorpusFile]:
-        """:meth:`files_for_keys` of bucket keys: one listing, grouped (a bucket's files are known only by listing)."""
-        listed = {g.key: g for g in self.list_files()}
-        gone = [k for k in wanted if k not in listed]
+        """:meth:`files_for_keys` of bucket keys: each bucket from its stored plan when every member still has the
+        version listed (:meth:`_groups_from_plans`), the others from one listing, grouped."""
+        n = int(self.group_buckets)
+        groups = {k: g for k in wanted if (g := parse_group_key(k)) is not None and g.count == n}
+        planned = self._groups_from_plans(sorted({g.index for g in groups.values()}))
+        found = {k: planned[g.index] for k, g in groups.items() if g.index in planned}
+        if len(found) < len(wanted):
+            listed = {g.key: g for g in self.list_files()}
+            found.update({k: listed[k] for k in wanted if k not in found and k in listed})
+        gone = [k for k in wanted if k not in found]
         if gone and not missing_ok:
-            n = int(self.group_buckets)
-            why = ", ".join(repr(k) + ("" if (g := parse_group_key(k)) is not None and g.count == n
-                                       else f" (not a key of group_buckets={n})") for k in gone)
+            why = ", ".join(repr(k) + ("" if k in groups else f" (not a key of group_buckets={n})") for k in gone)
             raise CorpusNotFound(f"partition(s) {why}: no file in corpus {self.url!r} falls in this bucket "
                                  "(its files deleted or renamed?)")
-        return {k: listed[k] for k in wanted if k in listed}
+        return {k: found[k] for k in wanted if k in found}
 
     def _direct(self, fs, root: str, key: str) -> CorpusFile | None:
         """The file named exactly ``key`` under the root, when ``key`` is its own file's key; else None."""
@@ -307,9 +376,9 @@ class CorpusSource:
     def current_version(self, file: CorpusFile) -> str:
         """``file``'s source version now (one ``info`` call: a stat, an S3 HEAD), read right before the file
         is read so that the version recorded is never newer than the bytes read. A bucket (``group`` set): its
-        listed version, no call (its files were listed by the caller right before: see
-        :func:`dagster_gpu.instance.source_versions.version_at_read`). Raises CorpusNotFound
-        naming the partition and the file when it is gone, CorpusUnreadable when the store refuses."""
+        resolved version, no call (its files were listed, or each checked against the stored plan by an ``info``
+        call, by the caller right before: see :func:`dagster_gpu.instance.source_versions.version_at_read`).
+        Raises CorpusNotFound naming the partition and the file when it is gone, CorpusUnreadable when the store refuses."""
         if file.group is not None:
             return file.version
         fs, _root = self.filesystem()
@@ -345,6 +414,17 @@ def source_version(info: Mapping[str, Any]) -> str:
     return f"size:{int(info.get('size') or 0)},mtime:{_mtime(info)!r}"
 
 
+def _unchanged(listed: str, info: Mapping[str, Any] | None) -> bool:
+    """Whether a file listed at source version ``listed`` still has it by its ``info`` now (None: gone). An S3 HEAD
+    names a ``VersionId`` that a listing does not: a listed ``etag:`` version is then compared with the ETag."""
+    if info is None:
+        return False
+    if source_version(info) == listed:
+        return True
+    etag = info.get("ETag") or info.get("etag")
+    return listed.startswith("etag:") and etag not in (None, "") and f"etag:{str(etag).strip(chr(34))}" == listed
+
+
 def _file(fs, path: str, key: str, rel: str, info: Mapping[str, Any]) -> CorpusFile:
     return CorpusFile(key=key, uri=_uri(fs, path), relative_name=rel, size_bytes=int(info.get("size") or 0),
                       mtime=_mtime(info), version=source_version(info))
@@ -363,6 +443,18 @@ def _followed(fs, path: str) -> dict:
         return fs.info(path)
     except OSError:
         return {}
+
+
+def _members(group: CorpusFile) -> list:
+    """A bucket's files as its plan's members (:class:`dagster_gpu.corpus.group_plans.Member`)."""
+    from dagster_gpu.corpus.group_plans import Member
+
+    return [Member(m.key, _path_of(m.uri), m.relative_name, m.size_bytes, m.mtime, m.version) for m in group.members]
+
+
+def _path_of(uri: str) -> str:
+    """The filesystem path of a URI :func:`_uri` made (the inverse, without fsspec's lookup of the protocol)."""
+    return uri.split("://", 1)[1] if "://" in uri else uri
 
 
 def _uri(fs, path: str) -> str:

@@ -23,13 +23,12 @@ import hashlib
 import json
 import logging
 import os
-import posixpath
 import threading
 from collections import OrderedDict
 from dataclasses import asdict
-from pathlib import Path
 from typing import Any, Mapping
 
+from dagster_gpu.corpus.plan_dir import PlanDir
 from dagster_gpu.corpus.shards import Shard, plan_byte_shards, plan_row_group_shards
 
 #: Plans kept in this process (an LRU of this many file versions).
@@ -102,16 +101,10 @@ def _plan(fs, path: str, size: int, shard_bytes: int, kind: str, separator_line:
 def _load(plan_url: str | None, pid: str, storage_options) -> tuple[Shard, ...] | None:
     if not plan_url:
         return None
+    doc = PlanDir(plan_url, storage_options).read(f"{pid}.json")
     try:
-        if "://" not in plan_url:
-            doc = json.loads(Path(plan_url, f"{pid}.json").read_text())
-        else:
-            import fsspec
-
-            fs, root = fsspec.core.url_to_fs(plan_url, **dict(storage_options or {}))
-            doc = json.loads(fs.cat_file(posixpath.join(root, f"{pid}.json")))
         return tuple(Shard(**s) for s in doc["shards"])
-    except (OSError, ValueError, KeyError, TypeError):  # absent, unreadable or not ours: plan again
+    except (KeyError, TypeError):  # absent or not ours: plan again
         return None
 
 
@@ -119,17 +112,8 @@ def _store(plan_url: str | None, pid: str, shards: tuple[Shard, ...], storage_op
     """Best effort: a plan directory that cannot be written only costs another scan elsewhere."""
     if not plan_url:
         return
-    data = json.dumps({"shards": [asdict(s) for s in shards]})
     try:
-        if "://" not in plan_url:
-            from dagster_gpu.core.jsonfile import write_atomic
-
-            write_atomic(Path(plan_url, f"{pid}.json"), data, 0o644)
-        else:
-            import fsspec
-
-            fs, root = fsspec.core.url_to_fs(plan_url, **dict(storage_options or {}))
-            fs.pipe_file(posixpath.join(root, f"{pid}.json"), data.encode())  # one PUT: whole or absent
+        PlanDir(plan_url, storage_options).write(f"{pid}.json", {"shards": [asdict(s) for s in shards]})
     except Exception as e:  # noqa: BLE001 - see the docstring
         logging.getLogger(__name__).warning("shard plan %s not stored under %s: %s: %s", pid, plan_url, type(e).__name__, e)
 

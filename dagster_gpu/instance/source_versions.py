@@ -115,8 +115,9 @@ def version_at_read(corpus: CorpusSource, file: CorpusFile) -> str:
     """``file``'s source version right before its read starts (:meth:`CorpusSource.current_version`), so a
     file rewritten during the read records the older version and is found changed afterwards; the listed
     version when the store cannot say (the read then fails with its own error). A file group's version is the
-    one the unit's own listing gave (one stat per file would cost a request per file on an object store): listed
-    before the read, so it is never newer than the bytes read either."""
+    one the unit resolved its bucket with (its own listing, or the stored plan with every member's version checked
+    by one ``info`` call: :mod:`dagster_gpu.corpus.group_plan_store`), taken before the read, so it is never newer
+    than the bytes read either."""
     try:
         return corpus.current_version(file)
     except (CorpusNotFound, CorpusUnreadable):
