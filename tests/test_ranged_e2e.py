@@ -63,13 +63,28 @@ def _mats(instance, asset_key, run_id=None) -> list[tuple[str, str, dict]]:
 
 
 class Killer(threading.Thread):
-    """SIGKILLs the step worker of the backfill's run over range ``KILL_RANGE`` once it materialized 2 partitions."""
+    """SIGKILLs the step worker of the backfill's run over range ``KILL_RANGE`` once it materialized 2 partitions:
+    as the instance has them, or with ``relay_dir`` (``events: relay``) as the unit's channel under
+    ``<relay_dir>/<run id>/`` has them: the instance learns of a relayed materialization only when the run worker
+    reads the channel, up to ``executor.relay.MAX_READ_INTERVAL_S`` after a quiet spell (the model loading), by
+    which time a unit of small files may have finished its range."""
 
-    def __init__(self, instance, backfill_id: str, asset_key, first_key: str):
+    def __init__(self, instance, backfill_id: str, asset_key, first_key: str, relay_dir: Path | None = None):
         super().__init__(daemon=True)
         self.instance, self.backfill_id, self.asset_key, self.first_key = instance, backfill_id, asset_key, first_key
+        self.relay_dir = relay_dir
         self.killed: dict = {}
         self.stop = threading.Event()
+
+    def done(self, run_id: str) -> list[str]:
+        """The partitions the run's unit materialized so far (see the class doc)."""
+        if self.relay_dir is None:
+            return sorted(k for k, _, _ in _mats(self.instance, self.asset_key, run_id))
+        from dagster_gpu.instance.relay_channel import decode, read_from
+
+        return sorted(e.dagster_event.step_materialization_data.materialization.partition
+                      for ch in sorted((self.relay_dir / run_id).glob("*.jsonl")) for e in decode(read_from(str(ch))).events
+                      if e.dagster_event is not None and e.dagster_event.event_type_value == "ASSET_MATERIALIZATION")
 
     def run(self) -> None:
         while not self.stop.wait(0.3):
@@ -78,13 +93,13 @@ class Killer(threading.Thread):
                         if r.dagster_run.tags.get("dagster/asset_partition_range_start") == self.first_key), None)
             if run is None:
                 continue
-            done = _mats(self.instance, self.asset_key, run.run_id)
+            done = self.done(run.run_id)
             if len(done) >= 2:
                 pids = _worker_pids(run.run_id)
                 for pid in pids:
                     os.kill(pid, signal.SIGKILL)
                 if pids:
-                    self.killed = {"run_id": run.run_id, "pids": pids, "materialized_before": sorted(k for k, _, _ in done)}
+                    self.killed = {"run_id": run.run_id, "pids": pids, "materialized_before": done}
                     return
 
 
@@ -96,7 +111,8 @@ def run_ranged_backfill(instance, tmp_path: Path, workspace: Path, env: dict, un
     pdef = p.ranged_embeddings.partitions_def.name
     instance.add_dynamic_partitions(pdef, keys)
     bid = submit_asset_backfill(instance, p.defs, p.ranged_embeddings.key, keys, title="ranged-e2e")
-    killer = Killer(instance, bid, p.ranged_embeddings.key, keys[KILL_RANGE * PER_RUN])
+    relay_dir = Path(env["DAGSTER_GPU_SLURM_SPOOL"]) / "relay" if env.get("DGPU_TEST_EVENTS") == "relay" else None
+    killer = Killer(instance, bid, p.ranged_embeddings.key, keys[KILL_RANGE * PER_RUN], relay_dir)
     with DaemonProcess(workspace, env=env, log_file=tmp_path / "daemon.log") as daemon:
         killer.start()
         final = wait_for_backfill(instance, bid, len(keys), timeout_s=1500, poll_s=2, daemon=daemon,

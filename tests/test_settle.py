@@ -122,6 +122,41 @@ def test_slurm_settler_writes_each_task_bill_once_and_the_sweep_finds_other_proc
     assert not any(a[0] == "scancel" for a in client.argvs)
 
 
+def test_a_relayed_units_channel_is_read_before_its_bill_and_a_failed_read_defers_the_bill(tmp_path):
+    """A relayed step's materializations reach the instance only when the run worker reads the channel: the
+    settler calls the unit's ``before_bill`` (the relay pump, forced) once the task ended and before it takes
+    the bill, so the bill is split over them. A read that fails leaves the unit unbilled and unclaimed, for the
+    next pass; a unit a sweep finds runs every hook still registered (its listed handle need not match)."""
+    backend, _client = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
+    batch = _batch(backend, 29, 10, done=True)
+    order: list[str] = []
+    rec = _Recorder()
+    settler = Settler(write=lambda bill: (order.append(f"bill {bill.env['TASK']}"), rec(bill))[1], background=False)
+    fail = [True]
+
+    def pump(task: str):
+        def hook():
+            order.append(f"read {task}")
+            if task == "4" and fail[0]:
+                fail[0] = False
+                raise OSError("ssh: connection to the login node dropped")
+        return hook
+
+    settler.track(backend, _slurm_handle(backend, batch, 29, 3), pump("3"))
+    settler.track(backend, _slurm_handle(backend, batch, 29, 4), pump("4"))
+    assert settler.settle(backend, _slurm_handle(backend, batch, 29, 3)) is True
+    assert order == ["read 3", "bill 3"]
+    assert settler.settle(backend, _slurm_handle(backend, batch, 29, 4)) is False  # the read failed: no bill, no claim
+    assert not (backend.spool.batch_dir(batch) / "reconciled" / "4.json").exists()
+    assert settler.settle(backend, _slurm_handle(backend, batch, 29, 4)) is True
+    assert order == ["read 3", "bill 3", "read 4", "read 4", "bill 4"]
+    # a sweep's unit: the hooks of units still tracked here are run first (none is left: both were billed)
+    settler.track(backend, _slurm_handle(backend, batch, 29, 5), pump("5"))
+    order.clear()
+    assert settler.settle(backend, {**_slurm_handle(backend, batch, 29, 5), "log_file": "as listed"}, ended=True) is True
+    assert order == ["read 5", "bill 5"]
+
+
 def test_the_sweep_polls_for_job_arrays_no_process_saw_end(tmp_path):
     """Every run worker exited while sacct had no final records (slurmdbd down), so no poll marked the job
     array done; the bills sensor's sweep is then the only process left to poll, and it must."""

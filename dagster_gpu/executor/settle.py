@@ -4,7 +4,9 @@ A backend's ``state(handle)`` only reads. What happens once a unit's worker ende
 the backend contract (``dagster_gpu.contracts``), in this order:
 
 1. the state is terminal (``Backend.state``); an ``abandoned`` worker (the backend gave up on it while
-   its scheduler still holds it) is terminated first (``Backend.terminate``), once;
+   its scheduler still holds it) is terminated first (``Backend.terminate``), once; then the unit's
+   ``before_bill`` hook, when it was tracked with one (a relayed step: its channel is read to the end, so the
+   materializations the bill is split over are in the instance before the bill is written);
 2. ``Backend.accounting(handle)``: the scheduler's bill, or None while it has not billed yet (sacct lags the
    task's end; slurmdbd is down): the unit stays tracked and is asked again on the next pass;
 3. ``Backend.elect_bill_writer(handle)``: the end-of-unit cleanup (the Kubernetes pod's graceful delete with its UID
@@ -52,14 +54,18 @@ class Settler:
             :class:`ObservationWriter`'s ``write``; tests pass a recorder).
         pass_s: seconds between two passes over the tracked units (the daemon thread).
         sweep_s: seconds between two sweeps of ``Backend.unsettled()``.
+        background: start the daemon thread and the exit hook at the first :meth:`track` (False: the caller
+            drives :meth:`settle`, :meth:`pass_once` and :meth:`finish` itself).
     """
 
-    def __init__(self, write: Callable[[UnitBill], int] | None = None, pass_s: float = 1.0, sweep_s: float = 5.0):
+    def __init__(self, write: Callable[[UnitBill], int] | None = None, pass_s: float = 1.0, sweep_s: float = 5.0,
+                 background: bool = True):
         self._writer = ObservationWriter() if write is None else None
         self._write = write or self._writer.write  # type: ignore[union-attr]
         self.pass_s = pass_s
         self.sweep_s = sweep_s
         self._tracked: dict[tuple[str, str], tuple[Backend, Handle]] = {}
+        self._before_bill: dict[tuple[str, str], Callable[[], object]] = {}
         self._backends: dict[str, Backend] = {}
         self._terminated: set[tuple[str, str]] = set()
         self._owed: dict[tuple[str, str], UnitBill] = {}  # released here, not written yet (a failed write)
@@ -67,14 +73,18 @@ class Settler:
         # One settle at a time: the thread and the exit hook may both reach a unit; holding it through the
         # write also makes the exit hook wait for a bill the thread is writing.
         self._settling = threading.RLock()
-        self._started = False
+        self._started = not background
         self.written = 0  # observations written by this settler (tests, logs)
 
     # -- what to settle ---------------------------------------------------------------------------------
-    def track(self, backend: Backend, handle: Handle) -> None:
-        """Settle ``handle``'s unit once it ends (idempotent); the first call starts the thread and the exit hook."""
+    def track(self, backend: Backend, handle: Handle, before_bill: Callable[[], object] | None = None) -> None:
+        """Settle ``handle``'s unit once it ends (idempotent); the first call starts the thread and the exit hook.
+        ``before_bill``: called once the unit is seen ended, before its bill is asked for (see the module doc); an
+        exception it raises is logged and the unit is tried again on the next pass."""
         with self._lock:
             self._tracked.setdefault(_key(backend, handle), (backend, handle))
+            if before_bill is not None:
+                self._before_bill[_key(backend, handle)] = before_bill
             self._backends.setdefault(backend.name, backend)
             start = not self._started
             self._started = True
@@ -105,14 +115,17 @@ class Settler:
                         if st.abandoned and key not in self._terminated:
                             self._terminated.add(key)
                             backend.terminate(handle)
+                    self._run_hooks(key, ended)
                     bill = backend.accounting(handle)
                     if bill is None:
                         return False
                     if not backend.elect_bill_writer(handle) or bill.empty:
+                        self._before_bill.pop(key, None)
                         return True
                 self._owed[key] = bill  # until written: released here, nobody else will write it
                 n = self._write(bill)
                 del self._owed[key]
+                self._before_bill.pop(key, None)
                 self.written += n
                 log.info("%s unit %s settled: %d observation(s)", backend.name, dict(handle), n)
                 return True
@@ -122,6 +135,15 @@ class Settler:
                     with self._lock:
                         self._tracked.setdefault(key, (backend, handle))
                 return False
+
+    def _run_hooks(self, key: tuple[str, str], ended: bool) -> None:
+        """The ``before_bill`` hook of the unit ``key``; for a unit a sweep found (``ended``: its handle as the
+        spool or the API lists it, which need not match the tracked one), every hook still registered here, so
+        that a unit of this process is never billed before its relay channel was read."""
+        with self._lock:
+            hooks = [self._before_bill[key]] if key in self._before_bill else (list(self._before_bill.values()) if ended else [])
+        for hook in hooks:
+            hook()
 
     def pass_once(self) -> int:
         """Settle every tracked unit once; returns how many are still tracked."""

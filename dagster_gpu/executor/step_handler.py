@@ -190,7 +190,7 @@ class GpuStepHandler(StepHandler):
             self._launched[(run.run_id, step_key, attempt)] = Launch(step_key, None, {
                 BACKEND_KEY: backend.name, HANDLE_KEY: dict(handle), PLACEMENT_KEY: placement.to_json(),
                 PREEMPTIONS_KEY: preemptions, **({RELAY_CHANNEL_KEY: channel} if channel else {})})
-        self.settler.track(backend, handle)
+        self.settler.track(backend, handle, self._relay_hook(ctx.instance, run.run_id, step_key) if channel else None)
         if not preemptions:
             tag_launch(ctx.instance, run.run_id, backend.name, placement.device)  # Runs page: where it ran
         verb = f"Launching step {step_key} again ({why})" if preemptions else f"Launching step {step_key}"
@@ -208,6 +208,11 @@ class GpuStepHandler(StepHandler):
                 **{k: v for k, v in backend.handle_metadata(handle).items()},
             },
         )
+
+    def _relay_hook(self, instance, run_id: str, step_key: str):
+        """The settler's ``before_bill`` of a relayed step: its channel read to the end (``force``), so that the bill
+        is split over the materializations the unit relayed, not written before they are stored."""
+        return lambda: self.relay.pump(instance, run_id, step_key, force=True)
 
     @staticmethod
     def _launches_to_come(ctx: StepHandlerContext) -> int | None:
@@ -227,9 +232,10 @@ class GpuStepHandler(StepHandler):
             if launch.step_key == step_key and launch.has_handle:
                 with self._lock:
                     self._launched[(run_id, step_key, attempt)] = launch
-                self.settler.track(self.backend(launch.backend), launch.handle)
                 if launch.relay_channel:  # a resumed run worker reads the channel again (the pump skips what is stored)
                     self.relay.watch(launch.relay_channel, run_id, step_key, self.backend(launch.backend).read_channel)
+                self.settler.track(self.backend(launch.backend), launch.handle,
+                                   self._relay_hook(ctx.instance, run_id, step_key) if launch.relay_channel else None)
                 return launch
         with self._lock:
             return self._launched.get((run_id, step_key, attempt))

@@ -1,0 +1,161 @@
+"""Benchmark: the corpus sensor's tick over a corpus of many small files in file groups, on a PostgreSQL instance.
+
+    bash resources/postgres/postgres.sh start
+    .venv/bin/python bench/sensor_scale.py [--files 300000] [--buckets 1024] [--changed 0.01]
+
+One process, every figure from the same run (the orchestration side only: nothing is embedded):
+
+1. ``--files`` JSON Lines files of one record each under ``--root`` (default on /dev/shm, a tmpfs), 100 per
+   directory, ``CorpusSource(recursive=True, group_buckets=--buckets)``;
+2. the listing alone (``list_files``: the first one also stores every bucket's group plan), then again (plans
+   kept, pointers only read);
+3. tick 1, first sight: the corpus sensor's evaluation (``build_sensor_context`` on the real instance) and its
+   dynamic partition request applied (``add_dynamic_partitions``), timed apart; run requests and keys;
+4. every bucket recorded as materialized at its listed version: one runless ``AssetMaterialization`` per bucket
+   carrying ``corpus/source_version`` (what the sensor reads back, ``instance.source_versions.recorded_versions``);
+   this stands in for the embedding, which is not what this bench measures;
+5. tick 2, nothing changed: seconds (no run request expected);
+6. ``--changed`` of the files rewritten (a new record, mtime moved): tick 3, seconds, buckets requested
+   (every bucket holding a changed file, none other);
+7. one bucket key resolved as a work unit resolves it (``files_for_keys``: from its group plan).
+
+Peak RSS is the process's high-water mark (``ru_maxrss``) after each step; the corpus is generated before any of
+them. Writes bench/results/sensor_scale.json (``--out``) and, at 300,000 files, ``scale.files``,
+``scale.partitions``, ``scale.sensor_tick_s`` (tick 3: the listing of every file, the instance's versions of every
+bucket, 1 % changed) and ``scale.sensor_first_tick_s`` to bench/results/summary.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import resource
+import shutil
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
+
+import dagster as dg  # noqa: E402
+from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG  # noqa: E402
+import slurm_helpers as H  # noqa: E402
+from summary import merge_summary  # noqa: E402
+
+from dagster_gpu import CorpusSource, corpus_sensor, embedding_asset  # noqa: E402
+
+PER_DIR = 100
+
+
+def rss_mib() -> float:
+    """This process's peak resident set so far, MiB (Linux reports ru_maxrss in KiB)."""
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def path_of(root: Path, i: int) -> Path:
+    return root / f"d{i // PER_DIR:05d}" / f"doc-{i:07d}.json"
+
+
+def make_corpus(root: Path, files: int) -> None:
+    shutil.rmtree(root, ignore_errors=True)
+    for i in range(files):
+        p = path_of(root, i)
+        if i % PER_DIR == 0:
+            p.parent.mkdir(parents=True)
+        p.write_text(json.dumps({"text": f"document {i}: notes on topic {i * 7 % 9973}"}) + "\n")
+
+
+def timed(fn):
+    t0 = time.perf_counter()
+    out = fn()
+    return out, round(time.perf_counter() - t0, 3)
+
+
+def requested_keys(result: dg.SensorResult, order: list[str]) -> list[str]:
+    """The partition keys ``result``'s run requests cover (one key, or a range by Dagster's range tags)."""
+    out = []
+    for r in result.run_requests or []:
+        if r.partition_key is not None:
+            out.append(r.partition_key)
+        else:
+            start, end = r.tags[ASSET_PARTITION_RANGE_START_TAG], r.tags[ASSET_PARTITION_RANGE_END_TAG]
+            out.extend(order[order.index(start): order.index(end) + 1])
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--files", type=int, default=300_000)
+    ap.add_argument("--buckets", type=int, default=1024)
+    ap.add_argument("--changed", type=float, default=0.01, help="fraction of the files changed before tick 3")
+    ap.add_argument("--root", type=Path, default=Path("/dev/shm/dagster-gpu-sensor-scale"))
+    ap.add_argument("--out", default="sensor_scale.json", help="the run's figures, under bench/results/")
+    a = ap.parse_args()
+    reason = H.postgres_unavailable_reason()
+    if reason:
+        sys.exit(f"cannot run: {reason}")
+    res: dict = {"files": a.files, "buckets": a.buckets}
+    _, res["generate_s"] = timed(lambda: make_corpus(a.root / "corpus", a.files))
+    res["rss_mib_after_generate"] = rss_mib()
+    home, _env = H.make_dagster_home()
+    os.environ["DAGSTER_HOME"] = str(home)
+    os.environ.setdefault("DAGSTER_PG_PASSWORD", (H.PG_DIR / "password").read_text().strip())
+    corpus = CorpusSource(url=str(a.root / "corpus"), recursive=True, group_buckets=a.buckets)
+    asset = embedding_asset(name="scale_emb", corpus=corpus, output_url=str(a.root / "out"), device="cpu")
+    sensor = corpus_sensor(asset, corpus, bridge=False)
+    defs = dg.Definitions(assets=[asset], sensors=[sensor])
+    pdef = asset.partitions_def.name
+
+    groups, res["listing_first_s"] = timed(corpus.list_files)
+    res["rss_mib_after_listing"] = rss_mib()
+    _, res["listing_again_s"] = timed(corpus.list_files)
+    res["partitions"] = len(groups)
+    res["files_listed"] = sum(len(g.members) for g in groups)
+    with dg.DagsterInstance.get() as instance:
+        tick = lambda: sensor(dg.build_sensor_context(instance=instance, definitions=defs))  # noqa: E731
+        t1, res["tick1_s"] = timed(tick)
+        added = [k for req in t1.dynamic_partitions_requests for k in req.partition_keys]
+        _, res["tick1_add_partitions_s"] = timed(lambda: instance.add_dynamic_partitions(pdef, added))
+        order = list(instance.get_dynamic_partitions(pdef))
+        res["tick1_partitions_added"] = len(added)
+        res["tick1_keys_requested"] = len(requested_keys(t1, order))
+        res["tick1_run_requests"] = len(t1.run_requests or [])
+        res["rss_mib_after_tick1"] = rss_mib()
+
+        def record() -> None:
+            for g in groups:
+                instance.report_runless_asset_event(dg.AssetMaterialization(
+                    asset_key=asset.key, partition=g.key, metadata={"corpus/source_version": g.version}))
+
+        _, res["record_materializations_s"] = timed(record)
+        t2, res["tick2_s"] = timed(tick)
+        res["tick2_keys_requested"] = len(requested_keys(t2, order))
+        changed = sorted(random.Random(1).sample(range(a.files), int(a.files * a.changed)))
+        for i in changed:
+            p = path_of(a.root / "corpus", i)
+            p.write_text(p.read_text() + json.dumps({"text": f"document {i}: a new paragraph"}) + "\n")
+            later = p.stat().st_mtime + 5
+            os.utime(p, (later, later))
+        names = {str(path_of(Path(""), i)) for i in changed}
+        expected = {g.key for g in groups if any(m.relative_name in names for m in g.members)}
+        t3, res["tick3_s"] = timed(tick)
+        got = set(requested_keys(t3, order))
+        res.update(tick3_files_changed=len(changed), tick3_keys_requested=len(got),
+                   tick3_expected_buckets=len(expected), tick3_exactly_the_changed_buckets=got == expected,
+                   tick3_run_requests=len(t3.run_requests or []), rss_mib_after_tick3=rss_mib())
+        one = groups[len(groups) // 2].key
+        found, res["resolve_one_bucket_s"] = timed(lambda: corpus.files_for_keys([one]))
+        res["resolve_one_bucket_files"] = len(found[one].members)
+    print(json.dumps(res), flush=True)
+    (REPO / "bench" / "results" / a.out).write_text(json.dumps(res, indent=1) + "\n")
+    if a.files == 300_000 and res["tick3_exactly_the_changed_buckets"]:
+        merge_summary({"scale.files": a.files, "scale.partitions": res["partitions"],
+                       "scale.sensor_tick_s": res["tick3_s"], "scale.sensor_first_tick_s": res["tick1_s"]})
+    shutil.rmtree(a.root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
