@@ -19,7 +19,8 @@ One process, every figure from the same run (the orchestration side only: nothin
    (every bucket holding a changed file, none other);
 7. one bucket key resolved as a work unit resolves it (``files_for_keys``: from its group plan).
 
-Peak RSS is the process's high-water mark (``ru_maxrss``) after each step; the corpus is generated before any of
+The baseline is the listing alone, measured in the same run: ``tick3_ratio_vs_listing`` is tick 3 ÷ the second
+listing. Peak RSS is the process's high-water mark (``ru_maxrss``) after each step; the corpus is generated before any of
 them. Writes bench/results/sensor_scale.json (``--out``) and, at 300,000 files, ``scale.files``,
 ``scale.partitions``, ``scale.sensor_tick_s`` (tick 3: the listing of every file, the instance's versions of every
 bucket, 1 % changed) and ``scale.sensor_first_tick_s`` to bench/results/summary.json.
@@ -143,7 +144,8 @@ def main() -> None:
         expected = {g.key for g in groups if any(m.relative_name in names for m in g.members)}
         t3, res["tick3_s"] = timed(tick)
         got = set(requested_keys(t3, order))
-        res.update(tick3_files_changed=len(changed), tick3_keys_requested=len(got),
+        res.update(tick3_ratio_vs_listing=round(res["tick3_s"] / res["listing_again_s"], 3),
+                   tick3_files_changed=len(changed), tick3_keys_requested=len(got),
                    tick3_expected_buckets=len(expected), tick3_exactly_the_changed_buckets=got == expected,
                    tick3_run_requests=len(t3.run_requests or []), rss_mib_after_tick3=rss_mib())
         one = groups[len(groups) // 2].key
