@@ -20,8 +20,8 @@ One process, every figure from the same run (the orchestration side only: nothin
 7. one bucket key resolved as a work unit resolves it (``files_for_keys``: from its group plan).
 
 The baseline is the listing alone, measured in the same run: ``tick3_ratio_vs_listing`` is tick 3 ÷ the second
-listing. Peak RSS is the process's high-water mark (``ru_maxrss``) after each step; the corpus is generated before any of
-them. Writes bench/results/sensor_scale.json (``--out``) and, at 300,000 files, ``scale.files``,
+listing. Each step reports its seconds and this process's RSS before it and at its peak (sampled every 20 ms); the bench keeps
+only the bucket versions and member names of the listing, so the ticks are measured without a listing held. Writes bench/results/sensor_scale.json (``--out``) and, at 300,000 files, ``scale.files``,
 ``scale.partitions``, ``scale.sensor_tick_s`` (tick 3: the listing of every file, the instance's versions of every
 bucket, 1 % changed) and ``scale.sensor_first_tick_s`` to bench/results/summary.json.
 """
@@ -31,10 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import gc
 import random
-import resource
 import shutil
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
 import dagster as dg  # noqa: E402
+import psutil  # noqa: E402
 from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG  # noqa: E402
 import slurm_helpers as H  # noqa: E402
 from summary import merge_summary  # noqa: E402
@@ -52,8 +54,8 @@ PER_DIR = 100
 
 
 def rss_mib() -> float:
-    """This process's peak resident set so far, MiB (Linux reports ru_maxrss in KiB)."""
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    """This process's resident set now, MiB."""
+    return round(psutil.Process().memory_info().rss / 2**20, 1)
 
 
 def path_of(root: Path, i: int) -> Path:
@@ -70,9 +72,23 @@ def make_corpus(root: Path, files: int) -> None:
 
 
 def timed(fn):
+    """``(fn(), seconds, (RSS before, peak RSS while it ran) in MiB)``; the peak sampled every 20 ms."""
+    before, peak, stop = rss_mib(), [0.0], threading.Event()
+
+    def sample() -> None:
+        while not stop.wait(0.02):
+            peak[0] = max(peak[0], rss_mib())
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
     t0 = time.perf_counter()
-    out = fn()
-    return out, round(time.perf_counter() - t0, 3)
+    try:
+        out = fn()
+    finally:
+        seconds = round(time.perf_counter() - t0, 3)
+        stop.set()
+        t.join()
+    return out, seconds, (before, max(peak[0], rss_mib()))
 
 
 def requested_keys(result: dg.SensorResult, order: list[str]) -> list[str]:
@@ -99,8 +115,13 @@ def main() -> None:
     if reason:
         sys.exit(f"cannot run: {reason}")
     res: dict = {"files": a.files, "buckets": a.buckets}
-    _, res["generate_s"] = timed(lambda: make_corpus(a.root / "corpus", a.files))
-    res["rss_mib_after_generate"] = rss_mib()
+
+    def step(name: str, fn):
+        """``fn()``, its seconds as ``<name>_s`` and the RSS before / peak during it as ``<name>_rss_mib``."""
+        out, res[f"{name}_s"], res[f"{name}_rss_mib"] = timed(fn)
+        return out
+
+    step("generate", lambda: make_corpus(a.root / "corpus", a.files))
     home, _env = H.make_dagster_home()
     os.environ["DAGSTER_HOME"] = str(home)
     os.environ.setdefault("DAGSTER_PG_PASSWORD", (H.PG_DIR / "password").read_text().strip())
@@ -110,30 +131,33 @@ def main() -> None:
     defs = dg.Definitions(assets=[asset], sensors=[sensor])
     pdef = asset.partitions_def.name
 
-    groups, res["listing_first_s"] = timed(corpus.list_files)
-    res["rss_mib_after_listing"] = rss_mib()
-    _, res["listing_again_s"] = timed(corpus.list_files)
+    groups = step("listing_first", corpus.list_files)
+    step("listing_again", corpus.list_files)
     res["partitions"] = len(groups)
     res["files_listed"] = sum(len(g.members) for g in groups)
+    # what this bench needs of the listing later, kept small: the ticks are measured without it in memory
+    versions = {g.key: g.version for g in groups}
+    members = {g.key: [m.relative_name for m in g.members] for g in groups}
+    one = groups[len(groups) // 2].key
+    del groups
+    gc.collect()
     with dg.DagsterInstance.get() as instance:
         tick = lambda: sensor(dg.build_sensor_context(instance=instance, definitions=defs))  # noqa: E731
-        t1, res["tick1_s"] = timed(tick)
+        t1 = step("tick1", tick)
         added = [k for req in t1.dynamic_partitions_requests for k in req.partition_keys]
-        _, res["tick1_add_partitions_s"] = timed(lambda: instance.add_dynamic_partitions(pdef, added))
+        step("tick1_add_partitions", lambda: instance.add_dynamic_partitions(pdef, added))
         order = list(instance.get_dynamic_partitions(pdef))
-        res["tick1_partitions_added"] = len(added)
-        res["tick1_keys_requested"] = len(requested_keys(t1, order))
-        res["tick1_run_requests"] = len(t1.run_requests or [])
-        res["rss_mib_after_tick1"] = rss_mib()
+        res.update(tick1_partitions_added=len(added), tick1_keys_requested=len(requested_keys(t1, order)),
+                   tick1_run_requests=len(t1.run_requests or []))
+        del t1
 
         def record() -> None:
-            for g in groups:
+            for key, version in versions.items():
                 instance.report_runless_asset_event(dg.AssetMaterialization(
-                    asset_key=asset.key, partition=g.key, metadata={"corpus/source_version": g.version}))
+                    asset_key=asset.key, partition=key, metadata={"corpus/source_version": version}))
 
-        _, res["record_materializations_s"] = timed(record)
-        t2, res["tick2_s"] = timed(tick)
-        res["tick2_keys_requested"] = len(requested_keys(t2, order))
+        step("record_materializations", record)
+        res["tick2_keys_requested"] = len(requested_keys(step("tick2", tick), order))
         changed = sorted(random.Random(1).sample(range(a.files), int(a.files * a.changed)))
         for i in changed:
             p = path_of(a.root / "corpus", i)
@@ -141,15 +165,14 @@ def main() -> None:
             later = p.stat().st_mtime + 5
             os.utime(p, (later, later))
         names = {str(path_of(Path(""), i)) for i in changed}
-        expected = {g.key for g in groups if any(m.relative_name in names for m in g.members)}
-        t3, res["tick3_s"] = timed(tick)
+        expected = {k for k, rels in members.items() if any(r in names for r in rels)}
+        t3 = step("tick3", tick)
         got = set(requested_keys(t3, order))
         res.update(tick3_ratio_vs_listing=round(res["tick3_s"] / res["listing_again_s"], 3),
                    tick3_files_changed=len(changed), tick3_keys_requested=len(got),
                    tick3_expected_buckets=len(expected), tick3_exactly_the_changed_buckets=got == expected,
-                   tick3_run_requests=len(t3.run_requests or []), rss_mib_after_tick3=rss_mib())
-        one = groups[len(groups) // 2].key
-        found, res["resolve_one_bucket_s"] = timed(lambda: corpus.files_for_keys([one]))
+                   tick3_run_requests=len(t3.run_requests or []))
+        found = step("resolve_one_bucket", lambda: corpus.files_for_keys([one]))
         res["resolve_one_bucket_files"] = len(found[one].members)
     print(json.dumps(res), flush=True)
     (REPO / "bench" / "results" / a.out).write_text(json.dumps(res, indent=1) + "\n")
