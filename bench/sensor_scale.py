@@ -44,11 +44,11 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(REPO / "bench")]
 
 import dagster as dg  # noqa: E402
 import psutil  # noqa: E402
-from dagster._core.storage.tags import ASSET_PARTITION_RANGE_END_TAG, ASSET_PARTITION_RANGE_START_TAG  # noqa: E402
 import slurm_helpers as H  # noqa: E402
 from summary import merge_summary  # noqa: E402
 
 from dagster_gpu import CorpusSource, corpus_sensor, embedding_asset  # noqa: E402
+from dagster_gpu.instance.run_ranges import keys_in_range, range_tags  # noqa: E402
 
 PER_DIR = 100
 
@@ -93,13 +93,10 @@ def timed(fn):
 
 def requested_keys(result: dg.SensorResult, order: list[str]) -> list[str]:
     """The partition keys ``result``'s run requests cover (one key, or a range by Dagster's range tags)."""
-    out = []
+    out: list[str] = []
     for r in result.run_requests or []:
-        if r.partition_key is not None:
-            out.append(r.partition_key)
-        else:
-            start, end = r.tags[ASSET_PARTITION_RANGE_START_TAG], r.tags[ASSET_PARTITION_RANGE_END_TAG]
-            out.extend(order[order.index(start): order.index(end) + 1])
+        rng = range_tags(r.tags)
+        out.extend(keys_in_range(order, *rng) if rng else [r.partition_key])
     return out
 
 
