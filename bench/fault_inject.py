@@ -65,6 +65,13 @@ RUN_FAULT_OVERRIDES = {
     "dra_prepare_fail": {"sharing_strategy": "TimeSlicing"},
 }
 RUN_FAULT_TIMEOUT_S = 1800.0
+#: ``k8s_preempt``: the run's step goes to Kubernetes at the recommended batch PriorityClass
+#: (resources/k8s/manifests/50-batch-priorityclass.yaml) with 40 of the node's 64 CPUs, and may be launched again
+#: after up to 3 preemptions; the online pod that preempts it holds its 40 CPUs for ONLINE_POD_S seconds
+PREEMPT_TAGS = {"dagster-gpu/backend": "kubernetes"}
+PREEMPT_OVERRIDES = {"priority_class_name": "dagster-gpu-batch", "cpu_request": "40", "max_preemptions": 3}
+ONLINE_POD_S = 8
+_ENDED = ("SUCCESS", "FAILURE", "CANCELED")
 
 
 @dataclass
@@ -288,8 +295,77 @@ class Injector:
     def _run_fault(self, f: PlannedFault, rec: dict) -> None:
         """Aim fault ``f.name`` at the newest QUEUED run (see the module doc); the outage lasts until that
         run ended and its overrides were removed; ``pods_gone_s``: from then until it had no pod left."""
-        ctx = self.ctx
         tags, overrides = RUN_FAULT_TAGS[f.name], RUN_FAULT_OVERRIDES[f.name]
+        taken = self._take_queued_run(rec, tags, overrides)
+        if taken is None:
+            return
+        run_id, fired = taken
+        self._end_run_fault(rec, run_id, fired, tags, overrides)
+
+    def _k8s_preempt(self, f: PlannedFault, rec: dict) -> None:
+        """Force the newest QUEUED run onto Kubernetes at the batch PriorityClass with a 40-CPU request; once its
+        step pod runs, create an online pod of a higher class asking 40 more of the node's 64 CPUs
+        (tests/test_k8s_preemption_e2e.py's scenario): kube-scheduler's DefaultPreemption evicts the step pod,
+        the only pod whose eviction frees enough. Records the victim, its ``DisruptionTarget`` reason when read
+        in time, the online pod; the outage lasts until the run ended."""
+        from kubernetes import client
+
+        from dagster_gpu.k8s.manifests import run_selector
+        from tests.k8s_helpers import NAMESPACE, admin_api, executor_api
+        from tests.test_k8s_preemption_e2e import _ensure_online_class, _online_pod
+
+        taken = self._take_queued_run(rec, PREEMPT_TAGS, PREEMPT_OVERRIDES)
+        if taken is None:
+            return
+        run_id, taken_at = taken
+        _ensure_online_class()
+        core, admin = client.CoreV1Api(executor_api()), client.CoreV1Api(admin_api())
+
+        def pods():
+            try:
+                return core.list_namespaced_pod(NAMESPACE, label_selector=run_selector(run_id)).items
+            except Exception:  # noqa: BLE001 - apiserver restarting: look again
+                return []
+
+        deadline = time.monotonic() + RUN_FAULT_TIMEOUT_S
+        victim = None
+        while victim is None and time.monotonic() < deadline and self._status(run_id) not in _ENDED:
+            victim = next((p for p in pods() if p.status.phase == "Running"), None)
+            if victim is None:
+                time.sleep(1)
+        if victim is None:
+            rec["detail"] = f"run {run_id[:8]} taken, but its step pod never ran before it ended"
+            self._end_run_fault(rec, run_id, taken_at, PREEMPT_TAGS, PREEMPT_OVERRIDES)
+            return
+        online = f"faults-online-{int(time.time())}"
+        with self._lock:
+            fired = self._fired(rec)
+            admin.create_namespaced_pod("default", _online_pod(online, ONLINE_POD_S))
+        rec.update(victim_pod=victim.metadata.name, online_pod=online)
+        self.ctx.say(f"fault {rec['fault']}: online pod {online} (40 CPUs, higher PriorityClass) created while step pod "
+                     f"{victim.metadata.name} of run {run_id[:8]} runs")
+        reason, until = None, time.monotonic() + 120
+        while reason is None and time.monotonic() < until:
+            mine = next((p for p in pods() if p.metadata.uid == victim.metadata.uid), None)
+            if mine is None:
+                reason = "gone before its condition was read"
+                break
+            cond = next((c for c in mine.status.conditions or [] if c.type == "DisruptionTarget"), None)
+            reason = cond.reason if cond is not None else None
+            time.sleep(0.2)
+        rec["disruption"] = reason
+        self._end_run_fault(rec, run_id, fired, PREEMPT_TAGS, PREEMPT_OVERRIDES)
+        try:
+            admin.delete_namespaced_pod(online, "default", grace_period_seconds=0)
+        except client.ApiException:
+            pass  # gone already (it sleeps ONLINE_POD_S and exits)
+        rec["detail"] = (f"step pod {victim.metadata.name} of run {run_id[:8]} (batch class, 40 CPUs) preempted for online "
+                         f"pod {online}: DisruptionTarget {reason}; {rec['detail']}")
+
+    def _take_queued_run(self, rec: dict, tags: dict, overrides: dict) -> tuple[str, float] | None:
+        """Take the newest QUEUED run no fault took yet: write its overrides, add its tags; (run id, when) or None
+        when no run was queued while the backfill ran."""
+        ctx = self.ctx
         while True:
             try:
                 queued = [r for r in ctx.queued_run_ids() if r not in self._targeted]
@@ -304,39 +380,48 @@ class Injector:
                     ctx.add_run_tags(run_id, tags)
                     rec.update(run_id=run_id, tags=tags, overrides=overrides)
                     ctx.say(f"fault {rec['fault']}: run {run_id[:8]} (queued) tagged {tags}, overrides {overrides}")
-                deadline = time.monotonic() + RUN_FAULT_TIMEOUT_S
-                status = ""
-                while time.monotonic() < deadline:
-                    try:
-                        status = ctx.run_status(run_id)
-                    except Exception:  # noqa: BLE001 - PostgreSQL restarting
-                        status = ""
-                    if status in ("SUCCESS", "FAILURE", "CANCELED"):
-                        break
-                    time.sleep(2)
-                clear_run_override(ctx.state_file, run_id)
-                ended = time.time()
-                pods: list[str] = []
-                while time.time() - ended < 120:
-                    try:
-                        pods = ctx.pods_of_run(run_id)
-                    except Exception:  # noqa: BLE001 - apiserver restarting
-                        pods = ["?"]
-                    if not pods:
-                        break
-                    time.sleep(2)
-                rec["run_status"] = status or "unknown"
-                rec["pods_gone_s"] = None if pods else round(time.time() - ended, 1)
-                gone = f"its pods gone {rec['pods_gone_s']} s later" if not pods else f"pods left after 120 s: {pods}"
-                rec["detail"] = (f"run {run_id[:8]} (queued) tagged {', '.join(f'{k}={v}' for k, v in tags.items())}, "
-                                 f"{', '.join(f'{k}: {v}' for k, v in overrides.items())}; it ended {rec['run_status']}, "
-                                 f"the override was removed; {gone}")
-                rec["back_at"], rec["outage_s"] = ended, round(ended - fired, 1)
-                ctx.say(f"fault {rec['fault']}: injected at {rec['at_s']} s, over after {rec['outage_s']} s; {rec['detail']}")
-                return
+                return run_id, fired
             if not self._wait_more(2.0):
                 rec["detail"] = "not injected: no queued run while the backfill ran"
-                return
+                return None
+
+    def _status(self, run_id: str) -> str:
+        """The run's status name, "" while PostgreSQL does not answer."""
+        try:
+            return self.ctx.run_status(run_id)
+        except Exception:  # noqa: BLE001 - PostgreSQL restarting
+            return ""
+
+    def _end_run_fault(self, rec: dict, run_id: str, fired: float, tags: dict, overrides: dict) -> None:
+        """Wait for ``run_id`` to end, remove its overrides and wait for its pods to be gone; the outage ends
+        when the run did."""
+        ctx = self.ctx
+        deadline = time.monotonic() + RUN_FAULT_TIMEOUT_S
+        status = ""
+        while time.monotonic() < deadline:
+            status = self._status(run_id)
+            if status in _ENDED:
+                break
+            time.sleep(2)
+        clear_run_override(ctx.state_file, run_id)
+        ended = time.time()
+        pods: list[str] = []
+        while time.time() - ended < 120:
+            try:
+                pods = ctx.pods_of_run(run_id)
+            except Exception:  # noqa: BLE001 - apiserver restarting
+                pods = ["?"]
+            if not pods:
+                break
+            time.sleep(2)
+        rec["run_status"] = status or "unknown"
+        rec["pods_gone_s"] = None if pods else round(time.time() - ended, 1)
+        gone = f"its pods gone {rec['pods_gone_s']} s later" if not pods else f"pods left after 120 s: {pods}"
+        rec["detail"] = (f"run {run_id[:8]} (queued) tagged {', '.join(f'{k}={v}' for k, v in tags.items())}, "
+                         f"{', '.join(f'{k}: {v}' for k, v in overrides.items())}; it ended {rec['run_status']}, "
+                         f"the override was removed; {gone}")
+        rec["back_at"], rec["outage_s"] = ended, round(ended - fired, 1)
+        ctx.say(f"fault {rec['fault']}: injected at {rec['at_s']} s, over after {rec['outage_s']} s; {rec['detail']}")
 
     # ------------------------------------------------------------------------------------- targets
     def _wait_more(self, s: float) -> bool:

@@ -12,21 +12,29 @@ fired ``kills`` times (5 % of the backfill's work units, at least one):
 ``postgres_restart``  PostgreSQL restarted (``pg_ctl restart -m fast``: every connection dropped)
 ``daemon_restart``    dagster-daemon SIGKILLed, a new one started (the backfill must go on)
 ``worker_sigkill``    one running step worker (a Slurm array task's or a pod's process) SIGKILLed
-``slurm_preempt``     a high-QOS job that needs the GPUs of two running array tasks (both preempted, requeued)
+``slurm_preempt``     a high-QOS job that needs the GPUs of two running array tasks (both preempted: their QOS
+                      ``preemptible`` gives them GraceTime and a warning signal; requeued)
 ``image_pull_fail``   one queued run's pods name an image the registry does not have (ErrImagePull, then
                       ImagePullBackOff); its unit is forced onto Kubernetes (``dagster-gpu/backend`` tag)
 ``dra_prepare_fail``  one queued run's claim carries a TimeSlicing sharing config the DRA driver refuses at
                       NodePrepareResources (its ``TimeSlicingSettings`` gate is off, as the driver ships):
                       FailedPrepareDynamicResources, the pod stays ContainerCreating
+``k8s_preempt``       one queued run's pod runs at the recommended batch PriorityClass asking 40 of the node's 64
+                      CPUs; once it runs, an online pod of a higher PriorityClass asks 40 more: kube-scheduler
+                      preempts the step pod (``DisruptionTarget``, ``PreemptionByScheduler``) and the executor
+                      launches the unit again (``-p1``)
 ==================== ==========================================================================
 
-The two Kubernetes faults aim at one run each (:data:`RUN_FAULTS`): a run still queued when the fault fires,
-so its step worker reads the fault's run tags and per-run overrides (bench/fault_state.py) when it starts.
-Their moments are drawn from the first half of the window, while the run queue still holds runs.
+The three Kubernetes faults aim at one run each (:data:`TARGETED_FAULTS`): a run still queued when the fault
+fires, so its step worker reads the fault's run tags and per-run overrides (bench/fault_state.py) when it
+starts. Their moments are drawn from the first half of the window, while the run queue still holds runs.
 :func:`run_fault_outcome` checks what a user must see: the step's attempt failed with an error naming the
 cause (not a timeout), and every partition of that run is materialized exactly once: by a retry the
 executor launched without the cause (a shared claim that failed to prepare is retried unshared), or by the
 rerun after the backfill left it failed with that reason and the fault was removed (the image).
+A preemption is no failure: :func:`preempt_fault_outcome` checks that the run itself materialized each of its
+partitions exactly once after launching its unit again, and that every launch (the preempted pod included)
+has its scheduler bill.
 """
 
 from __future__ import annotations
@@ -40,7 +48,9 @@ SERVICE_FAULTS = ("slurmctld_restart", "slurmdbd_down", "apiserver_restart", "et
                   "daemon_restart")
 #: faults aimed at one queued run; each is drawn from the first half of the window (see plan_faults)
 RUN_FAULTS = ("image_pull_fail", "dra_prepare_fail")
-FAULTS = (*SERVICE_FAULTS, "worker_sigkill", "slurm_preempt", *RUN_FAULTS)
+FAULTS = (*SERVICE_FAULTS, "worker_sigkill", "slurm_preempt", *RUN_FAULTS, "k8s_preempt")
+#: faults aimed at one queued run (their moments come from the first half of the window)
+TARGETED_FAULTS = (*RUN_FAULTS, "k8s_preempt")
 #: what a failure of each run fault's partitions must say: every string of the first tuple, and one of the second
 RUN_FAULT_REASONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "image_pull_fail": ((), ("ErrImagePull", "ImagePullBackOff")),  # the image name is added by the driver
@@ -76,7 +86,7 @@ def plan_faults(seed: int, window_s: float, kills: int, lead_s: float = 20.0,
                 faults: Sequence[str] = FAULTS) -> list[PlannedFault]:
     """Every fault of ``faults`` once (``worker_sigkill`` ``kills`` times), each at a moment drawn uniformly
     from ``[lead_s, window_s]`` seconds after submission with ``random.Random(seed)`` (a fault of
-    :data:`RUN_FAULTS` from ``[lead_s, (lead_s + window_s) / 2]``); sorted by time. The draws follow the
+    :data:`TARGETED_FAULTS` from ``[lead_s, (lead_s + window_s) / 2]``); sorted by time. The draws follow the
     order of :data:`FAULTS`, so adding a fault at its end leaves the others' moments as they were.
 
     Raises:
@@ -92,7 +102,7 @@ def plan_faults(seed: int, window_s: float, kills: int, lead_s: float = 20.0,
     rng = random.Random(seed)
     out = []
     for name in faults:
-        end = (lead_s + window_s) / 2 if name in RUN_FAULTS else window_s
+        end = (lead_s + window_s) / 2 if name in TARGETED_FAULTS else window_s
         for i in range(kills if name == "worker_sigkill" else 1):
             out.append(PlannedFault(name, round(rng.uniform(lead_s, end), 1), i))
     return sorted(out, key=lambda f: (f.at_s, f.name, f.index))
@@ -226,6 +236,45 @@ def run_fault_outcome(
             "ok": bool(keys) and bool(named_errors) and len(once) == len(keys) == len(by_retry) + len(by_rerun)}
 
 
+def preempt_fault_outcome(
+    run_id: str | None,
+    at_backfill_end: Mapping[str, tuple[str, str | None, str | None]],
+    materializations: Iterable[tuple[str, str]],
+    launches: Sequence[str],
+    billed: Iterable[str],
+    disruption: str | None = None,
+) -> dict:
+    """What ``k8s_preempt`` did to the run ``run_id`` whose step pod it preempted.
+
+    Args:
+        run_id: the run (None: not injected).
+        at_backfill_end: as for :func:`run_fault_outcome`.
+        materializations: ``(partition key, run id)`` of every materialization event of the asset.
+        launches: the pod of each launch of the run's step, in launch order (``STEP_WORKER_STARTING``).
+        billed: every pod with a scheduler bill (``billing/source`` pod-interval).
+        disruption: the preempted pod's ``DisruptionTarget`` reason as read while it terminated, if it was.
+
+    Returns a dict: ``partitions`` (of that run), ``launches``, ``unbilled_launches`` (launched pods without a bill:
+    every attempt must be billed), ``materialized_once`` and ``by_run`` (exactly once, by the preempted run itself),
+    ``failed`` (its partitions the backfill left failed), ``disruption``; ``ok`` when the unit was launched again
+    (at least two launches), each partition is materialized exactly once by that run, none failed, and every
+    launch is billed.
+    """
+    keys = sorted(k for k, (_st, _r, run) in at_backfill_end.items() if run_id and run == run_id)
+    by_key: dict[str, list[str]] = {}
+    for key, run in materializations:
+        by_key.setdefault(key, []).append(run)
+    once = [k for k in keys if len(by_key.get(k, [])) == 1]
+    by_run = [k for k in once if by_key[k][0] == run_id]
+    failed = [k for k in keys if at_backfill_end[k][0] != "ok"]
+    bills = set(billed)
+    unbilled = [p for p in launches if p not in bills]
+    return {"fault": "k8s_preempt", "run_id": run_id, "partitions": len(keys), "launches": len(launches),
+            "unbilled_launches": len(unbilled), "materialized_once": len(once), "by_run": len(by_run),
+            "failed": len(failed), "disruption": disruption,
+            "ok": bool(keys) and len(launches) >= 2 and not unbilled and not failed and len(by_run) == len(keys)}
+
+
 def attempt_seconds(events: Sequence[tuple[str, float]]) -> list[float]:
     """Seconds from each step-worker launch to the step's next failure or retry request (``events``:
     ``(event type value, timestamp)`` of one step, any order: ``STEP_WORKER_STARTING``, ``STEP_FAILURE``,
@@ -241,19 +290,24 @@ def attempt_seconds(events: Sequence[tuple[str, float]]) -> list[float]:
 
 
 def summary_keys(injected: int, outcome: Outcome, leaked_objects: int,
-                 run_faults: Sequence[Mapping] = ()) -> dict[str, int]:
-    """The ``faults.*`` keys of bench/results/summary.json: the four counts, plus for each fault of
-    ``run_faults`` (:func:`run_fault_outcome` dicts) ``faults.<fault>.named_attempts``,
-    ``faults.<fault>.failed_with_named_reason`` and ``faults.<fault>.materialized_once`` (partitions of the
-    faulted run)."""
+                 run_faults: Sequence[Mapping] = (), units_without_bill: int | None = None) -> dict[str, int]:
+    """The ``faults.*`` keys of bench/results/summary.json: the four counts (and ``faults.units_without_bill``
+    when given), plus for each fault of ``run_faults`` (:func:`run_fault_outcome` dicts)
+    ``faults.<fault>.named_attempts``, ``faults.<fault>.failed_with_named_reason`` and
+    ``faults.<fault>.materialized_once`` (partitions of the faulted run); for a :func:`preempt_fault_outcome`
+    dict ``faults.k8s_preempt.launches``, ``.unbilled_launches`` and ``.materialized_once``."""
     out = {
         "faults.injected": int(injected),
         "faults.partitions_lost": outcome.partitions_lost,
         "faults.duplicates": len(outcome.duplicated),
         "faults.leaked_objects": int(leaked_objects),
     }
+    if units_without_bill is not None:
+        out["faults.units_without_bill"] = int(units_without_bill)
     for r in run_faults:
-        for k in ("named_attempts", "failed_with_named_reason", "materialized_once"):
+        names = (("launches", "unbilled_launches", "materialized_once") if r["fault"] == "k8s_preempt"
+                 else ("named_attempts", "failed_with_named_reason", "materialized_once"))
+        for k in names:
             out[f"faults.{r['fault']}.{k}"] = int(r[k])
     return out
 

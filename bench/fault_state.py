@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 #: The ``kubernetes`` settings a fault may override for one run.
-ALLOWED_KEYS = frozenset({"image", "sharing_strategy"})
+ALLOWED_KEYS = frozenset({"image", "sharing_strategy", "priority_class_name", "cpu_request", "max_preemptions"})
 
 
 def read_state(path: str | Path | None) -> dict[str, Any]:

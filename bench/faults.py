@@ -52,7 +52,7 @@ import k8s_backfill  # noqa: E402
 from fault_inject import InjectContext, Injector  # noqa: E402
 from fault_inject import MISSING_IMAGE  # noqa: E402
 from fault_plan import (FAULTS, RUN_FAULTS, attempt_seconds, fault_table, first_after, kills_for, plan_faults,  # noqa: E402
-                        run_fault_outcome, summary_keys, tally)
+                        preempt_fault_outcome, run_fault_outcome, summary_keys, tally)
 from make_corpus import make_corpus  # noqa: E402
 from summary import merge_summary  # noqa: E402
 
@@ -322,9 +322,10 @@ def pods_of_run(run_id: str) -> list[str]:
 
 
 def preempted_tasks(slurm, array_ids: list[int]) -> list[str]:
-    """Our array tasks sacct shows PREEMPTED at least once."""
+    """Our array tasks sacct shows PREEMPTED (requeued by slurmctld when GraceTime ended) or REQUEUED (the worker
+    stopped on its warning signal and requeued itself, dagster_gpu.slurm.self_requeue) at least once."""
     rows = slurm.sacct(array_ids) if array_ids else []
-    return sorted({r.id.raw for r in rows if r.state.name == "PREEMPTED"})
+    return sorted({r.id.raw for r in rows if r.state.name in ("PREEMPTED", "REQUEUED")})
 
 
 def schedule_cli(action: str, workspace: Path, env: dict, log: Path) -> None:
@@ -386,6 +387,9 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
            "K8S_TEST_CREATE_TIMEOUT": f"{a.create_timeout_s:g}",
            "SLURM_TEST_WINDOW": "2", "SLURM_TEST_MAX_WINDOW": "10", "SLURM_TEST_TARGET": "0", "SLURM_TEST_POLL": "2",
            "SLURM_TEST_RECONCILE_WAIT": "60", "K8S_TEST_PENDING_TIMEOUT": "3600",
+           # the array tasks run in the preemptible QOS (GraceTime 20 s, resources/lib/slurm_cluster.sh) and ask for a
+           # warning signal: slurm_preempt's high-QOS job preempts them as online work would
+           "SLURM_TEST_QOS": "preemptible", "SLURM_TEST_SIGNAL_LEAD": "15",
            "DAGSTER_GRPC_TIMEOUT_SECONDS": "300", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
     if a.slurm_throttle:
@@ -516,6 +520,13 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
     run_faults = []
     for r in injector.records:
         name = r["fault"]
+        if name == "k8s_preempt":
+            pods = [u for u, v in units.items() if v["run_id"] == r.get("run_id") and v["backend"] == "kubernetes"]
+            res = preempt_fault_outcome(r.get("run_id"), end_states, [(k, run) for k, run, _ in mats], pods, billed,
+                                        r.get("disruption"))
+            res.update(pods=pods, victim_pod=r.get("victim_pod"), run_status=r.get("run_status"))
+            run_faults.append(res)
+            continue
         if name not in RUN_FAULTS:
             continue
         secs, errors = step_attempts(instance, r["run_id"]) if r.get("run_id") else ([], [])
@@ -526,6 +537,10 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
             res["backends"] = launched_backends(instance, r["run_id"])
             res["pods_gone_s"] = r.get("pods_gone_s")
         run_faults.append(res)
+    # a pod that never started a container (the image pull and DRA prepare faults' attempts) is billed as
+    # nothing, which writes no observation (dagster_gpu.k8s.backend: UnitBill.nothing): those runs' units are left out
+    faulted_runs = {r.get("run_id") for r in injector.records if r["fault"] in RUN_FAULTS}
+    unbilled_not_run_faults = [u for u in unbilled if units[u]["run_id"] not in faulted_runs]
     stamps = sorted(t for _, _, t in mats)
     records = sorted(injector.records, key=lambda r: (r["at_s"] is None, r["at_s"] or r["planned_at_s"]))
     for r in records:
@@ -558,7 +573,7 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
         "run_faults": run_faults,
         "leaks": left, "leaked_objects": leaked,
         "units": len(units), "units_without_bill": {u: units[u] for u in unbilled},
-        "summary": summary_keys(injected, outcome, leaked, run_faults),
+        "summary": summary_keys(injected, outcome, leaked, run_faults, len(unbilled_not_run_faults)),
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(result, indent=1, default=str) + "\n")
@@ -571,6 +586,12 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
           f"{len(outcome.recovered)} | {outcome.partitions_lost} | {len(outcome.duplicated)} | {leaked} | {len(unbilled)} | "
           f"{makespan:.0f} | {'–' if recovery_s is None else f'{recovery_s:.0f}'} |")
     for rf in run_faults:
+        if rf["fault"] == "k8s_preempt":
+            print(f"k8s_preempt: run {str(rf['run_id'])[:8]} ({rf.get('run_status')}), {rf['partitions']} partitions; "
+                  f"victim {rf.get('victim_pod')} (DisruptionTarget {rf['disruption']}); {rf['launches']} launches "
+                  f"{rf.get('pods')}, {rf['unbilled_launches']} without a bill; {rf['by_run']} materialized once by "
+                  f"the run, {rf['failed']} failed; ok={rf['ok']}")
+            continue
         print(f"{rf['fault']}: run {str(rf['run_id'])[:8]} on {rf.get('backends')}, {rf['partitions']} partitions; "
               f"{rf['named_attempts']} of {rf['attempts']} failed attempts named the cause (after {rf.get('attempt_s')} s); "
               f"{rf['failed_with_named_reason']} left failed naming it; {rf['materialized_once']} materialized once "

@@ -9,8 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-from fault_plan import (FAULTS, RUN_FAULTS, attempt_seconds, fault_table, first_after, kills_for, plan_faults,  # noqa: E402
-                        reason_names, run_fault_outcome, summary_keys, tally)
+from fault_plan import (FAULTS, RUN_FAULTS, TARGETED_FAULTS, attempt_seconds, fault_table, first_after, kills_for,  # noqa: E402
+                        plan_faults, preempt_fault_outcome, reason_names, run_fault_outcome, summary_keys, tally)
 
 
 def test_kills_are_five_percent_of_the_units_and_at_least_one():
@@ -69,12 +69,40 @@ def test_first_materialization_after_a_fault_and_the_table():
 
 
 def test_run_faults_fire_in_the_first_half_and_leave_the_other_moments_as_they_were():
-    before = plan_faults(seed=1, window_s=300, kills=1, faults=FAULTS[:-len(RUN_FAULTS)])
+    assert FAULTS[-len(TARGETED_FAULTS):] == TARGETED_FAULTS and set(RUN_FAULTS) < set(TARGETED_FAULTS)
+    before = plan_faults(seed=1, window_s=300, kills=1, faults=FAULTS[:-len(TARGETED_FAULTS)])
     after = plan_faults(seed=1, window_s=300, kills=1)
-    assert [f for f in after if f.name not in RUN_FAULTS] == before
-    assert sorted(f.name for f in after if f.name in RUN_FAULTS) == sorted(RUN_FAULTS)
+    assert [f for f in after if f.name not in TARGETED_FAULTS] == before
+    assert sorted(f.name for f in after if f.name in TARGETED_FAULTS) == sorted(TARGETED_FAULTS)
     for seed in range(20):
-        assert all(20 <= f.at_s <= 160 for f in plan_faults(seed, 300, 1) if f.name in RUN_FAULTS)
+        assert all(20 <= f.at_s <= 160 for f in plan_faults(seed, 300, 1) if f.name in TARGETED_FAULTS)
+    # the preemption came after the run faults: their moments are those of the plan without it
+    without = plan_faults(seed=1, window_s=300, kills=1, faults=FAULTS[:-1])
+    assert [f for f in after if f.name != "k8s_preempt"] == without
+
+
+def test_a_preempted_run_must_materialize_its_own_partitions_once_after_a_relaunch_with_every_pod_billed():
+    end = {"a": ("ok", None, "r1"), "b": ("ok", None, "r1"), "c": ("ok", None, "r2")}
+    mats = [("a", "r1"), ("b", "r1"), ("c", "r2")]
+    pods = ["dagster-gpu-1f-0", "dagster-gpu-1f-0-p1"]
+    good = preempt_fault_outcome("r1", end, mats, pods, billed={*pods, "other"}, disruption="PreemptionByScheduler")
+    assert good == {"fault": "k8s_preempt", "run_id": "r1", "partitions": 2, "launches": 2, "unbilled_launches": 0,
+                    "materialized_once": 2, "by_run": 2, "failed": 0, "disruption": "PreemptionByScheduler", "ok": True}
+    # the preempted pod without its bill
+    assert preempt_fault_outcome("r1", end, mats, pods, billed={pods[1]})["unbilled_launches"] == 1
+    assert not preempt_fault_outcome("r1", end, mats, pods, billed={pods[1]})["ok"]
+    # never launched again: the preemption did not happen (or was a failure)
+    assert not preempt_fault_outcome("r1", end, mats, pods[:1], billed=pods)["ok"]
+    # a partition materialized twice, or by a rerun after the run failed it
+    assert not preempt_fault_outcome("r1", end, [*mats, ("a", "r1")], pods, billed=pods)["ok"]
+    failed = {**end, "b": ("failed", "preempted 4 times", "r1")}
+    out = preempt_fault_outcome("r1", failed, [("a", "r1"), ("b", "r9")], pods, billed=pods)
+    assert (out["failed"], out["by_run"], out["ok"]) == (1, 1, False)
+    assert not preempt_fault_outcome(None, end, mats, [], billed=[])["ok"]  # not injected
+    keys = summary_keys(11, tally(["a"], [("a", "r1")], {"a": ("ok", None)}), 0, [good], units_without_bill=0)
+    assert {k: v for k, v in keys.items() if "k8s_preempt" in k or "bill" in k} == {
+        "faults.units_without_bill": 0, "faults.k8s_preempt.launches": 2, "faults.k8s_preempt.unbilled_launches": 0,
+        "faults.k8s_preempt.materialized_once": 2}
 
 
 # The errors below are those the executor recorded in the fault campaign of 2026-12-02 (bench/faults.py

@@ -36,6 +36,9 @@ def test_only_the_fault_keys_can_be_overridden(tmp_path):
     with pytest.raises(ValueError, match="cannot override"):
         kubernetes_overrides({"runs": {"r": {"kubernetes": {"postgres_password_secret": {}}}}}, "r")
     assert not (tmp_path / "s.json").exists()
+    # the preemption fault's settings (a lower PriorityClass, a CPU request) are not security settings
+    set_run_override(tmp_path / "p.json", "r", {"priority_class_name": "dagster-gpu-batch", "cpu_request": "40"})
+    assert kubernetes_overrides(read_state(tmp_path / "p.json"), "r")["cpu_request"] == "40"
 
 
 def test_a_malformed_file_is_named_in_the_error(tmp_path):
