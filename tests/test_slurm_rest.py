@@ -175,3 +175,265 @@ def test_settings_build_the_rest_client_or_say_what_is_missing(tmp_path):
     assert (c.auth_header, c.version, c.max_array_size_assumed, c.poll_format) == ("bearer", "v0.0.41", 501, "rest")
     with pytest.raises(ValueError, match="x-slurm.*bearer"):
         RestSlurmClient(url="http://x", auth_header="basic")
+
+
+# ------------------------------------------------------------------------------------------ an expired token at submission
+DATA = Path(__file__).parent / "data" / "slurm" / "rest" / "v0.0.42"
+
+
+def _jwt(exp: float, tag: str = "a") -> str:
+    import base64
+    import json
+
+    enc = lambda d: base64.urlsafe_b64encode(json.dumps(d).encode()).decode().rstrip("=")  # noqa: E731
+    return f"{enc({'alg': 'HS256'})}.{enc({'exp': int(exp), 'sun': 'root', 'tag': tag})}.c2lnLXt{tag}"
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Replace ``path`` atomically with ``text`` (mode 0600), as ``trixie.sh token`` and a renewing cron do."""
+    tmp = path.with_name(path.name + ".new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    os.replace(tmp, path)
+
+
+class _Resp:
+    def __init__(self, status: int, doc: dict):
+        import json
+
+        self.status, self.reason, self.data = status, {200: "OK", 511: "Network Authentication Required"}.get(status, "?"), json.dumps(doc).encode()
+
+
+class FakeSlurmrestd:
+    """slurmrestd 24.11's answers from the recorded documents: ``/openapi/v3`` serves v0.0.42 whatever the token;
+    a call with a token whose ``exp`` has passed (on this server's clock, ``time.time() + skew_s``) gets the
+    recorded HTTP 511 refusal and creates nothing; ``job/submit`` otherwise the recorded job id. ``posts`` lists
+    each job/submit as (token tag, HTTP status); ``read_timeout``: every job/submit times out after it was sent."""
+
+    def __init__(self, skew_s: float = 0.0, read_timeout: bool = False):
+        self.skew_s, self.read_timeout = skew_s, read_timeout
+        self.posts: list[tuple[str, int]] = []
+        self.reads: list[tuple[str, int]] = []
+
+    def request(self, method, url, headers=None, body=None, timeout=None, redirect=False):
+        import json
+
+        import urllib3
+
+        path = url.split("://", 1)[1].split("/", 1)[1]
+        if path == "openapi/v3":
+            return _Resp(200, {"paths": {"/slurm/v0.0.42/jobs/": {}, "/slurm/v0.0.42/job/submit": {}}})
+        tok = headers["X-SLURM-USER-TOKEN"]
+        tag = json.loads(__import__("base64").urlsafe_b64decode(tok.split(".")[1] + "==")).get("tag", "?")
+        refused = token_expiry(tok) <= time.time() + self.skew_s
+        status = 511 if refused else 200
+        if path.endswith("job/submit"):
+            self.posts.append((tag, status))
+            if self.read_timeout:
+                raise urllib3.exceptions.ReadTimeoutError(None, url, "read timed out")
+            return _Resp(511, json.loads((DATA / "submit_expired_token.json").read_text())) if refused else \
+                _Resp(200, json.loads((DATA / "submit.json").read_text()))
+        self.reads.append((path, status))
+        if refused:
+            return _Resp(511, {"errors": [{"error": "Protocol authentication error", "error_number": 1007}]})
+        return _Resp(200, json.loads((DATA / "nodes.json").read_text()))
+
+
+def _fake_client(tmp_path, token: str, fake: FakeSlurmrestd | None = None, **kw) -> tuple[RestSlurmClient, FakeSlurmrestd, Path]:
+    f = tmp_path / "jwt"
+    _write_private(f, token)
+    fake = fake or FakeSlurmrestd()
+    kw.setdefault("token_poll_s", 0.02)
+    c = RestSlurmClient(url="http://slurmrestd.test:6820", user="root", tokens=TokenSource(file=str(f)), http=fake,
+                        version="v0.0.42", attempts=4, backoff_max_s=0.01, **kw)
+    return c, fake, f
+
+
+def _renew_later(path: Path, delay_s: float, token: str):
+    import threading
+
+    t = threading.Timer(delay_s, _write_private, (path, token))
+    t.start()
+    return t
+
+
+def _script(tmp_path) -> Path:
+    s = tmp_path / "job.sh"
+    s.write_text("#!/bin/sh\ntrue\n")
+    return s
+
+
+def test_a_submission_under_an_expired_token_waits_for_the_renewed_file_and_submits_once(tmp_path, caplog):
+    import logging
+
+    stale = _jwt(time.time() - 40, "stale")
+    c, fake, f = _fake_client(tmp_path, stale, token_wait_s=10)
+    fresh = _jwt(time.time() + 1800, "fresh")
+    _renew_later(f, 0.4, fresh)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.INFO, logger="dagster_gpu.slurm.rest"):
+        job = c.submit_job(_script(tmp_path), ["--array=0-1"], script_args=["x"])
+    waited = time.monotonic() - t0
+    assert job.job_id == 267 and 0.35 < waited < 5  # the recorded submit.json's job id
+    assert fake.posts == [("fresh", 200)]  # nothing was sent with the expired token, and exactly one submission
+    waits = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(waits) == 1 and f"token file {f}" in waits[0] and "expired at" in waits[0] and "up to 10 s" in waits[0]
+    assert any("was renewed after" in r.getMessage() for r in caplog.records if r.levelno == logging.INFO)
+    assert not any(stale in r.getMessage() or fresh in r.getMessage() for r in caplog.records)
+
+
+def test_a_token_refused_as_expired_in_flight_is_sent_again_once_after_the_renewal(tmp_path):
+    # the server's clock is 60 s ahead: the token is still valid here, expired there (a token that expires while
+    # its launch is held for company looks the same): job/submit is refused (the recorded 511, nothing created)
+    soon = _jwt(time.time() + 30, "soon")
+    c, fake, f = _fake_client(tmp_path, soon, FakeSlurmrestd(skew_s=60), token_wait_s=10)
+    with pytest.raises(RestAuthError, match="not valid for this server"):  # refused, not expired here: no wait
+        c.submit_job(_script(tmp_path), ["--array=0-1"])
+    assert fake.posts == [("soon", 511)]
+    # expired on both clocks: waited for, then sent again exactly once with the renewed token
+    fake.skew_s = 0.0
+    late = _jwt(time.time() - 1, "late")
+    _write_private(f, late)
+    _renew_later(f, 0.3, _jwt(time.time() + 1800, "renewed"))
+    assert c.submit_job(_script(tmp_path), ["--array=0-1"]).job_id == 267
+    assert fake.posts == [("soon", 511), ("renewed", 200)]
+
+
+def test_a_token_that_expires_while_its_submission_is_refused_is_waited_for_then_sent_once(tmp_path, monkeypatch):
+    # valid when checked here, refused by the server, expired here too when the refusal is read
+    edge = _jwt(time.time() + 1.5, "edge")
+    c, fake, f = _fake_client(tmp_path, edge, FakeSlurmrestd(skew_s=60), token_wait_s=10)
+    real_request = fake.request
+
+    def refusal_arrives_after_exp(method, url, **kw):
+        r = real_request(method, url, **kw)
+        if url.endswith("job/submit") and r.status == 511:
+            time.sleep(max(0.0, token_expiry(edge) - time.time()) + 0.05)
+            fake.skew_s = 0.0
+        return r
+
+    monkeypatch.setattr(fake, "request", refusal_arrives_after_exp)
+    _renew_later(f, 2.0, _jwt(time.time() + 1800, "renewed"))
+    assert c.submit_job(_script(tmp_path), ["--array=0-1"]).job_id == 267
+    assert fake.posts == [("edge", 511), ("renewed", 200)]
+
+
+def test_the_wait_runs_out_with_the_auth_error_and_is_not_repeated(tmp_path):
+    stale = _jwt(time.time() - 100, "stale")
+    c, fake, f = _fake_client(tmp_path, stale, token_wait_s=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(RestAuthError) as e:
+        c.submit_job(_script(tmp_path), ["--array=0-1"])
+    assert 0.3 <= time.monotonic() - t0 < 3
+    msg = str(e.value)
+    assert "slurmrestd http://slurmrestd.test:6820" in msg and f"token file {f}" in msg and "user root" in msg
+    assert "expired at" in msg and "not renewed within 0.3 s" in msg and "nothing was submitted" in msg
+    assert stale not in msg and stale.split(".")[1] not in msg
+    assert fake.posts == []
+    # the same expired token again in this process: no second wait
+    t0 = time.monotonic()
+    with pytest.raises(RestAuthError, match="already waited for it to be renewed in vain"):
+        c.submit_job(_script(tmp_path), ["--array=0-1"])
+    assert time.monotonic() - t0 < 0.2 and fake.posts == []
+    _write_private(f, _jwt(time.time() + 1800, "fresh"))  # renewed at last: submitted
+    assert c.submit_job(_script(tmp_path), ["--array=0-1"]).job_id == 267 and fake.posts == [("fresh", 200)]
+
+
+def test_an_expired_token_from_the_environment_fails_at_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("DGPU_TEST_OLD_JWT", _jwt(time.time() - 5, "env"))
+    fake = FakeSlurmrestd()
+    c = RestSlurmClient(url="http://slurmrestd.test:6820", tokens=TokenSource(env="DGPU_TEST_OLD_JWT"), http=fake,
+                        version="v0.0.42", token_wait_s=30)
+    t0 = time.monotonic()
+    with pytest.raises(RestAuthError, match=r"environment variable DGPU_TEST_OLD_JWT\) expired at .*use rest_token_file"):
+        c.await_credentials("the launch of step 'embed'")
+    assert time.monotonic() - t0 < 0.5 and fake.posts == [] and fake.reads == []
+
+
+def test_a_submission_that_may_have_reached_slurm_is_never_sent_again(tmp_path):
+    c, fake, _ = _fake_client(tmp_path, _jwt(time.time() + 1800, "ok"), FakeSlurmrestd(read_timeout=True))
+    with pytest.raises(SlurmUnreachable, match="ReadTimeoutError during POST") as e:
+        c.submit_job(_script(tmp_path), ["--array=0-1"])
+    assert e.value.sent is True and fake.posts == [("ok", 200)]  # sent once, never again (attempts=4)
+
+
+def _backend(tmp_path, fake, token_wait_s: float):
+    from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
+    from dagster_gpu.slurm.rest import client_from_settings
+
+    f = tmp_path / "jwt"
+    s = SlurmSettings(transport="rest", rest_url="http://slurmrestd.test:6820", rest_user="root", rest_token_file=str(f),
+                      rest_data_parser="v0.0.42", rest_token_wait_seconds=token_wait_s, spool_dir=str(tmp_path / "spool"),
+                      coalesce_window_seconds=0.0, coalesce_max_window_seconds=0.0, coalesce_hold_max_seconds=0.0,
+                      coalesce_target_tasks=0, coalesce_backlog_tasks=0, submit_timeout_seconds=5.0)
+    client = client_from_settings(s, http=fake)
+    client.token_poll_s = 0.02
+    return SlurmBackend(s, client=client), f
+
+
+def _step(key="a.txt"):
+    from dagster_gpu.contracts import StepLaunch
+    from dagster_gpu.core.request import GpuRequest
+    from dagster_gpu.policy.placement import Placement
+
+    return StepLaunch(run_id="r-1", step_key="embed", partition_keys=(key,), attempt=0, argv=("python", "-c", "pass"),
+                      env={}, request=GpuRequest(count=1), placement=Placement(backend="slurm", reason="forced"))
+
+
+def test_a_slurm_launch_under_an_expired_token_waits_then_submits_one_job_array(tmp_path):
+    from dagster_gpu.slurm.handle import SlurmHandle
+
+    fake = FakeSlurmrestd()
+    backend, f = _backend(tmp_path, fake, token_wait_s=10)
+    assert backend.coalescer.lock_wait_s == 40.0  # a launch past its timeout outwaits a submitter's token wait
+    _write_private(f, _jwt(time.time() - 60, "stale"))
+    _renew_later(f, 0.4, _jwt(time.time() + 1800, "fresh"))
+    h = SlurmHandle.from_handle(backend.launch(_step()))
+    assert (h.array_job_id, h.array_task_id, h.tasks_in_array) == (267, 0, 1)
+    # the throttle's nodes/ read and the submission went with the renewed token only; one job array
+    assert fake.reads == [("slurm/v0.0.42/nodes/", 200)] and fake.posts == [("fresh", 200)]
+    assert list(backend.spool.pending.glob("*.json")) == []
+
+
+def test_a_slurm_launch_fails_with_the_auth_error_when_the_wait_runs_out(tmp_path):
+    fake = FakeSlurmrestd()
+    backend, f = _backend(tmp_path, fake, token_wait_s=0.2)
+    _write_private(f, _jwt(time.time() - 60, "stale"))
+    with pytest.raises(RestAuthError, match=r"expired at .* not renewed within 0.2 s \(rest_token_wait_seconds\), so the "
+                                            r"launch of step 'embed' \(partition 'a.txt'\) failed"):
+        backend.launch(_step())
+    assert fake.posts == [] and fake.reads == [] and list(backend.spool.pending.glob("*.json")) == []
+
+
+def test_a_token_expired_while_the_launch_was_held_is_waited_for_under_the_spool_lock(tmp_path):
+    """The launch passed its check, then its token expired before the flush: job/submit waits for the renewal
+    (holding the spool lock, so nobody else submits the launch), then sends once."""
+    from dagster_gpu.slurm.coalescer import TaskRequest
+
+    fake = FakeSlurmrestd()
+    backend, f = _backend(tmp_path, fake, token_wait_s=10)
+    _write_private(f, _jwt(time.time() - 1, "stale"))
+    _renew_later(f, 0.3, _jwt(time.time() + 1800, "fresh"))
+    req = TaskRequest(options=("--gres=gpu:1",), throttle=0, argv=("true",), env={}, run_id="r", step_key="s", partition_keys=("k",))
+    a = backend.coalescer.submit(req)
+    assert a.array_job_id == 267 and fake.posts == [("fresh", 200)]
+
+
+def test_a_flush_that_raises_withdraws_the_launch(tmp_path):
+    """A launch whose own flush raised before submitting anything (here MaxArraySize could not be read) fails, and
+    its request leaves the spool: no later flush of another process submits a task for a failed launch."""
+    from dagster_gpu.slurm.client import SlurmTransientError
+    from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest
+    from dagster_gpu.slurm.window import WindowRule
+
+    def unreadable():
+        raise SlurmTransientError(["scontrol"], 1, "Unable to contact slurm controller")
+
+    spool = Spool(tmp_path / "spool")
+    co = ArrayCoalescer(spool, RestSlurmClient(url="http://x"), python="python3", rule=WindowRule(0.0, 0.0, 0.0),
+                        max_wait_s=5, max_array_size=unreadable)
+    req = TaskRequest(options=(), throttle=0, argv=("true",), env={}, run_id="r", step_key="s", partition_keys=("k",))
+    with pytest.raises(SlurmTransientError, match="Unable to contact"):
+        co.submit(req)
+    assert list(spool.pending.glob("*.json")) == []

@@ -154,3 +154,40 @@ def test_relayed_events_over_slurmrestd_the_tasks_never_open_the_instance(rest_h
     assert {r["dagster_gpu/relay_channel"] for r in reports} == {str(p) for p in (spool / "relay").rglob("*.jsonl")}
     obs = _wait_for(lambda: _all_observed(keys), 90, what="sacct observations")
     assert all(obs[k][0]["billing/source"] == "sacct" for k in keys)
+
+
+@H.on_slurm("24.11")
+def test_a_launch_under_an_expired_token_waits_for_its_renewal_and_submits_once(rest_home):
+    """The token file holds an expired token when the run's step is launched and a renewed one a few seconds
+    later (what a cron renewing it does): the launch logs once that it waits (naming the file and the expiry,
+    never the token), then one job array is submitted and the step succeeds."""
+    import time
+
+    from dagster_gpu.slurm.rest import token_expiry
+
+    home_dir, env, token = rest_home
+    R.write_token(token, 1)
+    stale = token.read_text().strip().removeprefix("SLURM_JWT=")
+    while token_expiry(stale) > time.time() - 1:
+        time.sleep(0.2)
+    key = "p040"
+    procs = H.start_runs(env, [key])
+    log = home_dir / "run-000.log"
+    waiting = _wait_for(lambda: "waiting up to" in log.read_text(errors="replace"), 120, 0.5, "the launch to wait for the token")
+    assert waiting and procs[0].poll() is None
+    time.sleep(3)
+    assert H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"])) == []  # nothing submitted under the expired token
+    R.write_token(token, 3600)
+    fresh = token.read_text().strip().removeprefix("SLURM_JWT=")
+    codes = H.wait_all(procs, 300)
+    assert codes == [0], f"run worker exited {codes}; logs in {home_dir}\n{H.explain_failures(home_dir, [key], codes)}"
+    batches = H.spool_batches(Path(env["DAGSTER_GPU_SLURM_SPOOL"]))
+    assert [b["tasks"] for b in batches] == [1]
+    mats = _materializations([key])
+    assert len(mats[key]) == 1 and mats[key][0]["slurm/array_job_id"] == batches[0]["array_job_id"]
+    text = log.read_text(errors="replace")
+    lines = [ln for ln in text.splitlines() if "waiting up to" in ln]
+    assert len(lines) == 1 and f"token file {token}" in lines[0] and "expired at" in lines[0], lines
+    assert stale not in text and fresh not in text and stale.split(".")[1] not in text
+    client = RestSlurmClient(url=R.URL, user="root", tokens=TokenSource(file=str(token)))
+    assert [r.state.name for r in client.sacct([batches[0]["array_job_id"]])] == ["COMPLETED"]

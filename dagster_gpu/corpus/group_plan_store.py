@@ -21,9 +21,24 @@ membership or a newer one. The pointers compare listing start times across hosts
 within the time between two listings.
 
 The directory is ``CorpusSource.group_plan_url``, else ``$DAGSTER_HOME/dagster_gpu/group_plans`` when
-``DAGSTER_HOME`` is set (beside the shard plans), else none: then every unit lists, as without plans. Old plans
-are not deleted (one small file per bucket version; delete files older than the corpus sensor's interval at
-will). Writing is best effort: a directory that cannot be written costs the units a listing each.
+``DAGSTER_HOME`` is set (beside the shard plans), else none: then every unit lists, as without plans. Writing is
+best effort: a directory that cannot be written costs the units a listing each.
+
+Housekeeping, done by the lister after it stores a listing's plans, without listing the plan directory: a pointer
+that moves to another version records the plan it named before in its ``superseded`` list (stamped with the
+listing's start), and a later listing that reads the pointer (every listing reads every bucket's pointer anyway)
+deletes the superseded plans older than :data:`SUPERSEDED_GRACE_S` and rewrites the pointer without them, so the
+cost is one DELETE per plan that stopped being current plus one pointer write per bucket that had any, and
+nothing in a listing where no bucket changed. The grace period exists because a unit reads a bucket's pointer
+and then its plan: a plan deleted between the two reads would cost that unit a listing of the whole corpus.
+A current plan is never deleted (a pointer's own plan is never in its list). Plans of a bucket count or pattern
+no longer used, and plans of listings older than this housekeeping, are not pointed to by anything and stay
+(delete them at will).
+
+A maximum plan age (``CorpusSource.group_plan_max_age_seconds``): a unit ignores a pointer whose listing started
+longer ago than that and lists the corpus (a listing seen that long ago says little about the bucket now: the
+corpus sensor may have stopped). So that a bucket that never changes keeps usable plans, a listing rewrites a
+pointer of the same version once it is half that age (:func:`~dagster_gpu.corpus.group_plans.next_pointer`).
 """
 
 from __future__ import annotations
@@ -31,15 +46,22 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
-from dagster_gpu.corpus.group_plans import (Member, PlanSource, plan_doc, plan_members, plan_name, planned_version,
-                                            pointer_doc, pointer_name, replaces)
+from dagster_gpu.corpus.group_plans import (Member, PlanSource, next_pointer, plan_doc, plan_members, plan_name,
+                                            planned_version, pointer_age, pointer_name, prune)
 from dagster_gpu.corpus.plan_dir import PlanDir
+
+log = logging.getLogger(__name__)
 
 #: ``info`` calls (stat / HEAD) and plan reads or writes at once on an object store (a local disk: one at a time).
 STAT_THREADS = 16
+#: Seconds a plan that stopped being current is kept before a listing deletes it: far longer than a unit takes
+#: from reading a bucket's pointer to reading the plan it names (one small read), so no unit resolving now loses
+#: its plan; short enough that a bucket changing at every tick keeps a handful of files.
+SUPERSEDED_GRACE_S = 600.0
 #: Plan names this process wrote, per directory (a plan's content never changes: written once); bounded.
 _WRITTEN_MAX = 100_000
 _written: set[tuple[str, str]] = set()
@@ -64,57 +86,84 @@ def _each(fn: Callable[[T], R], items: Sequence[T], threads: int) -> list[R]:
 
 
 def store_group_plans(plans: PlanDir, source: PlanSource,
-                      buckets: Mapping[int, tuple[str, Callable[[], Sequence[Member]]]], listed_at: float) -> None:
+                      buckets: Mapping[int, tuple[str, Callable[[], Sequence[Member]]]], listed_at: float, *,
+                      refresh_s: float | None = None, grace_s: float | None = None) -> int:
     """Store one full listing's buckets, started at ``listed_at`` (seconds since the epoch), in ``plans``;
     ``buckets``: bucket index -> (its group version, a function giving its members, called only when its plan is
-    written). Each bucket's plan unless this process already wrote it there, then each bucket's pointer where the
-    stored one names another version from a listing that started no later (read, compared, then written:
-    :func:`dagster_gpu.corpus.group_plans.replaces`). Best effort: a failure is logged (one warning), never raised."""
+    written). Reads every bucket's pointer, then writes each bucket's plan unless this process already wrote it
+    there (always when its pointer moves to it), then each pointer that moves to another version from a listing that
+    started no later, or that is ``refresh_s`` seconds or more older than this listing (None: never refreshed;
+    :func:`dagster_gpu.corpus.group_plans.next_pointer`). Then deletes each pointer's superseded plans older than
+    ``grace_s`` (default :data:`SUPERSEDED_GRACE_S`) and rewrites it without them. Returns how many plans it
+    deleted. Best effort: a failure is logged (one warning), never raised."""
+    grace = SUPERSEDED_GRACE_S if grace_s is None else float(grace_s)
     threads = 1 if plans.local else STAT_THREADS
-    todo = [(index, version, (plans.url, plan_name(source, index, version)))
-            for index, (version, _members) in buckets.items()]
-    with _lock:
-        new = [t for t in todo if t[2] not in _written]
+    todo = [(index, version, plan_name(source, index, version)) for index, (version, _members) in buckets.items()]
 
     def write_plan(t) -> None:
         doc = plan_doc(source, t[0], buckets[t[0]][1]())
         if doc["version"] != t[1]:  # not the members of that version: store nothing under its name
             raise ValueError(f"bucket {t[0]}: members of version {doc['version']}, not {t[1]}")
-        plans.write(t[2][1], doc)
+        plans.write(t[2], doc)
+
+    def finish(item) -> list[str]:
+        """Bucket ``item``'s pointer written (moved, refreshed or pruned) as needed; the plans it deleted."""
+        t, stored, new = item
+        doc = new if new is not None else stored
+        if planned_version(source, t[0], doc) is None:
+            return []
+        due, pruned = prune(doc, listed_at, grace)
+        for name in due:
+            plans.delete(name)
+        if new is not None or due:
+            plans.write(pointer_name(source, t[0]), pruned)
+        return due
 
     try:
+        stored = _each(lambda t: plans.read(pointer_name(source, t[0])), todo, threads)
+        decided = [(t, st, next_pointer(source, t[0], t[1], listed_at, st, refresh_s)) for t, st in zip(todo, stored)]
+        with _lock:
+            new = [t for t, st, nxt in decided
+                   if (plans.url, t[2]) not in _written or (nxt is not None and planned_version(source, t[0], st) != t[1])]
         _each(write_plan, new, threads)
         with _lock:
             if len(_written) + len(new) > _WRITTEN_MAX:
                 _written.clear()
-            _written.update(t[2] for t in new)
-        _each(lambda t: _point(plans, pointer_name(source, t[0]), pointer_doc(source, t[0], t[1], listed_at)),
-              todo, threads)
+            _written.update((plans.url, t[2]) for t in new)
+        deleted = [n for names in _each(finish, decided, threads) for n in names]
+        with _lock:
+            _written.difference_update((plans.url, n) for n in deleted)
+        return len(deleted)
     except Exception as e:  # noqa: BLE001 - see the docstring: the units list instead
-        logging.getLogger(__name__).warning("file group plans not stored under %s: %s: %s", plans.url,
-                                            type(e).__name__, e)
+        log.warning("file group plans not stored under %s: %s: %s", plans.url, type(e).__name__, e)
+        return 0
 
 
-def _point(plans: PlanDir, name: str, doc: Mapping[str, Any]) -> None:
-    """Pointer ``name`` set to ``doc`` when it :func:`replaces` the stored one (a read costs less than a write: a
-    small read against a temp file and a rename, a GET against a PUT)."""
-    if replaces(plans.read(name), doc):
-        plans.write(name, doc)
-
-
-def load_group_plans(plans: PlanDir, source: PlanSource, indexes: Iterable[int]) -> dict[int, list[Member]]:
+def load_group_plans(plans: PlanDir, source: PlanSource, indexes: Iterable[int],
+                     max_age_s: float | None = None, now: float | None = None) -> dict[int, list[Member]]:
     """Bucket index -> its members as the latest stored listing saw them, for each of ``indexes`` whose pointer
-    and plan are readable and consistent (:func:`dagster_gpu.corpus.group_plans.plan_members`); the others are
-    left out. Never raises for a missing, unreadable or foreign file."""
+    and plan are readable and consistent (:func:`dagster_gpu.corpus.group_plans.plan_members`) and whose pointer's
+    listing started at most ``max_age_s`` seconds before ``now`` (default: the current time; ``max_age_s`` None:
+    any age); the others are left out (the caller lists). Never raises for a missing, unreadable or foreign file."""
     wanted = list(dict.fromkeys(int(i) for i in indexes))
+    at = time.time() if now is None else float(now)
+    aged: list[int] = []
 
     def one(index: int) -> list[Member] | None:
-        version = planned_version(source, index, plans.read(pointer_name(source, index)))
+        pointer = plans.read(pointer_name(source, index))
+        version = planned_version(source, index, pointer)
         if version is None:
+            return None
+        age = pointer_age(pointer, at)
+        if max_age_s is not None and (age is None or age > max_age_s):
+            aged.append(index)
             return None
         return plan_members(source, index, version, plans.read(plan_name(source, index, version)))
 
     found = _each(one, wanted, 1 if plans.local else STAT_THREADS)
+    if aged:
+        log.info("file group plans of %d bucket(s) under %s are older than the maximum plan age (%g s: "
+                 "group_plan_max_age_seconds): those buckets are listed", len(aged), plans.url, max_age_s)
     return {i: m for i, m in zip(wanted, found) if m is not None}
 
 
@@ -139,5 +188,5 @@ def forget_group_plans() -> None:
         _written.clear()
 
 
-__all__ = ["STAT_THREADS", "current_infos", "default_group_plan_url", "forget_group_plans", "load_group_plans",
+__all__ = ["STAT_THREADS", "SUPERSEDED_GRACE_S", "current_infos", "default_group_plan_url", "forget_group_plans", "load_group_plans",
            "store_group_plans"]

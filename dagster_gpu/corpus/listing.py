@@ -111,11 +111,17 @@ class CorpusSource:
             listing (a directory or an fsspec URL, read and written with ``storage_options``; see
             :mod:`dagster_gpu.corpus.group_plan_store`); None = ``$DAGSTER_HOME/dagster_gpu/group_plans`` when
             ``DAGSTER_HOME`` is set, else no plans (every unit lists). Put it where the units can read it (an
-            ``s3://`` prefix for pods without the run worker's disk).
+            ``s3://`` prefix for pods without the run worker's disk). Plans no longer current are deleted by the
+            listings after a grace period.
+        group_plan_max_age_seconds: a unit ignores a bucket's plan when the listing that last saw the bucket started
+            longer ago than this and lists the corpus instead (default 86400: a day; None: any age). Listings
+            refresh an unchanged bucket's pointer at half this age, so while the corpus sensor runs, plans stay
+            usable.
 
     Raises:
         ValueError: ``shard_bytes`` below 1, ``group_buckets`` not an integer >= 1, or both set (a bucket of whole
-            files and a file cut into shards are opposite mappings: choose one per corpus).
+            files and a file cut into shards are opposite mappings: choose one per corpus),
+            ``group_plan_max_age_seconds`` not above 0.
     """
 
     url: str
@@ -127,8 +133,12 @@ class CorpusSource:
     shard_plan_url: str | None = None
     group_buckets: int | None = None
     group_plan_url: str | None = None
+    group_plan_max_age_seconds: float | None = 86400.0
 
     def __post_init__(self) -> None:
+        if self.group_plan_max_age_seconds is not None and not float(self.group_plan_max_age_seconds) > 0:
+            raise ValueError(f"CorpusSource({self.url!r}).group_plan_max_age_seconds must be > 0 (or None), "
+                             f"got {self.group_plan_max_age_seconds}")
         if self.shard_bytes is not None and int(self.shard_bytes) < 1:
             raise ValueError(f"CorpusSource({self.url!r}).shard_bytes must be >= 1 (or None), got {self.shard_bytes}")
         if self.group_buckets is not None:
@@ -202,7 +212,9 @@ class CorpusSource:
         where = self._plan_source()
         if where is None:
             return
-        store_group_plans(*where, {g.group.index: (g.version, partial(_members, g)) for g in groups}, listed_at)
+        age = self.group_plan_max_age_seconds
+        store_group_plans(*where, {g.group.index: (g.version, partial(_members, g)) for g in groups}, listed_at,
+                          refresh_s=None if age is None else float(age) / 2)
 
     def _groups_from_plans(self, indexes: Sequence[int]) -> dict[int, CorpusFile]:
         """Bucket index -> the bucket from its stored plan, for each of ``indexes`` whose plan is readable and
@@ -213,7 +225,8 @@ class CorpusSource:
         where = self._plan_source()
         if where is None or not indexes:
             return {}
-        planned = load_group_plans(*where, indexes)
+        age = self.group_plan_max_age_seconds
+        planned = load_group_plans(*where, indexes, max_age_s=None if age is None else float(age))
         if not planned:
             return {}
         try:

@@ -59,5 +59,17 @@ class PlanDir:
         fs, root = self._remote()
         fs.pipe_file(posixpath.join(root, name), data.encode())  # one PUT: whole or absent
 
+    def delete(self, name: str) -> None:
+        """Remove file ``name`` (one unlink, one DELETE); an absent file is not an error. Raises OSError (or the
+        store's own error) when it cannot be removed."""
+        if self.local:
+            Path(self.url, name).unlink(missing_ok=True)
+            return
+        fs, root = self._remote()
+        try:
+            fs.rm_file(posixpath.join(root, name))
+        except FileNotFoundError:
+            pass
+
 
 __all__ = ["PlanDir"]

@@ -90,7 +90,9 @@ from typing import Any, Mapping
 
 import dagster as dg
 
-from dagster_gpu.contracts import TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, with_step_context
+from dagster_gpu.contracts import (
+    TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, describe_partitions, with_step_context,
+)
 from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
 from dagster_gpu.instance.relay_channel import read_from as read_local_channel
 from dagster_gpu.instance.settings import config_field as settings_config_field
@@ -242,6 +244,11 @@ class SlurmSettings:
                                                                 "with PASSWORD, SECRET, TOKEN or JWT never (use env_files).")
     rest_working_dir: str = setting("/tmp", "transport rest: the jobs' working directory on the cluster.")
     rest_ca_file: str | None = setting(None, "transport rest: CA bundle for an https rest_url (default: the system's).")
+    rest_token_wait_seconds: float = setting(
+        300.0, "transport rest: how long a launch whose token has expired waits for rest_token_file to hold a renewed "
+               "one (re-read every second) before its step fails with the token's expiry; slurmrestd refuses an "
+               "expired token before it takes the job, so the job array is then submitted exactly once. 0: fail at "
+               "once. An expired token from rest_token_env fails at once.")
     events: str = setting("direct", "How the array tasks' events reach the Dagster instance: 'direct' (each task "
                                     "writes to the instance's database, so compute nodes reach it) or 'relay' (each task "
                                     "appends them to a file in the spool that the run worker reads, over the transport "
@@ -327,6 +334,9 @@ class SlurmBackend(Backend):
                 target_tasks=settings.coalesce_target_tasks,
             ),
             max_wait_s=settings.submit_timeout_seconds,
+            # a submitter may hold the spool lock while it waits for a renewed token: a launch past its own
+            # timeout waits that long for the lock before it withdraws (its launch may be the one being submitted)
+            lock_wait_s=30.0 + float(getattr(self.client, "token_wait_s", 0.0) or 0.0),
             max_tasks_per_array=settings.max_tasks_per_array,
             max_array_size=self.max_array_size,
             env_files=settings.env_files,
@@ -434,6 +444,8 @@ class SlurmBackend(Backend):
 
     # ------------------------------------------------------------------------------ Backend
     def launch(self, launch: StepLaunch) -> Handle:
+        # before any Slurm call: an expired slurmrestd token is waited for here, outside the spool lock
+        self.client.await_credentials(f"the launch of step {launch.step_key!r} ({describe_partitions(launch.partition_keys)})")
         gres, fraction = self.gres_options(launch)
         t = self.gpu_type(launch)
         # what sbatch asks, for the bill: GPU equivalents (shards and MIG slices as fractions) and the

@@ -238,6 +238,11 @@ class SlurmClient:
             q = ""  # every id purged from squeue: sacct still knows them
         return q, self.run(self.sacct_argv(job_ids, cluster), attempts=2).stdout
 
+    def await_credentials(self, what: str) -> None:
+        """Called before a launch's first Slurm call (``what`` names it, for logs): returns once the client's
+        credentials can submit. The CLI and SSH transports have nothing to wait for; the rest transport waits
+        for an expired token to be renewed (:meth:`dagster_gpu.slurm.rest.RestSlurmClient.await_credentials`)."""
+
     # ------------------------------------------------------------------------------------ commands
     def submit_job(
         self,

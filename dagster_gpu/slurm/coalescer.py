@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from dagster_gpu.contracts import describe_partitions
-from dagster_gpu.slurm.client import SlurmClient, SlurmError, SlurmRejected
+from dagster_gpu.slurm.client import SlurmAccessRefused, SlurmClient, SlurmError, SlurmRejected
 from dagster_gpu.slurm.ids import format_array_spec
 from dagster_gpu.slurm.script import JOB_SCRIPT, RUNNER, manifest_sha256, verify_job_script, write_job_script, write_manifest
 from dagster_gpu.slurm.spool import Spool, write_json
@@ -146,6 +146,9 @@ class ArrayCoalescer:
         python: interpreter that array tasks run ``dagster_gpu.slurm.script`` with.
         rule: the coalescing window (:class:`~dagster_gpu.slurm.window.WindowRule`, seconds).
         max_wait_s: how long a launch waits for its assignment before CoalescerTimeout.
+        lock_wait_s: how long a launch past ``max_wait_s`` waits for the spool lock to withdraw its request (a
+            submitter holding the lock may be submitting it; the rest transport's submitter may hold it while it
+            waits for a renewed token). Raises SpoolLockTimeout after it.
         max_tasks_per_array: cap on tasks per sbatch (None: only MaxArraySize limits).
         max_array_size: callable returning the controller's MaxArraySize (cached by the caller).
         pending_tasks: callable returning pending task counts by array job id from a recent poll, or
@@ -162,6 +165,7 @@ class ArrayCoalescer:
         python: str,
         rule: WindowRule | None = None,
         max_wait_s: float = 180.0,
+        lock_wait_s: float = 30.0,
         max_tasks_per_array: int | None = None,
         max_array_size: Callable[[], int] | None = None,
         env_files: Sequence[str] = (),
@@ -177,6 +181,7 @@ class ArrayCoalescer:
                 f"before their {max_wait_s:g}s timeout (at most {0.8 * max_wait_s:g}s)"
             )
         self.max_wait_s = max_wait_s
+        self.lock_wait_s = lock_wait_s
         self.max_tasks_per_array = max_tasks_per_array
         self._max_array_size = max_array_size or client.max_array_size
         self.env_files = list(env_files)
@@ -190,7 +195,8 @@ class ArrayCoalescer:
         """Queue ``req`` and block until it is part of a submitted job array.
 
         Raises SubmissionRejected (naming the partitions of every step in the rejected sbatch),
-        CoalescerTimeout after ``max_wait_s``."""
+        CoalescerTimeout after ``max_wait_s``, SpoolLockTimeout, and whatever this process's own flush raised
+        outside a submission (then ``req`` is withdrawn first, so no other process submits it later)."""
         pending = self.spool.pending / f"{time.time_ns():020d}-{req.launch_id}.json"
         doc = asdict(req)
         doc["options"], doc["argv"], doc["env"] = list(req.options), list(req.argv), dict(req.env)
@@ -209,13 +215,19 @@ class ArrayCoalescer:
                     if got:
                         res = self.spool.read_own_json(result_path)
                         if res is None:
-                            self.flush_due()
+                            try:
+                                self.flush_due()
+                            except BaseException:
+                                if self.spool.read_own_json(result_path) is None:
+                                    pending.unlink(missing_ok=True)  # not submitted, and nobody will once this raises
+                                    raise
+                                log.exception("flushing the spool failed after this launch was submitted")
                             res = self.spool.read_own_json(result_path)
             if res is not None:
                 result_path.unlink(missing_ok=True)
                 return self._result(res)
             if time.monotonic() > deadline:
-                with self.spool.lock(timeout_s=30):
+                with self.spool.lock(timeout_s=self.lock_wait_s):
                     if pending.exists():
                         pending.unlink()
                         raise CoalescerTimeout(
@@ -337,10 +349,11 @@ class ArrayCoalescer:
             job_id, cluster = job.job_id, job.cluster
         except (SlurmError, UntrustedPathError, TransportError) as e:
             if isinstance(e, SlurmError):
-                kind = "rejected" if isinstance(e, SlurmRejected) else "could not be submitted"
+                kind = ("rejected" if isinstance(e, SlurmRejected) else
+                        "refused our credentials for" if isinstance(e, SlurmAccessRefused) else "could not take")
                 reason = e.message
             elif isinstance(e, TransportUnreachable):
-                kind, reason = "could not be submitted", str(e)
+                kind, reason = "could not take", str(e)
             else:
                 kind, reason = "was not asked to run", str(e)
             msg = (

@@ -24,6 +24,18 @@ the JSON is read by :mod:`dagster_gpu.slurm.rest_parse` into the CLI path's row 
   (which reads like a transient "Unable to connect to database" and is not treated as one); plain 401/403
   where a proxy or rest_auth/jwt itself refuses. Other refusals are
   :class:`~dagster_gpu.slurm.client.SlurmRejected` with slurmrestd's own error text.
+- **A submission under an expired token**: slurmctld refuses the RPC before it reads the job (``job/submit``
+  with an expired token: HTTP 511, error 1007 "Protocol authentication error", source
+  ``slurm_submit_batch_job()``; no job is created: recorded in ``tests/data/slurm/rest/v0.0.42/
+  submit_expired_token.json``), so sending it again with a renewed token cannot submit twice. A launch
+  (:meth:`RestSlurmClient.await_credentials`, before any of its calls) and ``job/submit`` itself (a token
+  that expired while the launch was held for company) wait up to ``token_wait_s`` for the token file to
+  hold a token that is not expired, logging once what they wait for (where the token comes from and when it
+  expired, never the token), then submit exactly once; when the wait runs out they raise
+  :class:`RestAuthError` saying so. A request that may have reached slurmctld (a read timeout, a dropped
+  connection) is never sent again: only a refusal of the token is. An expired token from an environment
+  variable fails at once (nothing renews a running process's environment), and so does one this process
+  already waited for in vain.
 - **Manifest**: slurmrestd carries no files. The job script's text goes in the submit request (``job.script``)
   and its arguments in ``job.argv``; the manifest, the task runner and the tasks' logs stay in this host's
   spool, which must be a file system the compute nodes see at the same path (a shared file system; here the
@@ -40,6 +52,7 @@ from __future__ import annotations
 
 import base64
 import fnmatch
+import hashlib
 import json
 import logging
 import os
@@ -90,9 +103,16 @@ class TokenSource:
     file: str | None = None
     _cached: tuple[float, int, str] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    #: SHA-256 of an expired token this process waited for in vain (never the token itself)
+    given_up_on: str | None = field(default=None, repr=False)
 
     def where(self) -> str:
         return f"token file {self.file}" if self.file else f"environment variable {self.env}"
+
+    @property
+    def renewable(self) -> bool:
+        """Whether a renewed token can reach this process: a file is re-read, an environment variable is not."""
+        return bool(self.file)
 
     def token(self) -> str:
         """The current token. Raises TokenError (the message names where it looked, never a token)."""
@@ -123,6 +143,21 @@ class TokenSource:
                 raise TokenError(["slurmrestd"], None, f"the slurmrestd token file {self.file} is empty")
             self._cached = (st.st_mtime, st.st_size, tok)
             return tok
+
+
+def _digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _when(exp: float) -> str:
+    """``2026-12-05T13:50:01 (42 s ago)``: an ``exp`` claim for messages."""
+    return f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(exp))} ({max(0.0, time.time() - exp):.0f} s ago)"
+
+
+def expired(token: str, now: float | None = None) -> float | None:
+    """The ``exp`` (UNIX seconds) of ``token`` when it has passed, else None (not expired, or no ``exp``)."""
+    exp = token_expiry(token)
+    return exp if exp is not None and exp <= (time.time() if now is None else now) else None
 
 
 def token_expiry(token: str) -> float | None:
@@ -164,6 +199,9 @@ class RestSlurmClient(SlurmClient):
         forward_env / secret_env: see module doc.
         working_dir: the jobs' working directory on the cluster.
         ca_file: CA bundle for an https URL (None: the system's).
+        token_wait_s: how long a submission whose token has expired waits for the token file to be renewed
+            (seconds; 0: it fails at once). See the module doc.
+        token_poll_s: seconds between two reads of the token file while waiting.
     """
 
     url: str = "http://127.0.0.1:6820"
@@ -176,6 +214,8 @@ class RestSlurmClient(SlurmClient):
     secret_env: Sequence[str] = DEFAULT_SECRET_ENV
     working_dir: str = "/tmp"
     ca_file: str | None = None
+    token_wait_s: float = 300.0
+    token_poll_s: float = 1.0
     http: Any = field(default=None, repr=False, compare=False)
     _picked: str | None = field(default=None, init=False, repr=False, compare=False)
     _release: str = field(default="", init=False, repr=False, compare=False)
@@ -260,9 +300,55 @@ class RestSlurmClient(SlurmClient):
         except SlurmAccessRefused:
             exp = None
         if exp is not None and exp <= time.time():
-            return (f"{base}: the token expired at {time.strftime('%Y-%m-%dT%H:%M:%S', time.localtime(exp))} "
-                    f"({time.time() - exp:.0f} s ago); renew it (scontrol token lifespan=<s> username=<user>)")
+            return f"{base}: the token expired at {_when(exp)}; renew it (scontrol token lifespan=<s> username=<user>)"
         return f"{base}: the token is not valid for this server or user (not signed with its jwt_key, or another user's)"
+
+    # ------------------------------------------------------------------------------------ an expired token
+    def await_credentials(self, what: str) -> None:
+        """Before a submission's first call: return at once when the token has not expired (or has no ``exp``);
+        else wait for a renewed one (see :meth:`_await_renewal`). ``what`` names the submission for the log
+        (``the launch of step 'embed' (partition 'a')``). Raises RestAuthError (expired and not renewed within
+        :attr:`token_wait_s`), TokenError (no token to read when it starts)."""
+        tok = self.tokens.token()
+        if expired(tok) is not None:
+            self._await_renewal(tok, what, time.monotonic() + self.token_wait_s)
+
+    def _await_renewal(self, stale: str, what: str, deadline: float, status: int | None = None) -> str:
+        """Wait until the token source holds a token other than ``stale`` that has not expired, reading it every
+        :attr:`token_poll_s` until ``deadline`` (``time.monotonic()``); returns it. Logs one WARNING when it starts
+        (where the token comes from, when it expired, how long it waits) and one INFO when it ends. A token file
+        that is missing, empty or being rewritten counts as not renewed yet. Raises RestAuthError (``status``: the
+        refusal's HTTP status, None before any request) at once for an environment variable, or for a token this
+        process already waited for in vain; when ``deadline`` passes."""
+        argv = ["slurmrestd", what]
+        exp = token_expiry(stale) or 0.0
+        base = f"slurmrestd {self.url}: the token of {self._who()} ({self.tokens.where()}) expired at {_when(exp)}"
+        if not self.tokens.renewable:
+            raise RestAuthError(argv, status, f"{base}, before {what}; an environment variable is not renewed under a "
+                                "running process: renew the token and start again, or use rest_token_file (re-read "
+                                "when it changes)")
+        if self.tokens.given_up_on == _digest(stale):
+            raise RestAuthError(argv, status, f"{base}, before {what}; this process already waited for it to be renewed "
+                                "in vain: renew it (scontrol token lifespan=<s> username=<user>)")
+        wait_s = max(0.0, deadline - time.monotonic())
+        log.warning("%s: waiting up to %.0f s for it to be renewed before %s", base, wait_s, what)
+        t0 = time.monotonic()
+        while True:
+            try:
+                tok = self.tokens.token()
+            except TokenError:
+                tok = stale  # missing or empty while a renewal rewrites it
+            if tok != stale and expired(tok) is None:
+                log.info("slurmrestd %s: the token in %s was renewed after %.1f s; going on with %s", self.url,
+                         self.tokens.where(), time.monotonic() - t0, what)
+                return tok
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.tokens.given_up_on = _digest(stale)
+                raise RestAuthError(argv, status, f"{base}; it was not renewed within {self.token_wait_s:g} s "
+                                    f"(rest_token_wait_seconds), so {what} failed and nothing was submitted: renew it "
+                                    "(scontrol token lifespan=<s> username=<user>)")
+            time.sleep(min(self.token_poll_s, left))
 
     def request(self, method: str, path: str, *, query: Mapping[str, Any] | None = None, body: Any = None,
                 attempts: int | None = None, only_unsent: bool = False, ok_missing: bool = False) -> dict:
@@ -315,13 +401,34 @@ class RestSlurmClient(SlurmClient):
                    attempts: int | None = None) -> SubmittedJob:
         """``job/submit`` of the script at ``script`` (its text is sent) with ``options`` (sbatch argv items,
         :func:`~dagster_gpu.slurm.rest_parse.job_description`) and ``script_args``. Retried only when the
-        request surely never left. Raises SlurmRejected with slurmrestd's reason."""
+        request surely never left, or when slurmrestd refused the token and the token file then holds a renewed
+        one (a refused token submits nothing: see the module doc); an expired token is waited for up to
+        :attr:`token_wait_s`. Raises SlurmRejected with slurmrestd's reason, RestAuthError."""
         text = Path(script).read_text()
         try:
             body = RP.job_description(options, text, [str(script), *script_args], self.job_environment(), self.working_dir)
         except RP.UnsupportedOption as e:
             raise SlurmRejected(["slurmrestd", "job/submit"], None, str(e)) from None
-        doc = self.request("POST", "slurm/job/submit", body=body, attempts=attempts, only_unsent=True)
+        what = "job/submit"
+        deadline = time.monotonic() + self.token_wait_s
+        sent = self.tokens.token()
+        if expired(sent) is not None:
+            sent = self._await_renewal(sent, what, deadline)
+        for _ in range(4):  # a try after a refusal only with another token: bounded by the deadline and this count
+            try:
+                doc = self.request("POST", "slurm/job/submit", body=body, attempts=attempts, only_unsent=True)
+                break
+            except RestAuthError as e:
+                now_tok = self.tokens.token()
+                if expired(now_tok) is not None:  # refused because it expired (meanwhile): nothing was submitted
+                    sent = self._await_renewal(now_tok, what, deadline, e.returncode)
+                elif now_tok != sent:  # renewed while the request was refused: send it again with the new one
+                    sent = now_tok
+                else:
+                    raise
+        else:
+            raise RestAuthError(["slurmrestd", what], None, f"slurmrestd {self.url} refused every renewed token of "
+                                f"{self._who()} ({self.tokens.where()}) for {what}")
         try:
             return SubmittedJob(RP.submitted_job_id(doc), None)
         except P.SlurmParseError as e:
@@ -340,6 +447,11 @@ class RestSlurmClient(SlurmClient):
                 if err.get("code") not in (None, 0, _ALREADY_DONE, _INVALID_JOB_ID):
                     raise SlurmRejected(["slurmrestd", f"DELETE job/{i}"], None,
                                         f"slurmrestd could not cancel {i}: {err.get('message') or err.get('string') or err}")
+
+    def array_limits(self) -> P.ArrayLimits:
+        """MaxArraySize as :attr:`max_array_size_assumed` (slurmrestd does not serve slurm.conf), asking nothing:
+        a launch's flush of the spool needs no call besides ``job/submit``."""
+        return P.ArrayLimits(int(self.max_array_size_assumed))
 
     def test_only(self, options: Sequence[str], script: str | Path) -> P.TestOnly:
         """Not offered by slurmrestd: raises SlurmRejected (the what-if estimate then has no start delay)."""
@@ -423,5 +535,6 @@ def client_from_settings(settings, **client_kw) -> RestSlurmClient:
         tokens=TokenSource(env=settings.rest_token_env, file=os.path.expanduser(settings.rest_token_file) if settings.rest_token_file else None),
         auth_header=settings.rest_auth_header, version=settings.rest_data_parser,
         max_array_size_assumed=int(settings.rest_max_array_size), forward_env=tuple(settings.rest_forward_env),
-        working_dir=settings.rest_working_dir, ca_file=settings.rest_ca_file, **client_kw,
+        working_dir=settings.rest_working_dir, ca_file=settings.rest_ca_file,
+        token_wait_s=float(settings.rest_token_wait_seconds), **client_kw,
     )  # fmt: skip

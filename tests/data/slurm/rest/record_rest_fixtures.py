@@ -9,7 +9,9 @@ Per version: ``submit.json`` (job/submit of a 3-task array, throttle 2, ``sleep 
 ``job_cancelled.json`` (a 2-task array whose task 1 was cancelled while pending), ``slurmdb_jobs.json``
 (``slurmdb/jobs/?step=<id>&show_duplicates`` after both ended), ``nodes.json``, ``tres.json`` and
 ``jobs_state.json`` (``jobs/state/`` with no filter). The token is read from the file named by the
-first argument and never written anywhere.
+first argument and never written anywhere. ``v0.0.42/submit_expired_token.json`` is a ``job/submit`` sent with a
+token (``trixie.sh token 1``) that had expired 2 s earlier: HTTP 511, error 1007, and no job created (squeue and
+sacct know no job of its name), recorded by hand; its ``_source`` says so.
 """
 
 from __future__ import annotations
