@@ -2,7 +2,8 @@
 event going to the relay channel instead of the instance's database (``events: relay``).
 
 Reads ``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS`` (the step args, as for ``dagster api execute_step``) and
-:data:`~dagster_gpu.instance.relay_channel.RELAY_ENV` (JSON ``{"channel": <path>, "seed": <seed>}``), builds the
+:data:`~dagster_gpu.instance.relay_channel.RELAY_ENV` (JSON ``{"channel": <path or URL>, "seed": <seed>}``, plus
+``"storage_options"`` for an object channel: the endpoint and the like, never credentials), builds the
 ephemeral instance of :func:`dagster_gpu.instance.relay_storage.relay_instance`, and runs Dagster's own step
 body (``dagster._cli.api._execute_step_command_body``: the step-worker-started event, the run status check,
 repository load data, ``execute_plan_iterator``) against it. The step args' duplicate-launch guard
@@ -24,7 +25,8 @@ from dagster._cli.api import _execute_step_command_body
 from dagster._record import copy
 from dagster._utils.interrupts import capture_interrupts
 
-from dagster_gpu.instance.relay_channel import RELAY_ENV, ChannelWriter
+from dagster_gpu.instance.relay_channel import RELAY_ENV
+from dagster_gpu.instance.relay_objects import open_channel_writer
 from dagster_gpu.instance.relay_storage import decode_seed, relay_instance
 from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
 from dagster_gpu.instance.step_args import decode_step_args
@@ -34,6 +36,7 @@ def main() -> int:
     try:
         relay = json.loads(os.environ[RELAY_ENV])
         channel, seed = str(relay["channel"]), decode_seed(str(relay["seed"]))
+        storage_options = dict(relay.get("storage_options") or {})
         args = copy(decode_step_args(os.environ[STEP_ARGS_ENV]), should_verify_step=False)
     except (KeyError, ValueError, TypeError) as e:
         print(f"dagster-gpu relay worker: no usable {RELAY_ENV} / {STEP_ARGS_ENV} in the environment: "
@@ -43,7 +46,7 @@ def main() -> int:
         print(f"dagster-gpu relay worker: the seed is run {seed.run.run_id}'s, the step args run {args.run_id}'s",
               file=sys.stderr)
         return 2
-    writer = ChannelWriter(channel)
+    writer = open_channel_writer(channel, storage_options)
     try:
         with capture_interrupts():
             instance = relay_instance(seed, writer)
