@@ -249,8 +249,9 @@ class SlurmSettings:
     rest_ca_file: str | None = setting(None, "transport rest: CA bundle for an https rest_url (default: the system's).")
     events: str = setting("direct", "How the array tasks' events reach the Dagster instance: 'direct' (each task "
                                     "writes to the instance's database, so compute nodes reach it) or 'relay' (each task "
-                                    "appends them to a file in the spool that the run worker reads, over the transport "
-                                    "with ssh, and stores: compute nodes need no database access and no database password).")
+                                    "appends them to a file in the spool, or uploads them under relay_url, that the run worker "
+                                    "reads, over the transport with ssh, and stores: compute nodes need no database access "
+                                    "and no database password).")
     relay_url: str | None = setting(None, "events relay: an fsspec URL (e.g. s3://bucket/dagster-gpu-relay) under "
                                           "which each task writes its channel as immutable parts, read by the run "
                                           "worker from the object store instead of the spool (for transport rest "
