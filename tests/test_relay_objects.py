@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -278,8 +279,6 @@ def test_the_slurm_backend_names_and_reads_object_channels_with_relay_url(store,
     launch = StepLaunch(run_id="r-1", step_key="emb; rm -rf /", partition_keys=("k",), attempt=1, argv=("py",), env={},
                         request=GpuRequest(), placement=Placement(backend="slurm", reason="test"))
     channel = backend.relay_channel(launch)
-    import re
-
     assert re.fullmatch(re.escape(url) + r"/r-1/[0-9a-f]{20}", channel), channel
     assert backend.relay_channel(dataclasses.replace(launch, attempt=2)) != channel
     assert backend.relay_storage_options() == opts
@@ -292,3 +291,38 @@ def test_the_slurm_backend_names_and_reads_object_channels_with_relay_url(store,
     assert not (tmp_path / "spool" / "relay").exists()
     spooled = SlurmBackend(SlurmSettings(spool_dir=str(tmp_path / "spool2"), events="relay"), client=SlurmClient())
     assert spooled.relay_storage_options() == {} and spooled.relay_channel(launch).endswith(".jsonl")
+
+
+PREEMPTED = r"""
+import json, sys, time
+from dagster._core.events.log import EventLogEntry
+from dagster_gpu.instance.relay_objects import ObjectChannelWriter
+from dagster_gpu.worker.preempt import before_exit_preempted, exit_preempted
+w = ObjectChannelWriter(sys.argv[1], json.loads(sys.argv[2]), flush_interval_s=3600.0)  # nothing uploads by itself
+before_exit_preempted(w.close)  # as relay_step registers it
+for i in range(3):
+    w.write_event(EventLogEntry(error_info=None, level="INFO", user_message=f"{i} before the stop", run_id="r",
+                                timestamp=time.time(), step_key="s", job_name="j", dagster_event=None))
+exit_preempted()  # a graceful stop: os._exit, no finally
+"""
+
+
+def test_a_graceful_stop_uploads_what_the_writer_still_buffers(store):
+    url, opts, client = store
+    p = subprocess.run([sys.executable, "-c", PREEMPTED, url, json.dumps(opts)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 143, p.stderr
+    assert list(_parts(client, url)) == ["00000001.jsonl"]
+    assert [e.user_message for e in decode(read_object_channel(url, 0, opts)).events] == [
+        f"{i} before the stop" for i in range(3)]
+
+
+def test_a_last_upload_that_fails_is_an_error_naming_the_channel(s3):
+    opts = {"client_kwargs": {"endpoint_url": s3.endpoint}}
+    url = f"s3://relay-no-such-bucket-{uuid.uuid4().hex[:8]}/r/c"
+    w = ObjectChannelWriter(url, opts, flush_interval_s=3600.0)
+    w.write_record(b'{"a":1}\n')
+    with pytest.raises(OSError, match=rf"relay channel {re.escape(url)}: could not upload the last records"):
+        w.close()
+    with pytest.raises(ValueError, match="one line ending in"):
+        w.write_record(b'{"a":1}')

@@ -18,6 +18,7 @@ shared credentials file, instance profile or workload identity); the options car
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any, Callable, Mapping
 
@@ -26,6 +27,8 @@ from dagster._serdes import serialize_value
 
 from dagster_gpu.instance.relay_channel import ChannelWriter, decode, encode, read_from, step_outcome
 from dagster_gpu.instance.relay_parts import is_object_channel, next_sequence, part_name, part_sequence, parts_to_read
+
+log = logging.getLogger(__name__)
 
 #: Seconds between two uploads of a busy writer's buffer (well under the run worker's 0.5 s fastest read).
 FLUSH_INTERVAL_S = 0.2
@@ -66,7 +69,6 @@ class ObjectChannelWriter:
         self._cond = threading.Condition()
         self._upload = threading.Lock()
         self._closed = False
-        self._error: BaseException | None = None
         self._interval = flush_interval_s
         self._thread = threading.Thread(target=self._run, name="relay-channel-uploader", daemon=True)
         self._thread.start()
@@ -104,6 +106,7 @@ class ObjectChannelWriter:
             self._next += 1
 
     def _run(self) -> None:
+        failing = False
         while True:
             with self._cond:
                 while not self._buf and not self._closed:
@@ -112,9 +115,12 @@ class ObjectChannelWriter:
                     return
             try:
                 self.flush()
-                self._error = None
+                failing = False
             except Exception as e:  # noqa: BLE001 - kept, retried next interval; close() raises if it persists
-                self._error = e
+                if not failing:
+                    log.warning("relay channel %s: upload failed (%s: %s); retrying every %.1f s", self.path,
+                                type(e).__name__, e, self._interval)
+                failing = True
             with self._cond:
                 self._cond.wait_for(lambda: self._closed, timeout=self._interval)
 

@@ -30,6 +30,7 @@ from dagster_gpu.instance.relay_objects import open_channel_writer
 from dagster_gpu.instance.relay_storage import decode_seed, relay_instance
 from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
 from dagster_gpu.instance.step_args import decode_step_args
+from dagster_gpu.worker.preempt import before_exit_preempted
 
 
 def main() -> int:
@@ -47,12 +48,14 @@ def main() -> int:
               file=sys.stderr)
         return 2
     writer = open_channel_writer(channel, storage_options)
+    forget = before_exit_preempted(writer.close)  # a graceful stop ends the process without the finally below
     try:
         with capture_interrupts():
             instance = relay_instance(seed, writer)
             for _ in _execute_step_command_body(args, instance, seed.run):
                 pass
     finally:
+        forget()
         writer.close()
     return 0
 
