@@ -12,7 +12,8 @@ instance does not hold; the run worker launches each attempt once.
 
 Exit status: 0 when the step ran (its success or failure is in the channel, as ``execute_step`` records it in
 the event log); 2 when the environment holds no usable step args, channel or seed (the message says which);
-an exception from opening the channel propagates (the worker cannot record anything).
+an exception from opening the channel, or an object channel's OSError from its last upload at the end,
+propagates (the worker could not record its events).
 """
 
 from __future__ import annotations
