@@ -276,9 +276,15 @@ class Backend(ABC):
 
     def relay_channel(self, launch: StepLaunch) -> str | None:
         """Where the worker of ``launch`` relays its events instead of writing them into the instance (a path
-        the worker appends to and :meth:`read_channel` reads: ``dagster_gpu.instance.relay_channel``), or None
+        the worker appends to, or an object-store URL it writes parts under, and :meth:`read_channel` reads:
+        ``dagster_gpu.instance.relay_channel``, ``dagster_gpu.instance.relay_objects``), or None
         when the worker writes them itself (the default)."""
         return None
+
+    def relay_storage_options(self) -> Mapping[str, Any]:
+        """fsspec storage options (endpoint and the like, never credentials) the worker of a relayed launch needs
+        to write its channel when :meth:`relay_channel` is a URL; {} by default."""
+        return {}
 
     def read_channel(self, path: str, offset: int) -> bytes:
         """The bytes of relay channel ``path`` from byte ``offset`` (b"" while it does not exist). Raises

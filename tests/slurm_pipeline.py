@@ -104,11 +104,16 @@ def rest_transport_config() -> dict:
 def relay_config(slurm: dict) -> dict:
     """``DGPU_TEST_EVENTS=relay``: the array tasks relay their events (``events: relay``) and load
     ``DGPU_TEST_NO_DB_ENV_FILE`` last (e.g. a wrong ``DAGSTER_PG_PASSWORD`` and a ``DAGSTER_HOME`` that does not
-    exist: a task that touched the database would fail). Empty otherwise."""
+    exist: a task that touched the database would fail); with ``DGPU_TEST_RELAY_URL`` the channels are under that
+    object-store prefix, on the S3 endpoint ``DGPU_TEST_RELAY_ENDPOINT``. Empty otherwise."""
     if os.environ.get("DGPU_TEST_EVENTS", "direct") != "relay":
         return {}
     extra = [os.environ["DGPU_TEST_NO_DB_ENV_FILE"]] if os.environ.get("DGPU_TEST_NO_DB_ENV_FILE") else []
-    return {"events": "relay", "env_files": [*slurm.get("env_files", []), *extra]}
+    cfg = {"events": "relay", "env_files": [*slurm.get("env_files", []), *extra]}
+    if os.environ.get("DGPU_TEST_RELAY_URL"):  # channels on an object store (the tests' moto S3 endpoint)
+        cfg["relay_url"] = os.environ["DGPU_TEST_RELAY_URL"]
+        cfg["relay_storage_options"] = {"client_kwargs": {"endpoint_url": os.environ["DGPU_TEST_RELAY_ENDPOINT"]}}
+    return cfg
 
 
 def worker_python_config(slurm: dict) -> dict:

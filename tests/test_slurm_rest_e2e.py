@@ -9,6 +9,7 @@ an env_files file, since a job's environment from slurmrestd carries no secret.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -129,20 +130,13 @@ def test_a_backfill_terminated_mid_way_cancels_its_tasks_through_slurmrestd(rest
     assert all(r.elapsed_s > 0 and r.alloc_tres.get("gres/gpu") == 1.0 for r in ran), [(r.id.raw, r.start, r.end, r.elapsed_s, dict(r.alloc_tres)) for r in ran]
 
 
-@H.on_slurm("24.11")
-def test_relayed_events_over_slurmrestd_the_tasks_never_open_the_instance(rest_home, monkeypatch):
-    """``events: relay`` with ``transport: rest``: the tasks load a wrong database password after the real one and
-    no DAGSTER_HOME (slurm_helpers.no_database_env); each run's events come back through its channel in the
-    spool both sides see, and each partition materializes once with its task's metadata."""
+def _relayed_runs(home_dir: Path, env: dict[str, str], keys: list[str]) -> list[dict]:
+    """One relayed run per key, to the end: every run worker exits 0, each partition materializes once with its
+    task's metadata (from a task with no DAGSTER_HOME), and each run's relay report says one materialization.
+    Returns the reports (slurm_helpers.relay_reports)."""
     import dagster as dg
 
-    home_dir, env, token = rest_home
-    for k, v in H.no_database_env(home_dir).items():
-        env[k] = v
-        monkeypatch.setenv(k, v)
-    keys = [f"p{i:03d}" for i in range(30, 34)]
-    procs = H.start_runs(env, keys)
-    codes = H.wait_all(procs, 600)
+    codes = H.wait_all(H.start_runs(env, keys), 600)
     assert codes == [0] * len(keys), f"run workers exited {codes}; logs in {home_dir}\n{H.explain_failures(home_dir, keys, codes)}"
     mats = _materializations(keys)
     assert all(len(mats[k]) == 1 and mats[k][0]["test/partition_key"] == k for k in keys), mats
@@ -150,6 +144,20 @@ def test_relayed_events_over_slurmrestd_the_tasks_never_open_the_instance(rest_h
     with dg.DagsterInstance.get() as instance:
         reports = H.relay_reports(instance, [r.run_id for r in instance.get_runs()])
     assert len(reports) == len(keys) and all(r["dagster_gpu/relay_materializations"] == 1 for r in reports), reports
+    return reports
+
+
+@H.on_slurm("24.11")
+def test_relayed_events_over_slurmrestd_the_tasks_never_open_the_instance(rest_home, monkeypatch):
+    """``events: relay`` with ``transport: rest``: the tasks load a wrong database password after the real one and
+    no DAGSTER_HOME (slurm_helpers.no_database_env); each run's events come back through its channel in the
+    spool both sides see, and each partition materializes once with its task's metadata."""
+    home_dir, env, token = rest_home
+    for k, v in H.no_database_env(home_dir).items():
+        env[k] = v
+        monkeypatch.setenv(k, v)
+    keys = [f"p{i:03d}" for i in range(30, 34)]
+    reports = _relayed_runs(home_dir, env, keys)
     spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
     assert {r["dagster_gpu/relay_channel"] for r in reports} == {str(p) for p in (spool / "relay").rglob("*.jsonl")}
     obs = _wait_for(lambda: _all_observed(keys), 90, what="sacct observations")
@@ -191,3 +199,41 @@ def test_a_launch_under_an_expired_token_waits_for_its_renewal_and_submits_once(
     assert stale not in text and fresh not in text and stale.split(".")[1] not in text
     client = RestSlurmClient(url=R.URL, user="root", tokens=TokenSource(file=str(token)))
     assert [r.state.name for r in client.sacct([batches[0]["array_job_id"]])] == ["COMPLETED"]
+
+
+@H.on_slurm("24.11")
+def test_relayed_events_through_an_object_store_channel_over_slurmrestd(rest_home, s3, monkeypatch):
+    """``events: relay`` with ``relay_url`` on moto's S3 (the session's ``s3`` endpoint) and ``transport: rest``: the
+    tasks write their channels as parts under the prefix, never into the spool's relay directory, and each
+    partition materializes once with its task's metadata. The compute nodes get their S3 credentials from the
+    0600 env_files file (a job's environment from slurmrestd never holds a *SECRET* name); the run workers from
+    their own environment. Neither the spool's files nor the task logs hold the secret."""
+    import uuid
+
+    home_dir, env, token = rest_home
+    secret = f"relay-e2e-{uuid.uuid4().hex}"  # moto takes any key; a unique one can be searched for
+    creds = {"AWS_ACCESS_KEY_ID": "relay-e2e", "AWS_SECRET_ACCESS_KEY": secret, "AWS_DEFAULT_REGION": "us-east-1"}
+    with open(env["DGPU_TEST_ENV_FILE"], "a") as f:
+        f.writelines(f"{k}={v}\n" for k, v in creds.items())
+    prefix = f"relay/{uuid.uuid4().hex}"
+    env.update({**H.no_database_env(home_dir), **creds, "DGPU_TEST_RELAY_URL": f"s3://{s3.bucket('relay-e2e')}/{prefix}",
+                "DGPU_TEST_RELAY_ENDPOINT": s3.endpoint})
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    keys = [f"p{i:03d}" for i in range(44, 47)]
+    reports = _relayed_runs(home_dir, env, keys)
+    listed = [o["Key"] for o in s3.client.list_objects_v2(Bucket="relay-e2e", Prefix=prefix + "/")["Contents"]]
+    channels = {f"s3://relay-e2e/{k.rsplit('/', 1)[0]}" for k in listed}
+    assert {r["dagster_gpu/relay_channel"] for r in reports} == channels and len(channels) == len(keys), listed
+    assert all(re.fullmatch(rf"{prefix}/[A-Za-z0-9-]+/[0-9a-f]{{20}}/\d{{8}}\.jsonl", k) for k in listed), listed
+    spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
+    assert not (spool / "relay").exists() or not any(p.is_file() for p in (spool / "relay").rglob("*"))
+    leaked = [str(p) for p in spool.rglob("*") if p.is_file() and secret.encode() in p.read_bytes()]
+    assert leaked == [], f"the S3 secret is in {leaked}"
+    delays = sorted(r["dagster_gpu/relay_delay_max_s"] for r in reports)
+    p50s = sorted(r["dagster_gpu/relay_delay_p50_s"] for r in reports)
+    print(f"relay through S3: materializations stored {p50s} s (p50 per run), {delays} s (max per run) after the "
+          "tasks wrote them")
+    assert delays[-1] < 10.0, delays  # the run worker's slowest read gap is 8 s; a part lands within 0.2 s
+    obs = _wait_for(lambda: _all_observed(keys), 90, what="sacct observations")
+    assert all(obs[k][0]["billing/source"] == "sacct" for k in keys)

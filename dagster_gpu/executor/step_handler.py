@@ -37,7 +37,7 @@ from dagster_gpu.instance.connections import hold_storage_connections
 from dagster_gpu.instance.events import (
     BACKEND_KEY, HANDLE_KEY, PLACEMENT_KEY, PREEMPTION_POOL_KEY, PREEMPTIONS_KEY, RELAY_CHANNEL_KEY, Launch, launches, outcome_recorded,
 )
-from dagster_gpu.instance.relay_channel import RELAY_ENV
+from dagster_gpu.instance.relay_channel import RELAY_ENV, relay_env
 from dagster_gpu.instance.relay_storage import seed_for
 from dagster_gpu.contracts import TERMINAL, Backend, StepLaunch, WorkerStatus, describe_partitions
 from dagster_gpu.executor.auto import auto_placement
@@ -180,7 +180,7 @@ class GpuStepHandler(StepHandler):
             seed = seed_for(ctx.instance, ctx.instance.get_run_by_id(run.run_id) or run,
                             dynamic={pdef: keys} if pdef and keys else None).encode()
             launch = dataclasses.replace(launch, argv=relay_worker_argv(launch.argv),
-                                         env={**launch.env, RELAY_ENV: json.dumps({"channel": channel, "seed": seed})})
+                                         env={**launch.env, RELAY_ENV: relay_env(channel, seed, backend.relay_storage_options())})
             self.relay.watch(channel, run.run_id, step_key, backend.read_channel)
         try:
             handle = backend.launch(launch)

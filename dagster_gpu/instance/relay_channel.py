@@ -2,7 +2,9 @@
 worker to store.
 
 One channel per launch of a step: an append-only file of JSON lines on a file system the worker writes and
-the run worker can read (the Slurm spool: on this host, or on the cluster and read over the SSH transport).
+the run worker can read (the Slurm spool: on this host, or on the cluster and read over the SSH transport), or,
+with ``slurm.relay_url``, the same lines as immutable parts under an object-store prefix
+(:mod:`dagster_gpu.instance.relay_objects`).
 Each line is one record, ``{"event": <serdes JSON of a dagster EventLogEntry>}``: an event the worker's instance
 stored (step start, each partition's materialization, check evaluations, log lines, engine events, step success
 or failure).
@@ -23,7 +25,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 from dagster._core.events.log import EventLogEntry
 from dagster._serdes import deserialize_value, serialize_value
@@ -33,6 +35,12 @@ from dagster_gpu.instance.events import OUTCOMES
 #: The step worker's environment variable naming its channel and carrying its seed (JSON, see
 #: :mod:`dagster_gpu.instance.relay_storage`). Present only for a worker launched with ``events: relay``.
 RELAY_ENV = "DAGSTER_GPU_RELAY"
+
+
+def relay_env(channel: str, seed: str, storage_options: Mapping[str, Any] | None = None) -> str:
+    """The value of :data:`RELAY_ENV`: JSON ``{"channel", "seed"}``, with ``"storage_options"`` (an object
+    channel's endpoint and the like; never credentials) when there are any."""
+    return json.dumps({"channel": channel, "seed": seed, **({"storage_options": dict(storage_options)} if storage_options else {})})
 
 
 class ChannelWriter:
@@ -130,6 +138,10 @@ def outcome_in_channel(path: str, step_keys: set[str]) -> bool:
     """Did one of ``step_keys`` write a step outcome (success, failure, up for retry) to the channel at ``path``?
     False when the channel does not exist. What a requeued array task checks before running a relayed step again
     (:mod:`dagster_gpu.slurm.requeue`): it cannot ask the instance."""
-    decoded = decode(read_from(path))
+    return step_outcome(decode(read_from(path)), step_keys)
+
+
+def step_outcome(decoded: Decoded, step_keys: set[str]) -> bool:
+    """Whether ``decoded`` holds a step outcome (success, failure, up for retry) of one of ``step_keys``."""
     return any(e.dagster_event is not None and e.dagster_event.event_type in OUTCOMES and e.step_key in step_keys
                for e in decoded.events)

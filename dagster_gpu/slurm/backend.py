@@ -27,6 +27,9 @@ Config (``execution: config: slurm:``)::
       extra_sbatch_args: ["--constraint=a100"] # appended as argv items, never through a shell
       env_files: ["~/.dagster-gpu.env"]        # KEY=VALUE secrets (mode 0600) loaded by each task
       python: /shared/venv/bin/python          # interpreter on the compute nodes (default: this one)
+      events: relay                            # tasks write their events to a channel the run worker reads
+      relay_url: s3://bucket/dagster-gpu-relay # …under this object-store prefix instead of the spool
+      relay_storage_options: {client_kwargs: {endpoint_url: "https://s3.example.org"}}   # no credentials
       gpu_types:                               # kinds of GPU in the slurm partition (default: none, untyped GRES)
         - {product: NVIDIA A100-SXM4-80GB, gres: a100, memory_gib: 80}
         - {product: NVIDIA H100 80GB HBM3, constraint: h100, memory_gib: 80}
@@ -95,6 +98,8 @@ from dagster_gpu.contracts import (
 )
 from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
 from dagster_gpu.instance.relay_channel import read_from as read_local_channel
+from dagster_gpu.instance.relay_objects import read_object_channel
+from dagster_gpu.instance.relay_parts import check_relay_settings, is_object_channel
 from dagster_gpu.instance.settings import config_field as settings_config_field
 from dagster_gpu.instance.settings import apply_renamed, from_section, renamed, setting
 from dagster_gpu.core.log_tail import log_tail
@@ -251,8 +256,18 @@ class SlurmSettings:
                "once. An expired token from rest_token_env fails at once.")
     events: str = setting("direct", "How the array tasks' events reach the Dagster instance: 'direct' (each task "
                                     "writes to the instance's database, so compute nodes reach it) or 'relay' (each task "
-                                    "appends them to a file in the spool that the run worker reads, over the transport "
-                                    "with ssh, and stores: compute nodes need no database access and no database password).")
+                                    "appends them to a file in the spool, or uploads them under relay_url, that the run worker "
+                                    "reads, over the transport with ssh, and stores: compute nodes need no database access "
+                                    "and no database password).")
+    relay_url: str | None = setting(None, "events relay: an fsspec URL (e.g. s3://bucket/dagster-gpu-relay) under "
+                                          "which each task writes its channel as immutable parts, read by the run "
+                                          "worker from the object store instead of the spool (for transport rest "
+                                          "where this host sees no spool files). Credentials come from each side's "
+                                          "provider chain, never from this config.")
+    relay_storage_options: Mapping[str, Any] = setting(
+        default_factory=dict, show_default=False,
+        description="events relay with relay_url: fsspec storage options for it on both sides, e.g. "
+                    "{client_kwargs: {endpoint_url: https://s3.example.org}}; no key, secret, token or password.")
     worker_python: str | None = setting(
         None, "The array task's step worker Python (a path the compute nodes see, e.g. a venv on the shared "
               "filesystem); default: the executor-wide worker_python if set, else the code location's interpreter.")
@@ -285,6 +300,8 @@ class SlurmSettings:
         object.__setattr__(self, "ssh_forward_env", tuple(self.ssh_forward_env))
         if self.events not in ("direct", "relay"):
             raise ValueError(f"gpu_executor config slurm.events: {self.events!r} is not 'direct' or 'relay'")
+        object.__setattr__(self, "relay_storage_options", dict(self.relay_storage_options or {}))
+        check_relay_settings(self.events, self.relay_url, self.relay_storage_options)
         if self.signal_lead_seconds is not None and not 0 < int(self.signal_lead_seconds) <= 65535:
             raise ValueError(f"gpu_executor config slurm.signal_lead_seconds: {self.signal_lead_seconds} is not in "
                              "1..65535 (sbatch --signal's sig_time)")
@@ -522,23 +539,33 @@ class SlurmBackend(Backend):
         return WorkerState(st.status, st.exit_code, st.message, abandoned=abandoned)
 
     def relay_channel(self, launch: StepLaunch) -> str | None:
-        """With ``events: relay``: the task's channel, ``<spool the tasks see>/relay/<run id>/<digest>.jsonl``, the
-        digest over the step key, attempt and preemptions (no key or user text in a path). None with ``direct``."""
+        """With ``events: relay``: the task's channel, ``<spool the tasks see>/relay/<run id>/<digest>.jsonl``, or
+        with ``relay_url`` the object channel ``<relay_url>/<run id>/<digest>`` (a prefix of parts); the digest
+        over the step key, attempt and preemptions (no key or user text in a path). None with ``direct``."""
         if self.settings.events == "direct":
             return None
-        remote = getattr(getattr(self.client, "transport", None), "remote_spool", None)
-        root = remote or str(self.spool.root)
         digest = hashlib.sha256(f"{launch.step_key}\0{launch.attempt}\0{launch.preemptions}".encode()).hexdigest()[:20]
         run = launch.run_id if re.fullmatch(r"[A-Za-z0-9-]{1,64}", launch.run_id) else hashlib.sha256(launch.run_id.encode()).hexdigest()[:32]
+        if self.settings.relay_url:
+            return f"{self.settings.relay_url.rstrip('/')}/{run}/{digest}"
+        remote = getattr(getattr(self.client, "transport", None), "remote_spool", None)
+        root = remote or str(self.spool.root)
         return f"{root}/relay/{run}/{digest}.jsonl"
 
     def read_channel(self, path: str, offset: int) -> bytes:
-        """Relay channel ``path`` from byte ``offset``: over the transport when the spool the tasks write is on
-        the cluster (``transport: ssh``), else from this host's spool. b"" while the task has not written it."""
+        """Relay channel ``path`` from byte ``offset``: from the object store for a URL (``relay_url``), over the
+        transport when the spool the tasks write is on the cluster (``transport: ssh``), else from this host's
+        spool. b"" while the task has not written it."""
+        if is_object_channel(path):
+            return read_object_channel(path, offset, self.settings.relay_storage_options)
         transport = getattr(self.client, "transport", None)
         if getattr(transport, "remote_spool", None):
             return transport.read_from(path, offset)
         return read_local_channel(path, offset)
+
+    def relay_storage_options(self) -> Mapping[str, Any]:
+        """``relay_storage_options`` when the channels are on an object store (``relay_url``), else {}."""
+        return dict(self.settings.relay_storage_options) if self.settings.relay_url else {}
 
     def _task_log(self, batch: str, task: int) -> str:
         """Where array task ``task`` of ``batch`` writes its log (``sbatch --output``): under the spool the

@@ -6,8 +6,8 @@ An array task that Slurm requeued (``SLURM_RESTART_COUNT`` >= 1, e.g. after pree
     <worker python> -m dagster_gpu.slurm.requeue <step key> -- <worker argv...>
 
 This module reads the run's event log (the instance named in the step args of
-``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS``; for a relayed step, ``events: relay``, the task's relay channel on the
-spool, since the task cannot reach the instance): when the step already recorded an outcome in an earlier attempt
+``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS``; for a relayed step, ``events: relay``, the task's relay channel in the
+spool or on the object store, since the task cannot reach the instance): when the step already recorded an outcome in an earlier attempt
 it exits 0 without running anything; otherwise it rewrites the step args with
 ``should_verify_step=False`` and ``exec``s the worker argv. The earlier attempt is dead (Slurm requeues only
 after killing it), so the duplicate-run guard of ``dagster api execute_step`` would only stop the
@@ -26,7 +26,8 @@ from dagster import DagsterInstance
 from dagster._record import copy
 
 from dagster_gpu.instance.events import outcome_recorded
-from dagster_gpu.instance.relay_channel import RELAY_ENV, outcome_in_channel
+from dagster_gpu.instance.relay_channel import RELAY_ENV
+from dagster_gpu.instance.relay_objects import outcome_in_any_channel
 from dagster_gpu.instance.step_args import ENV_VAR, decode_step_args, encode_step_args
 
 #: This module's name, which the Slurm backend puts in each manifest entry (``requeue_module``) for the
@@ -41,7 +42,8 @@ def prepare_requeued_attempt(env: MutableMapping[str, str], step_key: str | None
     args = decode_step_args(env[ENV_VAR])
     keys = args.step_keys_to_execute or ([step_key] if step_key else [])
     if RELAY_ENV in env:  # the relay worker never applies the duplicate-run guard; only the channel can tell
-        return not outcome_in_channel(str(json.loads(env[RELAY_ENV])["channel"]), set(keys))
+        relay = json.loads(env[RELAY_ENV])
+        return not outcome_in_any_channel(str(relay["channel"]), set(keys), relay.get("storage_options"))
     with DagsterInstance.from_ref(args.instance_ref) as instance:
         if outcome_recorded(instance, args.run_id, keys):
             return False

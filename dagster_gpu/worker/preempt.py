@@ -31,6 +31,7 @@ import signal
 import sys
 import threading
 import time
+from typing import Callable
 
 from dagster_gpu.slurm.self_requeue import requeue_after_warning
 
@@ -124,6 +125,17 @@ def _dagster_keeps_off(signals: tuple[int, ...]):
     return undo
 
 
+#: What :func:`exit_preempted` runs before ``os._exit`` (e.g. the relay writer's last upload), in order.
+_BEFORE_EXIT: list[Callable[[], None]] = []
+
+
+def before_exit_preempted(fn: Callable[[], None]) -> Callable[[], None]:
+    """Run ``fn`` in :func:`exit_preempted` before the process ends (no ``finally`` runs there): e.g. upload what
+    a relay channel writer still buffers. Returns a function that removes it again."""
+    _BEFORE_EXIT.append(fn)
+    return lambda: _BEFORE_EXIT.remove(fn) if fn in _BEFORE_EXIT else None
+
+
 def exit_preempted(code: int = EXIT_PREEMPTED, signum: int | None = None) -> None:
     """Flush the logs and standard streams and end the process at once with ``code``: no ``finally`` block,
     atexit handler or Dagster step-outcome event runs after this (``os._exit``). ``signum``: the stop signal;
@@ -132,6 +144,11 @@ def exit_preempted(code: int = EXIT_PREEMPTED, signum: int | None = None) -> Non
     said = requeue_after_warning(signum)
     if said:
         print(f"dagster-gpu: {said}", file=sys.stderr)
+    for fn in list(_BEFORE_EXIT):
+        try:
+            fn()
+        except Exception as e:  # noqa: BLE001 - the process ends regardless; say why the hook failed
+            print(f"dagster-gpu: before exiting: {type(e).__name__}: {e}", file=sys.stderr)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
