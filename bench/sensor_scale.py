@@ -7,8 +7,11 @@ One process, every figure from the same run (the orchestration side only: nothin
 
 1. ``--files`` JSON Lines files of one record each under ``--root`` (default on /dev/shm, a tmpfs), 100 per
    directory, ``CorpusSource(recursive=True, group_buckets=--buckets)``;
-2. the listing alone (``list_files``: the first one also stores every bucket's group plan), then again (plans
-   kept, pointers only read);
+2. each full listing alone in a fresh process, to compare memory: ``list_files()`` (every file held, with its
+   bucket's members) and ``list_files(members=False)`` (streamed, spilled to disk by bucket: what the sensor's tick
+   lists), each storing its plans in a fresh directory: seconds, RSS before and peak during the listing, and the
+   growth between them (``--memory-only`` stops here); then, in this process, the listing alone (``list_files``: the
+   first one also stores every bucket's group plan), again (plans kept, pointers only read), and streamed;
 3. tick 1, first sight: the corpus sensor's evaluation (``build_sensor_context`` on the real instance) and its
    dynamic partition request applied (``add_dynamic_partitions``), timed apart; run requests and keys;
 4. every bucket recorded as materialized at its listed version: one runless ``AssetMaterialization`` per bucket
@@ -34,6 +37,7 @@ import os
 import gc
 import random
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -91,6 +95,41 @@ def timed(fn):
     return out, seconds, (before, max(peak[0], rss_mib()))
 
 
+#: One listing in a fresh process: its resident set (MiB) right before the listing and its peak during it, sampled
+#: every 10 ms.
+_LISTER = """
+import json, sys, threading, time
+import psutil
+from dagster_gpu import CorpusSource
+url, buckets, plans, members = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4] == "1"
+rss = lambda: psutil.Process().memory_info().rss / 2**20
+before, peak, stop = rss(), [0.0], threading.Event()
+def sample():
+    while not stop.wait(0.01):
+        peak[0] = max(peak[0], rss())
+threading.Thread(target=sample, daemon=True).start()
+t = time.perf_counter()
+n = len(CorpusSource(url=url, recursive=True, group_buckets=buckets, group_plan_url=plans).list_files(members=members))
+seconds = time.perf_counter() - t
+stop.set()
+print(json.dumps({"seconds": round(seconds, 3), "buckets": n, "before_mib": round(before, 1),
+                  "peak_mib": round(max(peak[0], rss()), 1)}))
+"""
+
+
+def listing_process(corpus: Path, buckets: int, members: bool, plans: Path) -> dict:
+    """A full listing of ``corpus`` (``list_files(members=...)``, plans stored in a fresh ``plans`` directory) alone in
+    a new process: its seconds, buckets, its RSS before the listing and at its peak during it (MiB), and the growth
+    (peak - before)."""
+    shutil.rmtree(plans, ignore_errors=True)
+    cp = subprocess.run([sys.executable, "-c", _LISTER, str(corpus), str(buckets), str(plans), "1" if members else "0"],
+                        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = json.loads(cp.stdout.strip().splitlines()[-1])
+    out["growth_mib"] = round(out["peak_mib"] - out["before_mib"], 1)
+    shutil.rmtree(plans, ignore_errors=True)
+    return out
+
+
 def requested_keys(result: dg.SensorResult, order: list[str]) -> list[str]:
     """The partition keys ``result``'s run requests cover (one key, or a range by Dagster's range tags)."""
     out: list[str] = []
@@ -107,6 +146,8 @@ def main() -> None:
     ap.add_argument("--changed", type=float, default=0.01, help="fraction of the files changed before tick 3")
     ap.add_argument("--root", type=Path, default=Path("/dev/shm/dagster-gpu-sensor-scale"))
     ap.add_argument("--out", default="sensor_scale.json", help="the run's figures, under bench/results/")
+    ap.add_argument("--memory-only", action="store_true",
+                    help="only the corpus and the two listings' processes (the full one and the streamed one)")
     a = ap.parse_args()
     reason = H.postgres_unavailable_reason()
     if reason:
@@ -119,6 +160,14 @@ def main() -> None:
         return out
 
     step("generate", lambda: make_corpus(a.root / "corpus", a.files))
+    for kind, members in (("full", True), ("streamed", False)):  # each listing alone in its own process
+        res[f"listing_{kind}_process"] = listing_process(a.root / "corpus", a.buckets, members, a.root / f"plans-{kind}")
+        print(json.dumps({f"listing_{kind}_process": res[f"listing_{kind}_process"]}), flush=True)
+    if a.memory_only:
+        print(json.dumps(res), flush=True)
+        (REPO / "bench" / "results" / a.out).write_text(json.dumps(res, indent=1) + "\n")
+        shutil.rmtree(a.root, ignore_errors=True)
+        return
     home, _env = H.make_dagster_home()
     os.environ["DAGSTER_HOME"] = str(home)
     os.environ.setdefault("DAGSTER_PG_PASSWORD", (H.PG_DIR / "password").read_text().strip())
@@ -130,6 +179,7 @@ def main() -> None:
 
     groups = step("listing_first", corpus.list_files)
     step("listing_again", corpus.list_files)
+    step("listing_streamed", lambda: corpus.list_files(members=False))  # what the sensor's tick lists
     res["partitions"] = len(groups)
     res["files_listed"] = sum(len(g.members) for g in groups)
     # what this bench needs of the listing later, kept small: the ticks are measured without it in memory

@@ -53,7 +53,7 @@ def list_partitions(corpus: CorpusSource) -> list[tuple[str, int]]:
     """``(partition key, size in bytes)`` of each file of ``corpus``, sorted by key: the asset's partition keys
     (:meth:`CorpusSource.list_files`, the listing the corpus sensor and ``dagster-gpu backfill`` register).
     Raises CorpusNotFound (a FileNotFoundError) when the corpus URL does not exist."""
-    return [(f.key, f.size_bytes) for f in corpus.list_files()]
+    return [(f.key, f.size_bytes) for f in corpus.list_files(members=False)]
 
 
 def _parser() -> argparse.ArgumentParser:

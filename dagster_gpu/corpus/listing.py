@@ -5,7 +5,7 @@ from __future__ import annotations
 import fnmatch
 import posixpath
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, Mapping, Sequence
 
@@ -45,7 +45,9 @@ class CorpusFile:
             of its files', ``mtime`` the latest of theirs and ``version`` :func:`dagster_gpu.corpus.groups.group_version`
             of their versions.
         members: for a bucket, its files (each a whole-file CorpusFile with its own key and source version), sorted
-            by key; () otherwise.
+            by key; () otherwise, and () for a bucket of a listing that keeps no members
+            (``list_files(members=False)``).
+        file_count: for a bucket, how many files it holds (``len(members)`` when they are kept); 0 otherwise.
     """
 
     key: str
@@ -59,6 +61,7 @@ class CorpusFile:
     file_bytes: int = 0
     group: Group | None = None
     members: tuple["CorpusFile", ...] = ()
+    file_count: int = 0
 
     @property
     def doc_key(self) -> str:
@@ -157,18 +160,51 @@ class CorpusSource:
         fs, root = fsspec.core.url_to_fs(self.url, **dict(self.storage_options))
         return fs, root.rstrip("/")
 
-    def list_files(self) -> list[CorpusFile]:
+    def list_files(self, members: bool = True) -> list[CorpusFile]:
         """All corpus files, sorted by key; a file above ``shard_bytes`` as its shards (see :meth:`shards_of`); with
         ``group_buckets``, the non-empty buckets instead (see :meth:`groups_of`), each bucket's member list then
-        stored in the group plan directory (``group_plan_url``) for the work units. Raises CorpusNotFound if the URL
-        does not exist, CorpusUnreadable when the store answers with an error."""
+        stored in the group plan directory (``group_plan_url``) for the work units. With ``group_buckets`` and
+        ``members=False``, the listing streams (:mod:`dagster_gpu.corpus.group_listing`: memory for the buckets, not
+        for every file) and the buckets come without their ``members`` (``file_count`` says how many; the plans
+        hold them). Raises CorpusNotFound if the URL does not exist, CorpusUnreadable when the store answers with an
+        error."""
         started = time.time()
+        if self.group_buckets is not None and not members:
+            return self._stream_groups(started)
         files = self._list(None)
         if self.group_buckets is None:
             return files
         groups = self.groups_of(files)
         self._store_group_plans(groups, started)
         return groups
+
+    def _stream_groups(self, started: float) -> list[CorpusFile]:
+        """:meth:`list_files` of a file-grouped corpus without members, in bounded memory: the entries stream
+        (:func:`dagster_gpu.corpus.stream.iter_entries`), the files spill to disk by bucket
+        (:func:`dagster_gpu.corpus.bucket_spill.by_bucket`), and each spill file's buckets are assembled (one file per
+        key, the later entry kept, as :meth:`_list` keeps it), their plans stored, then kept without members."""
+        from dagster_gpu.corpus.bucket_spill import by_bucket
+        from dagster_gpu.corpus.stream import iter_entries
+
+        n = int(self.group_buckets)
+        out: list[CorpusFile] = []
+        try:
+            fs, root = self.filesystem()
+            if not fs.exists(root):
+                raise CorpusNotFound(f"corpus {self.url!r} does not exist")
+            files = (f for path, info in iter_entries(fs, root, self.recursive)
+                     if (f := self.entry_file(fs, root, path, info)) is not None)
+            rows = ((bucket_of(f.relative_name, n), [f.key, f.uri, f.relative_name, f.size_bytes, f.mtime, f.version])
+                    for f in files)
+            for grouped in by_bucket(rows, n):
+                groups = [self._bucket(b, list({r[0]: CorpusFile(*r) for r in rs}.values())) for b, rs in grouped.items()]
+                self._store_group_plans(groups, started)
+                out += [replace(g, members=()) for g in groups]
+        except CorpusNotFound:
+            raise
+        except Exception as e:  # noqa: BLE001 - as in _list
+            raise _unreadable(f"corpus {self.url!r} cannot be listed", e) from e
+        return sorted(out, key=lambda g: g.key)
 
     def groups_of(self, files: Sequence[CorpusFile]) -> list[CorpusFile]:
         """``files`` (whole files) as the non-empty buckets of ``group_buckets``, sorted by key, each with its files
@@ -190,7 +226,7 @@ class CorpusSource:
         return CorpusFile(key=key, uri=self.url.rstrip("/") or self.url, relative_name=key,
                           size_bytes=sum(m.size_bytes for m in members), mtime=max(m.mtime for m in members),
                           version=group_version({m.key: m.version for m in members}), group=Group(index, n),
-                          members=members)
+                          members=members, file_count=len(members))
 
     def _plan_source(self):
         """(plan directory, its PlanSource) of this corpus's file group plans, or None without a directory."""
@@ -256,18 +292,9 @@ class CorpusSource:
             raise _unreadable(f"corpus {self.url!r} cannot be listed", e) from e
         out: dict[str, CorpusFile] = {}
         for path, info in entries.items():
-            if info.get("type") != "file" and info.get("islink"):
-                info = _followed(fs, path)  # a symbolic link counts as the file it points to
-            if info.get("type") != "file":
-                continue
-            rel = posixpath.relpath(path, root)
-            base = posixpath.basename(rel)
-            if any(part.startswith(_IGNORED_PREFIXES) for part in rel.split("/")):
-                continue
-            if not fnmatch.fnmatchcase(base, self.pattern):
-                continue
-            key = partition_key_for(rel)
-            out[key] = _file(fs, path, key, rel, info)
+            f = self.entry_file(fs, root, path, info)
+            if f is not None:
+                out[f.key] = f
         listed: dict[str, CorpusFile] = {}
         for k in sorted(out):
             f = out[k]
@@ -277,6 +304,22 @@ class CorpusSource:
             for s in self.shards_of(f, fs):
                 listed[s.key] = s
         return [listed[k] for k in sorted(listed)]
+
+    def entry_file(self, fs, root: str, path: str, info: Mapping[str, Any]) -> CorpusFile | None:
+        """The corpus file behind one listing entry (``path`` and its fsspec ``info``, under ``root``), or None when
+        it is not one: not a file (a symbolic link counts as the file it points to; a broken one is none), under a
+        name starting with ``.`` or ``_`` (:data:`_IGNORED_PREFIXES`), or not matching ``pattern``."""
+        if info.get("type") != "file" and info.get("islink"):
+            info = _followed(fs, path)
+        if info.get("type") != "file":
+            return None
+        rel = posixpath.relpath(path, root)
+        if any(part.startswith(_IGNORED_PREFIXES) for part in rel.split("/")):
+            return None
+        if not fnmatch.fnmatchcase(posixpath.basename(rel), self.pattern):
+            return None
+        key = partition_key_for(rel)
+        return _file(fs, path, key, rel, info)
 
     def _cut(self, f: CorpusFile) -> bool:
         """Whether ``f`` is above ``shard_bytes`` and of a kind that can be cut (its plan may still be one shard)."""

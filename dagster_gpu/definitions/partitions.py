@@ -112,7 +112,7 @@ def register_corpus_files(instance: dg.DagsterInstance, asset: dg.AssetsDefiniti
     """
     pdef = dynamic_partitions_def(asset)
     known = set(instance.get_dynamic_partitions(pdef.name))
-    new = [f.key for f in corpus.list_files() if f.key not in known]
+    new = [f.key for f in corpus.list_files(members=False) if f.key not in known]
     if new:
         instance.add_dynamic_partitions(pdef.name, new)
     return new
@@ -187,7 +187,7 @@ def prune_partitions(
     has no ``dagster_gpu/output_url`` metadata.
     """
     pdef = dynamic_partitions_def(asset)
-    present = {f.key for f in (corpus.list_files() if files is None else files)}
+    present = {f.key for f in (corpus.list_files(members=False) if files is None else files)}
     gone = [k for k in instance.get_dynamic_partitions(pdef.name) if k not in present]
     if gone:
         in_progress = partition_status(instance, asset)[2]
@@ -244,7 +244,7 @@ def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
     dynamic."""
     pdef = dynamic_partitions_def(asset)
     keys = list(instance.get_dynamic_partitions(pdef.name))
-    current = {f.key: f.version for f in (corpus.list_files() if files is None else files)}
+    current = {f.key: f.version for f in (corpus.list_files(members=False) if files is None else files)}
     recorded = recorded_versions(instance, asset.key)
     in_progress = partition_status(instance, asset)[2]
     from dagster_gpu.definitions.assets import CONFIG_METADATA_KEY
@@ -295,7 +295,7 @@ def bridged_selection(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, 
         return list(keys)
     all_keys = list(instance.get_dynamic_partitions(dynamic_partitions_def(asset).name))
     try:
-        files = (corpus or corpus_of(asset)).list_files()
+        files = (corpus or corpus_of(asset)).list_files(members=False)
     except (CorpusNotFound, CorpusUnreadable, NoCorpus):
         return list(keys)
     materialized, failed, in_progress = partition_status(instance, asset)

@@ -103,7 +103,7 @@ def corpus_sensor(
                     + (f" (held up to {max_delay_seconds:g} s for a unit {target_useful_fraction:.0%} useful)." if max_delay_seconds is not None else "."),
     )
     def _sensor(context: dg.SensorEvaluationContext):
-        files = corpus.list_files()
+        files = corpus.list_files(members=False)  # a file-grouped corpus streams: the plans keep the members
         if prune:
             _prune(context, asset, corpus, files, output_storage_options)
         registered = list(context.instance.get_dynamic_partitions(pdef.name))
@@ -319,7 +319,7 @@ def backfill_missing_schedule(
         found = set()
         files = None
         if stale:
-            files = (corpus or corpus_of(asset)).list_files()
+            files = (corpus or corpus_of(asset)).list_files(members=False)
             found = set(partition_staleness(context.instance, asset, corpus or corpus_of(asset), files=files).stale_keys)
             todo = [k for k in keys if k in found or k in set(todo)]
         given_up: list[str] = []
@@ -366,6 +366,6 @@ def _listing_or_empty(corpus: CorpusSource | None) -> list[CorpusFile]:
     if corpus is None:
         return []
     try:
-        return corpus.list_files()
+        return corpus.list_files(members=False)
     except (CorpusNotFound, CorpusUnreadable):
         return []

@@ -193,7 +193,7 @@ def corpus_updates(corpus_key: dg.AssetKey, files: Sequence[CorpusFile],
             continue
         tags = {DATA_VERSION_TAG: f.version}
         md = {"corpus/file": f.uri, "corpus/size_bytes": int(f.size_bytes), SOURCE_VERSION_KEY: f.version,
-              **({"corpus/files": len(f.members)} if f.group is not None else {}),
+              **({"corpus/files": f.file_count} if f.group is not None else {}),
               **({"corpus/modified_at": dg.MetadataValue.timestamp(f.mtime)} if f.mtime else {})}
         events += [dg.AssetObservation(corpus_key, partition=f.key, tags=tags, metadata=md),
                    dg.AssetMaterialization(corpus_key, partition=f.key, tags=tags, metadata=md)]

@@ -1,0 +1,63 @@
+"""A corpus root's listing as a stream of entries, so that a listing of a million objects is never held at once.
+
+:func:`iter_entries` yields the same ``(path, fsspec info)`` pairs as ``fs.find(root, detail=True, withdirs=False)``
+(``maxdepth`` 1 unless recursive), in pieces:
+
+- **S3** (s3fs): page by page of ``ListObjectsV2`` (1,000 keys a page; ``ListObjectVersions`` on a version-aware
+  filesystem), through s3fs's own ``_iterdir``, which fills each entry's info exactly as its ``find`` does
+  (``_fill_info``: ``name``, ``size``, ``ETag``, ``LastModified``, ``type``). ``Delimiter`` is ``/`` when not recursive
+  (the objects directly under the prefix), none when recursive (every object under it, in one flat listing, as
+  s3fs's ``find`` lists).
+- **any other store** (a local directory): directory by directory, through ``fs.walk(detail=True)``, which is what
+  fsspec's own ``find`` iterates: at most one directory's entries are held.
+
+The stream holds at most ``page_items`` entries (S3) or one directory's (other stores); what the caller keeps of them
+is up to it (:mod:`dagster_gpu.corpus.group_listing` keeps the buckets only).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+#: Entries fetched per call into s3fs's event loop (ListObjectsV2 returns up to 1,000 keys a page).
+PAGE_ITEMS = 1000
+
+
+def iter_entries(fs, root: str, recursive: bool, page_items: int = PAGE_ITEMS) -> Iterator[tuple[str, dict[str, Any]]]:
+    """``(path, info)`` of every file under ``root`` (a path without protocol), directly under it unless
+    ``recursive``, in the store's order. Raises what the store raises (the caller names the corpus)."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol in ("s3", "s3a") and hasattr(fs, "_iterdir"):
+        yield from _s3_entries(fs, root, recursive, page_items)
+        return
+    for _dir, _dirs, files in fs.walk(root, maxdepth=None if recursive else 1, detail=True):
+        for info in files.values():
+            yield info["name"], info
+
+
+def _s3_entries(fs, root: str, recursive: bool, page_items: int) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The objects under ``root`` from s3fs's ``_iterdir``, ``page_items`` per trip into its event loop."""
+    from fsspec.asyn import sync
+
+    bucket, key, _version = fs.split_path(root)
+    prefix = key.strip("/") + "/" if key.strip("/") else ""
+    pages = fs._iterdir(bucket, delimiter="" if recursive else "/", prefix=prefix)
+
+    async def take() -> tuple[list[dict], bool]:
+        out: list[dict] = []
+        while len(out) < page_items:
+            try:
+                out.append(await pages.__anext__())
+            except StopAsyncIteration:
+                return out, True
+        return out, False
+
+    try:
+        done = False
+        while not done:
+            batch, done = sync(fs.loop, take)
+            for info in batch:
+                if info.get("type") == "file":
+                    yield info["name"], info
+    finally:
+        sync(fs.loop, pages.aclose)
