@@ -17,7 +17,8 @@ import pytest
 
 from dagster_gpu.index.lance import VectorIndex, is_commit_conflict
 from dagster_gpu.index.rows import (
-    IndexSchemaError, index_rows, ivf_partitions, partition_filter, recall_at_k, schema_difference, sql_string,
+    IndexSchemaError, default_nprobes, index_rows, ivf_partitions, partition_filter, recall_at_k, schema_difference,
+    sql_string,
 )
 from tests.index_helpers import output_rows, write_output
 
@@ -48,6 +49,9 @@ def test_schema_difference_and_sizes():
     assert schema_difference(a, a) == []
     assert schema_difference(a, b) == ["extra column 'y'", "column 'x' is int32, the table's is int64"]
     assert ivf_partitions(0) == 1 and ivf_partitions(15_217) == 4 and ivf_partitions(10_000, "IVF_PQ") == 40
+    # a third of the lists, never fewer than LanceDB's 20: unchanged up to ~240,000 rows, 83 of 247 at 1,010,000
+    assert [default_nprobes(n) for n in (0, 100_000, 240_000, 300_000, 1_010_000)] == [20, 20, 20, 25, 83]
+    assert default_nprobes(100_000, "IVF_PQ") == 131  # 391 lists of 256 rows
     assert recall_at_k([[1, 2, 3]], [[3, 4, 1]], 3) == pytest.approx(2 / 3)
 
 
@@ -105,6 +109,9 @@ def test_search_exact_and_ann_agree_and_fingerprints_listed(tmp_path):
     ix.replace_partition("p9", index_rows(output_rows(2500, 16, pk="p9", fingerprint="fp1-a", vectors=big)[0], "p9", "fp1-a"))
     assert ix.ensure_ann_index(min_rows=1000) == "rebuilt"  # 2550 rows out of the index > 10 % of 2400: trained again
     assert ix.open().index_stats(ix.ann_index().name).num_unindexed_rows == 0
+    tbl = ix.open()
+    assert ix._default_nprobes(tbl) == default_nprobes(tbl.index_stats(ix.ann_index().name).num_indexed_rows) == 20
+    assert ix._nprobes == (tbl.version, 20)  # looked up once per table version
     ix.delete_partition("p9")
     assert ix.fingerprints() == {"fp1-a": {"rows": 1850, "lineage": {"model": "m"}}}
     q = rng.standard_normal((20, 16))

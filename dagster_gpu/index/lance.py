@@ -33,7 +33,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_rand
 
 from dagster_gpu.index.rows import (
     DEFAULT_MAX_UNINDEXED_FRACTION, FINGERPRINT_COLUMN, KEY_COLUMNS, PARTITION_COLUMN, IndexSchemaError, ann_action,
-    ivf_partitions, partition_filter, schema_difference, sql_string,
+    default_nprobes, ivf_partitions, partition_filter, schema_difference, sql_string,
 )
 
 log = logging.getLogger(__name__)
@@ -100,6 +100,7 @@ class VectorIndex:
         self.retry_max_wait_s = retry_max_wait_s
         self._db = None
         self._lineage_known: set[str] = set()  # fingerprints this object saw in the sidecar (never deleted there)
+        self._nprobes: tuple[int, int | None] | None = None  # (table version, its default_nprobes) last looked up
 
     def __repr__(self) -> str:
         return f"VectorIndex({self.uri!r}, table={self.table_name!r})"
@@ -271,8 +272,10 @@ class VectorIndex:
                refine_factor: int | None = DEFAULT_REFINE_FACTOR) -> pa.Table:
         """The ``k`` rows nearest ``vector`` (cosine distance, column ``_distance``), restricted to one
         ``fingerprint`` when given (prefiltered). ``exact``: flat search, the ANN index bypassed. Raises
-        LookupError naming the table when it does not exist. ``nprobes``, ``ef``: the ANN query's IVF lists
-        searched and HNSW candidates (LanceDB's defaults when None); ``refine_factor``: the ANN candidates
+        LookupError naming the table when it does not exist. ``nprobes``: the ANN query's IVF lists searched (None:
+        :func:`dagster_gpu.index.rows.default_nprobes` of the rows the index covers, a third of its lists and at
+        least 20, looked up once per table version); ``ef``: its HNSW candidates (LanceDB's default when None);
+        ``refine_factor``: the ANN candidates
         re-ranked with the stored vectors, ``refine_factor`` × ``k`` of them (at least 1 × ``k``; default
         :data:`DEFAULT_REFINE_FACTOR`; ``ef`` is raised to ``k`` × ``refine_factor`` when below it, since Lance
         refuses fewer HNSW candidates than the rows it is asked for).
@@ -293,6 +296,7 @@ class VectorIndex:
         if exact:
             q = q.bypass_vector_index()
         else:
+            nprobes = nprobes or self._default_nprobes(tbl)
             if nprobes:
                 q = q.nprobes(int(nprobes))
             refine = max(1, int(refine_factor or 1))
@@ -300,6 +304,17 @@ class VectorIndex:
                 q = q.ef(max(int(ef), int(k) * refine))
             q = q.refine_factor(refine)
         return q.to_arrow()
+
+    def _default_nprobes(self, tbl) -> int | None:
+        """:func:`default_nprobes` for ``tbl``'s vector index (None without one: LanceDB's default applies), from its
+        statistics, looked up again only when the table's version changed."""
+        version = int(tbl.version)
+        if self._nprobes is None or self._nprobes[0] != version:
+            ix = next((i for i in tbl.list_indices() if VECTOR_COLUMN in list(i.columns)), None)
+            kind = "IVF_PQ" if ix is not None and "PQ" in str(ix.index_type).upper() else "IVF_HNSW_SQ"
+            n = default_nprobes(int(tbl.index_stats(ix.name).num_indexed_rows), kind) if ix is not None else None
+            self._nprobes = (version, n)
+        return self._nprobes[1]
 
     # -- ANN index ------------------------------------------------------------------------------------------
     def ann_index(self):
