@@ -164,7 +164,7 @@ class CorpusSource:
         """All corpus files, sorted by key; a file above ``shard_bytes`` as its shards (see :meth:`shards_of`); with
         ``group_buckets``, the non-empty buckets instead (see :meth:`groups_of`), each bucket's member list then
         stored in the group plan directory (``group_plan_url``) for the work units. With ``group_buckets`` and
-        ``members=False``, the listing streams (:mod:`dagster_gpu.corpus.group_listing`: memory for the buckets, not
+        ``members=False``, the listing streams (:mod:`dagster_gpu.corpus.bucket_spill`: memory for the buckets, not
         for every file) and the buckets come without their ``members`` (``file_count`` says how many; the plans
         hold them). Raises CorpusNotFound if the URL does not exist, CorpusUnreadable when the store answers with an
         error."""

@@ -12,7 +12,7 @@
   fsspec's own ``find`` iterates: at most one directory's entries are held.
 
 The stream holds at most ``page_items`` entries (S3) or one directory's (other stores); what the caller keeps of them
-is up to it (:mod:`dagster_gpu.corpus.group_listing` keeps the buckets only).
+is up to it (:meth:`dagster_gpu.corpus.listing.CorpusSource.list_files` with ``members=False`` keeps the buckets only).
 """
 
 from __future__ import annotations
