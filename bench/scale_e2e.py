@@ -207,13 +207,15 @@ def materialization_figures(instance: dg.DagsterInstance, asset_key: dg.AssetKey
 
 
 def run_times(runs, t0: float) -> dict:
-    """Seconds from ``t0`` to the runs' creation, first start and last end (run records), and their outcomes."""
+    """Seconds from ``t0`` to the runs' creation (the last one's), first and last start and last end (run
+    records), and their outcomes."""
     created = [r.create_timestamp.timestamp() for r in runs]
     starts = [r.start_time for r in runs if r.start_time]
     ends = [r.end_time for r in runs if r.end_time]
     return {"runs": len(runs), "runs_succeeded": sum(r.dagster_run.status == dg.DagsterRunStatus.SUCCESS for r in runs),
             "all_runs_created_s": round(max(created) - t0, 2) if created else None,
             "first_run_started_s": round(min(starts) - t0, 2) if starts else None,
+            "last_run_started_s": round(max(starts) - t0, 2) if starts else None,
             "last_run_ended_s": round(max(ends) - t0, 2) if ends else None}
 
 
