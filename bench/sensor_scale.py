@@ -75,6 +75,26 @@ def make_corpus(root: Path, files: int) -> None:
         p.write_text(json.dumps({"text": f"document {i}: notes on topic {i * 7 % 9973}"}) + "\n")
 
 
+def change_files(root: Path, files: int, fraction: float, *, replace: bool = False, seed: int = 1) -> list[int]:
+    """Change ``fraction`` of the corpus's files (a seeded sample; their indices returned, sorted): each gets a
+    new record after its own (``replace`` False) or its one record replaced by a changed text (``replace``), and
+    its mtime moved 5 s on (a version that differs however coarse the clock)."""
+    changed = sorted(random.Random(seed).sample(range(files), int(files * fraction)))
+    for i in changed:
+        p = path_of(root, i)
+        new = json.dumps({"text": f"document {i}: a new paragraph"}) + "\n"
+        p.write_text(new if replace else p.read_text() + new)
+        later = p.stat().st_mtime + 5
+        os.utime(p, (later, later))
+    return changed
+
+
+def buckets_holding(members: dict[str, list[str]], changed: list[int]) -> set[str]:
+    """The bucket keys of ``members`` (key -> its files' relative names) holding one of the files ``changed``."""
+    names = {str(path_of(Path(""), i)) for i in changed}
+    return {k for k, rels in members.items() if any(r in names for r in rels)}
+
+
 def timed(fn):
     """``(fn(), seconds, (RSS before, peak RSS while it ran) in MiB)``; the peak sampled every 20 ms."""
     before, peak, stop = rss_mib(), [0.0], threading.Event()
@@ -205,14 +225,8 @@ def main() -> None:
 
         step("record_materializations", record)
         res["tick2_keys_requested"] = len(requested_keys(step("tick2", tick), order))
-        changed = sorted(random.Random(1).sample(range(a.files), int(a.files * a.changed)))
-        for i in changed:
-            p = path_of(a.root / "corpus", i)
-            p.write_text(p.read_text() + json.dumps({"text": f"document {i}: a new paragraph"}) + "\n")
-            later = p.stat().st_mtime + 5
-            os.utime(p, (later, later))
-        names = {str(path_of(Path(""), i)) for i in changed}
-        expected = {k for k, rels in members.items() if any(r in names for r in rels)}
+        changed = change_files(a.root / "corpus", a.files, a.changed)
+        expected = buckets_holding(members, changed)
         t3 = step("tick3", tick)
         got = set(requested_keys(t3, order))
         res.update(tick3_ratio_vs_listing=round(res["tick3_s"] / res["listing_again_s"], 3),

@@ -1,6 +1,9 @@
-"""Whether a process still runs, for tests that kill or terminate workers."""
+"""Processes for tests and benches: whether one still runs (tests that kill or terminate workers), a free local
+port to start a server on."""
 
 from __future__ import annotations
+
+import socket
 
 import psutil
 
@@ -16,3 +19,10 @@ def alive(proc: int | psutil.Process) -> bool:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now (the OS's pick; free until someone binds it)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

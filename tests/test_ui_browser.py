@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -22,6 +21,8 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
+
+from tests.process_helpers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 KEY_FIGURES = ("embedding/rows", "embedding/texts_per_second", "gpu/utilization_mean_percent",
@@ -38,12 +39,6 @@ def _chromium() -> str:
             pytest.fail(msg)
         pytest.skip(msg)
     return path
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _metadata(gpu: bool, rows: int) -> dict:
@@ -97,7 +92,7 @@ def test_asset_page_plots_key_figures_in_chromium(tmp_path, monkeypatch):
             instance.report_runless_asset_event(ev)
         for pk, gpu, rows in (("gpu_part", True, 1200), ("cpu_part", False, 300)):
             instance.report_runless_asset_event(dg.AssetMaterialization("ui_embeddings", partition=pk, metadata=_metadata(gpu, rows)))
-    port = _free_port()
+    port = free_port()
     log = open(tmp_path / "webserver.log", "wb")
     server = subprocess.Popen(
         [sys.executable, "-m", "dagster_webserver", "-w", str(tmp_path / "workspace.yaml"), "-h", "127.0.0.1", "-p", str(port)],
