@@ -157,6 +157,46 @@ def test_a_relayed_units_channel_is_read_before_its_bill_and_a_failed_read_defer
     assert order == ["read 5", "bill 5"]
 
 
+def test_a_sweep_leaves_a_relayed_unit_of_a_running_run_to_its_own_run_worker(tmp_path):
+    """Another run worker's sweep (at its exit, or the bills sensor) finds a relayed unit of a run that is still going:
+    that unit's materializations reach the instance only when its own run worker reads the channel, so a bill
+    written now would be split as if nothing were materialized. The sweep leaves it, unclaimed; once the run has
+    finished, a sweep bills it (its run worker may be gone). Seen in CI as a unit of the ssh relay test with no
+    bill: another run worker's exit sweep took it first, and the run had no asset to put the share on."""
+    import dagster as dg
+
+    from dagster_gpu.executor.bill_writer import ObservationWriter
+    from dagster_gpu.instance.relay_channel import RELAY_ENV
+    from dagster_gpu.instance.step_args import ENV_VAR, encode_step_args
+    from dagster._grpc.types import ExecuteStepArgs
+
+    backend, _client = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
+    batch = _batch(backend, 29, 10, done=True)
+    with dg.instance_for_test() as instance:
+        from tests.test_compat_paths import noop_job
+
+        run = instance.create_run_for_job(noop_job, status=dg.DagsterRunStatus.STARTED)
+        args = ExecuteStepArgs(job_origin=dg.reconstructable(noop_job).get_python_origin(), run_id=run.run_id,
+                               step_keys_to_execute=["noop"], instance_ref=instance.get_ref())
+        env = {ENV_VAR: encode_step_args(args), RELAY_ENV: '{"channel": "/spool/relay/c.jsonl", "seed": ""}'}
+        writer = ObservationWriter()
+        relayed = UnitBill(gpu_seconds=3.0, rate_usd_per_gpu_hour=1.0, metadata={}, env=env)
+        direct = UnitBill(gpu_seconds=3.0, rate_usd_per_gpu_hour=1.0, metadata={}, env={ENV_VAR: env[ENV_VAR]})
+        assert writer.ready(direct) is True and writer.ready(relayed) is False  # the run is STARTED
+        rec = _Recorder()
+        settler = Settler(write=rec, background=False, ready=lambda bill: writer.ready(relayed))
+        assert settler.settle(backend, _slurm_handle(backend, batch, 29, 7), ended=True) is False
+        assert not (backend.spool.batch_dir(batch) / "reconciled" / "7.json").exists() and rec.bills == []
+        # its own run worker, which tracks it with its relay hook, bills it whatever the run's state
+        own = Settler(write=rec, background=False, ready=lambda bill: False)
+        own.track(backend, _slurm_handle(backend, batch, 29, 7), lambda: None)
+        assert own.settle(backend, _slurm_handle(backend, batch, 29, 7)) is True and len(rec.bills) == 1
+        instance.report_run_failed(instance.get_run_by_id(run.run_id))
+        assert writer.ready(relayed) is True  # the run ended: a sweep may bill what is left
+        assert settler.settle(backend, _slurm_handle(backend, batch, 29, 8), ended=True) is True
+        writer.close()
+
+
 def test_the_sweep_polls_for_job_arrays_no_process_saw_end(tmp_path):
     """Every run worker exited while sacct had no final records (slurmdbd down), so no poll marked the job
     array done; the bills sensor's sweep is then the only process left to poll, and it must."""

@@ -64,6 +64,20 @@ class ObservationWriter:
                 self._instances[key] = dg.DagsterInstance.from_ref(args.instance_ref)
             return self._instances[key]
 
+    def ready(self, bill: UnitBill) -> bool:
+        """Whether ``bill`` may be written by a process that did not run its unit's step: False for a relayed unit
+        (``DAGSTER_GPU_RELAY`` in ``bill.env``: its events reach the instance only when its run worker reads its
+        channel) whose run has not finished, since its materializations may not be stored yet and the bill would
+        be split as if none were; that run worker bills the unit itself once the channel is read to the end (or a
+        later sweep, once the run ended). True otherwise. Raises what the instance raises."""
+        from dagster_gpu.instance.relay_channel import RELAY_ENV
+
+        args = step_args_from_env(bill.env) if not bill.empty and RELAY_ENV in bill.env else None
+        if args is None:
+            return True
+        run = self.instance_for(args).get_run_by_id(args.run_id)
+        return run is None or run.is_finished
+
     def write(self, bill: UnitBill) -> int:
         """Write the observations of the unit launched with worker environment ``bill.env``; returns how many
         (0 for an empty bill, or an environment that names no step). Raises what the instance raises."""

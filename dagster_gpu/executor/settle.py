@@ -21,7 +21,8 @@ When: the step handler tracks every handle it launches or re-attaches to (:meth:
 handler stops health-checking a step once its outcome is in the event log, usually before its worker
 process (and so its Slurm task or pod) has ended, so a daemon thread settles tracked units once a second
 and, every 5 s, the units that ``Backend.unsettled()`` lists (ended units of any orchestrating process
-that nobody settled: a run worker exited or was killed first). At interpreter exit, :meth:`Settler.finish`
+that nobody settled: a run worker exited or was killed first; a relayed unit of a run still going is left to its
+own run worker, which reads its channel before billing it). At interpreter exit, :meth:`Settler.finish`
 waits up to each backend's ``settle_wait_s`` for the units it launched to end and be billed; what is still
 not billed then (a long sacct lag, slurmdbd down) is settled later by another process's sweep. Exactly one
 bill per unit across processes: ``elect_bill_writer`` decides.
@@ -56,12 +57,16 @@ class Settler:
         sweep_s: seconds between two sweeps of ``Backend.unsettled()``.
         background: start the daemon thread and the exit hook at the first :meth:`track` (False: the caller
             drives :meth:`settle`, :meth:`pass_once` and :meth:`finish` itself).
+        ready: whether a unit a sweep found, and this process does not track with a ``before_bill`` hook, may be
+            billed now (default: :meth:`ObservationWriter.ready`: not a relayed unit whose run is still going, whose
+            own run worker bills it once it read the unit's channel to the end; every unit with ``write`` given).
     """
 
     def __init__(self, write: Callable[[UnitBill], int] | None = None, pass_s: float = 1.0, sweep_s: float = 5.0,
-                 background: bool = True):
+                 background: bool = True, ready: Callable[[UnitBill], bool] | None = None):
         self._writer = ObservationWriter() if write is None else None
         self._write = write or self._writer.write  # type: ignore[union-attr]
+        self._ready = ready or (self._writer.ready if self._writer is not None else (lambda bill: True))
         self.pass_s = pass_s
         self.sweep_s = sweep_s
         self._tracked: dict[tuple[str, str], tuple[Backend, Handle]] = {}
@@ -119,6 +124,8 @@ class Settler:
                     bill = backend.accounting(handle)
                     if bill is None:
                         return False
+                    if ended and key not in self._before_bill and not self._ready(bill):
+                        return False  # another live process relays this unit's events: it bills the unit
                     if not backend.elect_bill_writer(handle) or bill.empty:
                         self._before_bill.pop(key, None)
                         return True
