@@ -175,7 +175,7 @@ def test_a_file_rewritten_in_place_waits_for_the_next_full_listing(listed, tmp_p
 @pytest.mark.parametrize("damage", ["missing", "corrupt", "foreign", "tables missing"])
 def test_a_missing_corrupt_or_foreign_snapshot_means_a_full_listing(listed, tmp_path, damage):
     src, root = listed
-    path = state_path(src._identity().digest)
+    path = state_path(src._identity().digest)[0]
     assert os.path.exists(path)
     if damage == "missing":
         os.unlink(path)
@@ -200,11 +200,17 @@ def test_a_missing_corrupt_or_foreign_snapshot_means_a_full_listing(listed, tmp_
     assert src.list_buckets()[1].kind == "incremental"  # rebuilt
 
 
-def test_without_dagster_home_every_listing_is_full(listed, tmp_path, monkeypatch):
+def test_without_dagster_home_or_a_writable_snapshot_directory_every_listing_is_full(listed, tmp_path, monkeypatch):
     src, root = listed
     monkeypatch.delenv("DAGSTER_HOME")
     groups, report = src.list_buckets()
     assert report.kind == "full" and "DAGSTER_HOME" in report.why
+    assert _summaries(groups) == _summaries(_full(src, tmp_path))
+    (tmp_path / "other" / "dagster_gpu").mkdir(parents=True)
+    (tmp_path / "other" / "dagster_gpu" / "listing_state").write_text("a file where the directory goes")
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "other"))
+    groups, report = src.list_buckets()
+    assert report.kind == "full" and "cannot be created" in report.why
     assert _summaries(groups) == _summaries(_full(src, tmp_path))
 
 

@@ -112,14 +112,24 @@ class ListingReport:
             return (f"incremental listing in {self.seconds:.2f} s: {self.dirs_checked} directories checked, "
                     f"{self.dirs_read} read; {self.added} file(s) added, {self.changed} changed, {self.removed} removed; "
                     f"{self.buckets_assembled} of {self.buckets} bucket(s) assembled; {self.files} file(s)")
-        return (f"full listing in {self.seconds:.2f} s ({self.why}): {self.dirs_read} directories read, "
-                f"{self.files} file(s) in {self.buckets} bucket(s)")
+        dirs = f"{self.dirs_read} directories read, " if self.dirs_read else ""
+        return f"full listing in {self.seconds:.2f} s ({self.why}): {dirs}{self.files} file(s) in {self.buckets} bucket(s)"
 
 
-def state_path(source_digest: str) -> str | None:
-    """``$DAGSTER_HOME/dagster_gpu/listing_state/<source_digest>.sqlite``, or None when ``DAGSTER_HOME`` is unset."""
+def state_path(source_digest: str) -> tuple[str | None, str]:
+    """(``$DAGSTER_HOME/dagster_gpu/listing_state/<source_digest>.sqlite``, "") with its directory created, or (None,
+    why) when ``DAGSTER_HOME`` is unset or the directory cannot be created or written (every listing is then full)."""
     home = os.environ.get("DAGSTER_HOME")
-    return os.path.join(home, "dagster_gpu", "listing_state", f"{source_digest}.sqlite") if home else None
+    if not home:
+        return None, "no snapshot without DAGSTER_HOME"
+    where = os.path.join(home, "dagster_gpu", "listing_state")
+    try:
+        os.makedirs(where, exist_ok=True)
+    except OSError as e:
+        return None, f"snapshot directory {where} cannot be created: {type(e).__name__}: {e}"
+    if not os.access(where, os.W_OK | os.X_OK):
+        return None, f"snapshot directory {where} cannot be written"
+    return os.path.join(where, f"{source_digest}.sqlite"), ""
 
 
 def grouped_listing(fs, root: str, *, recursive: bool, source: Sequence[Any], path: str, interval_s: float,
@@ -202,7 +212,7 @@ def _read_dir(fs, root: str, rel: str, recursive: bool, entry_row) -> tuple[int,
     taken before the read, -1 when racy (:data:`RACY_S`) or unreadable (read again next time, as ``fs.walk`` omits a
     directory it cannot read). Subdirectories named ``.*`` or ``_*`` are not followed (no file under them is listed)."""
     full = posixpath.join(root, rel) if rel else root
-    began_ns = int(_clock() * 1e9)
+    began_ns = time.time_ns()  # the file system's clock, not the interval's (:data:`_clock`)
     mtime_ns = _mtime_ns(full)
     if mtime_ns is None:
         return -1, [], []
@@ -228,7 +238,6 @@ def _read_dir(fs, root: str, rel: str, recursive: bool, entry_row) -> tuple[int,
 # -- full listing -------------------------------------------------------------------------------------------------
 def _full(fs, root, recursive, source, path, started, why, entry_row, bucket_of, on_buckets):
     """Every directory read into a new snapshot, which replaces the one at ``path`` once every bucket is handed over."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     con = sqlite3.connect(tmp, isolation_level=None)
     dirs_read = 0

@@ -219,11 +219,10 @@ class CorpusSource:
         if self.group_buckets is None:
             raise ValueError(f"CorpusSource({self.url!r}) has no group_buckets")
         started, t0 = time.time(), time.perf_counter()
-        path = None if self.full_listing_interval_seconds is None else state_path(self._identity().digest)
+        path, why = ((None, "full_listing_interval_seconds not set") if self.full_listing_interval_seconds is None
+                     else state_path(self._identity().digest))
         if path is None:
             groups = self._stream_groups(started)
-            why = ("full_listing_interval_seconds not set" if self.full_listing_interval_seconds is None
-                   else "no snapshot without DAGSTER_HOME")
             return groups, ListingReport("full", why, seconds=round(time.perf_counter() - t0, 3),
                                          files=sum(g.file_count for g in groups), buckets=len(groups),
                                          buckets_assembled=len(groups))
