@@ -214,6 +214,15 @@ def test_without_dagster_home_or_a_writable_snapshot_directory_every_listing_is_
     assert _summaries(groups) == _summaries(_full(src, tmp_path))
 
 
+def test_a_file_name_that_is_not_utf8_means_full_listings_without_a_snapshot(listed, tmp_path):
+    src, root = listed
+    with open(os.path.join(os.fsencode(root / "shelf-0"), b"bad-\xff.json"), "w") as fh:
+        fh.write(json.dumps({"text": "a name in Latin-1"}) + "\n")
+    groups, report = src.list_buckets()
+    assert report.kind == "full" and "not UTF-8" in report.why
+    assert _summaries(groups) == _summaries(_full(src, tmp_path)) and report.files == 26
+
+
 def test_a_flat_corpus_reads_only_its_root(tmp_path):
     root = tmp_path / "corpus"
     _tree(root)

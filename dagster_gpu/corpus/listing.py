@@ -221,12 +221,15 @@ class CorpusSource:
         started, t0 = time.time(), time.perf_counter()
         path, why = ((None, "full_listing_interval_seconds not set") if self.full_listing_interval_seconds is None
                      else state_path(self._identity().digest))
-        if path is None:
-            groups = self._stream_groups(started)
-            return groups, ListingReport("full", why, seconds=round(time.perf_counter() - t0, 3),
-                                         files=sum(g.file_count for g in groups), buckets=len(groups),
-                                         buckets_assembled=len(groups))
-        return self._incremental_groups(path, started)
+        if path is not None:
+            try:
+                return self._incremental_groups(path, started)
+            except UnicodeEncodeError as e:  # a file name that is not UTF-8 (a surrogate escape) cannot go to SQLite
+                why = f"no snapshot: a file name is not UTF-8 ({e.reason})"
+        groups = self._stream_groups(started)
+        return groups, ListingReport("full", why, seconds=round(time.perf_counter() - t0, 3),
+                                     files=sum(g.file_count for g in groups), buckets=len(groups),
+                                     buckets_assembled=len(groups))
 
     def _identity(self):
         """This corpus's :class:`dagster_gpu.corpus.group_plans.PlanSource` (what its buckets' membership depends on)."""
@@ -235,7 +238,8 @@ class CorpusSource:
         return PlanSource(self.url, self.pattern, self.recursive, int(self.group_buckets))
 
     def _incremental_groups(self, path: str, started: float):
-        """:meth:`list_buckets` through the snapshot at ``path`` (:func:`dagster_gpu.corpus.incremental.grouped_listing`)."""
+        """:meth:`list_buckets` through the snapshot at ``path`` (:func:`dagster_gpu.corpus.incremental.grouped_listing`).
+        Raises UnicodeEncodeError for a file name SQLite cannot store (not UTF-8: the caller lists without a snapshot)."""
         from dagster_gpu.corpus.incremental import grouped_listing
 
         n = int(self.group_buckets)
@@ -253,7 +257,7 @@ class CorpusSource:
             rows, report = grouped_listing(fs, root, recursive=self.recursive, source=self._identity().fields, path=path,
                                            interval_s=float(self.full_listing_interval_seconds), entry_row=entry,
                                            bucket_of=lambda rel: bucket_of(rel, n), on_buckets=on_buckets)
-        except CorpusNotFound:
+        except (CorpusNotFound, UnicodeEncodeError):
             raise
         except Exception as e:  # noqa: BLE001 - as in _list
             raise _unreadable(f"corpus {self.url!r} cannot be listed", e) from e
