@@ -241,7 +241,9 @@ def test_a_flat_corpus_reads_only_its_root(tmp_path):
 
 @pytest.mark.parametrize("kw, words", [
     ({"group_buckets": None}, "needs group_buckets"),
-    ({"url": "s3://bucket/docs"}, "only a local directory"),
+    ({"url": "s3://bucket/docs"}, "only with append_only_keys=True"),
+    ({"url": "gs://bucket/docs"}, "only a local directory"),
+    ({"append_only_keys": True}, "append_only_keys applies to an S3 corpus"),
     ({"full_listing_interval_seconds": 0}, "> 0"),
     ({"full_listing_interval_seconds": 50_000}, "half of group_plan_max_age_seconds"),
 ])
@@ -270,3 +272,53 @@ def test_the_sensor_logs_which_listing_ran(listed, tmp_path, capfd):
     assert len(lines) == 2, lines
     assert "full listing" in lines[0] and "(no snapshot)" in lines[0] and "25 file(s) in 7 bucket(s)" in lines[0]
     assert "incremental listing" in lines[1] and "7 directories checked, 0 read" in lines[1]
+
+
+@pytest.mark.parametrize("recursive", [True, False])
+def test_on_s3_with_append_only_keys_a_listing_reads_only_the_keys_after_the_last_one(s3, tmp_path, monkeypatch,
+                                                                                     recursive):
+    endpoint, client = s3
+    bucket = s3.bucket(f"dgpu-incremental-{int(recursive)}")
+
+    def put(key: str, text: str) -> None:
+        client.put_object(Bucket=bucket, Key=f"corpus/{key}", Body=(json.dumps({"text": text}) + "\n").encode())
+
+    for i in range(20):
+        put(f"2026-12-01-doc-{i:03d}.json", f"doc {i}")
+    put("2026-12-01-sub/doc-sub.json", "below the prefix's top level")
+    opts = {"client_kwargs": {"endpoint_url": endpoint}}
+    src = CorpusSource(url=f"s3://{bucket}/corpus", pattern="*.json", recursive=recursive, group_buckets=5,
+                       storage_options=opts, group_plan_url=f"s3://{bucket}/plans", full_listing_interval_seconds=3600,
+                       append_only_keys=True)
+
+    def full():
+        return replace(src, full_listing_interval_seconds=None, append_only_keys=False,
+                       group_plan_url=f"s3://{bucket}/ref").list_files(members=False)
+
+    groups, report = src.list_buckets()
+    assert report.kind == "full" and report.files == (21 if recursive else 20)
+    assert _summaries(groups) == _summaries(full())
+    groups, report = src.list_buckets()
+    assert report.kind == "incremental"
+    assert report.after_key == ("corpus/2026-12-01-sub/doc-sub.json" if recursive else "corpus/2026-12-01-doc-019.json")
+    assert (report.added, report.buckets_assembled) == (0, 0) and _summaries(groups) == _summaries(full())
+    for i in range(3):  # the next day's drop: keys after every earlier one
+        put(f"2026-12-02-doc-{i:03d}.json", f"new doc {i}")
+    groups, report = src.list_buckets()
+    assert report.kind == "incremental" and report.added == 3 and "keys after" in report.describe()
+    assert _summaries(groups) == _summaries(full())
+    touched = sorted({group_key(bucket_of(f"2026-12-02-doc-{i:03d}.json", 5), 5) for i in range(3)})
+    assert report.buckets_assembled == len(touched)
+    forget_group_plans()
+    resolved = src.files_for_keys(touched)  # from the plans this listing stored
+    assert {k: f.version for k, f in resolved.items()} == {g.key: g.version for g in groups if g.key in touched}
+    # what this mode cannot see until the next full listing: an earlier key, an overwritten object
+    put("2026-11-30-late.json", "late")
+    put("2026-12-01-doc-000.json", "overwritten")
+    before = _summaries(groups)
+    groups, report = src.list_buckets()
+    assert report.added == 0 and _summaries(groups) == before != _summaries(full())
+    later = time.time() + 3601
+    monkeypatch.setattr(incremental, "_clock", lambda: later)
+    groups, report = src.list_buckets()
+    assert report.kind == "full" and _summaries(groups) == _summaries(full())

@@ -1,4 +1,5 @@
-"""Incremental listing of a file-grouped local corpus: directories whose mtime did not change are not read again.
+"""Incremental listing of a file-grouped corpus: local directories whose mtime did not change are not read again,
+S3 keys before the last one seen are not listed again.
 
 With ``CorpusSource(group_buckets=N, full_listing_interval_seconds=S)`` on a local directory, a listing without
 members (what the corpus sensor's tick lists) keeps a **snapshot** of what it saw in one SQLite file on the lister's
@@ -9,8 +10,8 @@ disk (:func:`state_path`: ``$DAGSTER_HOME/dagster_gpu/listing_state/<PlanSource 
 - ``files``: each corpus file (key, uri, relative name, size in bytes, mtime in seconds, source version, its
   directory, its bucket);
 - ``buckets``: each non-empty bucket (index, group version, file count, bytes, latest mtime);
-- ``meta``: the format, the corpus (:class:`~dagster_gpu.corpus.group_plans.PlanSource` fields) and when the
-  last full listing started (seconds since the epoch).
+- ``meta``: the format, the corpus (:class:`~dagster_gpu.corpus.group_plans.PlanSource` fields), when the
+  last full listing started (seconds since the epoch) and, in key order mode, the greatest key listed.
 
 :func:`grouped_listing` makes a **full** listing (every directory read, the snapshot rebuilt into a new file that
 replaces the old one) when there is no snapshot, when it is unreadable, corrupt or of another corpus or format, or
@@ -26,13 +27,21 @@ buckets' rows, one changed directory's entries and one touched bucket's members;
 What this relies on (POSIX, ``<sys/stat.h>`` and the ``open``/``link``/``unlink``/``rename``/``mkdir``/``rmdir``
 pages of The Open Group Base Specifications Issue 7, "Upon successful completion, ... shall mark for update the
 last data modification and last file status change timestamps of the parent directory"): creating, removing or
-renaming an entry in a directory updates that directory's mtime; **writing to a file does not** (``write`` marks
+renaming an entry in a directory updates that directory's mtime (Linux's inode(7): the last modification
+timestamp of a directory "is changed by the creation or deletion of files in that directory"); **writing to a file
+does not** (``write`` marks
 only the file's own timestamps). So:
 
 - a file written to a temporary name and renamed over its final name (atomic writers, most tools, ``rsync``,
   ``cp`` to a new name), a new file, a deleted file, a new or removed subdirectory: seen at the next tick;
 - a file **rewritten in place** (the same directory entry: ``>>`` append, ``open(..., "r+")``, ``truncate``) and a
   file behind a symbolic link that changes: seen at the next full listing, at most ``S`` seconds later.
+
+**Key order mode** (an S3 prefix with ``CorpusSource.append_only_keys``, where there are no directory mtimes): the
+snapshot also keeps the greatest key listed (``meta.last_key``), and an incremental listing lists only the keys
+after it (``ListObjectsV2`` ``StartAfter``, :func:`dagster_gpu.corpus.stream.iter_entries_after`) and adds them. It
+holds for corpora whose new keys sort after every key already there (date-prefixed drops); a new key that sorts
+earlier, an object overwritten in place or deleted is seen at the next full listing, at most ``S`` seconds later.
 
 A directory's mtime is only as fine as the kernel's timestamp clock (a few ms on Linux, coarser on some network
 file systems), so an entry added in the same tick as the stat before a read could keep the mtime the read saw. A
@@ -50,6 +59,7 @@ import stat
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
 #: The snapshot's format (any other is rebuilt by a full listing).
@@ -91,7 +101,8 @@ class ListingReport:
     listing 3700 s ago"``, ...; "" for an incremental one); ``seconds``: its wall time; ``dirs_checked``: directories
     stat'ed without being read; ``dirs_read``: directories read; ``files``: corpus files listed; ``added``,
     ``changed``, ``removed``: files of the diff (incremental only); ``buckets``: non-empty buckets;
-    ``buckets_assembled``: buckets assembled (and their plans stored) by this listing."""
+    ``buckets_assembled``: buckets assembled (and their plans stored) by this listing; ``after_key``: in key order
+    mode (S3), the key an incremental listing listed after (None otherwise)."""
 
     kind: str
     why: str = ""
@@ -104,10 +115,15 @@ class ListingReport:
     removed: int = 0
     buckets: int = 0
     buckets_assembled: int = 0
+    after_key: str | None = None
 
     def describe(self) -> str:
         """One line for the tick log, e.g. ``incremental listing in 0.21 s: 300 directories checked, 1 read; 2
         file(s) added, 0 changed, 0 removed; 2 of 1024 bucket(s) assembled; 300000 file(s)``."""
+        if self.kind == "incremental" and self.after_key is not None:
+            return (f"incremental listing in {self.seconds:.2f} s: keys after {self.after_key!r}; {self.added} file(s) "
+                    f"added, {self.changed} changed; {self.buckets_assembled} of {self.buckets} bucket(s) assembled; "
+                    f"{self.files} file(s)")
         if self.kind == "incremental":
             return (f"incremental listing in {self.seconds:.2f} s: {self.dirs_checked} directories checked, "
                     f"{self.dirs_read} read; {self.added} file(s) added, {self.changed} changed, {self.removed} removed; "
@@ -135,6 +151,7 @@ def state_path(source_digest: str) -> tuple[str | None, str]:
 def grouped_listing(fs, root: str, *, recursive: bool, source: Sequence[Any], path: str, interval_s: float,
                     entry_row: Callable[[str, Mapping[str, Any]], FileRow | None], bucket_of: Callable[[str], int],
                     on_buckets: Callable[[Mapping[int, list[FileRow]]], Mapping[int, tuple]],
+                    entries_after: Callable[[str | None], Iterable[tuple[str, str, Mapping[str, Any]]]] | None = None,
                     ) -> tuple[list[BucketRow], ListingReport]:
     """The non-empty buckets of the corpus under local directory ``root`` (sorted by index), full or incremental
     (see the module doc), with the snapshot at ``path`` (its directory created if missing).
@@ -144,18 +161,29 @@ def grouped_listing(fs, root: str, *, recursive: bool, source: Sequence[Any], pa
     ``bucket_of(relative name)``: its bucket; ``on_buckets({index: [FileRow, ...]})``: called with each bucket
     assembled (all of them in a full listing, in batches; the touched ones in an incremental one), members sorted
     by key, before the snapshot is committed: it stores their plans and returns each one's ``(group version, file
-    count, size in bytes, latest mtime)``. Raises what reading the corpus or ``on_buckets`` raises (the snapshot is then left as it was); a
+    count, size in bytes, latest mtime)``. ``entries_after``: for a store without directory mtimes whose keys only
+    grow in order (S3), the **key order** mode: ``entries_after(None)`` gives every entry, ``entries_after(k)`` those
+    whose key sorts after ``k``, each as ``(key, path, info)``; an incremental listing then lists only the keys after
+    the last one seen (a new key that sorts earlier, an overwritten or deleted object: seen at the next full
+    listing). Raises what reading the corpus or ``on_buckets`` raises (the snapshot is then left as it was); a
     snapshot that cannot be read or written is rebuilt, never raised."""
     t0 = time.perf_counter()
     started = _clock()
     why = _full_due(path, source, started, interval_s)
     if why is None:
         try:
-            rows, report = _incremental(fs, root, recursive, path, entry_row, bucket_of, on_buckets)
+            if entries_after is not None:
+                rows, report = _incremental_after(path, entries_after, entry_row, bucket_of, on_buckets)
+            else:
+                rows, report = _incremental(fs, root, recursive, path, entry_row, bucket_of, on_buckets)
             return rows, _timed(report, t0)
         except sqlite3.Error as e:
             why = f"snapshot unusable: {type(e).__name__}: {e}"
-    rows, report = _full(fs, root, recursive, source, path, started, why, entry_row, bucket_of, on_buckets)
+    if entries_after is not None:
+        fill = partial(_fill_keys, entries=entries_after(None), entry_row=entry_row, bucket_of=bucket_of)
+    else:
+        fill = partial(_fill_dirs, fs=fs, root=root, recursive=recursive, entry_row=entry_row, bucket_of=bucket_of)
+    rows, report = _full(source, path, started, why, fill, on_buckets)
     return rows, _timed(report, t0)
 
 
@@ -236,27 +264,21 @@ def _read_dir(fs, root: str, rel: str, recursive: bool, entry_row) -> tuple[int,
 
 
 # -- full listing -------------------------------------------------------------------------------------------------
-def _full(fs, root, recursive, source, path, started, why, entry_row, bucket_of, on_buckets):
-    """Every directory read into a new snapshot, which replaces the one at ``path`` once every bucket is handed over."""
+def _full(source, path, started, why, fill, on_buckets):
+    """A new snapshot filled by ``fill(con) -> (directories read, meta rows)``, every bucket assembled from it; it
+    replaces the one at ``path`` once every bucket is handed over."""
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
     con = sqlite3.connect(tmp, isolation_level=None)
-    dirs_read = 0
     try:
         con.executescript("PRAGMA journal_mode=OFF; PRAGMA synchronous=OFF;" + _SCHEMA)
         con.execute("BEGIN")
-        todo = [""]
-        while todo:
-            rel = todo.pop()
-            mtime_ns, files, subdirs = _read_dir(fs, root, rel, recursive, entry_row)
-            dirs_read += 1
-            con.execute("INSERT INTO dirs VALUES (?, ?, ?)", (rel, None if rel == "" else _parent(rel), mtime_ns))
-            _insert_files(con, files, rel, bucket_of)
-            todo += subdirs
+        dirs_read, meta = fill(con)
         for statement in filter(str.strip, _INDEXES.split(";")):
             con.execute(statement)
         rows = _assemble(con, _all_buckets(con), on_buckets)
         con.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                        [("format", str(FORMAT)), ("source", json.dumps(list(source))), ("full_started_at", repr(started))])
+                        [("format", str(FORMAT)), ("source", json.dumps(list(source))), ("full_started_at", repr(started)),
+                         *meta])
         con.execute("COMMIT")
         con.execute("PRAGMA journal_mode=DELETE")
         con.close()
@@ -267,6 +289,52 @@ def _full(fs, root, recursive, source, path, started, why, entry_row, bucket_of,
         raise
     return rows, ListingReport("full", why, dirs_read=dirs_read, files=sum(r[2] for r in rows), buckets=len(rows),
                                buckets_assembled=len(rows))
+
+
+def _fill_dirs(con, *, fs, root, recursive, entry_row, bucket_of) -> tuple[int, list]:
+    """Every directory under ``root`` read into the snapshot (directory mode); (directories read, no meta)."""
+    dirs_read, todo = 0, [""]
+    while todo:
+        rel = todo.pop()
+        mtime_ns, files, subdirs = _read_dir(fs, root, rel, recursive, entry_row)
+        dirs_read += 1
+        con.execute("INSERT INTO dirs VALUES (?, ?, ?)", (rel, None if rel == "" else _parent(rel), mtime_ns))
+        _insert_files(con, files, rel, bucket_of)
+        todo += subdirs
+    return dirs_read, []
+
+
+def _fill_keys(con, *, entries, entry_row, bucket_of) -> tuple[int, list]:
+    """Every entry of ``entries`` (``(key, path, info)``) into the snapshot (key order mode); (0, the last key)."""
+    last = _insert_entries(con, entries, entry_row, bucket_of, None, set(), {"added": 0, "changed": 0})
+    return 0, [("last_key", last or "")]
+
+
+def _insert_entries(con, entries, entry_row, bucket_of, last: str | None, touched: set[int],
+                    counts: dict[str, int], chunk: int = 1000) -> str | None:
+    """``entries`` (``(key, path, info)``) inserted or replaced in the ``files`` table (directory ``""``), ``chunk``
+    at a time; their buckets ``touched``, ``counts`` of added and changed; returns the greatest key, ``last`` at least."""
+    rows: list[FileRow] = []
+
+    def flush() -> None:
+        known = {r for (r,) in con.execute(
+            f"SELECT rel FROM files WHERE rel IN ({','.join('?' * len(rows))})", [f[2] for f in rows])}
+        for f in rows:
+            counts["changed" if f[2] in known else "added"] += 1
+            touched.add(bucket_of(f[2]))
+        _insert_files(con, rows, "", bucket_of)
+        rows.clear()
+
+    for key, p, info in entries:
+        last = key if last is None or key > last else last
+        row = entry_row(p, info)
+        if row is not None:
+            rows.append(tuple(row))
+            if len(rows) >= chunk:
+                flush()
+    if rows:
+        flush()
+    return last
 
 
 def _unlink(p: str) -> None:
@@ -375,6 +443,34 @@ def _incremental(fs, root, recursive, path, entry_row, bucket_of, on_buckets):
         con.close()
     return rows, ListingReport("incremental", dirs_checked=checked, dirs_read=read, files=sum(r[2] for r in rows),
                                buckets=len(rows), buckets_assembled=len(touched), **counts)
+
+
+def _incremental_after(path, entries_after, entry_row, bucket_of, on_buckets):
+    """The snapshot brought up to date with the keys after the last one seen (key order mode), in one transaction."""
+    con = sqlite3.connect(path, isolation_level=None, timeout=60)
+    try:
+        con.execute("BEGIN IMMEDIATE")
+        try:
+            row = con.execute("SELECT v FROM meta WHERE k = 'last_key'").fetchone()
+            if row is None:
+                raise sqlite3.DatabaseError("snapshot without its last key")
+            after, touched, counts = row[0], set(), {"added": 0, "changed": 0}
+            last = _insert_entries(con, entries_after(after), entry_row, bucket_of, after, touched, counts)
+            con.execute("UPDATE meta SET v = ? WHERE k = 'last_key'", (last or "",))
+            _assemble(con, _members_of(con, touched), on_buckets)
+            rows = [tuple(r) for r in con.execute(
+                "SELECT bucket, version, file_count, size, mtime FROM buckets ORDER BY bucket")]
+            con.execute("COMMIT")
+        except BaseException:
+            try:
+                con.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+    finally:
+        con.close()
+    return rows, ListingReport("incremental", after_key=after, files=sum(r[2] for r in rows), buckets=len(rows),
+                               buckets_assembled=len(touched), **counts)
 
 
 def _drop_tree(con, rel: str, touched: set[int], counts: dict[str, int]) -> None:

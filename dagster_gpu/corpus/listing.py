@@ -130,14 +130,22 @@ class CorpusSource:
             is seen by the first full listing after it, at most this many seconds later. None (default): every
             listing is full. Without ``DAGSTER_HOME``, or with a snapshot that cannot be read, listings are full.
             At most half of ``group_plan_max_age_seconds`` (an incremental listing stores plans only for the buckets
-            that changed; the full listings keep the others' plans within their maximum age).
+            that changed; the full listings keep the others' plans within their maximum age). On S3 only with
+            ``append_only_keys``.
+        append_only_keys: with ``full_listing_interval_seconds`` on S3: the corpus's keys only grow in order (every
+            new object's key sorts after every key already there, e.g. date-prefixed drops), so an incremental
+            listing lists only the keys after the last one seen (``ListObjectsV2`` ``StartAfter``). The guarantee: a
+            new object whose key sorts after every earlier one is seen by the next listing; a new key that sorts
+            earlier, an object overwritten or deleted, is seen by the first full listing after it, at most
+            ``full_listing_interval_seconds`` later. A version-aware filesystem is always listed in full.
 
     Raises:
         ValueError: ``shard_bytes`` below 1, ``group_buckets`` not an integer >= 1, or both set (a bucket of whole
             files and a file cut into shards are opposite mappings: choose one per corpus),
             ``group_plan_max_age_seconds`` not above 0, ``full_listing_interval_seconds`` set without
-            ``group_buckets``, on a corpus that is not a local directory, not above 0 or above half of
-            ``group_plan_max_age_seconds``.
+            ``group_buckets``, on a corpus that is neither a local directory nor S3 with ``append_only_keys``, not
+            above 0 or above half of ``group_plan_max_age_seconds``; ``append_only_keys`` without both S3 and
+            ``full_listing_interval_seconds``.
     """
 
     url: str
@@ -151,6 +159,7 @@ class CorpusSource:
     group_plan_url: str | None = None
     group_plan_max_age_seconds: float | None = 86400.0
     full_listing_interval_seconds: float | None = None
+    append_only_keys: bool = False
 
     def __post_init__(self) -> None:
         if self.group_plan_max_age_seconds is not None and not float(self.group_plan_max_age_seconds) > 0:
@@ -170,6 +179,10 @@ class CorpusSource:
                     "(two CorpusSources with patterns that split the files work)")
         if self.full_listing_interval_seconds is not None:
             self._check_full_listing_interval()
+        if self.append_only_keys and (self.full_listing_interval_seconds is None or fsspec.utils.infer_storage_options(
+                self.url).get("protocol") not in ("s3", "s3a")):
+            raise ValueError(f"CorpusSource({self.url!r}).append_only_keys applies to an S3 corpus with "
+                             "full_listing_interval_seconds set")
 
     def _check_full_listing_interval(self) -> None:
         """Raises ValueError naming the corpus unless ``full_listing_interval_seconds`` can be used (see the class)."""
@@ -177,8 +190,13 @@ class CorpusSource:
         what = f"CorpusSource({self.url!r}).full_listing_interval_seconds={s!r}"
         if self.group_buckets is None:
             raise ValueError(f"{what} needs group_buckets: only a file-grouped corpus is listed incrementally")
-        if fsspec.utils.infer_storage_options(self.url).get("protocol") not in ("file", "local"):
-            raise ValueError(f"{what}: only a local directory is listed incrementally (by its directories' mtimes)")
+        protocol = fsspec.utils.infer_storage_options(self.url).get("protocol")
+        if protocol in ("s3", "s3a") and not self.append_only_keys:
+            raise ValueError(f"{what}: an S3 corpus is listed incrementally only with append_only_keys=True (its new "
+                             "keys sort after every key already there)")
+        if protocol not in ("file", "local", "s3", "s3a"):
+            raise ValueError(f"{what}: only a local directory (by its directories' mtimes) or an S3 prefix with "
+                             "append_only_keys=True is listed incrementally")
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not float(s) > 0:
             raise ValueError(f"{what} must be a number of seconds > 0 (or None)")
         if age is not None and float(s) > float(age) / 2:
@@ -221,6 +239,8 @@ class CorpusSource:
         started, t0 = time.time(), time.perf_counter()
         path, why = ((None, "full_listing_interval_seconds not set") if self.full_listing_interval_seconds is None
                      else state_path(self._identity().digest))
+        if path is not None and self.append_only_keys and getattr(self.filesystem()[0], "version_aware", False):
+            path, why = None, "a version-aware S3 filesystem is listed in full"
         if path is not None:
             try:
                 return self._incremental_groups(path, started)
@@ -256,7 +276,9 @@ class CorpusSource:
                                      else (f.key, f.uri, f.relative_name, f.size_bytes, f.mtime, f.version))
             rows, report = grouped_listing(fs, root, recursive=self.recursive, source=self._identity().fields, path=path,
                                            interval_s=float(self.full_listing_interval_seconds), entry_row=entry,
-                                           bucket_of=lambda rel: bucket_of(rel, n), on_buckets=on_buckets)
+                                           bucket_of=lambda rel: bucket_of(rel, n), on_buckets=on_buckets,
+                                           entries_after=partial(_s3_entries_after, fs, root, self.recursive)
+                                           if self.append_only_keys else None)
         except (CorpusNotFound, UnicodeEncodeError):
             raise
         except Exception as e:  # noqa: BLE001 - as in _list
@@ -537,6 +559,15 @@ class CorpusSource:
             raise CorpusNotFound(f"partition {file.key!r}: file {file.uri!r} is gone") from e
         except Exception as e:  # noqa: BLE001 - as in list_files
             raise _unreadable(f"partition {file.key!r}: file {file.uri!r} cannot be read", e) from e
+
+
+def _s3_entries_after(fs, root: str, recursive: bool, after: str | None):
+    """``(S3 key, path, info)`` of the objects under ``root``, all of them (``after`` None) or those whose key sorts
+    after ``after`` (:mod:`dagster_gpu.corpus.stream`)."""
+    from dagster_gpu.corpus.stream import iter_entries, iter_entries_after
+
+    entries = iter_entries(fs, root, recursive) if after is None else iter_entries_after(fs, root, recursive, after)
+    return ((p.split("/", 1)[1], p, info) for p, info in entries)
 
 
 def _share(shards, s: Shard, file_bytes: int) -> int:
