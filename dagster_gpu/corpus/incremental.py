@@ -58,6 +58,7 @@ import sqlite3
 import stat
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
@@ -398,68 +399,62 @@ def _assemble(con, buckets: Iterable[tuple[int, list[FileRow]]], on_buckets) -> 
 # -- incremental listing ------------------------------------------------------------------------------------------
 def _incremental(fs, root, recursive, path, entry_row, bucket_of, on_buckets):
     """The snapshot brought up to date, directory by directory (see the module doc), in one transaction."""
-    con = sqlite3.connect(path, isolation_level=None, timeout=60)
-    try:
-        con.execute("BEGIN IMMEDIATE")  # one lister at a time brings a snapshot up to date
-        try:
-            known = dict(con.execute("SELECT path, mtime_ns FROM dirs").fetchall())
-            todo, gone, checked = [], [], 0
-            for rel, mtime_ns in known.items():
-                now_ns = _mtime_ns(posixpath.join(root, rel) if rel else root)
-                if now_ns is None:
-                    if rel == "":
-                        raise FileNotFoundError(root)
-                    gone.append(rel)
-                elif now_ns == mtime_ns:
-                    checked += 1
-                else:
-                    todo.append(rel)
-            touched: set[int] = set()
-            counts = {"added": 0, "changed": 0, "removed": 0}
-            for rel in gone:
-                _drop_tree(con, rel, touched, counts)
-            read = 0
-            while todo:
-                rel = todo.pop()
-                mtime_ns, files, subdirs = _read_dir(fs, root, rel, recursive, entry_row)
-                read += 1
-                con.execute("INSERT OR REPLACE INTO dirs VALUES (?, ?, ?)", (rel, None if rel == "" else _parent(rel), mtime_ns))
-                _diff_files(con, rel, files, bucket_of, touched, counts)
-                had = {r for (r,) in con.execute("SELECT path FROM dirs WHERE parent = ?", (rel,))}
-                for sub in had - set(subdirs):
-                    _drop_tree(con, sub, touched, counts)
-                todo += [s for s in subdirs if s not in had]
-            _assemble(con, _members_of(con, touched), on_buckets)
-            rows = [tuple(r) for r in con.execute(
-                "SELECT bucket, version, file_count, size, mtime FROM buckets ORDER BY bucket")]
-            con.execute("COMMIT")
-        except BaseException:
-            try:
-                con.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
-    finally:
-        con.close()
+    with _transaction(path) as con:
+        known = dict(con.execute("SELECT path, mtime_ns FROM dirs").fetchall())
+        todo, gone, checked = [], [], 0
+        for rel, mtime_ns in known.items():
+            now_ns = _mtime_ns(posixpath.join(root, rel) if rel else root)
+            if now_ns is None:
+                if rel == "":
+                    raise FileNotFoundError(root)
+                gone.append(rel)
+            elif now_ns == mtime_ns:
+                checked += 1
+            else:
+                todo.append(rel)
+        touched: set[int] = set()
+        counts = {"added": 0, "changed": 0, "removed": 0}
+        for rel in gone:
+            _drop_tree(con, rel, touched, counts)
+        read = 0
+        while todo:
+            rel = todo.pop()
+            mtime_ns, files, subdirs = _read_dir(fs, root, rel, recursive, entry_row)
+            read += 1
+            con.execute("INSERT OR REPLACE INTO dirs VALUES (?, ?, ?)", (rel, None if rel == "" else _parent(rel), mtime_ns))
+            _diff_files(con, rel, files, bucket_of, touched, counts)
+            had = {r for (r,) in con.execute("SELECT path FROM dirs WHERE parent = ?", (rel,))}
+            for sub in had - set(subdirs):
+                _drop_tree(con, sub, touched, counts)
+            todo += [s for s in subdirs if s not in had]
+        rows = _settle(con, touched, on_buckets)
     return rows, ListingReport("incremental", dirs_checked=checked, dirs_read=read, files=sum(r[2] for r in rows),
                                buckets=len(rows), buckets_assembled=len(touched), **counts)
 
 
 def _incremental_after(path, entries_after, entry_row, bucket_of, on_buckets):
     """The snapshot brought up to date with the keys after the last one seen (key order mode), in one transaction."""
+    with _transaction(path) as con:
+        row = con.execute("SELECT v FROM meta WHERE k = 'last_key'").fetchone()
+        if row is None:
+            raise sqlite3.DatabaseError("snapshot without its last key")
+        after, touched, counts = row[0], set(), {"added": 0, "changed": 0}
+        last = _insert_entries(con, entries_after(after), entry_row, bucket_of, after, touched, counts)
+        con.execute("UPDATE meta SET v = ? WHERE k = 'last_key'", (last or "",))
+        rows = _settle(con, touched, on_buckets)
+    return rows, ListingReport("incremental", after_key=after, files=sum(r[2] for r in rows), buckets=len(rows),
+                               buckets_assembled=len(touched), **counts)
+
+
+@contextmanager
+def _transaction(path: str) -> Iterator[sqlite3.Connection]:
+    """The snapshot at ``path`` in a write transaction (``BEGIN IMMEDIATE``: one lister at a time brings a snapshot up
+    to date; waits up to 60 s), committed when the block ends, rolled back when it raises."""
     con = sqlite3.connect(path, isolation_level=None, timeout=60)
     try:
         con.execute("BEGIN IMMEDIATE")
         try:
-            row = con.execute("SELECT v FROM meta WHERE k = 'last_key'").fetchone()
-            if row is None:
-                raise sqlite3.DatabaseError("snapshot without its last key")
-            after, touched, counts = row[0], set(), {"added": 0, "changed": 0}
-            last = _insert_entries(con, entries_after(after), entry_row, bucket_of, after, touched, counts)
-            con.execute("UPDATE meta SET v = ? WHERE k = 'last_key'", (last or "",))
-            _assemble(con, _members_of(con, touched), on_buckets)
-            rows = [tuple(r) for r in con.execute(
-                "SELECT bucket, version, file_count, size, mtime FROM buckets ORDER BY bucket")]
+            yield con
             con.execute("COMMIT")
         except BaseException:
             try:
@@ -469,8 +464,12 @@ def _incremental_after(path, entries_after, entry_row, bucket_of, on_buckets):
             raise
     finally:
         con.close()
-    return rows, ListingReport("incremental", after_key=after, files=sum(r[2] for r in rows), buckets=len(rows),
-                               buckets_assembled=len(touched), **counts)
+
+
+def _settle(con, touched: set[int], on_buckets) -> list[BucketRow]:
+    """The ``touched`` buckets assembled again (:func:`_assemble`); then every non-empty bucket's row, by index."""
+    _assemble(con, _members_of(con, touched), on_buckets)
+    return [tuple(r) for r in con.execute("SELECT bucket, version, file_count, size, mtime FROM buckets ORDER BY bucket")]
 
 
 def _drop_tree(con, rel: str, touched: set[int], counts: dict[str, int]) -> None:
