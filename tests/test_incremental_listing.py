@@ -322,3 +322,28 @@ def test_on_s3_with_append_only_keys_a_listing_reads_only_the_keys_after_the_las
     monkeypatch.setattr(incremental, "_clock", lambda: later)
     groups, report = src.list_buckets()
     assert report.kind == "full" and _summaries(groups) == _summaries(full())
+
+
+def test_a_missing_corpus_is_named_with_or_without_a_snapshot(listed, tmp_path):
+    from dagster_gpu.corpus.listing import CorpusNotFound
+
+    src, root = listed
+    shutil.rmtree(root)
+    with pytest.raises(CorpusNotFound, match="corpus"):
+        src.list_buckets()
+    with pytest.raises(CorpusNotFound):
+        replace(src, url=str(tmp_path / "never")).list_files(members=False)
+
+
+def test_two_listers_at_once_both_give_the_full_listings_buckets(listed, tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    src, root = listed
+    for i in range(5):
+        _write(root / "shelf-1" / f"more-{i}.json", f"more {i}")
+    (root / "shelf-0" / "doc-000.json").unlink()
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: src.list_buckets(), range(2)))
+    want = _summaries(_full(src, tmp_path))
+    assert [_summaries(g) for g, _r in results] == [want, want]
+    assert sorted(r.added for _g, r in results) == [0, 5]  # one brought the snapshot up to date, then the other read it

@@ -37,6 +37,10 @@ only the file's own timestamps). So:
 - a file **rewritten in place** (the same directory entry: ``>>`` append, ``open(..., "r+")``, ``truncate``) and a
   file behind a symbolic link that changes: seen at the next full listing, at most ``S`` seconds later.
 
+Plans: an incremental listing stores the plans of the buckets it assembles only; the others keep the plans stored
+when they last changed (refreshed by the full listings, hence ``S`` at most half of ``group_plan_max_age_seconds``).
+A plan directory that is emptied or changed between full listings costs the units a listing each, until the next one.
+
 **Key order mode** (an S3 prefix with ``CorpusSource.append_only_keys``, where there are no directory mtimes): the
 snapshot also keeps the greatest key listed (``meta.last_key``), and an incremental listing lists only the keys
 after it (``ListObjectsV2`` ``StartAfter``, :func:`dagster_gpu.corpus.stream.iter_entries_after`) and adds them. It
