@@ -215,8 +215,8 @@ class CorpusSource:
         ``members=False``, the listing streams (:mod:`dagster_gpu.corpus.bucket_spill`: memory for the buckets, not
         for every file) and the buckets come without their ``members`` (``file_count`` says how many; the plans
         hold them); with ``full_listing_interval_seconds`` too, it is incremental when it can be (:meth:`list_buckets`,
-        which also says what the listing did). Raises CorpusNotFound if the URL does not exist, CorpusUnreadable when the store answers with an
-        error."""
+        which also says what the listing did). Raises CorpusNotFound if the URL does not exist, CorpusUnreadable when
+        the store answers with an error."""
         if self.group_buckets is not None and not members:
             return self.list_buckets()[0]
         started = time.time()
