@@ -120,11 +120,32 @@ class CorpusSource:
             longer ago than this and lists the corpus instead (default 86400: a day; None: any age). Listings
             refresh an unchanged bucket's pointer at half this age, so while the corpus sensor runs, plans stay
             usable.
+        full_listing_interval_seconds: with ``group_buckets`` on a local directory, make the listings without members
+            (the corpus sensor's tick, ``list_files(members=False)``) incremental (:mod:`dagster_gpu.corpus.incremental`):
+            a snapshot of the last listing is kept under ``$DAGSTER_HOME/dagster_gpu/listing_state/``, and a listing
+            reads again only the directories whose mtime changed since, unless the last full listing started this
+            many seconds ago or more (then it lists everything). The guarantee: a file created, deleted or renamed
+            into place (atomic writers, ``mv``, most tools) is seen by the next listing, exactly as a full listing
+            sees it; a file **rewritten in place** (``>>`` append, ``truncate``: its directory's mtime does not move)
+            is seen by the first full listing after it, at most this many seconds later. None (default): every
+            listing is full. Without ``DAGSTER_HOME``, or with a snapshot that cannot be read, listings are full.
+            At most half of ``group_plan_max_age_seconds`` (an incremental listing stores plans only for the buckets
+            that changed; the full listings keep the others' plans within their maximum age). On S3 only with
+            ``append_only_keys``.
+        append_only_keys: with ``full_listing_interval_seconds`` on S3: the corpus's keys only grow in order (every
+            new object's key sorts after every key already there, e.g. date-prefixed drops), so an incremental
+            listing lists only the keys after the last one seen (``ListObjectsV2`` ``StartAfter``). The guarantee: a
+            new object whose key sorts after every earlier one is seen by the next listing; a new key that sorts
+            earlier, an object overwritten or deleted, is seen by the first full listing after it, at most
+            ``full_listing_interval_seconds`` later. A version-aware filesystem is always listed in full.
 
     Raises:
         ValueError: ``shard_bytes`` below 1, ``group_buckets`` not an integer >= 1, or both set (a bucket of whole
             files and a file cut into shards are opposite mappings: choose one per corpus),
-            ``group_plan_max_age_seconds`` not above 0.
+            ``group_plan_max_age_seconds`` not above 0, ``full_listing_interval_seconds`` set without
+            ``group_buckets``, on a corpus that is neither a local directory nor S3 with ``append_only_keys``, not
+            above 0 or above half of ``group_plan_max_age_seconds``; ``append_only_keys`` without both S3 and
+            ``full_listing_interval_seconds``.
     """
 
     url: str
@@ -137,6 +158,8 @@ class CorpusSource:
     group_buckets: int | None = None
     group_plan_url: str | None = None
     group_plan_max_age_seconds: float | None = 86400.0
+    full_listing_interval_seconds: float | None = None
+    append_only_keys: bool = False
 
     def __post_init__(self) -> None:
         if self.group_plan_max_age_seconds is not None and not float(self.group_plan_max_age_seconds) > 0:
@@ -154,6 +177,31 @@ class CorpusSource:
                     f"CorpusSource({self.url!r}): group_buckets and shard_bytes cannot both be set: file groups put many "
                     "small files in one partition, shards cut one large file into several; choose one per corpus "
                     "(two CorpusSources with patterns that split the files work)")
+        if self.full_listing_interval_seconds is not None:
+            self._check_full_listing_interval()
+        if self.append_only_keys and (self.full_listing_interval_seconds is None or fsspec.utils.infer_storage_options(
+                self.url).get("protocol") not in ("s3", "s3a")):
+            raise ValueError(f"CorpusSource({self.url!r}).append_only_keys applies to an S3 corpus with "
+                             "full_listing_interval_seconds set")
+
+    def _check_full_listing_interval(self) -> None:
+        """Raises ValueError naming the corpus unless ``full_listing_interval_seconds`` can be used (see the class)."""
+        s, age = self.full_listing_interval_seconds, self.group_plan_max_age_seconds
+        what = f"CorpusSource({self.url!r}).full_listing_interval_seconds={s!r}"
+        if self.group_buckets is None:
+            raise ValueError(f"{what} needs group_buckets: only a file-grouped corpus is listed incrementally")
+        protocol = fsspec.utils.infer_storage_options(self.url).get("protocol")
+        if protocol in ("s3", "s3a") and not self.append_only_keys:
+            raise ValueError(f"{what}: an S3 corpus is listed incrementally only with append_only_keys=True (its new "
+                             "keys sort after every key already there)")
+        if protocol not in ("file", "local", "s3", "s3a"):
+            raise ValueError(f"{what}: only a local directory (by its directories' mtimes) or an S3 prefix with "
+                             "append_only_keys=True is listed incrementally")
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not float(s) > 0:
+            raise ValueError(f"{what} must be a number of seconds > 0 (or None)")
+        if age is not None and float(s) > float(age) / 2:
+            raise ValueError(f"{what} must be at most half of group_plan_max_age_seconds ({float(age):g}): the full "
+                             "listings keep the plans of unchanged buckets younger than their maximum age")
 
     def filesystem(self):
         """(fsspec filesystem, root path without protocol)."""
@@ -166,15 +214,82 @@ class CorpusSource:
         stored in the group plan directory (``group_plan_url``) for the work units. With ``group_buckets`` and
         ``members=False``, the listing streams (:mod:`dagster_gpu.corpus.bucket_spill`: memory for the buckets, not
         for every file) and the buckets come without their ``members`` (``file_count`` says how many; the plans
-        hold them). Raises CorpusNotFound if the URL does not exist, CorpusUnreadable when the store answers with an
-        error."""
-        started = time.time()
+        hold them); with ``full_listing_interval_seconds`` too, it is incremental when it can be (:meth:`list_buckets`,
+        which also says what the listing did). Raises CorpusNotFound if the URL does not exist, CorpusUnreadable when
+        the store answers with an error."""
         if self.group_buckets is not None and not members:
-            return self._stream_groups(started)
+            return self.list_buckets()[0]
+        started = time.time()
         files = self._list(None)
         if self.group_buckets is None:
             return files
         groups = self.groups_of(files)
+        self._store_group_plans(groups, started)
+        return groups
+
+    def list_buckets(self):
+        """``list_files(members=False)`` of a file-grouped corpus, with what the listing did: ``(buckets sorted by key,
+        without members, each with its file_count; a`` :class:`dagster_gpu.corpus.incremental.ListingReport` ``)``.
+        Incremental when ``full_listing_interval_seconds`` allows (see the class), else the streamed full listing
+        (:meth:`_stream_groups`). Raises ValueError without ``group_buckets``, CorpusNotFound if the URL does not
+        exist, CorpusUnreadable when the store answers with an error."""
+        from dagster_gpu.corpus.incremental import ListingReport, state_path
+
+        if self.group_buckets is None:
+            raise ValueError(f"CorpusSource({self.url!r}) has no group_buckets")
+        started, t0 = time.time(), time.perf_counter()
+        path, why = ((None, "full_listing_interval_seconds not set") if self.full_listing_interval_seconds is None
+                     else state_path(self._identity().digest))
+        if path is not None and self.append_only_keys and getattr(self.filesystem()[0], "version_aware", False):
+            path, why = None, "a version-aware S3 filesystem is listed in full"
+        if path is not None:
+            try:
+                return self._incremental_groups(path, started)
+            except UnicodeEncodeError as e:  # a file name that is not UTF-8 (a surrogate escape) cannot go to SQLite
+                why = f"no snapshot: a file name is not UTF-8 ({e.reason})"
+        groups = self._stream_groups(started)
+        return groups, ListingReport("full", why, seconds=round(time.perf_counter() - t0, 3),
+                                     files=sum(g.file_count for g in groups), buckets=len(groups),
+                                     buckets_assembled=len(groups))
+
+    def _identity(self):
+        """This corpus's :class:`dagster_gpu.corpus.group_plans.PlanSource` (what its buckets' membership depends on)."""
+        from dagster_gpu.corpus.group_plans import PlanSource
+
+        return PlanSource(self.url, self.pattern, self.recursive, int(self.group_buckets))
+
+    def _incremental_groups(self, path: str, started: float):
+        """:meth:`list_buckets` through the snapshot at ``path`` (:func:`dagster_gpu.corpus.incremental.grouped_listing`).
+        Raises UnicodeEncodeError for a file name SQLite cannot store (not UTF-8: the caller lists without a snapshot)."""
+        from dagster_gpu.corpus.incremental import grouped_listing
+
+        n = int(self.group_buckets)
+
+        def on_buckets(grouped):
+            groups = self._assembled(grouped, started)
+            return {g.group.index: (g.version, g.file_count, g.size_bytes, g.mtime) for g in groups}
+
+        try:
+            fs, root = self.filesystem()
+            if not fs.exists(root):
+                raise CorpusNotFound(f"corpus {self.url!r} does not exist")
+            entry = lambda p, info: (None if (f := self.entry_file(fs, root, p, info)) is None  # noqa: E731
+                                     else (f.key, f.uri, f.relative_name, f.size_bytes, f.mtime, f.version))
+            rows, report = grouped_listing(fs, root, recursive=self.recursive, source=self._identity().fields, path=path,
+                                           interval_s=float(self.full_listing_interval_seconds), entry_row=entry,
+                                           bucket_of=lambda rel: bucket_of(rel, n), on_buckets=on_buckets,
+                                           entries_after=partial(_s3_entries_after, fs, root, self.recursive)
+                                           if self.append_only_keys else None)
+        except (CorpusNotFound, UnicodeEncodeError):
+            raise
+        except Exception as e:  # noqa: BLE001 - as in _list
+            raise _unreadable(f"corpus {self.url!r} cannot be listed", e) from e
+        return [self._summary(i, version, count, size, mtime) for i, version, count, size, mtime in rows], report
+
+    def _assembled(self, grouped: Mapping[int, Sequence[Sequence[Any]]], started: float) -> list[CorpusFile]:
+        """``{bucket: [file row, ...]}`` (rows: CorpusFile's first six fields; one file per key, the later row kept) as
+        buckets with their members, their plans stored as those of a listing started at ``started``."""
+        groups = [self._bucket(b, list({r[0]: CorpusFile(*r) for r in rs}.values())) for b, rs in grouped.items()]
         self._store_group_plans(groups, started)
         return groups
 
@@ -197,9 +312,7 @@ class CorpusSource:
             rows = ((bucket_of(f.relative_name, n), [f.key, f.uri, f.relative_name, f.size_bytes, f.mtime, f.version])
                     for f in files)
             for grouped in by_bucket(rows, n):
-                groups = [self._bucket(b, list({r[0]: CorpusFile(*r) for r in rs}.values())) for b, rs in grouped.items()]
-                self._store_group_plans(groups, started)
-                out += [replace(g, members=()) for g in groups]
+                out += [replace(g, members=()) for g in self._assembled(grouped, started)]
         except CorpusNotFound:
             raise
         except Exception as e:  # noqa: BLE001 - as in _list
@@ -220,25 +333,26 @@ class CorpusSource:
 
     def _bucket(self, index: int, files: Sequence[CorpusFile]) -> CorpusFile:
         """Bucket ``index`` holding ``files`` (at least one) as one CorpusFile (see :attr:`CorpusFile.group`)."""
-        n = int(self.group_buckets)
         members = tuple(sorted(files, key=lambda f: f.key))
+        return replace(self._summary(index, group_version({m.key: m.version for m in members}), len(members),
+                                     sum(m.size_bytes for m in members), max(m.mtime for m in members)), members=members)
+
+    def _summary(self, index: int, version: str, file_count: int, size_bytes: int, mtime: float) -> CorpusFile:
+        """Bucket ``index`` as one CorpusFile without members (see :attr:`CorpusFile.group`)."""
+        n = int(self.group_buckets)
         key = group_key(index, n)
-        return CorpusFile(key=key, uri=self.url.rstrip("/") or self.url, relative_name=key,
-                          size_bytes=sum(m.size_bytes for m in members), mtime=max(m.mtime for m in members),
-                          version=group_version({m.key: m.version for m in members}), group=Group(index, n),
-                          members=members, file_count=len(members))
+        return CorpusFile(key=key, uri=self.url.rstrip("/") or self.url, relative_name=key, size_bytes=int(size_bytes),
+                          mtime=float(mtime), version=version, group=Group(index, n), file_count=int(file_count))
 
     def _plan_source(self):
         """(plan directory, its PlanSource) of this corpus's file group plans, or None without a directory."""
         from dagster_gpu.corpus.group_plan_store import default_group_plan_url
-        from dagster_gpu.corpus.group_plans import PlanSource
         from dagster_gpu.corpus.plan_dir import PlanDir
 
         url = self.group_plan_url or default_group_plan_url()
         if not url:
             return None
-        return (PlanDir(url, self.storage_options),
-                PlanSource(self.url, self.pattern, self.recursive, int(self.group_buckets)))
+        return PlanDir(url, self.storage_options), self._identity()
 
     def _store_group_plans(self, groups: Sequence[CorpusFile], listed_at: float) -> None:
         """Each of ``groups`` (the buckets of a full listing started at ``listed_at``, seconds since the epoch) as its
@@ -446,6 +560,15 @@ class CorpusSource:
             raise CorpusNotFound(f"partition {file.key!r}: file {file.uri!r} is gone") from e
         except Exception as e:  # noqa: BLE001 - as in list_files
             raise _unreadable(f"partition {file.key!r}: file {file.uri!r} cannot be read", e) from e
+
+
+def _s3_entries_after(fs, root: str, recursive: bool, after: str | None):
+    """``(S3 key, path, info)`` of the objects under ``root``, all of them (``after`` None) or those whose key sorts
+    after ``after`` (:mod:`dagster_gpu.corpus.stream`)."""
+    from dagster_gpu.corpus.stream import iter_entries, iter_entries_after
+
+    entries = iter_entries(fs, root, recursive) if after is None else iter_entries_after(fs, root, recursive, after)
+    return ((p.split("/", 1)[1], p, info) for p, info in entries)
 
 
 def _share(shards, s: Shard, file_bytes: int) -> int:

@@ -35,13 +35,40 @@ def iter_entries(fs, root: str, recursive: bool, page_items: int = PAGE_ITEMS) -
             yield info["name"], info
 
 
-def _s3_entries(fs, root: str, recursive: bool, page_items: int) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The objects under ``root`` from s3fs's ``_iterdir``, ``page_items`` per trip into its event loop."""
+def iter_entries_after(fs, root: str, recursive: bool, start_after: str,
+                       page_items: int = PAGE_ITEMS) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Like :func:`iter_entries` on S3 (s3fs), but only the objects whose key sorts after ``start_after`` (an S3 key,
+    without the bucket): ``ListObjectsV2`` with ``StartAfter``, which s3fs's ``_iterdir`` does not pass, through its
+    ``_list_pages`` (each page one ``_call_s3``, retried as s3fs retries), each entry's info filled as ``_iterdir``
+    fills it. Keys sort by their UTF-8 bytes (S3's order). Raises ValueError for another store or a version-aware
+    filesystem (``ListObjectVersions`` has no ``StartAfter``), else what the store raises."""
+    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    if protocol not in ("s3", "s3a") or not hasattr(fs, "_list_pages") or getattr(fs, "version_aware", False):
+        raise ValueError(f"listing after a key needs a plain (not version-aware) s3fs filesystem, got {protocol!r}")
+    yield from _s3_entries(fs, root, recursive, page_items, start_after)
+
+
+async def _objects_after(fs, bucket: str, prefix: str, delimiter: str, start_after: str):
+    """The objects of ``ListObjectsV2`` pages from ``StartAfter=start_after``, as ``_iterdir`` yields files."""
+    async for page in fs._list_pages("list_objects_v2", Bucket=bucket, Prefix=prefix, Delimiter=delimiter,
+                                     StartAfter=start_after, **fs.req_kw):
+        for c in page.get("Contents", []):
+            c["type"] = "file"
+            fs._fill_info(c, bucket)
+            yield c
+
+
+def _s3_entries(fs, root: str, recursive: bool, page_items: int,
+                start_after: str | None = None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The objects under ``root`` from s3fs's ``_iterdir`` (from :func:`_objects_after` with ``start_after``),
+    ``page_items`` per trip into its event loop."""
     from fsspec.asyn import sync
 
     bucket, key, _version = fs.split_path(root)
     prefix = key.strip("/") + "/" if key.strip("/") else ""
-    pages = fs._iterdir(bucket, delimiter="" if recursive else "/", prefix=prefix)
+    delimiter = "" if recursive else "/"
+    pages = (fs._iterdir(bucket, delimiter=delimiter, prefix=prefix) if start_after is None
+             else _objects_after(fs, bucket, prefix, delimiter, start_after))
 
     async def take() -> tuple[list[dict], bool]:
         out: list[dict] = []

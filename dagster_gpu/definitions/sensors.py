@@ -103,7 +103,11 @@ def corpus_sensor(
                     + (f" (held up to {max_delay_seconds:g} s for a unit {target_useful_fraction:.0%} useful)." if max_delay_seconds is not None else "."),
     )
     def _sensor(context: dg.SensorEvaluationContext):
-        files = corpus.list_files(members=False)  # a file-grouped corpus streams: the plans keep the members
+        if corpus.group_buckets is not None:  # streamed or incremental: the plans keep the members
+            files, listing = corpus.list_buckets()
+            context.log.info(f"{corpus.url}: {listing.describe()}")
+        else:
+            files = corpus.list_files(members=False)
         if prune:
             _prune(context, asset, corpus, files, output_storage_options)
         registered = list(context.instance.get_dynamic_partitions(pdef.name))
