@@ -20,9 +20,12 @@ are meaningless). Seeded (``--seed``).
 1. the rows as ``--rows / --per-partition`` embedding outputs (the real writer, zstd parquet);
 2. baseline: read every output with pyarrow (``pq.read_table``, page cache warm) — rows/s;
 3. load every output into a new LanceDB table on disk as the index asset does
-   (:func:`dagster_gpu.definitions.vector_index.load_partition`: read, append since each partition is new, count back) —
-   rows/s, ``index.load_ratio_vs_parquet`` = load rate / read rate; then 5 partitions loaded again with new
-   vectors (the replace path, one ``merge_insert`` each) for their rate;
+   (:func:`dagster_gpu.definitions.vector_index.load_partitions`: read, append since each partition is new, count
+   back, the next output read on a thread during this one's commit) — rows/s, ``index.load_ratio_vs_parquet`` =
+   load rate / read rate; the baseline, in the same run: the same outputs into a second table one after the other
+   (:func:`~dagster_gpu.definitions.vector_index.load_partition`: read, then commit) —
+   ``load_speedup_vs_sequential``; then 5 partitions loaded again with new vectors (the replace path, one
+   ``merge_insert`` each) for their rate;
 4. full build: :meth:`VectorIndex.ensure_ann_index` (compaction, ``partition_key`` BTREE, IVF_HNSW_SQ
    cosine) — seconds;
 5. queries: exact top 10 by numpy over all rows (cosine = dot: normalised), ANN top 10 one query at a time
@@ -128,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-optimize-baseline", action="store_true",
                     help="leave out step 8 (1 %% more rows, then LanceDB's optimize: the update path before 2026-12-05)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--load-only", action="store_true", help="stop after the load rates (step 3, before its replace path); use with --out")
     ap.add_argument("--work", type=Path, default=None, help="scratch directory (default: a new temp dir, removed)")
     ap.add_argument("--no-summary", action="store_true")
     ap.add_argument("--out", default=None, help="results file name under bench/results/ (default: index_scale[_<rows>].json)")
@@ -139,7 +143,7 @@ def main(argv=None) -> int:
     from dagster_gpu.embedding.encoder import Encoder
     from dagster_gpu.embedding.model import load_model
     from dagster_gpu.embedding.writer import AtomicParquetWriter, lineage_metadata, output_schema, output_table
-    from dagster_gpu.definitions.vector_index import load_partition
+    from dagster_gpu.definitions.vector_index import load_partition, load_partitions
     from dagster_gpu.index.lance import DEFAULT_EF, DEFAULT_REFINE_FACTOR, VectorIndex
     from dagster_gpu.index.rows import DEFAULT_MAX_UNINDEXED_FRACTION, recall_at_k
 
@@ -200,18 +204,34 @@ def main(argv=None) -> int:
     for k in keys:
         pq.read_table(uris[k])
     read_s = time.perf_counter() - t0
-    # 3. load (append path), then the replace path on 5 partitions
+    # 3. load (append path) as the index asset does (the next output read during this one's commit), then the
+    #    same one partition after the other (read, then commit: the baseline) into a second table; then the replace
+    #    path on 5 partitions
+    rows = n_parts * args.per_partition
     ix = VectorIndex(str(work / "lance"), "scale")
     ix.db()  # import lancedb and connect (once per process, like importing pyarrow for the baseline): not timed
     t0 = time.perf_counter()
-    for k in keys:
-        f = load_partition(ix, k, uris[k])
-        assert f["index_rows"] == f["output_rows"] and f["mode"] == "append", (k, f)
+    for done in load_partitions(ix, keys, uris.__getitem__):
+        f = done.facts
+        assert f is not None and f["index_rows"] == f["output_rows"] and f["mode"] == "append", (done.partition_key, done)
     load_s = time.perf_counter() - t0
-    rows = n_parts * args.per_partition
+    seq = VectorIndex(str(work / "lance_sequential"), "scale")
+    seq.db()
+    t0 = time.perf_counter()
+    for k in keys:
+        f = load_partition(seq, k, uris[k])
+        assert f["index_rows"] == f["output_rows"] and f["mode"] == "append", (k, f)
+    seq_s = time.perf_counter() - t0
+    shutil.rmtree(work / "lance_sequential", ignore_errors=True)
     res.update({"parquet_read_rows_per_s": round(rows / read_s), "load_rows_per_s": round(rows / load_s),
-                "index.load_ratio_vs_parquet": round(read_s / load_s, 3)})
-    phase("load", **{k: res[k] for k in ("parquet_read_rows_per_s", "load_rows_per_s", "index.load_ratio_vs_parquet")})
+                "index.load_ratio_vs_parquet": round(read_s / load_s, 3),
+                "sequential_load_rows_per_s": round(rows / seq_s), "sequential_load_ratio_vs_parquet": round(read_s / seq_s, 3),
+                "load_speedup_vs_sequential": round(seq_s / load_s, 3)})
+    phase("load", **{k: res[k] for k in ("parquet_read_rows_per_s", "load_rows_per_s", "index.load_ratio_vs_parquet",
+                                          "sequential_load_rows_per_s", "sequential_load_ratio_vs_parquet",
+                                          "load_speedup_vs_sequential")})
+    if args.load_only:
+        return finish(args, res, size, work, own_work, cpu0, t00)
     changed = keys[:5]
     t0 = time.perf_counter()
     for p, k in enumerate(changed):
@@ -311,8 +331,13 @@ def main(argv=None) -> int:
         old_path, _ = query(np.concatenate([all_vectors, extra2]), all_ids + [("part-new2.jsonl", i) for i in range(len(extra2))])
         res["after_optimize_by_nprobes"] = {str(k): {"recall_at_10": round(v[0], 4), "p50_ms": round(v[1], 2)} for k, v in old_path.items()}
         phase("optimize_baseline", ratio=res["optimize_ratio"], after_optimize=res["after_optimize_by_nprobes"])
+    return finish(args, res, size, work, own_work, cpu0, t00)
+
+
+def finish(args, res: dict, size: str, work: Path, own_work: bool, cpu0: float, t00: float) -> int:
+    """Print and keep the results (``bench/results/``, the summary's ``index.*`` keys), remove an own scratch dir."""
     res.update({"cpu_s": round(cpu_s() - cpu0, 1), "wall_s": round(time.perf_counter() - t00, 1)})
-    phase("done", cpu_s_total=res["cpu_s"])
+    print(json.dumps({"phase": "done", "cpu_s_total": res["cpu_s"]}), flush=True)
     print(json.dumps(res), flush=True)
     out = REPO / "bench" / "results" / (args.out or ("index_scale.json" if args.rows == 1_000_000 else f"index_scale_{args.rows}.json"))
     out.write_text(json.dumps(res, indent=1) + "\n")

@@ -125,3 +125,43 @@ def test_s3_table_round_trip_append_replace_and_ann(s3_opts, tmp_path):
     v = output_rows(20, 8, pk="p1", fingerprint="fp1-b", seed=11)[0].column("vector")[3].as_py()
     hit = again.search(v, 1)
     assert hit.column("doc_id").to_pylist() == ["p1/3"] and hit.column("_distance")[0].as_py() < 1e-4
+
+
+def test_load_partitions_reads_ahead_and_keeps_each_partitions_error_its_own(tmp_path):
+    """The index asset's loop: outputs read one partition ahead (``load_partitions``), the same table and facts as
+    loading one after the other; a partition with no output, one whose file is not parquet and one that does not
+    fit the table fail alone, each with its own error, and the partitions after them are loaded."""
+    from dagster_gpu.definitions.vector_index import load_partitions
+
+    out = tmp_path / "out"
+    good = {pk: str(write_output(out / f"{pk}.parquet", n, 8, pk=pk, fingerprint="fp1-a", seed=s))
+            for pk, n, s in (("a.txt", 7, 1), ("b.txt", 3, 2), ("d.txt", 5, 4), ("f.txt", 2, 6))}
+    (out / "c.parquet").write_bytes(b"not parquet")
+    narrow = str(write_output(out / "e.parquet", 4, 4, pk="e.txt", fingerprint="fp1-a", seed=5))  # 4 dims, not 8
+    uris = {**good, "c.txt": str(out / "c.parquet"), "e.txt": narrow}
+    order = ["a.txt", "b.txt", "c.txt", "missing.txt", "d.txt", "e.txt", "f.txt"]
+
+    def locate(pk: str) -> str:
+        if pk not in uris:
+            raise FileNotFoundError(f"no output for {pk!r}")
+        return uris[pk]
+
+    ix = VectorIndex(str(tmp_path / "db"), "emb")
+    done = list(load_partitions(ix, order, locate))
+    assert [d.partition_key for d in done] == order
+    ok = {d.partition_key: d for d in done if d.error is None}
+    assert sorted(ok) == sorted(good)
+    assert [(ok[k].facts["mode"], ok[k].facts["index_rows"], ok[k].facts["output_rows"], ok[k].source)
+            for k in sorted(good)] == [("append", 7, 7, good["a.txt"]), ("append", 3, 3, good["b.txt"]),
+                                       ("append", 5, 5, good["d.txt"]), ("append", 2, 2, good["f.txt"])]
+    assert all(d.seconds > 0 for d in done)
+    bad = {d.partition_key: d for d in done if d.error is not None}
+    assert bad["missing.txt"].source is None and bad["missing.txt"].error == "FileNotFoundError: no output for 'missing.txt'"
+    assert bad["c.txt"].source == uris["c.txt"] and bad["c.txt"].error.startswith("ArrowInvalid: ")
+    assert bad["e.txt"].source == narrow and bad["e.txt"].error.startswith("IndexSchemaError: partition 'e.txt' does not fit")
+    assert bad["e.txt"].facts is None
+
+    sequential = VectorIndex(str(tmp_path / "db_seq"), "emb")
+    for pk in sorted(good):
+        load_partition(sequential, pk, good[pk])
+    assert _content(ix).equals(_content(sequential))

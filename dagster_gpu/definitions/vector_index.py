@@ -4,7 +4,9 @@ parquet output into a LanceDB table (:class:`dagster_gpu.index.lance.VectorIndex
 
 import time
 import warnings
-from typing import Any, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import dagster as dg
 
@@ -45,16 +47,17 @@ def read_output(uri: str, storage_options: Mapping[str, Any] | None = None):
 
 
 def load_partition(index: VectorIndex, partition_key: str, output_uri: str,
-                   output_storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                   output_storage_options: Mapping[str, Any] | None = None, *, output=None) -> dict[str, Any]:
     """Load ``partition_key``'s rows into ``index`` from ``output_uri`` in one commit
     (:meth:`VectorIndex.write_partition`: appended when the partition is new to the table, replaced by one
-    ``merge_insert`` otherwise) and count them back at the committed version. Returns the facts for the
-    materialization and the check: ``output_rows``, ``index_rows``, ``version``, ``mode`` (``append`` or
+    ``merge_insert`` otherwise) and count them back at the committed version. ``output``: the
+    ``(rows, lineage)`` :func:`read_output` already gave for ``output_uri`` (None: read it here). Returns the facts
+    for the materialization and the check: ``output_rows``, ``index_rows``, ``version``, ``mode`` (``append`` or
     ``replace``), ``inserted``, ``updated``, ``deleted``, ``retries``, ``fingerprint``. Raises IndexSchemaError
     naming the file or partition, fsspec/pyarrow errors naming the file."""
     from dagster_gpu.index.rows import index_rows, partition_filter
 
-    table, lineage = read_output(output_uri, output_storage_options)
+    table, lineage = output if output is not None else read_output(output_uri, output_storage_options)
     fp = str(lineage.get("fingerprint", ""))
     rows = index_rows(table, partition_key, fp, source=output_uri)
     per_model = {k: v for k, v in dict(lineage.get("lineage") or {}).items() if k != "files"}  # a bucket's own files
@@ -66,6 +69,58 @@ def load_partition(index: VectorIndex, partition_key: str, output_uri: str,
     counted = int(tbl.count_rows(partition_filter(partition_key)))
     return {"output_rows": table.num_rows, "index_rows": counted, "version": r.version, "mode": r.mode,
             "inserted": r.inserted, "updated": r.updated, "deleted": r.deleted, "retries": r.retries, "fingerprint": fp}
+
+
+@dataclass(frozen=True)
+class Loaded:
+    """One partition's turn in :func:`load_partitions`: its ``partition_key``, the output ``source`` it was read
+    from (None when none was found), :func:`load_partition`'s ``facts`` or the ``error`` (``"Type: message"``) that
+    kept it out of the index (one of them is None), and ``seconds``: wall seconds from its turn to its count back
+    (waiting for the rest of its read, which began during the previous partition's commit, the commit, the count)."""
+
+    partition_key: str
+    source: str | None
+    facts: dict[str, Any] | None
+    error: str | None
+    seconds: float
+
+
+def load_partitions(index: VectorIndex, partition_keys: Sequence[str], locate: Callable[[str], str],
+                    output_storage_options: Mapping[str, Any] | None = None) -> Iterator[Loaded]:
+    """:func:`load_partition` of each of ``partition_keys`` in order, the next partition's output located
+    (``locate(key)``: its URI; it raises, e.g. FileNotFoundError, for a partition without one) and read
+    (:func:`read_output`) on one thread while this one is committed and counted: pyarrow's read and LanceDB's write
+    both run outside the GIL, so a run of many partitions takes about the longer of the two per partition rather
+    than their sum. At most two partitions' outputs are in memory at once. A partition whose output is missing,
+    unreadable or does not fit the table is yielded with its ``error`` and touches nothing; the others go on."""
+    keys = list(partition_keys)
+
+    def fetch(pk: str) -> tuple[str | None, Any, Exception | None]:
+        """(source, read_output's result, None), or what is known and the error that stopped it."""
+        src = None
+        try:
+            src = locate(pk)
+            return src, read_output(src, output_storage_options), None
+        except Exception as e:  # noqa: BLE001 - the partition's own error, reported with it
+            return src, None, e
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="dagster-gpu-index-read") as pool:
+        ahead: Future | None = pool.submit(fetch, keys[0]) if keys else None
+        for i, pk in enumerate(keys):
+            started = time.perf_counter()
+            current, ahead = ahead, (pool.submit(fetch, keys[i + 1]) if i + 1 < len(keys) else None)
+            src, output, error = current.result()
+            if error is None:
+                try:
+                    facts = load_partition(index, pk, src, output_storage_options, output=output)
+                except Exception as e:  # noqa: BLE001 - this partition fails alone; the table is unchanged for it
+                    error = e
+            del output, current  # the read rows: at most this partition's and the next one's are held
+            seconds = time.perf_counter() - started
+            if error is not None:
+                yield Loaded(pk, src, None, f"{type(error).__name__}: {error}", seconds)
+            else:
+                yield Loaded(pk, src, facts, None, seconds)
 
 
 def vector_index_asset(
@@ -113,7 +168,8 @@ def vector_index_asset(
     Per partition: the output is read, its rows replace the partition's rows in one commit
     (:meth:`VectorIndex.write_partition`: an append for a partition new to the table, else one ``merge_insert``),
     one materialization (``index/rows``, ``index/version``, ``index/mode``, ``index/deleted``, ``index/seconds``
-    (wall seconds: reading the output, the commit and the count back), ``index/retries``, ``index/fingerprint``,
+    (wall seconds: the wait for the output's read, which runs ahead during the previous partition's commit
+    (:func:`load_partitions`), the commit and the count back), ``index/retries``, ``index/fingerprint``,
     ``index/output_uri``) and the blocking check
     ``index_rows_match_output`` are recorded. A partition whose output is missing or does not fit the table
     fails alone (dagster.Failure at the end names each); the table's other partitions are never touched.
@@ -156,22 +212,22 @@ def vector_index_asset(
     def _index(context: dg.AssetExecutionContext):
         from dagster_gpu.instance.checks import materialization_target
 
+        def locate(pk: str) -> str:
+            src = locate_output(src_url, emb_name, pk, output_storage_options)
+            if src is None:
+                raise FileNotFoundError(f"no output of {emb_key.to_user_string()} for partition {pk!r} under {src_url}")
+            return src
+
         failed: dict[str, str] = {}
-        for pk in context.partition_keys:
-            try:
-                src = locate_output(src_url, emb_name, pk, output_storage_options)
-                if src is None:
-                    raise FileNotFoundError(f"no output of {emb_key.to_user_string()} for partition {pk!r} under {src_url}")
-                started = time.perf_counter()
-                facts = load_partition(index, pk, src, output_storage_options)
-                seconds = time.perf_counter() - started
-            except Exception as e:  # this partition fails alone; the table is unchanged for it
-                failed[pk] = f"{type(e).__name__}: {e}"
+        for done in load_partitions(index, context.partition_keys, locate, output_storage_options):
+            pk, facts, src = done.partition_key, done.facts, done.source
+            if facts is None:
+                failed[pk] = done.error
                 context.log.error(f"index partition {pk!r}: {failed[pk]}")
                 continue
             yield dg.AssetMaterialization(asset_key=key, partition=pk, metadata={
                 "index/rows": facts["index_rows"], "index/version": facts["version"], "index/mode": facts["mode"],
-                "index/deleted": facts["deleted"], "index/seconds": round(seconds, 4),
+                "index/deleted": facts["deleted"], "index/seconds": round(done.seconds, 4),
                 "index/retries": facts["retries"], "index/fingerprint": facts["fingerprint"],
                 "index/output_uri": dg.MetadataValue.path(src), "index/uri": uri, "index/table": table,
             })
