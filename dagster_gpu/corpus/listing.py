@@ -15,6 +15,7 @@ from fsspec.core import strip_protocol
 from dagster_gpu.corpus.groups import Group, bucket_of, group_key, group_version, parse_group_key, validate_buckets
 from dagster_gpu.corpus.readers import TextFormat
 from dagster_gpu.corpus.shards import Shard, could_be_shard_key, shard_key, shardable
+from dagster_gpu.corpus.stream import fs_protocol
 from dagster_gpu.core.partition_keys import partition_key_for
 
 #: Our own temporary outputs, editor droppings and marker files (``_SUCCESS``) are never corpus files: a
@@ -383,7 +384,7 @@ class CorpusSource:
             fs, _root = self.filesystem()
         except Exception:  # noqa: BLE001 - the listing names the store's error
             return {}
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+        protocol = fs_protocol(fs)
         infos = current_infos(fs, [m.path for ms in planned.values() for m in ms],
                               1 if protocol in ("file", "local") else STAT_THREADS)
         return {index: self._bucket(index, [CorpusFile(key=m.key, uri=_uri(fs, m.path), relative_name=m.relative_name,
@@ -638,7 +639,7 @@ def _path_of(uri: str) -> str:
 
 def _uri(fs, path: str) -> str:
     """A plain path for local files, ``<protocol>://path`` otherwise."""
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    protocol = fs_protocol(fs)
     return path if protocol in ("file", "local") else f"{protocol}://{path}"
 
 

@@ -23,10 +23,15 @@ from typing import Any, Iterator
 PAGE_ITEMS = 1000
 
 
+def fs_protocol(fs) -> str:
+    """An fsspec filesystem's protocol name (its first one when it has several: ``("file", "local")`` -> ``"file"``)."""
+    return fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+
+
 def iter_entries(fs, root: str, recursive: bool, page_items: int = PAGE_ITEMS) -> Iterator[tuple[str, dict[str, Any]]]:
     """``(path, info)`` of every file under ``root`` (a path without protocol), directly under it unless
     ``recursive``, in the store's order. Raises what the store raises (the caller names the corpus)."""
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    protocol = fs_protocol(fs)
     if protocol in ("s3", "s3a") and hasattr(fs, "_iterdir"):
         yield from _s3_entries(fs, root, recursive, page_items)
         return
@@ -42,7 +47,7 @@ def iter_entries_after(fs, root: str, recursive: bool, start_after: str,
     ``_list_pages`` (each page one ``_call_s3``, retried as s3fs retries), each entry's info filled as ``_iterdir``
     fills it. Keys sort by their UTF-8 bytes (S3's order). Raises ValueError for another store or a version-aware
     filesystem (``ListObjectVersions`` has no ``StartAfter``), else what the store raises."""
-    protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
+    protocol = fs_protocol(fs)
     if protocol not in ("s3", "s3a") or not hasattr(fs, "_list_pages") or getattr(fs, "version_aware", False):
         raise ValueError(f"listing after a key needs a plain (not version-aware) s3fs filesystem, got {protocol!r}")
     yield from _s3_entries(fs, root, recursive, page_items, start_after)

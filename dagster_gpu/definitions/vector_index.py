@@ -36,10 +36,11 @@ def read_output(uri: str, storage_options: Mapping[str, Any] | None = None):
     import fsspec
     import pyarrow.parquet as pq
 
+    from dagster_gpu.corpus.stream import fs_protocol
     from dagster_gpu.embedding.writer import lineage_from_metadata
 
     fs, path = fsspec.core.url_to_fs(uri, **dict(storage_options or {}))
-    if "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,)):
+    if fs_protocol(fs) in ("file", "local"):
         table = pq.read_table(path)
     else:
         table = pq.read_table(path, filesystem=fs)
