@@ -165,3 +165,30 @@ def test_load_partitions_reads_ahead_and_keeps_each_partitions_error_its_own(tmp
     for pk in sorted(good):
         load_partition(sequential, pk, good[pk])
     assert _content(ix).equals(_content(sequential))
+
+
+def test_count_back_of_an_append_reads_the_manifests_unless_another_commit_came_between(tmp_path):
+    """An append committed right after the version that had none of the partition's rows is counted from the two
+    versions' row counts (no scan); when another commit came between (a second writer of the same partition could
+    have appended too), the partition's rows are counted by a filtered scan, which sees the duplicates."""
+    from dagster_gpu.index.lance import ReplaceResult
+
+    ix = VectorIndex(str(tmp_path / "db"), "emb")
+    out = tmp_path / "out"
+    load_partition(ix, "b.txt", str(write_output(out / "b.parquet", 4, 8, pk="b.txt", fingerprint="fp1-a", seed=2)))
+    t, lineage = read_output(str(write_output(out / "a.parquet", 6, 8, pk="a.txt", fingerprint="fp1-a")))
+    rows = index_rows(t, "a.txt", lineage["fingerprint"])
+    r = ix.write_partition("a.txt", rows)
+    assert (r.mode, r.version, r.checked_version) == ("append", r.checked_version + 1, r.checked_version)
+    assert ix.partition_rows_at("a.txt", r) == 6
+    # another writer appends the same partition's rows again (what the one-writer rule excludes)
+    tbl = ix.open()
+    second = tbl.add(rows)
+    dup = ReplaceResult(version=int(second.version), inserted=6, updated=0, deleted=0, attempts=1, retries=0,
+                        mode="append", checked_version=r.checked_version)  # checked before the first append
+    assert dup.version == r.checked_version + 2
+    assert ix.partition_rows_at("a.txt", dup) == 12  # filtered: both appends' rows
+    alone = ReplaceResult(version=int(second.version), inserted=6, updated=0, deleted=0, attempts=1, retries=0,
+                          mode="append", checked_version=int(second.version) - 1)
+    assert ix.partition_rows_at("a.txt", alone) == 6  # the manifests' difference: the rows that one commit added
+    assert ix.partition_rows_at("b.txt", ReplaceResult(int(second.version), 0, 0, 0, 1, 0)) == 4  # a replace: filtered

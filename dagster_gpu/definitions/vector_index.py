@@ -51,12 +51,13 @@ def load_partition(index: VectorIndex, partition_key: str, output_uri: str,
                    output_storage_options: Mapping[str, Any] | None = None, *, output=None) -> dict[str, Any]:
     """Load ``partition_key``'s rows into ``index`` from ``output_uri`` in one commit
     (:meth:`VectorIndex.write_partition`: appended when the partition is new to the table, replaced by one
-    ``merge_insert`` otherwise) and count them back at the committed version. ``output``: the
+    ``merge_insert`` otherwise) and count them back at the committed version
+    (:meth:`VectorIndex.partition_rows_at`). ``output``: the
     ``(rows, lineage)`` :func:`read_output` already gave for ``output_uri`` (None: read it here). Returns the facts
     for the materialization and the check: ``output_rows``, ``index_rows``, ``version``, ``mode`` (``append`` or
     ``replace``), ``inserted``, ``updated``, ``deleted``, ``retries``, ``fingerprint``. Raises IndexSchemaError
     naming the file or partition, fsspec/pyarrow errors naming the file."""
-    from dagster_gpu.index.rows import index_rows, partition_filter
+    from dagster_gpu.index.rows import index_rows
 
     table, lineage = output if output is not None else read_output(output_uri, output_storage_options)
     fp = str(lineage.get("fingerprint", ""))
@@ -65,9 +66,7 @@ def load_partition(index: VectorIndex, partition_key: str, output_uri: str,
     index.record_lineage(fp, {**per_model, "model": lineage.get("model"),
                               "model_revision": lineage.get("model_revision"), "fingerprint": fp})
     r = index.write_partition(partition_key, rows)
-    tbl = index.open()
-    tbl.checkout(r.version)
-    counted = int(tbl.count_rows(partition_filter(partition_key)))
+    counted = index.partition_rows_at(partition_key, r)
     return {"output_rows": table.num_rows, "index_rows": counted, "version": r.version, "mode": r.mode,
             "inserted": r.inserted, "updated": r.updated, "deleted": r.deleted, "retries": r.retries, "fingerprint": fp}
 

@@ -76,6 +76,8 @@ class ReplaceResult:
     #: ``"append"`` (the table held no row of the partition: one Append commit, no merge) or ``"replace"``
     #: (one ``merge_insert`` commit)
     mode: str = "replace"
+    #: an append's: the version in which the partition was found to have no row (the commit is ``version``)
+    checked_version: int | None = None
 
     @property
     def rows(self) -> int:
@@ -199,6 +201,7 @@ class VectorIndex:
             with attempt:
                 retries += 1
                 tbl.checkout_latest()
+                checked = int(tbl.version)
                 if tbl.count_rows(partition_filter(partition_key)):
                     res = None
                 else:
@@ -209,7 +212,7 @@ class VectorIndex:
         if retries:
             log.info("index %s: partition %r appended after %d lost commit(s)", self.table_name, partition_key, retries)
         return ReplaceResult(version=int(res.version), inserted=rows.num_rows, updated=0, deleted=0, attempts=1,
-                             retries=retries, mode="append")
+                             retries=retries, mode="append", checked_version=checked)
 
     def _fit(self, tbl, partition_key: str, rows: pa.Table) -> pa.Table:
         diff = schema_difference(tbl.schema, rows.schema)
@@ -237,6 +240,23 @@ class VectorIndex:
         """Rows of ``partition_key`` in the latest version (0 when the table does not exist)."""
         tbl = self.open()
         return 0 if tbl is None else int(tbl.count_rows(partition_filter(partition_key)))
+
+    def partition_rows_at(self, partition_key: str, r: ReplaceResult) -> int:
+        """Rows of ``partition_key`` in the version ``r`` (a :meth:`write_partition` result) committed. An append
+        committed right after the version in which the partition had no row (``r.version == r.checked_version + 1``:
+        no commit in between; Lance numbers every commit's version one above the version it was made on) holds
+        exactly the rows that commit added: the table's row count at ``r.version`` less that at the version before,
+        both from the versions' manifests (fragment row counts and deletion files), no scan. Otherwise (a replace,
+        or an append after another writer's commit, which might have added rows of the same partition) the rows
+        matching the partition at ``r.version`` (a scan of ``partition_key``, served by its BTREE index where one
+        covers the rows)."""
+        tbl = self.open()
+        tbl.checkout(r.version)
+        if r.mode == "append" and r.checked_version is not None and r.version == r.checked_version + 1:
+            after = int(tbl.count_rows())
+            tbl.checkout(r.checked_version)
+            return after - int(tbl.count_rows())
+        return int(tbl.count_rows(partition_filter(partition_key)))
 
     def count_rows(self) -> int:
         tbl = self.open()
