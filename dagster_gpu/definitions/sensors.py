@@ -133,7 +133,8 @@ def corpus_sensor(
                 return dg.SensorResult(skip_reason=dg.SkipReason(decision.why), cursor=json.dumps(cursor), asset_events=events)
             context.log.info(decision.why)
         if due_again:
-            context.log.info(f"{len(due_again)} changed or fixed file(s) under {corpus.url}: " + ", ".join(f.key for f in due_again[:10])
+            what = "file group(s)" if corpus.group_buckets is not None else "file(s)"
+            context.log.info(f"{len(due_again)} changed or fixed {what} under {corpus.url}: " + ", ".join(f.key for f in due_again[:10])
                              + (" …" if len(due_again) > 10 else ""))
         keys = [f.key for f in new]
         all_keys = [*registered, *keys]
