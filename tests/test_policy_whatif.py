@@ -260,3 +260,18 @@ def test_console_script_imports_the_code_location_from_the_working_directory(tmp
     )
     assert cp.returncode == 0, cp.stderr
     assert [r["partition"] for r in json.loads(cp.stdout)["plans"]["auto"]] == ["art", "cookie.txt"]
+
+
+def test_whatif_and_report_name_a_dagster_home_that_is_not_a_directory(corpus, tmp_path, capsys, monkeypatch):
+    from dagster_gpu.commands.report import report_main
+
+    for home, why in ((str(tmp_path / "no-such-home"), "which is not an existing directory"),
+                      ("relative/home", "which is not an absolute path")):
+        monkeypatch.setenv("DAGSTER_HOME", home)
+        for prog, code in (("whatif", lambda: whatif_main([str(corpus)])),
+                           ("dagster-gpu report", lambda: report_main(["-a", "x", "--last", "1",
+                                                                       "-o", str(tmp_path / "r.html")]))):
+            assert code() == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"{prog}: $DAGSTER_HOME is {home!r}, {why}.") and err.count("\n") == 1, err
+            assert "Traceback" not in err

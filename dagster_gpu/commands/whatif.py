@@ -191,28 +191,36 @@ def live_snapshot(executor_config: dict) -> Snapshot:
     return gather_snapshot(handler, handler.candidates)
 
 
-def instance_runtime_model(asset_key: str | None) -> RuntimeModel:
-    """The asset's runtime model from ``$DAGSTER_HOME``'s instance; the no-history fallback when there
-    is no asset or no ``DAGSTER_HOME``."""
-    if not asset_key or not os.environ.get("DAGSTER_HOME"):
+def instance_runtime_model(instance, asset_key: str | None) -> RuntimeModel:
+    """The asset's runtime model from ``instance`` (a DagsterInstance, ``$DAGSTER_HOME``'s); the no-history
+    fallback when there is no asset or no instance."""
+    if not asset_key or instance is None:
         return RuntimeModel.from_history([])
-    import dagster as dg
-
     from dagster_gpu.instance.history import runtime_model
 
-    return runtime_model(dg.DagsterInstance.get(), asset_key)
+    return runtime_model(instance, asset_key)
 
 
-def learned_snapshot(snapshot: Snapshot) -> Snapshot:
-    """``snapshot`` with each pool's preemption rate learned from ``$DAGSTER_HOME``'s instance
-    (:func:`dagster_gpu.instance.preemptions.with_learned_rates`); as it is without ``DAGSTER_HOME``."""
-    if not os.environ.get("DAGSTER_HOME"):
+def learned_snapshot(instance, snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with each pool's preemption rate learned from ``instance`` (a DagsterInstance,
+    ``$DAGSTER_HOME``'s; :func:`dagster_gpu.instance.preemptions.with_learned_rates`); as it is without one."""
+    if instance is None:
         return snapshot
-    import dagster as dg
-
     from dagster_gpu.instance.preemptions import with_learned_rates
 
-    return with_learned_rates(dg.DagsterInstance.get(), snapshot)
+    return with_learned_rates(instance, snapshot)
+
+
+def open_instance(prog: str = "whatif"):
+    """``(ok, instance)``: ``$DAGSTER_HOME``'s DagsterInstance, ``(True, None)`` when the variable is not set
+    (whatif then plans on the fallback and the configured preemption priors), ``(False, None)`` after one line
+    on stderr when it is set but unusable (:func:`dagster_gpu.commands.common.instance_or_none`)."""
+    if not os.environ.get("DAGSTER_HOME"):
+        return True, None
+    from dagster_gpu.commands.common import instance_or_none
+
+    instance = instance_or_none(prog)
+    return instance is not None, instance
 
 
 def preemption_summary(snapshot: Snapshot) -> dict[str, dict]:
@@ -230,6 +238,9 @@ def preemption_summary(snapshot: Snapshot) -> dict[str, dict]:
 def whatif_main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 ok, 2 bad input: the reason on stderr after ``whatif:``)."""
     args = _parser().parse_args(argv)
+    ok, instance = open_instance()
+    if not ok:
+        return 2
     try:
         tags = dict(t.split("=", 1) for t in args.tag)
         request = GpuRequest.from_tags(tags)
@@ -252,7 +263,7 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
         if args.history:
             model = RuntimeModel.from_history([HistoryPoint(**h) for h in json.loads(Path(args.history).read_text())])
         else:
-            model = instance_runtime_model(args.asset)
+            model = instance_runtime_model(instance, args.asset)
         if args.trickle_every is not None:
             rows = trickle_rows(args, model, rc)
             if args.json:
@@ -266,7 +277,7 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
         if args.checkpoint_records is not None:
             checkpoints = args.checkpoint_records if args.checkpoint_records > 0 else None
         model = replace(model, checkpoint_records=checkpoints)
-        snapshot = learned_snapshot(snapshot)
+        snapshot = learned_snapshot(instance, snapshot)
         plans = {m: plan(partitions, request, snapshot, model, m, per_run) for m in MODES}
     except (ValueError, OSError, KeyError, TypeError, ImportError) as e:
         print(f"whatif: {e}", file=sys.stderr)
