@@ -100,9 +100,10 @@ def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | N
     backend, _, device = args.on.partition("/")
     rate = (rc or RateCard.load()).gpu_hour_rate(backend, device or "cpu")
     cpu = (device or "cpu") == "cpu"
-    tps = (model.cpu_texts_per_second or model.texts_per_second / model.cpu_slowdown) if cpu else model.texts_per_second
+    tps = model.cpu_rate() if cpu else model.texts_per_second
     startup_s, per_partition_s = calibration_seconds()
-    cost = UnitCost(startup_s, per_partition_s, model.rows_per_byte / tps, source=f"{CALIBRATION.name}, {model.source}")
+    cost = UnitCost(startup_s, per_partition_s, model.rows_per_byte / tps,
+                    source=f"{CALIBRATION.name}, {model.describe(gpu=not cpu, cpu=cpu)}")
     rows = []
     for delay in [None, *args.max_delay]:
         p = trickle(args.trickle_every, args.file_bytes, cost, rate_usd_per_hour=rate, tick_s=args.tick,
@@ -235,6 +236,14 @@ def preemption_summary(snapshot: Snapshot) -> dict[str, dict]:
     return out
 
 
+def runtime_source(model: RuntimeModel, plans: dict[str, list[PlanRow]]) -> str:
+    """``model``'s source in words for the devices ``plans`` place partitions on (a CPU-only host's plan names
+    the CPU figure only; nothing placed: both devices)."""
+    devices = {r.placement.chosen.device for rows in plans.values() for r in rows
+               if r.placement is not None and r.placement.chosen is not None}
+    return model.describe(gpu=any(d != "cpu" for d in devices), cpu="cpu" in devices)
+
+
 def whatif_main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 ok, 2 bad input: the reason on stderr after ``whatif:``)."""
     args = _parser().parse_args(argv)
@@ -285,7 +294,7 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         sums = {m: totals(rows) for m, rows in plans.items()}
         print(json.dumps({
-            "runtime_model": model.source,
+            "runtime_model": runtime_source(model, plans),
             "partitions_per_run": per_run,
             "checkpoint_records": model.checkpoint_records,
             "preemption": preemption_summary(snapshot),
@@ -313,7 +322,8 @@ def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows
     con = console()
     auto = plans["auto"]
     units = len({r.unit for r in auto})
-    t = Table(title=f"Plan (policy 'auto'): {len(auto)} partitions in {units} work unit(s); runtime from {model.source}; "
+    t = Table(title=f"Plan (policy 'auto'): {len(auto)} partitions in {units} work unit(s); runtime from "
+                    f"{runtime_source(model, plans)}; "
                     "start, runtime and deadline are the unit's, cost the partition's share (by bytes)")
     numeric = ("MB", "unit", "start s", "runtime s", "cost USD", "preempt USD")
     for col in ("partition", "MB", "unit", "backend", "device", "start s", "runtime s", "cost USD", "preempt USD",
