@@ -336,14 +336,21 @@ def test_a_failed_read_is_timed_by_its_event_not_by_the_whole_second_sqlite_stor
     assert (fr.timestamp, fr.source_version) == (row.event.timestamp, None)
 
 
-def test_a_tick_logs_its_new_and_its_changed_or_fixed_files(tmp_path):
+def _text_corpus(tmp_path, files: dict[str, bytes]):
+    """A plain-text corpus directory holding ``files`` (name -> bytes), with the sensor's asset over it:
+    (directory, corpus, asset, sensor, defs, the asset's job)."""
     d = tmp_path / "corpus"
     d.mkdir()
-    (d / "bad.txt").write_bytes("caf\xe9\n".encode("latin-1"))
-    (d / "good.txt").write_text("fine\n")
+    for name, data in files.items():
+        (d / name).write_bytes(data)
     corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
     asset, sensor, _, defs = _defs(corpus, str(tmp_path / "out"))
-    job_def = defs.resolve_job_def("s_embeddings_job")
+    return d, corpus, asset, sensor, defs, defs.resolve_job_def("s_embeddings_job")
+
+
+def test_a_tick_logs_its_new_and_its_changed_or_fixed_files(tmp_path):
+    d, corpus, asset, sensor, defs, job_def = _text_corpus(
+        tmp_path, {"bad.txt": "caf\xe9\n".encode("latin-1"), "good.txt": b"fine\n"})
     with dg.instance_for_test() as instance:
         log = _Log()
         first = _tick(sensor, instance, defs, None, log)  # new files only: logged too
@@ -362,14 +369,8 @@ def test_a_tick_logs_its_new_and_its_changed_or_fixed_files(tmp_path):
 
 
 def test_a_fixed_broken_file_is_requested_again_and_an_unchanged_one_is_not(tmp_path):
-    d = tmp_path / "corpus"
-    d.mkdir()
-    (d / "good.txt").write_text("fine\n")
-    (d / "bad.txt").write_bytes("caf\xe9\n".encode("latin-1"))
-    (d / "lost.txt").write_text("its unit died before reading it\n")
-    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
-    asset, sensor, _, defs = _defs(corpus, str(tmp_path / "out"))
-    job_def = defs.resolve_job_def("s_embeddings_job")
+    d, corpus, asset, sensor, defs, job_def = _text_corpus(tmp_path, {
+        "good.txt": b"fine\n", "bad.txt": "caf\xe9\n".encode("latin-1"), "lost.txt": b"its unit died before reading it\n"})
     with dg.instance_for_test() as instance:
         first = _tick(sensor, instance, defs, None)
         v = {f.key: f.version for f in corpus.list_files()}
