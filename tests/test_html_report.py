@@ -33,7 +33,7 @@ def test_ranged_run_shares_its_estimate():
     assert r.estimated_cost_usd == pytest.approx(0.03) and r.placement_reason == "cheapest"
 
 
-def test_report_of_real_materializations(tmp_path, monkeypatch):
+def test_report_of_real_materializations(tmp_path, monkeypatch, capsys):
     d = tmp_path / "corpus"
     d.mkdir()
     sizes = {"small": 2, "medium": 12, "large": 40}
@@ -89,6 +89,13 @@ def test_report_of_real_materializations(tmp_path, monkeypatch):
             with pytest.raises(SystemExit) as e:
                 report_main(["-a", "rep", *bad])  # argparse's error: usage and one line, exit 2
             assert e.value.code == 2
+        # one partition failing in two runs: stdout counts it once, as the page does, and both runs
+        lost_again = dg.materialize([asset], instance=instance, partition_key="gone", raise_on_error=False)
+        assert not lost_again.success
+        capsys.readouterr()
+        assert report_main(["-a", "rep", "--last", "2", "-o", str(out)]) == 0
+        assert "1 failed partition(s) in 2 failed run(s)" in capsys.readouterr().out
+        assert ", 1 failed; measured cost" in out.read_text()
         page = render_html(rows, [("bad", "abcd1234", "a <b>reason</b>")], "rep: last 10")
     (tmp_path / "full.html").write_text(page)
     assert page.count("<svg ") == 6, page.count("<svg")  # cost, GPU-s, useful fraction, utilization, texts/s vs rows, estimate vs measured
@@ -150,3 +157,27 @@ def test_policy_estimate_is_shown_beside_the_measured_outcome():
     # per backend: 2 × 0.0002 estimated against 2 × 0.0001 measured
     assert "<td>0.000400 (×2.00 of measured)</td>" in page
     assert "<td>10.0</td><td>12.0</td>" in page  # measured s, estimate s
+
+
+def test_no_estimates_sentence_matches_the_row_reasons():
+    from dagster_gpu.commands.report import no_estimates
+
+    only = Placement("local", "auto: local is the only configured backend", device="cpu",
+                     alternatives=(Alternative("local", device="cpu", note="only configured backend"),))
+    rows = [row_from(k, "r1", _md(1.0, 2.0), {"dagster_gpu/placement": dg.MetadataValue.json(only.to_json())})
+            for k in ("a", "b")]
+    page = render_html(rows, [], "t")
+    assert "local was the only configured backend, so there was no choice to estimate" in page
+    assert "forced" not in no_estimates(rows)
+    forced = Placement("slurm", "forced by tag dagster-gpu/backend=slurm", alternatives=(Alternative("slurm"),))
+    rows.append(row_from("c", "r2", _md(1.0, 2.0), {"dagster_gpu/placement": dg.MetadataValue.json(forced.to_json())}))
+    assert "forced" in no_estimates(rows)
+
+
+def test_all_reused_partition_shows_no_throughput():
+    md = {**_md(0.1, 2.0), "embedding/rows": 40, "embedding/reused_rows": 40, "embedding/texts_per_second": 0.0}
+    partly = {**md, "embedding/reused_rows": 10, "embedding/texts_per_second": 300.0}
+    gone, some = row_from("all", "r1", md, None), row_from("part", "r1", partly, None)
+    assert (gone.texts_per_second, some.texts_per_second) == (None, 300.0)
+    page = render_html([gone, some], [], "t")
+    assert "<td>40</td><td>–</td>" in page and "<td>40</td><td>300.0</td>" in page and "<td>0.0</td>" not in page

@@ -6,7 +6,8 @@ from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.policy import DeviceGroup, KubernetesState, SlurmState, Snapshot, after_submit
 from dagster_gpu.instance.history import point_from_metadata, points_from_metadata
 from dagster_gpu.policy.runtime import (
-    FALLBACK_BYTES_PER_ROW, FALLBACK_ROWS, FALLBACK_TEXTS_PER_SECOND, HistoryPoint, RuntimeModel, StepSize,
+    FALLBACK_BYTES_PER_ROW, FALLBACK_CPU_TEXTS_PER_SECOND, FALLBACK_ROWS, FALLBACK_TEXTS_PER_SECOND, HistoryPoint,
+    RuntimeModel, StepSize,
 )
 
 A100 = "NVIDIA A100-SXM4-80GB"
@@ -18,6 +19,22 @@ def test_fallback_without_history():
     # 2,000,000 bytes / 200 bytes per row = 10,000 rows / 2,000 texts/s = 5 s
     assert FALLBACK_TEXTS_PER_SECOND == 2000.0 and FALLBACK_BYTES_PER_ROW == 200.0
     assert m.runtime_s(StepSize(bytes=2_000_000)) == pytest.approx(5.0)
+
+
+def test_fallback_on_cpu_is_the_measured_cpu_figure_and_says_so():
+    m = RuntimeModel.from_history([])
+    # bench/RESULTS.md "Throughput ratio on CPU": 46.3 texts/s, not the GPU figure ÷ 20 (100 texts/s)
+    assert FALLBACK_CPU_TEXTS_PER_SECOND == 46.3 and m.cpu_rate() == 46.3
+    assert m.cpu_runtime_s(StepSize(rows=463)) == pytest.approx(10.0)
+    assert m.cpu_runtime_s(StepSize(rows=463), slowdown=20.0) == pytest.approx(10.0)  # a host's slowdown: GPU history only
+    on_cpu = m.describe(gpu=False, cpu=True)
+    assert on_cpu == ("fallback (no history): CPU 46.3 texts/s (measured: all-MiniLM-L6-v2 on 2 shared CPU cores, "
+                      "bench/RESULTS.md), 200 bytes/row")
+    assert "CPU" not in m.describe(gpu=True, cpu=False) and "GPU 2000 texts/s (stated" in m.describe(gpu=True, cpu=False)
+    assert "GPU 2000" in m.source and "CPU 46.3" in m.source  # both devices when none is named
+    # GPU history without CPU history: the GPU figure ÷ the slowdown, as before
+    g = RuntimeModel.from_history([HistoryPoint(1000, 1000.0)])
+    assert g.fallback_cpu_texts_per_second is None and g.cpu_rate(slowdown=10.0) == 100.0
 
 
 def test_unknown_size_uses_typical_rows():

@@ -175,6 +175,10 @@ def test_whatif_live_local_only_saves_a_snapshot_that_plans_offline(corpus, tmp_
 
     devices = {r["placement"]["device"] for r in live["plans"]["auto"]}
     assert devices == ({"cpu"} if not list_gpus() else {g.product for g in list_gpus()})
+    if not list_gpus():  # a CPU-only host: the fallback named is the measured CPU figure, and no GPU one
+        assert "CPU 46.3 texts/s (measured" in live["runtime_model"] and "GPU" not in live["runtime_model"]
+        alt = live["plans"]["auto"][0]["placement"]["alternatives"][0]
+        assert alt["runtime_s"] > 200_000 / 200 / 46.3  # day0: 1,000 rows at 46.3 texts/s, plus the start-up
     assert {r["placement"]["backend"] for r in live["plans"]["auto"]} == {"local"} and live["infeasible"]["auto"] == 0
     # and it says why as the executor does: no config forced it (a newcomer read "forced by gpu_executor config")
     assert {r["placement"]["reason"] for r in live["plans"]["auto"]} == {"auto: local is the only configured backend"}
@@ -260,3 +264,18 @@ def test_console_script_imports_the_code_location_from_the_working_directory(tmp
     )
     assert cp.returncode == 0, cp.stderr
     assert [r["partition"] for r in json.loads(cp.stdout)["plans"]["auto"]] == ["art", "cookie.txt"]
+
+
+def test_whatif_and_report_name_a_dagster_home_that_is_not_a_directory(corpus, tmp_path, capsys, monkeypatch):
+    from dagster_gpu.commands.report import report_main
+
+    for home, why in ((str(tmp_path / "no-such-home"), "which is not an existing directory"),
+                      ("relative/home", "which is not an absolute path")):
+        monkeypatch.setenv("DAGSTER_HOME", home)
+        for prog, code in (("whatif", lambda: whatif_main([str(corpus)])),
+                           ("dagster-gpu report", lambda: report_main(["-a", "x", "--last", "1",
+                                                                       "-o", str(tmp_path / "r.html")]))):
+            assert code() == 2
+            err = capsys.readouterr().err
+            assert err.startswith(f"{prog}: $DAGSTER_HOME is {home!r}, {why}.") and err.count("\n") == 1, err
+            assert "Traceback" not in err

@@ -24,10 +24,25 @@ def _defs(corpus: CorpusSource, output_url: str):
     return asset, sensor, schedule, dg.Definitions(assets=[asset], jobs=[job], sensors=[sensor], schedules=[schedule])
 
 
-def _tick(sensor, instance, defs, cursor):
+class _Log:
+    """Stands in for a tick's ``context.log``: keeps each line."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def info(self, msg, *args, **kwargs):
+        self.lines.append(str(msg))
+
+    warning = info
+
+
+def _tick(sensor, instance, defs, cursor, log: _Log | None = None):
     """Evaluate one tick and apply its dynamic-partition requests as the daemon does (the daemon then
-    resolves the run requests against the partitions as updated by those requests)."""
+    resolves the run requests against the partitions as updated by those requests); ``log`` collects the
+    tick's log lines."""
     ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+    if log is not None:
+        ctx._logger = log
     result = sensor(ctx)
     for req in result.dynamic_partitions_requests or []:
         instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
@@ -321,15 +336,41 @@ def test_a_failed_read_is_timed_by_its_event_not_by_the_whole_second_sqlite_stor
     assert (fr.timestamp, fr.source_version) == (row.event.timestamp, None)
 
 
-def test_a_fixed_broken_file_is_requested_again_and_an_unchanged_one_is_not(tmp_path):
+def _text_corpus(tmp_path, files: dict[str, bytes]):
+    """A plain-text corpus directory holding ``files`` (name -> bytes), with the sensor's asset over it:
+    (directory, corpus, asset, sensor, defs, the asset's job)."""
     d = tmp_path / "corpus"
     d.mkdir()
-    (d / "good.txt").write_text("fine\n")
-    (d / "bad.txt").write_bytes("caf\xe9\n".encode("latin-1"))
-    (d / "lost.txt").write_text("its unit died before reading it\n")
+    for name, data in files.items():
+        (d / name).write_bytes(data)
     corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
     asset, sensor, _, defs = _defs(corpus, str(tmp_path / "out"))
-    job_def = defs.resolve_job_def("s_embeddings_job")
+    return d, corpus, asset, sensor, defs, defs.resolve_job_def("s_embeddings_job")
+
+
+def test_a_tick_logs_its_new_and_its_changed_or_fixed_files(tmp_path):
+    d, corpus, asset, sensor, defs, job_def = _text_corpus(
+        tmp_path, {"bad.txt": "caf\xe9\n".encode("latin-1"), "good.txt": b"fine\n"})
+    with dg.instance_for_test() as instance:
+        log = _Log()
+        first = _tick(sensor, instance, defs, None, log)  # new files only: logged too
+        assert log.lines == [f"requesting 2 new and 0 changed or fixed file(s) under {d}: new: bad.txt, good.txt"]
+        v = {f.key: f.version for f in corpus.list_files()}
+        _failed_attempt(instance, asset, job_def, ["bad.txt", "good.txt"], materialized={"good.txt"}, read=v)
+        later = time.time() + 5
+        (d / "bad.txt").write_text("café\n")
+        os.utime(d / "bad.txt", (later, later))
+        (d / "geology.txt").write_text("rocks\n")
+        log = _Log()
+        tick = _tick(sensor, instance, defs, first.cursor, log)
+        assert tick.run_requests and [list(r.partition_keys) for r in tick.dynamic_partitions_requests] == [["geology.txt"]]
+        assert log.lines == [f"requesting 1 new and 1 changed or fixed file(s) under {d}: new: geology.txt; "
+                             f"changed or fixed: bad.txt"]
+
+
+def test_a_fixed_broken_file_is_requested_again_and_an_unchanged_one_is_not(tmp_path):
+    d, corpus, asset, sensor, defs, job_def = _text_corpus(tmp_path, {
+        "good.txt": b"fine\n", "bad.txt": "caf\xe9\n".encode("latin-1"), "lost.txt": b"its unit died before reading it\n"})
     with dg.instance_for_test() as instance:
         first = _tick(sensor, instance, defs, None)
         v = {f.key: f.version for f in corpus.list_files()}
@@ -374,8 +415,14 @@ def test_schedule_retries_a_failed_partition_a_bounded_number_of_times_per_file_
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("s_embeddings_files", ["x.txt"])
         for attempt in range(3):
-            reqs = schedule(dg.build_schedule_context(instance=instance))
+            ctx, log = dg.build_schedule_context(instance=instance), _Log()
+            ctx._logger = log
+            reqs = schedule(ctx)
             assert [r.partition_key for r in reqs] == ["x.txt"], attempt
+            # the tick says what it requests, and which try a retried failed partition is
+            assert log.lines[-1] == ("requesting 1 partition(s): 1 missing: x.txt" if attempt == 0 else
+                                     f"requesting 1 partition(s): 1 failed, retried: x.txt (try {attempt + 1} of 3 "
+                                     f"on this file version)"), log.lines
             _failed_attempt(instance, asset, job_def, ["x.txt"])
         left = schedule(dg.build_schedule_context(instance=instance))
         assert isinstance(left, dg.SkipReason)

@@ -41,6 +41,8 @@ from dagster_gpu.instance.run_ranges import PartitionRangeError, run_partition_k
 from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
 from dagster_gpu.worker.metadata import placement_from_metadata
 from dagster_gpu.instance.events import metadata_get, metadata_number
+from dagster_gpu.core.request import BACKENDS
+from dagster_gpu.policy.forced import ForcedBackend
 
 
 @dataclass(frozen=True)
@@ -106,10 +108,13 @@ def row_from(partition: str, run_id: str, md: Mapping[str, Any], launch_md: Mapp
         return float(x) if isinstance(x, (int, float)) else None
 
     rows = metadata_get(md, "embedding/rows")
+    reused = metadata_get(md, "embedding/reused_rows")
+    # every row's vector reused from the previous output: no text reached the model, no throughput (shown "–")
+    all_reused = isinstance(rows, (int, float)) and rows > 0 and reused == rows
     return ReportRow(
         partition=partition, run_id=run_id, backend=str(metadata_get(md, "dagster_gpu/backend") or "?"),
         rows=int(rows) if isinstance(rows, (int, float)) else None,
-        texts_per_second=num("embedding/texts_per_second"), cost_usd=num(COST_USD),
+        texts_per_second=None if all_reused else num("embedding/texts_per_second"), cost_usd=num(COST_USD),
         gpu_seconds=num(GPU_SECONDS), useful_fraction=useful_fraction(md),
         utilization_percent=num("gpu/utilization_mean_percent"),
         gpu_unavailable_reason=metadata_get(md, "gpu/unavailable_reason"),
@@ -252,6 +257,20 @@ def _scatter(xs, ys, labels, title, xlabel, ylabel, diagonal=False) -> str:
     return _svg(fig)
 
 
+def no_estimates(rows: Sequence[ReportRow]) -> str:
+    """Why a report has no policy estimates, from its rows' placement reasons: one backend configured
+    (``auto: B is the only configured backend``: nothing to choose between), or a placement forced by tag or
+    config; a sentence."""
+    only = {b for b in BACKENDS if any(r.placement_reason == ForcedBackend(b, "only").reason for r in rows)}
+    if only and all(r.placement_reason in {ForcedBackend(b, "only").reason for b in only} for r in rows):
+        return (f"No policy estimates: {', '.join(sorted(only))} was the only configured backend, so there was no "
+                f"choice to estimate; with a second backend configured, backend: auto records the estimated cost "
+                f"of every alternative at each launch.")
+    return ("No policy estimates: every placement was forced (a fixed backend or a dagster-gpu/backend tag) or had "
+            "only one configured backend; with backend: auto and several backends each launch records the "
+            "estimated cost of every alternative.")
+
+
 def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]], title: str,
                 registered: set[str] | None = None) -> str:
     """The whole page: totals, per-backend table, charts (inline SVG), placements, failed partitions
@@ -307,9 +326,7 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
                                   "Policy estimate against measured cost", "estimated USD", "measured USD", diagonal=True))
         parts.append("</div>")
         if not ev:
-            parts.append("<p>No policy estimates: every placement was forced (a fixed backend or a "
-                         "<code>dagster-gpu/backend</code> tag); with <code>backend: auto</code> each launch records "
-                         "the estimated cost of every alternative.</p>")
+            parts.append(f"<p>{e(no_estimates(rows))}</p>")
     parts.append("<h2>Partitions</h2><table><tr><th>partition</th><th>run</th><th>backend</th><th>device</th><th>rows</th>"
                  "<th>texts/s</th><th>utilization %</th><th>measured GPU-s</th><th>useful</th><th>measured USD</th>"
                  "<th>scheduler's bill USD</th><th>estimate USD</th><th>measured s</th><th>estimate s</th>"
@@ -372,6 +389,6 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     out.write_text(render_html(rows, failed, f"{args.asset}: {what}", registered=registered))
     runs = len({rid for _, rid, _ in failed})
     n = len({r.partition for r in rows})
-    print(f"{args.output}: {len(rows)} materialization(s) of {n} partition(s), {len(failed)} failed partition(s) "
-          f"in {runs} failed run(s)")
+    print(f"{args.output}: {len(rows)} materialization(s) of {n} partition(s), {len({k for k, _, _ in failed})} "
+          f"failed partition(s) in {runs} failed run(s)")
     return 0

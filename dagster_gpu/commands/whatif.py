@@ -100,9 +100,10 @@ def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | N
     backend, _, device = args.on.partition("/")
     rate = (rc or RateCard.load()).gpu_hour_rate(backend, device or "cpu")
     cpu = (device or "cpu") == "cpu"
-    tps = (model.cpu_texts_per_second or model.texts_per_second / model.cpu_slowdown) if cpu else model.texts_per_second
+    tps = model.cpu_rate() if cpu else model.texts_per_second
     startup_s, per_partition_s = calibration_seconds()
-    cost = UnitCost(startup_s, per_partition_s, model.rows_per_byte / tps, source=f"{CALIBRATION.name}, {model.source}")
+    cost = UnitCost(startup_s, per_partition_s, model.rows_per_byte / tps,
+                    source=f"{CALIBRATION.name}, {model.describe(gpu=not cpu, cpu=cpu)}")
     rows = []
     for delay in [None, *args.max_delay]:
         p = trickle(args.trickle_every, args.file_bytes, cost, rate_usd_per_hour=rate, tick_s=args.tick,
@@ -191,28 +192,36 @@ def live_snapshot(executor_config: dict) -> Snapshot:
     return gather_snapshot(handler, handler.candidates)
 
 
-def instance_runtime_model(asset_key: str | None) -> RuntimeModel:
-    """The asset's runtime model from ``$DAGSTER_HOME``'s instance; the no-history fallback when there
-    is no asset or no ``DAGSTER_HOME``."""
-    if not asset_key or not os.environ.get("DAGSTER_HOME"):
+def instance_runtime_model(instance, asset_key: str | None) -> RuntimeModel:
+    """The asset's runtime model from ``instance`` (a DagsterInstance, ``$DAGSTER_HOME``'s); the no-history
+    fallback when there is no asset or no instance."""
+    if not asset_key or instance is None:
         return RuntimeModel.from_history([])
-    import dagster as dg
-
     from dagster_gpu.instance.history import runtime_model
 
-    return runtime_model(dg.DagsterInstance.get(), asset_key)
+    return runtime_model(instance, asset_key)
 
 
-def learned_snapshot(snapshot: Snapshot) -> Snapshot:
-    """``snapshot`` with each pool's preemption rate learned from ``$DAGSTER_HOME``'s instance
-    (:func:`dagster_gpu.instance.preemptions.with_learned_rates`); as it is without ``DAGSTER_HOME``."""
-    if not os.environ.get("DAGSTER_HOME"):
+def learned_snapshot(instance, snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with each pool's preemption rate learned from ``instance`` (a DagsterInstance,
+    ``$DAGSTER_HOME``'s; :func:`dagster_gpu.instance.preemptions.with_learned_rates`); as it is without one."""
+    if instance is None:
         return snapshot
-    import dagster as dg
-
     from dagster_gpu.instance.preemptions import with_learned_rates
 
-    return with_learned_rates(dg.DagsterInstance.get(), snapshot)
+    return with_learned_rates(instance, snapshot)
+
+
+def open_instance(prog: str = "whatif"):
+    """``(ok, instance)``: ``$DAGSTER_HOME``'s DagsterInstance, ``(True, None)`` when the variable is not set
+    (whatif then plans on the fallback and the configured preemption priors), ``(False, None)`` after one line
+    on stderr when it is set but unusable (:func:`dagster_gpu.commands.common.instance_or_none`)."""
+    if not os.environ.get("DAGSTER_HOME"):
+        return True, None
+    from dagster_gpu.commands.common import instance_or_none
+
+    instance = instance_or_none(prog)
+    return instance is not None, instance
 
 
 def preemption_summary(snapshot: Snapshot) -> dict[str, dict]:
@@ -227,9 +236,20 @@ def preemption_summary(snapshot: Snapshot) -> dict[str, dict]:
     return out
 
 
+def runtime_source(model: RuntimeModel, plans: dict[str, list[PlanRow]]) -> str:
+    """``model``'s source in words for the devices ``plans`` place partitions on (a CPU-only host's plan names
+    the CPU figure only; nothing placed: both devices)."""
+    devices = {r.placement.chosen.device for rows in plans.values() for r in rows
+               if r.placement is not None and r.placement.chosen is not None}
+    return model.describe(gpu=any(d != "cpu" for d in devices), cpu="cpu" in devices)
+
+
 def whatif_main(argv: Sequence[str] | None = None) -> int:
     """CLI entry point; returns the exit code (0 ok, 2 bad input: the reason on stderr after ``whatif:``)."""
     args = _parser().parse_args(argv)
+    ok, instance = open_instance()
+    if not ok:
+        return 2
     try:
         tags = dict(t.split("=", 1) for t in args.tag)
         request = GpuRequest.from_tags(tags)
@@ -252,7 +272,7 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
         if args.history:
             model = RuntimeModel.from_history([HistoryPoint(**h) for h in json.loads(Path(args.history).read_text())])
         else:
-            model = instance_runtime_model(args.asset)
+            model = instance_runtime_model(instance, args.asset)
         if args.trickle_every is not None:
             rows = trickle_rows(args, model, rc)
             if args.json:
@@ -266,7 +286,7 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
         if args.checkpoint_records is not None:
             checkpoints = args.checkpoint_records if args.checkpoint_records > 0 else None
         model = replace(model, checkpoint_records=checkpoints)
-        snapshot = learned_snapshot(snapshot)
+        snapshot = learned_snapshot(instance, snapshot)
         plans = {m: plan(partitions, request, snapshot, model, m, per_run) for m in MODES}
     except (ValueError, OSError, KeyError, TypeError, ImportError) as e:
         print(f"whatif: {e}", file=sys.stderr)
@@ -274,7 +294,7 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         sums = {m: totals(rows) for m, rows in plans.items()}
         print(json.dumps({
-            "runtime_model": model.source,
+            "runtime_model": runtime_source(model, plans),
             "partitions_per_run": per_run,
             "checkpoint_records": model.checkpoint_records,
             "preemption": preemption_summary(snapshot),
@@ -302,7 +322,8 @@ def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows
     con = console()
     auto = plans["auto"]
     units = len({r.unit for r in auto})
-    t = Table(title=f"Plan (policy 'auto'): {len(auto)} partitions in {units} work unit(s); runtime from {model.source}; "
+    t = Table(title=f"Plan (policy 'auto'): {len(auto)} partitions in {units} work unit(s); runtime from "
+                    f"{runtime_source(model, plans)}; "
                     "start, runtime and deadline are the unit's, cost the partition's share (by bytes)")
     numeric = ("MB", "unit", "start s", "runtime s", "cost USD", "preempt USD")
     for col in ("partition", "MB", "unit", "backend", "device", "start s", "runtime s", "cost USD", "preempt USD",

@@ -75,7 +75,9 @@ def corpus_sensor(
     waited ``max_delay_seconds``. The cursor remembers when each held file was first found due (a daemon
     restart loses nothing: the files due are found again from the listing and the instance; run keys are
     content hashes, so nothing is requested twice). New files are registered as partitions when requested.
-    The tick's skip reason or log line says why it held or requested.
+    The tick's skip reason or log line says why it held or requested; a tick that requests runs logs how many
+    new and how many changed or fixed files (file groups for a file-grouped corpus) it requests, naming the
+    first of each (:func:`requested_files_line`).
 
     ``bridge``: neighbouring ranges of due keys become one run over the keys between them too, when those
     are materialized and current and redoing them costs less than the start-up saved
@@ -132,11 +134,9 @@ def corpus_sensor(
                 cursor["held"] = {h.key: [h.version, h.size_bytes, h.since] for h in held}
                 return dg.SensorResult(skip_reason=dg.SkipReason(decision.why), cursor=json.dumps(cursor), asset_events=events)
             context.log.info(decision.why)
-        if due_again:
-            what = "file group(s)" if corpus.group_buckets is not None else "file(s)"
-            context.log.info(f"{len(due_again)} changed or fixed {what} under {corpus.url}: " + ", ".join(f.key for f in due_again[:10])
-                             + (" …" if len(due_again) > 10 else ""))
         keys = [f.key for f in new]
+        what = "file group(s)" if corpus.group_buckets is not None else "file(s)"
+        context.log.info(requested_files_line(keys, [f.key for f in due_again], what, corpus.url))
         all_keys = [*registered, *keys]
         bridgeable = _bridgeable(files, status) if bridge and status is not None else None
         # the new keys are appended to the definition in this order, so they are consecutive
@@ -148,6 +148,36 @@ def corpus_sensor(
         )
 
     return _sensor
+
+
+def first_keys(keys: Sequence[str], n: int = 10) -> str:
+    """The first ``n`` of ``keys``, comma-separated, followed by `` …`` when there are more."""
+    return ", ".join(keys[:n]) + (" …" if len(keys) > n else "")
+
+
+def requested_files_line(new: Sequence[str], again: Sequence[str], what: str, url: str) -> str:
+    """The corpus sensor's line for a tick that requests runs: how many new and how many changed or fixed
+    partitions (``what``: ``file(s)``, or ``file group(s)`` for a file-grouped corpus) under ``url``, naming
+    the first keys of each."""
+    named = [f"{label}: {first_keys(keys)}" for label, keys in (("new", new), ("changed or fixed", again)) if keys]
+    return f"requesting {len(new)} new and {len(again)} changed or fixed {what} under {url}: " + "; ".join(named)
+
+
+def requested_partitions_line(todo: Sequence[str], failed: set[str], stale: set[str], tries: Mapping[str, int],
+                              max_failed_attempts: int | None) -> str:
+    """The missing-partitions schedule's line for a tick that requests runs over ``todo``: how many missing,
+    failed (retried) and stale partitions, naming the first keys of each; each retried failed one with its
+    try since its file last changed (``tries``: runs since then, as counted by
+    :func:`dagster_gpu.instance.partition_status.attempts_since`; this is try ``tries + 1`` of
+    ``max_failed_attempts``, or without a bound only "retried")."""
+    stale_keys = [k for k in todo if k in stale]
+    retried = [k for k in todo if k in failed and k not in stale]
+    missing = [k for k in todo if k not in failed and k not in stale]
+    if max_failed_attempts is not None:
+        retried = [f"{k} (try {tries.get(k, 0) + 1} of {max_failed_attempts} on this file version)" for k in retried]
+    parts = [f"{len(keys)} {label}: {first_keys(keys)}" for label, keys in
+             (("missing", missing), ("failed, retried", retried), ("stale", stale_keys)) if keys]
+    return f"requesting {len(todo)} partition(s): " + "; ".join(parts)
 
 
 def _due_again(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, files: Sequence[CorpusFile]):
@@ -305,7 +335,10 @@ def backfill_missing_schedule(
     deserve one every hour forever. None: retried at every tick (the behaviour before the bound).
 
     ``bridge``: neighbouring ranges become one run over the materialized keys between them when that costs
-    less than a second unit's start-up (:func:`dagster_gpu.policy.batching.bridge_ranges`)."""
+    less than a second unit's start-up (:func:`dagster_gpu.policy.batching.bridge_ranges`).
+
+    A tick that requests runs logs one line: how many missing, failed (each with its try on this file version)
+    and stale partitions, naming the first of each (:func:`requested_partitions_line`)."""
     job = job or asset_job(asset)
     if max_failed_attempts is not None and max_failed_attempts < 1:
         raise ValueError(f"backfill_missing_schedule: max_failed_attempts must be >= 1 or None, got {max_failed_attempts}")
@@ -328,6 +361,7 @@ def backfill_missing_schedule(
             found = set(partition_staleness(context.instance, asset, corpus or corpus_of(asset), files=files).stale_keys)
             todo = [k for k in keys if k in found or k in set(todo)]
         given_up: list[str] = []
+        tries: dict[str, int] = {}
         retry = [k for k in todo if k in failed and k not in found]
         if retry and max_failed_attempts is not None:
             files = files if files is not None else _listing_or_empty(corpus or _corpus_or_none(asset))
@@ -337,7 +371,7 @@ def backfill_missing_schedule(
             todo = [k for k in todo if k not in set(given_up)]
         if given_up:
             context.log.info(f"{len(given_up)} failed partition(s) not retried: failed {max_failed_attempts} time(s) since "
-                             f"their file last changed: {', '.join(given_up[:10])}" + (" …" if len(given_up) > 10 else ""))
+                             f"their file last changed: {first_keys(given_up)}")
         if not todo:
             why = ("every partition is materialized and up to date, or in flight" if stale
                    else "every partition is materialized or in flight")
@@ -349,6 +383,7 @@ def backfill_missing_schedule(
             files = files if files is not None else _listing_or_empty(corpus or _corpus_or_none(asset))
             bridgeable = _bridgeable(files, status)
             cost = unit_cost(context.instance, asset)
+        context.log.info(requested_partitions_line(todo, failed, found, tries, max_failed_attempts))
         return ranged_run_requests(asset, keys, todo, bridgeable=bridgeable, cost=cost)
 
     return _schedule

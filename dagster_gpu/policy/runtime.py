@@ -18,13 +18,17 @@ On a MIG slice of compute fraction ``f`` the step runs at ``min(1, f / u)`` of t
 where ``u`` is the median ``gpu/utilization_mean_percent`` / 100 of the history (a step that keeps an
 A100 25 % busy loses nothing on a 2g slice, 2/7 ≈ 29 %); with no utilization history ``u = 1`` (the
 conservative, compute-bound assumption: runtime scales by ``1 / f``). On CPU the runtime is the GPU
-runtime times ``cpu_slowdown`` unless CPU history exists.
+runtime times ``cpu_slowdown`` when there is GPU history but no CPU history; CPU history's own median when
+there is some; ``FALLBACK_CPU_TEXTS_PER_SECOND`` when there is no history at all.
 
 Fallback when there is no history (stated, not measured here):
 
 - ``FALLBACK_TEXTS_PER_SECOND = 2000``: a deliberately conservative figure for all-MiniLM-L6-v2 on one
   data-centre GPU (sbert.net's pretrained-model table lists about 14,200 sentences/s for that model on a
   V100; real corpora with longer texts and parquet I/O run far slower).
+- ``FALLBACK_CPU_TEXTS_PER_SECOND = 46.3``: measured, not stated: all-MiniLM-L6-v2 through the pipeline on
+  this project's 2-core shared CPU host (bench/RESULTS.md, "Throughput ratio on CPU"), the lowest of the
+  recorded CPU medians. The GPU figure ÷ 20 (100 texts/s) was 2.3–2.85× too fast for a newcomer's CPU run.
 - ``FALLBACK_BYTES_PER_ROW = 200``: a short text plus its parquet/JSONL framing.
 - ``FALLBACK_ROWS = 10000``: rows of a partition of unknown size (5 s at the fallback rate), so a step
   of unknown size is priced as a short one rather than refused.
@@ -38,6 +42,11 @@ from dataclasses import dataclass
 from typing import Iterable
 
 FALLBACK_TEXTS_PER_SECOND = 2000.0
+#: texts/s on a CPU with no history: bench/RESULTS.md "Throughput ratio on CPU" (bench/embed_throughput.py
+#: --device cpu --texts 3000 --batch-size 64 --reps 3): all-MiniLM-L6-v2, 2 torch threads on 2 shared cores,
+#: pipeline median 46.3 texts/s (reps 46.3, 53.2, 44.4; the same host quiet gave 127.4, loaded 51.7: the lowest
+#: recorded median is taken, as the GPU figure is a conservative one)
+FALLBACK_CPU_TEXTS_PER_SECOND = 46.3
 FALLBACK_BYTES_PER_ROW = 200.0
 FALLBACK_ROWS = 10000.0
 
@@ -141,7 +150,8 @@ class RuntimeModel:
         rows_per_byte: median rows per corpus byte.
         gpu_busy: median GPU busy fraction u (0 < u <= 1) of a step on a full GPU.
         cpu_texts_per_second: median texts/s on CPU, None without CPU history.
-        cpu_slowdown: CPU runtime = GPU runtime × this when ``cpu_texts_per_second`` is None.
+        cpu_slowdown: CPU runtime = GPU runtime × this when ``cpu_texts_per_second`` and
+            ``fallback_cpu_texts_per_second`` are None.
         n_history: how many materializations the figures come from (0 = fallback).
         per_product: median texts/s by GPU product, where history has it.
         typical_rows: median rows per materialization, for a partition of unknown size.
@@ -153,6 +163,8 @@ class RuntimeModel:
             ``checkpoint_every_batches × read_batch_rows``, :mod:`dagster_gpu.embedding.checkpoint`); None: no
             checkpoints (a preemption loses the partition in flight). Sets the lost work of a preemption
             (:mod:`dagster_gpu.policy.preemption`).
+        fallback_cpu_texts_per_second: texts/s assumed on CPU when there is no history at all
+            (``FALLBACK_CPU_TEXTS_PER_SECOND``, set by :meth:`from_history`); None: the GPU figure ÷ slowdown.
     """
 
     texts_per_second: float = FALLBACK_TEXTS_PER_SECOND
@@ -169,15 +181,30 @@ class RuntimeModel:
     #: materializations on a GPU among ``n_history`` (the rest ran on the CPU; None: all of them); 0 = the GPU
     #: figures are the fallback
     n_gpu_history: int | None = None
+    fallback_cpu_texts_per_second: float | None = None
 
     @property
     def source(self) -> str:
-        """Where each figure comes from, in words (what ``whatif`` prints)."""
+        """Where each figure comes from, in words (what ``whatif`` prints): :meth:`describe` for both devices."""
+        return self.describe()
+
+    def describe(self, gpu: bool = True, cpu: bool = True) -> str:
+        """Where each figure comes from, in words. Without history, only the devices asked for are named
+        (``gpu``: a GPU placement, ``cpu``: a CPU one; neither: both), each with its texts/s and where that
+        figure comes from; with history, every figure learned or assumed."""
         if self.n_history == 0:
-            return (
-                f"fallback (no history): {self.texts_per_second:g} texts/s, "
-                f"{1 / self.rows_per_byte:g} bytes/row"
-            )
+            both = not (gpu or cpu)
+            named = []
+            if gpu or both:
+                named.append(f"GPU {self.texts_per_second:g} texts/s (stated: conservative for all-MiniLM-L6-v2 on "
+                             f"one data-centre GPU)")
+            if cpu or both:
+                if self.fallback_cpu_texts_per_second:
+                    named.append(f"CPU {self.fallback_cpu_texts_per_second:g} texts/s (measured: all-MiniLM-L6-v2 on "
+                                 f"2 shared CPU cores, bench/RESULTS.md)")
+                else:
+                    named.append(f"CPU: the GPU figure ÷ {self.cpu_slowdown:g}")
+            return f"fallback (no history): {', '.join(named)}, {1 / self.rows_per_byte:g} bytes/row"
         n_gpu = self.n_history if self.n_gpu_history is None else self.n_gpu_history
         n_cpu = self.n_history - n_gpu
         gpu = (f"GPU median {self.texts_per_second:.0f} texts/s ({n_gpu} on a GPU)" if n_gpu
@@ -193,6 +220,8 @@ class RuntimeModel:
         gpu = [p for p in pts if (p.product or "").lower() != "cpu"]
         cpu = [p for p in pts if (p.product or "").lower() == "cpu"]
         kw: dict = {"cpu_slowdown": cpu_slowdown, "n_history": len(pts), "n_gpu_history": len(gpu)}
+        if not pts:
+            kw["fallback_cpu_texts_per_second"] = FALLBACK_CPU_TEXTS_PER_SECOND
         if gpu:
             kw["texts_per_second"] = statistics.median(p.texts_per_second for p in gpu)
             by: dict[str, list[float]] = {}
@@ -247,8 +276,15 @@ class RuntimeModel:
         """Billed seconds the step's partitions add beyond their embedding: ``n_partitions × per_partition_s``."""
         return size.n_partitions * self.per_partition_s
 
-    def cpu_runtime_s(self, size: StepSize, slowdown: float | None = None) -> float:
-        """Expected seconds on CPU: CPU history if any, else GPU runtime × slowdown."""
+    def cpu_rate(self, slowdown: float | None = None) -> float:
+        """Texts/s assumed on CPU: the CPU history's median, else the no-history CPU fallback, else the GPU
+        figure ÷ ``slowdown`` (default ``cpu_slowdown``; a host's own, e.g. ``LocalState.cpu_slowdown``)."""
         if self.cpu_texts_per_second:
-            return self.rows(size) / self.cpu_texts_per_second
-        return self.gpu_seconds_full(size) * (slowdown if slowdown is not None else self.cpu_slowdown)
+            return self.cpu_texts_per_second
+        if self.fallback_cpu_texts_per_second:
+            return self.fallback_cpu_texts_per_second
+        return self.texts_per_second / (slowdown if slowdown is not None else self.cpu_slowdown)
+
+    def cpu_runtime_s(self, size: StepSize, slowdown: float | None = None) -> float:
+        """Expected seconds on CPU: rows ÷ :meth:`cpu_rate`."""
+        return self.rows(size) / self.cpu_rate(slowdown)

@@ -178,7 +178,8 @@ class LocalState(BackendState):
 
     Attributes (besides :class:`BackendState`):
         cpu_slowdown: how many times slower a GPU step runs on this host's CPU (used only when the
-            request has ``count == 0`` and no CPU history exists). Default 20 (assumption: a small
+            request has ``count == 0`` and there is GPU history but no CPU history; with no history at all
+            the measured CPU fallback, ``FALLBACK_CPU_TEXTS_PER_SECOND``, is used). Default 20 (assumption: a small
             sentence-transformers model runs roughly an order of magnitude or more slower on CPU).
     """
 
