@@ -421,3 +421,62 @@ def test_the_runs_a_daemons_sensors_started_are_waited_for_before_it_stops(capsy
         out = capsys.readouterr().out
         assert "Waiting up to 0 s for 1 run(s) the daemon's sensors started meanwhile (job_index;" in out
         assert "1 run(s) still in flight will be interrupted and fail: index" in out
+
+
+def _fake_running_daemon(instance):
+    """A fresh BACKFILL heartbeat: the command takes it for a daemon already serving the instance and starts none."""
+    from dagster._daemon.types import DaemonHeartbeat
+
+    instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), "BACKFILL", "fake-daemon", None))
+
+
+def _when_backfill_stored(instance, then, timeout_s: float = 60.0) -> threading.Thread:
+    """Call ``then(backfill)`` from a thread once the command has stored its backfill."""
+    def go():
+        deadline = time.monotonic() + timeout_s
+        while not (bfs := instance.get_backfills()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if bfs:
+            then(bfs[0])
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_backfill_that_failed_with_an_error_shows_it_and_exits_non_zero(setup, monkeypatch, capsys):
+    """A workspace that does not load: the daemon marks the backfill FAILED with the load error stored on it and
+    makes no run. Its message (not the stack) comes before the summary, and the exit is 1, even for partitions
+    materialized earlier."""
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._utils.error import SerializableErrorInfo
+
+    from dagster_gpu.commands.backfill import backfill_error
+
+    corpus, asset, defs, module = setup
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    msg = ("dagster._core.errors.DagsterAssetBackfillDataLoadError: Asset AssetKey(['c_embeddings']) existed at "
+           "storage-time, but no longer does. This could be because it's inside a code location that's failing to "
+           "load: ['no_such_module_trial20:defs']\n")
+    error = SerializableErrorInfo(msg, ["  File \"x.py\", line 1, in <module>\n"], "DagsterAssetBackfillDataLoadError")
+    with dg.instance_for_test() as instance:
+        _fake_running_daemon(instance)
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="done.txt"))
+        t = _when_backfill_stored(instance, lambda bf: instance.update_backfill(
+            bf.with_status(BulkActionStatus.FAILED).with_error(error).with_end_timestamp(time.time())))
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--bills-wait", "0"]) == 1
+        t.join()
+        out, err = capsys.readouterr()
+        first = "DagsterAssetBackfillDataLoadError: Asset AssetKey(['c_embeddings']) existed at storage-time"
+        assert f"failed: {first}" in out.replace("\n", "")
+        assert "['no_such_module_trial20:defs']" in out.replace("\n", "")
+        assert out.index("DagsterAssetBackfillDataLoadError") < out.index(": failed in 0 run(s)")  # before the summary
+        assert "x.py" not in out and "dagster._core.errors" not in out
+        assert err.startswith("dagster-gpu backfill: backfill ") and "failed: DagsterAssetBackfillDataLoadError" in err
+        [bf] = instance.get_backfills()
+        assert backfill_error(instance, bf.backfill_id) == msg.strip().removeprefix("dagster._core.errors.")
+        # a cause fills the lines the message leaves
+        caused = SerializableErrorInfo("Exception: outer\n", [], "Exception",
+                                       cause=SerializableErrorInfo("builtins.ValueError: inner\n", [], "ValueError"))
+        instance.update_backfill(bf.with_error(caused))
+        assert backfill_error(instance, bf.backfill_id) == "Exception: outer\nValueError: inner"
+        assert backfill_error(instance, bf.backfill_id, lines=1) == "Exception: outer"

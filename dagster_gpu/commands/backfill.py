@@ -9,6 +9,7 @@ run's step goes through whatever executor the job has (``gpu_executor`` for our 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -109,6 +110,22 @@ def submit_asset_backfill(
     )
     instance.add_backfill(backfill)
     return backfill_id
+
+
+def backfill_error(instance: dg.DagsterInstance, backfill_id: str, lines: int = 2) -> str | None:
+    """What the daemon stored as the reason a backfill ended (``PartitionBackfill.error``, a
+    SerializableErrorInfo; e.g. ``DagsterAssetBackfillDataLoadError: … code location that's failing to load:
+    ['mod:defs']`` when the workspace does not load) as at most ``lines`` lines: the message's non-blank
+    lines without the exception's module path, then its causes' while fewer. None when the backfill has no
+    error (or is gone). Never the stack."""
+    bf = instance.get_backfill(backfill_id)
+    err = bf.error if bf is not None else None
+    out: list[str] = []
+    while err is not None and len(out) < lines:
+        out += [re.sub(r"^(?:[A-Za-z_][\w]*\.)+(?=\w+(?:Error|Exception)\b)", "", ln.strip())
+                for ln in (err.message or "").splitlines() if ln.strip()][: lines - len(out)]
+        err = err.cause
+    return "\n".join(out) or None
 
 
 @dataclass

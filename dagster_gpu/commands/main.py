@@ -68,7 +68,7 @@ def _backfill(argv: list[str]) -> int:
     from dagster_gpu.definitions.partitions import (
         NoCorpus, bridged_selection, corpus_of, embeddings_followed, indexes_following, prune_partitions, register_corpus_files, select_partitions,
     )
-    from dagster_gpu.commands.progress import BackfillAbandoned, run_backfill_with_progress
+    from dagster_gpu.commands.progress import BackfillAbandoned, BackfillFailed, run_backfill_with_progress
 
     console = make_console()
     loaded = load_definitions(args.module, args.attribute, "dagster-gpu backfill")
@@ -152,7 +152,7 @@ def _backfill(argv: list[str]) -> int:
             partitions_def_name=asset.partitions_def.name,
             console=console, bills_wait_s=args.bills_wait, runs_wait_s=args.runs_wait, running_daemon=running,
         )
-    except BackfillAbandoned as e:
+    except (BackfillAbandoned, BackfillFailed) as e:
         print(f"dagster-gpu backfill: {e}", file=sys.stderr)
         return 1
     return 1 if any(not r.ok for r in rows) else 0

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from dagster_gpu.commands.backfill import (
     BackfillProgress, BackfillTimeout, DaemonDied, DaemonProcess, PartitionSummary, RunningDaemon, abandon_backfill,
+    backfill_error,
     other_runs_in_flight, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_runs,
 )
 from dagster_gpu.instance.bills import billed_total
@@ -162,6 +163,16 @@ class BackfillAbandoned(RuntimeError):
     passed, or Ctrl-C): the message says why and what became of the backfill (canceled, or still running)."""
 
 
+class BackfillFailed(RuntimeError):
+    """The backfill ended with an error the daemon stored on it (:func:`dagster_gpu.commands.backfill.backfill_error`,
+    e.g. its code location did not load): the message is that error; ``rows`` the summary already printed
+    (a partition materialized before this backfill shows as ok there)."""
+
+    def __init__(self, message: str, rows: Sequence[PartitionSummary]):
+        super().__init__(message)
+        self.rows = list(rows)
+
+
 def settle_wait_note() -> str:
     """How long a run worker may stay up after its partitions are done, billing its work units: each backend's
     default ``settle_wait_seconds`` (its settings class), as one phrase."""
@@ -225,6 +236,8 @@ def run_backfill_with_progress(
     Raises BackfillAbandoned when the daemon dies, ``timeout_s`` passes or the user interrupts: a backfill
     whose daemon this command started (or whose daemon is gone) is canceled first
     (:func:`dagster_gpu.commands.backfill.abandon_backfill`), so that no later daemon runs it unasked.
+    Raises BackfillFailed, after the summary, when the backfill ended with an error stored on it (printed in
+    red before the summary).
     """
     from contextlib import nullcontext
 
@@ -262,8 +275,14 @@ def run_backfill_with_progress(
         else:
             what = abandon_backfill(instance, backfill_id)
         raise BackfillAbandoned(f"{why}\n{what}") from (None if isinstance(e, KeyboardInterrupt) else e)
+    error = backfill_error(instance, backfill_id)
+    if error is not None:
+        console.print(f"[bold red]Backfill {backfill_id} {final.status.lower()}:[/bold red] ", end="")
+        console.print(error, soft_wrap=True, markup=False, highlight=False)
     print_summary(console, instance, rows, title=f"Backfill {backfill_id}: {final.status.lower()} in {final.runs} run(s)")
     uf = useful_fraction(rows)
     if uf is not None:
         console.print(f"Useful fraction (Σ embedding seconds ÷ Σ measured seconds, materialized partitions): {uf:.3f}")
+    if error is not None:
+        raise BackfillFailed(f"backfill {backfill_id} {final.status.lower()}: {error.splitlines()[0]}", rows)
     return rows
