@@ -392,12 +392,12 @@ def test_scattered_keys_are_bridged_into_one_run_when_cheaper(setup):
 def test_the_runs_a_daemons_sensors_started_are_waited_for_before_it_stops(capsys):
     """The demo's daemon was stopped while the index's automation sensor had a run going: that run failed
     ("Execution was interrupted unexpectedly"). Runs other than the backfill's, started since the daemon was,
-    are waited for (a queued or not started one is left to the next daemon), and what still runs then is named."""
+    are waited for (one never submitted is not: no daemon starts it), and what still runs then is named."""
     import threading
 
     from dagster._core.storage.dagster_run import DagsterRun
 
-    from dagster_gpu.commands.backfill import other_runs_in_flight, wait_for_other_runs
+    from dagster_gpu.commands.backfill import other_work, wait_for_other_work
     from dagster_gpu.commands.progress import drain_other_runs
     from dagster_gpu.commands.common import console as make_console
 
@@ -408,12 +408,12 @@ def test_the_runs_a_daemons_sensors_started_are_waited_for_before_it_stops(capsy
                                          ("sensor", S.STARTING, None), ("not_started", S.NOT_STARTED, "b2"), ("done", S.SUCCESS, "b2")):
             instance.add_run(DagsterRun(job_name=f"job_{run_id}", run_id=run_id, status=status,
                                         tags={"dagster/backfill": backfill} if backfill else {}))
-        assert sorted(r.run_id for r in other_runs_in_flight(instance, since, "b1")) == ["index", "sensor"]
-        assert other_runs_in_flight(instance, time.time() + 5, "b1") == []  # started before the daemon: not its
+        assert sorted(r.run_id for r in other_work(instance, since, "b1").running) == ["index", "sensor"]
+        assert not other_work(instance, time.time() + 5, "b1")  # started before the daemon: not its
         t0 = time.monotonic()
         threading.Timer(1.0, lambda: instance.report_run_canceled(instance.get_run_by_id("sensor"))).start()
-        left = wait_for_other_runs(instance, since, "b1", timeout_s=3, poll_s=0.2)
-        assert [r.run_id for r in left] == ["index"] and 2.5 < time.monotonic() - t0 < 6
+        left = wait_for_other_work(instance, since, "b1", timeout_s=3, poll_s=0.2)
+        assert [r.run_id for r in left.running] == ["index"] and 2.5 < time.monotonic() - t0 < 6
 
         class _Daemon:
             started_at = since
@@ -480,3 +480,68 @@ def test_a_backfill_that_failed_with_an_error_shows_it_and_exits_non_zero(setup,
         instance.update_backfill(bf.with_error(caused))
         assert backfill_error(instance, bf.backfill_id) == "Exception: outer\nValueError: inner"
         assert backfill_error(instance, bf.backfill_id, lines=1) == "Exception: outer"
+
+
+def _queued_run(instance, run_id: str) -> None:
+    """A run of asset c_index in the run queue, as a sensor's request leaves it."""
+    from dagster._core.remote_origin import GrpcServerCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    origin = RemoteJobOrigin(RemoteRepositoryOrigin(GrpcServerCodeLocationOrigin(host="localhost", port=1, location_name="x"), "__repository__"),
+                             "index_job")
+    instance.add_run(DagsterRun(job_name="index_job", run_id=run_id, status=dg.DagsterRunStatus.QUEUED,
+                                remote_job_origin=origin, asset_selection=frozenset({dg.AssetKey("c_index")})))
+
+
+def test_runs_queued_and_backfills_requested_by_the_daemons_sensors_are_waited_for_then_named(setup, capsys):
+    """The index's automation sensor had queued runs and requested a backfill when the command stopped its daemon:
+    they stayed QUEUED / REQUESTED and nothing was said. While the daemon runs they are waited for (its run queue
+    and backfill loop start them); what is still queued or requested at the end is named with how to finish it."""
+    from dagster._core.execution.backfill import BulkActionStatus
+
+    from dagster_gpu.commands.backfill import other_work, submit_asset_backfill
+    from dagster_gpu.commands.common import console as make_console
+    from dagster_gpu.commands.progress import drain_other_runs
+
+    _corpus, asset, defs, _module = setup
+    with dg.instance_for_test() as instance:
+        since = time.time() - 1
+        instance.add_dynamic_partitions("c_embeddings_files", ["done.txt", "never.txt"])
+        mine = submit_asset_backfill(instance, defs, asset.key, ["done.txt"])
+        auto = submit_asset_backfill(instance, defs, asset.key, ["never.txt"], title="automation")
+        _queued_run(instance, "queued")
+        work = other_work(instance, since, mine)
+        assert [r.run_id for r in work.queued] == ["queued"] and not work.running
+        assert [b.backfill_id for b in work.requested] == [auto]
+
+        class _Daemon:
+            started_at = since
+            dead: str | None = None
+
+            def why_dead(self):
+                return self.dead
+
+        daemon = _Daemon()
+        # the daemon's run queue starts the run and its backfill loop ends the backfill: the wait ends early
+        def run_them():
+            instance.report_run_canceled(instance.get_run_by_id("queued"))
+            instance.update_backfill(instance.get_backfill(auto).with_status(BulkActionStatus.COMPLETED_SUCCESS))
+        threading.Timer(1.0, run_them).start()
+        t0 = time.monotonic()
+        assert drain_other_runs(instance, daemon, mine, make_console(), timeout_s=30) == 0
+        assert time.monotonic() - t0 < 10
+        out = capsys.readouterr().out.replace("\n", "")
+        assert "Waiting up to 30 s for 1 run(s) and 1 backfill(s) the daemon's sensors started meanwhile" in out
+        assert "stay for the next" not in out
+        # still queued when the wait ends (or the daemon died): one line naming them and how to finish them
+        _queued_run(instance, "queued2")
+        auto2 = submit_asset_backfill(instance, defs, asset.key, ["never.txt"])
+        daemon.dead = "gone"
+        t0 = time.monotonic()
+        assert drain_other_runs(instance, daemon, mine, make_console(), timeout_s=30) == 0
+        assert time.monotonic() - t0 < 10  # a dead daemon runs nothing: no wait
+        out = capsys.readouterr().out.replace("\n", "")
+        assert (f"1 run(s) queued (queued2) and 1 backfill(s) requested ({auto2}) by the daemon's sensors meanwhile "
+                "stay for the next dagster-daemon on this instance (`dagster dev` or `dagster-daemon run`); to run "
+                "them now: dagster-gpu backfill -m MODULE -a c_embeddings --stale; dagster-gpu backfill -m MODULE "
+                "-a c_index --stale") in out

@@ -537,26 +537,62 @@ def wait_for_bills(
     return rows
 
 
-def other_runs_in_flight(instance: dg.DagsterInstance, since: float, backfill_id: str) -> list[dg.DagsterRun]:
-    """Runs created since ``since`` (epoch s) that are starting or running, other than backfill
-    ``backfill_id``'s: those a daemon's sensors launched meanwhile (the index's automation sensor following
-    the embeddings, the corpus sensor). Stopping the daemon that runs them would kill their run workers and
-    fail them ("Execution was interrupted unexpectedly"); a queued run is left queued for the next daemon."""
+@dataclass(frozen=True)
+class OtherWork:
+    """What a daemon's sensors started on the instance while a backfill ran (the index's automation sensor
+    following the embeddings, the corpus sensor), other than that backfill: runs ``running`` (starting,
+    started or canceling), runs ``queued`` (the daemon's run queue starts them) and backfills ``requested``
+    (an automation sensor's backfill over many partitions; the daemon's backfill loop makes its runs)."""
+
+    running: tuple[dg.DagsterRun, ...] = ()
+    queued: tuple[dg.DagsterRun, ...] = ()
+    requested: tuple[PartitionBackfill, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.running or self.queued or self.requested)
+
+    def describe(self) -> str:
+        """``2 run(s) queued (id, id) and 1 backfill(s) requested (id)``: the queued and requested only."""
+        parts = [f"{len(self.queued)} run(s) queued ({', '.join(r.run_id for r in self.queued)})"] if self.queued else []
+        if self.requested:
+            parts.append(f"{len(self.requested)} backfill(s) requested ({', '.join(b.backfill_id for b in self.requested)})")
+        return " and ".join(parts)
+
+    def asset_keys(self) -> list[str]:
+        """The assets the queued runs and requested backfills materialize, '/'-separated, sorted."""
+        keys = {k for r in self.queued for k in (r.asset_selection or ())}
+        keys |= {k for b in self.requested for k in (b.asset_selection or ())}
+        return sorted(k.to_user_string() for k in keys)
+
+
+def other_work(instance: dg.DagsterInstance, since: float, backfill_id: str) -> OtherWork:
+    """The runs and backfills created since ``since`` (epoch s), other than backfill ``backfill_id`` and its
+    runs, that are not finished: those a daemon's sensors started meanwhile (:class:`OtherWork`). Stopping the
+    daemon that runs them would kill the running ones' run workers and fail them ("Execution was interrupted
+    unexpectedly") and leave the queued and requested ones for the next daemon."""
     import datetime as dt
 
-    live = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-    recs = instance.get_run_records(RunsFilter(statuses=live, created_after=dt.datetime.fromtimestamp(since, dt.timezone.utc)))
-    return [r.dagster_run for r in recs if r.dagster_run.tags.get("dagster/backfill") != backfill_id]
+    from dagster._core.execution.backfill import BulkActionsFilter
+
+    after = dt.datetime.fromtimestamp(since, dt.timezone.utc)
+    S = dg.DagsterRunStatus
+    recs = instance.get_run_records(RunsFilter(statuses=[S.QUEUED, S.STARTING, S.STARTED, S.CANCELING], created_after=after))
+    runs = [r.dagster_run for r in recs if r.dagster_run.tags.get("dagster/backfill") != backfill_id]
+    backfills = instance.get_backfills(filters=BulkActionsFilter(statuses=[BulkActionStatus.REQUESTED], created_after=after))
+    return OtherWork(running=tuple(r for r in runs if r.status != S.QUEUED),
+                     queued=tuple(r for r in runs if r.status == S.QUEUED),
+                     requested=tuple(b for b in backfills if b.backfill_id != backfill_id))
 
 
-def wait_for_other_runs(instance: dg.DagsterInstance, since: float, backfill_id: str, *, timeout_s: float,
-                        poll_s: float = 2.0) -> list[dg.DagsterRun]:
-    """:func:`other_runs_in_flight` polled every ``poll_s`` seconds until none is left or ``timeout_s`` passed;
-    returns those still in flight."""
+def wait_for_other_work(instance: dg.DagsterInstance, since: float, backfill_id: str, *, timeout_s: float,
+                        poll_s: float = 2.0, alive: Callable[[], bool] | None = None) -> OtherWork:
+    """:func:`other_work` polled every ``poll_s`` seconds until none is left, ``timeout_s`` seconds passed or
+    ``alive()`` (the daemon that would run it) is False; returns what is left."""
     deadline = time.monotonic() + timeout_s
-    while (runs := other_runs_in_flight(instance, since, backfill_id)) and time.monotonic() < deadline:
+    while ((work := other_work(instance, since, backfill_id)) and time.monotonic() < deadline
+           and (alive is None or alive())):
         time.sleep(poll_s)
-    return runs
+    return work
 
 
 def _runs_in_flight(instance: dg.DagsterInstance, backfill_id: str) -> int:

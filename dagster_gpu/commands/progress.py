@@ -11,7 +11,7 @@ from rich.table import Table
 from dagster_gpu.commands.backfill import (
     BackfillProgress, BackfillTimeout, DaemonDied, DaemonProcess, PartitionSummary, RunningDaemon, abandon_backfill,
     backfill_error,
-    other_runs_in_flight, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_runs,
+    other_work, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_work,
 )
 from dagster_gpu.instance.bills import billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
@@ -186,20 +186,33 @@ def settle_wait_note() -> str:
 
 
 def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console: Console, timeout_s: float) -> int:
-    """Before ``daemon`` (started by this command) is stopped: wait up to ``timeout_s`` seconds for the runs its
-    sensors started meanwhile (:func:`dagster_gpu.commands.backfill.other_runs_in_flight`), saying so; returns
-    how many are still in flight (stopping the daemon fails them, and that is said too)."""
-    others = other_runs_in_flight(instance, daemon.started_at, backfill_id)
+    """Before ``daemon`` (started by this command) is stopped: wait, while it runs and up to ``timeout_s``
+    seconds, for the runs and backfills its sensors started meanwhile
+    (:func:`dagster_gpu.commands.backfill.other_work`: running, queued, requested), saying so. Then one line
+    names the runs still in flight (stopping the daemon fails them) and one the runs still queued and backfills
+    still requested (left for the next daemon), with how to finish them. Returns how many runs are still in
+    flight."""
+    others = other_work(instance, daemon.started_at, backfill_id)
     if others and timeout_s > 0:
-        jobs = ", ".join(sorted({r.job_name for r in others}))
-        console.print(f"Waiting up to {timeout_s:.0f} s for {len(others)} run(s) the daemon's sensors started "
-                      f"meanwhile ({jobs}; e.g. the index following these embeddings): stopping the daemon would fail "
-                      "them", soft_wrap=True)
-        others = wait_for_other_runs(instance, daemon.started_at, backfill_id, timeout_s=timeout_s)
-    if others:
-        console.print(f"{len(others)} run(s) still in flight will be interrupted and fail: "
-                      + ", ".join(r.run_id for r in others), soft_wrap=True)
-    return len(others)
+        runs = others.running + others.queued
+        jobs = ", ".join(sorted({r.job_name for r in runs} | {b.title or b.backfill_id for b in others.requested}))
+        backfills = f" and {len(others.requested)} backfill(s)" if others.requested else ""
+        console.print(f"Waiting up to {timeout_s:.0f} s for {len(runs)} run(s){backfills} "
+                      f"the daemon's sensors started meanwhile ({jobs}; e.g. the index following these embeddings): "
+                      "stopping the daemon would fail or strand them", soft_wrap=True)
+        alive = getattr(daemon, "why_dead", None)
+        others = wait_for_other_work(instance, daemon.started_at, backfill_id, timeout_s=timeout_s,
+                                     alive=None if alive is None else lambda: alive() is None)
+    if others.running:
+        console.print(f"{len(others.running)} run(s) still in flight will be interrupted and fail: "
+                      + ", ".join(r.run_id for r in others.running), soft_wrap=True)
+    if others.queued or others.requested:
+        assets = others.asset_keys()
+        redo = ("; to run them now: " + "; ".join(f"dagster-gpu backfill -m MODULE -a {a} --stale" for a in assets)
+                if assets else "")
+        console.print(f"{others.describe()} by the daemon's sensors meanwhile stay for the next dagster-daemon on this "
+                      f"instance (`dagster dev` or `dagster-daemon run`){redo}", soft_wrap=True, markup=False)
+    return len(others.running)
 
 
 def run_backfill_with_progress(
@@ -228,9 +241,8 @@ def run_backfill_with_progress(
     ``run_config`` applies to every run (e.g. ``{"execution": {"config": {"backend": "slurm", ...}}}``).
     After the runs end the daemon keeps running up to ``bills_wait_s`` seconds, until every work unit's
     scheduler bill has landed (:func:`dagster_gpu.commands.backfill.wait_for_bills`); stopping it at once would stop
-    run workers still waiting for sacct. Then, up to ``runs_wait_s`` seconds, until the runs its sensors started
-    meanwhile (:func:`dagster_gpu.commands.backfill.other_runs_in_flight`) ended: stopping the daemon would fail
-    them. Each wait is said on the console with its bound. Returns the
+    run workers still waiting for sacct. Then, up to ``runs_wait_s`` seconds, until the runs and backfills its sensors started
+    meanwhile (:func:`drain_other_runs`) ended: stopping the daemon would fail or strand them. Each wait is said on the console with its bound. Returns the
     per-partition summary (see :func:`dagster_gpu.commands.backfill.summarize_partitions`).
 
     Raises BackfillAbandoned when the daemon dies, ``timeout_s`` passes or the user interrupts: a backfill
