@@ -545,3 +545,28 @@ def test_runs_queued_and_backfills_requested_by_the_daemons_sensors_are_waited_f
                 "stay for the next dagster-daemon on this instance (`dagster dev` or `dagster-daemon run`); to run "
                 "them now: dagster-gpu backfill -m MODULE -a c_embeddings --stale; dagster-gpu backfill -m MODULE "
                 "-a c_index --stale") in out
+
+
+def test_partitions_whose_file_is_gone_are_left_out_and_said(setup, monkeypatch, capsys):
+    """A deleted corpus file's partition stays registered until --prune; a backfill without a filter selected
+    it (its unit failing on the missing file) and said nothing. It is left out, with one line naming it."""
+    from dagster._core.execution.backfill import BulkActionStatus
+
+    corpus, asset, defs, module = setup
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    with dg.instance_for_test() as instance:
+        _fake_running_daemon(instance)
+        register_corpus_files(instance, asset, corpus)
+        for name in ("failed.txt", "never.txt"):
+            (Path(corpus.url) / name).unlink()
+        t = _when_backfill_stored(instance, lambda bf: instance.update_backfill(
+            bf.with_status(BulkActionStatus.CANCELED).with_end_timestamp(time.time())))
+        main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--bills-wait", "0"])
+        t.join()
+        out = capsys.readouterr().out.replace("\n", "")
+        assert ("2 registered partition(s) whose corpus file is gone left out: failed.txt, never.txt; --prune deletes "
+                "them (with their outputs and index rows)") in out
+        [bf] = instance.get_backfills()
+        assert sorted(bf.asset_backfill_data.target_subset.get_partitions_subset(asset.key).get_partition_keys()) == [
+            "canceled.txt", "done.txt", "running.txt"]
+        assert "3 partitions of c_embeddings" in out

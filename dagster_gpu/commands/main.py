@@ -66,7 +66,8 @@ def _backfill(argv: list[str]) -> int:
     from dagster_gpu.commands.common import console as make_console, instance_or_none
     from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
     from dagster_gpu.definitions.partitions import (
-        NoCorpus, bridged_selection, corpus_of, embeddings_followed, indexes_following, prune_partitions, register_corpus_files, select_partitions,
+        NoCorpus, bridged_selection, corpus_of, embeddings_followed, gone_partitions, indexes_following, prune_partitions,
+        register_corpus_files, select_partitions,
     )
     from dagster_gpu.commands.progress import BackfillAbandoned, BackfillFailed, run_backfill_with_progress
 
@@ -101,13 +102,16 @@ def _backfill(argv: list[str]) -> int:
               f"instance, and the one this command starts loads the code from it (-w PATH, e.g. the repository's "
               f"workspace.yaml)", file=sys.stderr)
         return 2
+    gone: set[str] = set()  # registered partitions whose corpus file is gone (known when the corpus was listed)
     if args.prune or not args.no_register:
         try:
             corpus = corpus_of(source, module)
-            done = prune_partitions(instance, source, corpus, delete_outputs=True,
+            files = corpus.list_files(members=False)
+            done = prune_partitions(instance, source, corpus, delete_outputs=True, files=files,
                                     indexes=indexes_following(defs.resolve_asset_graph().assets_defs, source.key)) if args.prune else []
             pruned = [p.partition_key for p in done if p.error is None]
-            added = [] if args.no_register else register_corpus_files(instance, source, corpus)
+            added = [] if args.no_register else register_corpus_files(instance, source, corpus, files=files)
+            gone = set(gone_partitions(instance, source, files))
         except (NoCorpus, CorpusNotFound, CorpusUnreadable, TypeError, ValueError) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
             return 2
@@ -132,6 +136,12 @@ def _backfill(argv: list[str]) -> int:
         except (NoCorpus, CorpusNotFound, CorpusUnreadable) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
             return 2
+        if left_out := [k for k in keys if k in gone]:  # their unit would fail on the missing file
+            keys = [k for k in keys if k not in gone]
+            console.print(f"{len(left_out)} registered partition(s) whose corpus file is gone left out: "
+                          f"{', '.join(left_out[:5])}" + (" …" if len(left_out) > 5 else "")
+                          + ("" if args.prune else "; --prune deletes them (with their outputs and index rows)"),
+                          soft_wrap=True, markup=False)
     if not keys:
         flags = (("missing", args.missing), ("failed", args.failed), ("stale", args.stale))
         what = " and ".join(w for w, on in flags if on) or "registered"
