@@ -570,3 +570,40 @@ def test_partitions_whose_file_is_gone_are_left_out_and_said(setup, monkeypatch,
         assert sorted(bf.asset_backfill_data.target_subset.get_partitions_subset(asset.key).get_partition_keys()) == [
             "canceled.txt", "done.txt", "running.txt"]
         assert "3 partitions of c_embeddings" in out
+
+
+def test_without_a_terminal_progress_is_plain_lines_on_change_and_every_30_s():
+    """rich's bar shows nothing until the end when stdout is a file (a demo's log was silent for 6.5 minutes):
+    there, a plain line when the done count changes (at most one per 5 s) and every 30 s while nothing does."""
+    import io
+
+    from dagster_gpu.commands.backfill import BackfillProgress
+    from dagster_gpu.commands.progress import BackfillFollower
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=160)
+    assert not console.is_terminal
+    now = [100.0]
+    follow = BackfillFollower(console, total=43, clock=lambda: now[0])
+    P = BackfillProgress
+
+    def at(t: float, p: BackfillProgress) -> None:
+        now[0] = 100.0 + t
+        follow(p)
+
+    with follow:
+        at(0, P(total=43, running=4, runs=2, runs_in_flight=2))                # first call: a line
+        at(10, P(total=43, running=4, runs=2, runs_in_flight=2))               # nothing changed
+        at(31, P(total=43, running=4, runs=2, runs_in_flight=2))               # 31 s since the last: a line
+        at(33, P(total=43, succeeded=1, running=3, runs=2, runs_in_flight=2))  # changed, but 2 s after the last
+        at(36, P(total=43, succeeded=2, running=2, runs=2, runs_in_flight=2))  # changed, 5 s after: a line
+        at(190, P(total=43, succeeded=11, failed=1, running=4, runs=4, runs_in_flight=2))
+        at(191, P(total=43, succeeded=42, failed=1, runs=5, status="COMPLETED_FAILED"))  # 1 s after: at the end
+    lines = buf.getvalue().splitlines()
+    assert lines == [
+        "backfill: 0/43 partitions done, 0 failed, 2 run(s) going, 0:00 elapsed [requested]",
+        "backfill: 0/43 partitions done, 0 failed, 2 run(s) going, 0:31 elapsed [requested]",
+        "backfill: 2/43 partitions done, 0 failed, 2 run(s) going, 0:36 elapsed [requested]",
+        "backfill: 12/43 partitions done, 1 failed, 2 run(s) going, 3:10 elapsed [requested]",
+        "backfill: 43/43 partitions done, 1 failed, 0 run(s) going, 3:11 elapsed [completed_failed]",
+    ]

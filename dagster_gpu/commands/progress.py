@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -133,29 +134,66 @@ def print_summary(console: Console, instance, rows: Sequence[PartitionSummary], 
         console.print(failures_table(failed))
 
 
-class BackfillFollower:
-    """The progress bar of a backfill (context manager; call it with each :class:`BackfillProgress`), and
-    one line, once, when every partition is done but runs are still in flight (their run workers billing
-    their work units), with how long that takes at most."""
+def progress_line(p: BackfillProgress, elapsed_s: float) -> str:
+    """One plain line of a backfill's progress, for a log: ``backfill: 12/43 partitions done, 1 failed, 2 run(s)
+    going, 3:10 elapsed [requested]`` (``elapsed_s``: seconds since it was submitted)."""
+    m, sec = divmod(int(elapsed_s), 60)
+    h, m = divmod(m, 60)
+    elapsed = f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+    return (f"backfill: {p.done}/{p.total} partitions done, {p.failed} failed, {p.runs_in_flight} run(s) going, "
+            f"{elapsed} elapsed [{p.status.lower()}]")
 
-    def __init__(self, console: Console, total: int):
-        self.bar = progress_bar(console)
-        self.task = self.bar.add_task("backfill", total=total, detail="")
+
+class BackfillFollower:
+    """The progress of a backfill (context manager; call it with each :class:`BackfillProgress`), and
+    one line, once, when every partition is done but runs are still in flight (their run workers billing
+    their work units), with how long that takes at most.
+
+    On a terminal it is a rich progress bar. Elsewhere (a log file, a pipe) rich's bar would show only once,
+    at the end, so it prints :func:`progress_line` instead: when the done or failed count changes (at most one
+    line per ``min_gap_s`` seconds; changes between are in the next line), else every ``every_s`` seconds, and
+    the last state at the end. ``clock``: monotonic seconds."""
+
+    def __init__(self, console: Console, total: int, *, every_s: float = 30.0, min_gap_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.console, self.every_s, self.min_gap_s, self.clock = console, every_s, min_gap_s, clock
+        self.plain = not console.is_terminal or console.is_dumb_terminal
+        self.bar = None if self.plain else progress_bar(console)
+        self.task = None if self.bar is None else self.bar.add_task("backfill", total=total, detail="")
         self.said_settling = False
+        self.started = clock()
+        self.last: BackfillProgress | None = None
+        self.printed: tuple[float, tuple[int, int]] | None = None  # (when, (done, failed)) of the last line
 
     def __enter__(self) -> "BackfillFollower":
-        self.bar.__enter__()
+        if self.bar is not None:
+            self.bar.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.bar.__exit__(*exc)
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        elif self.last is not None and (self.printed is None or self.printed[1] != (self.last.done, self.last.failed)):
+            self._line(self.last)
+
+    def _line(self, p: BackfillProgress) -> None:
+        now = self.clock()
+        self.console.print(progress_line(p, now - self.started), soft_wrap=True, markup=False, highlight=False)
+        self.printed = (now, (p.done, p.failed))
 
     def __call__(self, p: BackfillProgress) -> None:
-        self.bar.update(self.task, completed=p.done, detail=progress_detail(p))
+        self.last = p
+        if self.bar is not None:
+            self.bar.update(self.task, completed=p.done, detail=progress_detail(p))
+        else:
+            since = None if self.printed is None else self.clock() - self.printed[0]
+            changed = self.printed is None or self.printed[1] != (p.done, p.failed)
+            if since is None or since >= self.every_s or (changed and since >= self.min_gap_s):
+                self._line(p)
         if p.done == p.total and p.runs_in_flight and not self.said_settling:
             self.said_settling = True
-            self.bar.console.print(f"All {p.total} partitions done; waiting for {p.runs_in_flight} run(s) to end while "
-                                   f"their run workers bill their work units: {settle_wait_note()}", soft_wrap=True)
+            self.console.print(f"All {p.total} partitions done; waiting for {p.runs_in_flight} run(s) to end while "
+                               f"their run workers bill their work units: {settle_wait_note()}", soft_wrap=True)
 
 
 class BackfillAbandoned(RuntimeError):
@@ -257,8 +295,6 @@ def run_backfill_with_progress(
     backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title, run_config=run_config)
     console.print(f"Backfill [bold]{backfill_id}[/bold]: {len(partition_keys)} partitions of {asset_key.to_user_string()}")
     if running_daemon is not None:
-        import time
-
         console.print(f"Submitted to the dagster-daemon already running on this instance (id {running_daemon.daemon_id}, "
                       f"last heartbeat {max(0.0, time.time() - running_daemon.timestamp):.0f} s ago); following it",
                       soft_wrap=True)
