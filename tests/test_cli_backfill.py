@@ -607,3 +607,25 @@ def test_without_a_terminal_progress_is_plain_lines_on_change_and_every_30_s():
         "backfill: 12/43 partitions done, 1 failed, 2 run(s) going, 3:10 elapsed [requested]",
         "backfill: 43/43 partitions done, 1 failed, 0 run(s) going, 3:11 elapsed [completed_failed]",
     ]
+
+
+def test_a_workspace_whose_code_location_does_not_load_is_one_line_before_anything_is_stored(
+        setup, tmp_path, monkeypatch, capsys):
+    """A workspace naming a module that does not exist: the daemon started, the backfill was stored and failed,
+    and the summary said "not materialized / no run recorded" for every partition. Now the workspace is loaded
+    first, as the daemon would: one line naming the file and the location's load error, exit 2, nothing stored."""
+    corpus, asset, defs, module = setup
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "workspace.yaml").write_text("load_from:\n  - python_module: no_such_module_trial20\n")
+    with dg.instance_for_test() as instance:
+        t0 = time.monotonic()
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings"]) == 2
+        assert time.monotonic() - t0 < 60
+        out, err = capsys.readouterr()
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert err.startswith("dagster-gpu backfill: workspace file workspace.yaml does not load: code location "
+                              "'no_such_module_trial20': DagsterImportError: ") and "no_such_module_trial20" in err
+        assert instance.get_backfills() == []
+        assert instance.get_dynamic_partitions("c_embeddings_files") == []  # not even the corpus files registered
+        assert instance.get_daemon_heartbeats() == {}  # no daemon started

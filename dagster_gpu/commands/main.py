@@ -102,6 +102,17 @@ def _backfill(argv: list[str]) -> int:
               f"instance, and the one this command starts loads the code from it (-w PATH, e.g. the repository's "
               f"workspace.yaml)", file=sys.stderr)
         return 2
+    if running is None:  # the daemon this command starts must load the code: say now, before anything is stored
+        from dagster_gpu.commands.backfill import workspace_load_errors
+
+        try:
+            failing = workspace_load_errors(instance, args.workspace)
+        except Exception:  # noqa: BLE001 - a file Dagster cannot read: the daemon exits, and its log says why
+            failing = {}
+        if failing:
+            print(f"dagster-gpu backfill: workspace file {args.workspace} does not load: "
+                  + "; ".join(f"code location {name!r}: {why}" for name, why in failing.items()), file=sys.stderr)
+            return 2
     gone: set[str] = set()  # registered partitions whose corpus file is gone (known when the corpus was listed)
     if args.prune or not args.no_register:
         try:
