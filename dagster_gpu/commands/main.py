@@ -8,8 +8,11 @@
         --prune first deletes the partitions of files no longer in the corpus, their output parquet files
         and their rows in the vector indexes that follow the asset) to $DAGSTER_HOME's instance; when a
         dagster-daemon already runs on it (`dagster dev`, a deployment: its heartbeats) leave the backfill to
-        it, else run a daemon on -w's workspace until the backfill ends; show progress, the per-partition
-        summary and the failed partitions. A daemon that dies, the timeout or Ctrl-C cancels the backfill.
+        it, else check that -w's workspace loads and run a daemon on it until the backfill ends (and the runs
+        its sensors started, queued or requested meanwhile, up to --runs-wait); show progress (plain lines when
+        not on a terminal), the per-partition summary and the failed partitions. Partitions of files gone from
+        the corpus are left out (named; --prune deletes them). A daemon that dies, the timeout or Ctrl-C cancels
+        the backfill; one ending with an error stored on it shows the error and exits 1.
     dagster-gpu stale -m MODULE -a ASSET [--json]
         list the partitions whose file (source version) or embedding fingerprint (the asset's code version)
         changed since their latest materialization, with why; never materialized ones are "missing".
@@ -55,8 +58,9 @@ def _backfill(argv: list[str]) -> int:
     ap.add_argument("--bills-wait", type=float, default=60.0,
                     help="seconds to keep the daemon up after the runs end for the schedulers' bills (default 60)")
     ap.add_argument("--runs-wait", type=float, default=300.0,
-                    help="seconds to keep the daemon this command started up for runs its sensors started meanwhile "
-                         "(the index following the embeddings), which stopping it would fail (default 300)")
+                    help="seconds to keep the daemon this command started up for the runs its sensors started, "
+                         "queued or requested as a backfill meanwhile (the index following the embeddings), which "
+                         "stopping it would fail or leave queued (default 300)")
     args = ap.parse_args(argv)
     if args.partitions and (args.missing or args.failed or args.stale):
         ap.error("--partitions cannot be combined with --missing/--failed/--stale")
