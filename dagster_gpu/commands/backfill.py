@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -136,26 +137,37 @@ def workspace_load_errors(instance: dg.DagsterInstance, workspace: str | Path) -
     """Load each code location of the workspace file ``workspace`` as a dagster-daemon started from this process
     would (a code server per location, this process's environment and working directory) and return
     {location name: its load error's first line (:func:`error_lines`)} for those that fail; {} when all load.
-    Takes about as long as importing the locations' code (seconds). The code servers' output is discarded.
+    Takes about as long as importing the locations' code (seconds). The code servers' output (their log on
+    stdout, the traceback of a failed import, warnings on stderr) is discarded.
 
     Raises what Dagster raises for a workspace file it cannot read (missing, not YAML, wrong schema)."""
-    import tempfile
-
     from dagster._core.workspace.context import WorkspaceProcessContext
     from dagster._core.workspace.load_target import WorkspaceFileTarget
 
+    with _fds_discarded(1, 2):  # the code servers inherit them
+        with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(workspace)])) as ctx:
+            entries = ctx.create_request_context().get_code_location_entries()
+            return {name: error_lines(e.load_error, 1) or "failed to load"
+                    for name, e in entries.items() if e.load_error is not None}
+
+
+@contextmanager
+def _fds_discarded(*fds: int):
+    """File descriptors ``fds`` pointed at /dev/null inside the block (what this process and the children it
+    starts there write to them is lost), restored after it."""
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:  # the code servers inherit fd 2: their logs and warnings go here
-        os.dup2(sink.fileno(), 2)
-        try:
-            with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(workspace)])) as ctx:
-                entries = ctx.create_request_context().get_code_location_entries()
-                return {name: error_lines(e.load_error, 1) or "failed to load"
-                        for name, e in entries.items() if e.load_error is not None}
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
+    saved = [os.dup(fd) for fd in fds]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            os.dup2(null, fd)
+        yield
+    finally:
+        for fd, old in zip(fds, saved):
+            os.dup2(old, fd)
+            os.close(old)
+        os.close(null)
 
 
 @dataclass
