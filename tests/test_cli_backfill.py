@@ -600,6 +600,12 @@ def test_without_a_terminal_progress_is_plain_lines_on_change_and_every_30_s():
         at(190, P(total=43, succeeded=11, failed=1, running=4, runs=4, runs_in_flight=2))
         at(191, P(total=43, succeeded=42, failed=1, runs=5, status="COMPLETED_FAILED"))  # 1 s after: at the end
     lines = buf.getvalue().splitlines()
+    buf.seek(0)
+    buf.truncate()
+    with BackfillFollower(console, total=2, clock=lambda: now[0]) as follow:
+        follow(P(total=2, succeeded=2))
+        follow(P(total=2, succeeded=2, status="COMPLETED_SUCCESS"))  # only the status changed: said at the end
+    assert buf.getvalue().splitlines()[-1].endswith("[completed_success]")
     assert lines == [
         "backfill: 0/43 partitions done, 0 failed, 2 run(s) going, 0:00 elapsed [requested]",
         "backfill: 0/43 partitions done, 0 failed, 2 run(s) going, 0:31 elapsed [requested]",
@@ -630,3 +636,48 @@ def test_a_workspace_whose_code_location_does_not_load_is_one_line_before_anythi
         assert instance.get_backfills() == []
         assert instance.get_dynamic_partitions("c_embeddings_files") == []  # not even the corpus files registered
         assert instance.get_daemon_heartbeats() == {}  # no daemon started
+
+
+@pytest.mark.e2e
+def test_the_index_backfill_its_daemons_automation_requested_is_run_before_the_daemon_stops(tmp_path, monkeypatch):
+    """The real dagster-daemon on a SQLite instance, its output to a file (not a terminal), no daemon running before:
+    the index's automation sensor requests a backfill of the index after the embeddings; the command waits for it
+    (it used to stop the daemon and leave it REQUESTED), and the log shows plain progress lines."""
+    import os
+    import subprocess
+
+    from dagster._core.execution.backfill import BulkActionStatus
+
+    from tests.conftest import REPO
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in (1, 2, 3):
+        (corpus / f"f{i}.txt").write_text(f"record one of {i}\n%\nrecord two of {i}\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        "run_coordinator:\n  module: dagster.core.run_coordinator\n  class: QueuedRunCoordinator\n  config:\n"
+        "    max_concurrent_runs: 2\n    dequeue_interval_seconds: 1\ntelemetry:\n  enabled: false\n")
+    ws = tmp_path / "ws.yaml"
+    ws.write_text(f"load_from:\n  - python_file:\n      relative_path: {REPO / 'tests' / 'locations' / 'sensor_location.py'}\n"
+                  f"      working_directory: {REPO}\n      location_name: sensors\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_GPU_SD_DIR": str(tmp_path), "DAGSTER_GPU_SD_INTERVAL": "5",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("DAGSTER_GPU_SD_MAX_DELAY", None)
+    with open(tmp_path / "log", "w") as log:
+        cp = subprocess.run([sys.executable, "-m", "dagster_gpu.commands.main", "backfill", "-m",
+                             "tests.locations.sensor_location", "-a", "sd_embeddings", "-w", str(ws), "--bills-wait", "0",
+                             "--runs-wait", "300"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=600)
+    out = (tmp_path / "log").read_text()
+    assert cp.returncode == 0, out
+    assert "backfill: 0/3 partitions done, 0 failed" in out
+    assert "backfill: 3/3 partitions done, 0 failed" in out and "[completed_success]" in out
+    assert "stay for the next dagster-daemon" not in out and "will be interrupted" not in out
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with dg.DagsterInstance.get() as instance:
+        backfills = instance.get_backfills()
+        assert len(backfills) == 2 and {b.status for b in backfills} == {BulkActionStatus.COMPLETED_SUCCESS}, backfills
+        assert not [r for r in instance.get_runs() if r.status not in (dg.DagsterRunStatus.SUCCESS,)]
+        ix = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("sd_embeddings_index")), limit=10)
+        assert sorted(r.partition_key for r in ix.records) == ["f1.txt", "f2.txt", "f3.txt"]

@@ -152,7 +152,7 @@ class BackfillFollower:
     On a terminal it is a rich progress bar. Elsewhere (a log file, a pipe) rich's bar would show only once,
     at the end, so it prints :func:`progress_line` instead: when the done or failed count changes (at most one
     line per ``min_gap_s`` seconds; changes between are in the next line), else every ``every_s`` seconds, and
-    the last state at the end. ``clock``: monotonic seconds."""
+    the last state at the end when the last line did not say it (e.g. only the backfill's status changed). ``clock``: monotonic seconds."""
 
     def __init__(self, console: Console, total: int, *, every_s: float = 30.0, min_gap_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -164,6 +164,7 @@ class BackfillFollower:
         self.started = clock()
         self.last: BackfillProgress | None = None
         self.printed: tuple[float, tuple[int, int]] | None = None  # (when, (done, failed)) of the last line
+        self.printed_line: str | None = None
 
     def __enter__(self) -> "BackfillFollower":
         if self.bar is not None:
@@ -173,13 +174,14 @@ class BackfillFollower:
     def __exit__(self, *exc) -> None:
         if self.bar is not None:
             self.bar.__exit__(*exc)
-        elif self.last is not None and (self.printed is None or self.printed[1] != (self.last.done, self.last.failed)):
+        elif self.last is not None and self.printed_line != progress_line(self.last, 0):
             self._line(self.last)
 
     def _line(self, p: BackfillProgress) -> None:
         now = self.clock()
         self.console.print(progress_line(p, now - self.started), soft_wrap=True, markup=False, highlight=False)
         self.printed = (now, (p.done, p.failed))
+        self.printed_line = progress_line(p, 0)  # what it said, but the time
 
     def __call__(self, p: BackfillProgress) -> None:
         self.last = p
