@@ -642,7 +642,8 @@ def test_a_workspace_whose_code_location_does_not_load_is_one_line_before_anythi
 def test_the_index_backfill_its_daemons_automation_requested_is_run_before_the_daemon_stops(tmp_path, monkeypatch):
     """The real dagster-daemon on a SQLite instance, its output to a file (not a terminal), no daemon running before:
     the index's automation sensor requests a backfill of the index after the embeddings; the command waits for it
-    (it used to stop the daemon and leave it REQUESTED), and the log shows plain progress lines."""
+    (it used to stop the daemon and leave it REQUESTED; one the sensor had not requested yet is its next tick's),
+    and the log shows plain progress lines."""
     import os
     import subprocess
 
@@ -676,8 +677,10 @@ def test_the_index_backfill_its_daemons_automation_requested_is_run_before_the_d
     assert "stay for the next dagster-daemon" not in out and "will be interrupted" not in out
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     with dg.DagsterInstance.get() as instance:
-        backfills = instance.get_backfills()
-        assert len(backfills) == 2 and {b.status for b in backfills} == {BulkActionStatus.COMPLETED_SUCCESS}, backfills
-        assert not [r for r in instance.get_runs() if r.status not in (dg.DagsterRunStatus.SUCCESS,)]
-        ix = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("sd_embeddings_index")), limit=10)
-        assert sorted(r.partition_key for r in ix.records) == ["f1.txt", "f2.txt", "f3.txt"]
+        # nothing stranded: no backfill left requested, no run left queued or cut off
+        assert {b.status for b in instance.get_backfills()} == {BulkActionStatus.COMPLETED_SUCCESS}
+        assert {r.status for r in instance.get_runs()} == {dg.DagsterRunStatus.SUCCESS}
+        if "Waiting up to 300 s for" in out:  # the automation had requested the index before the embeddings ended
+            ix = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("sd_embeddings_index")),
+                                                 limit=10)
+            assert sorted(r.partition_key for r in ix.records) == ["f1.txt", "f2.txt", "f3.txt"]

@@ -11,8 +11,7 @@ from rich.table import Table
 
 from dagster_gpu.commands.backfill import (
     BackfillProgress, BackfillTimeout, DaemonDied, DaemonProcess, PartitionSummary, RunningDaemon, abandon_backfill,
-    backfill_error,
-    other_work, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_work,
+    backfill_error, other_work, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_work,
 )
 from dagster_gpu.instance.bills import billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
@@ -152,7 +151,8 @@ class BackfillFollower:
     On a terminal it is a rich progress bar. Elsewhere (a log file, a pipe) rich's bar would show only once,
     at the end, so it prints :func:`progress_line` instead: when the done or failed count changes (at most one
     line per ``min_gap_s`` seconds; changes between are in the next line), else every ``every_s`` seconds, and
-    the last state at the end when the last line did not say it (e.g. only the backfill's status changed). ``clock``: monotonic seconds."""
+    the last state at the end when the last line did not say it (e.g. only the backfill's status changed).
+    ``clock``: monotonic seconds."""
 
     def __init__(self, console: Console, total: int, *, every_s: float = 30.0, min_gap_s: float = 5.0,
                  clock: Callable[[], float] = time.monotonic):
@@ -236,8 +236,9 @@ def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console:
     if others and timeout_s > 0:
         runs = others.running + others.queued
         jobs = ", ".join(sorted({r.job_name for r in runs} | {b.title or b.backfill_id for b in others.requested}))
-        backfills = f" and {len(others.requested)} backfill(s)" if others.requested else ""
-        console.print(f"Waiting up to {timeout_s:.0f} s for {len(runs)} run(s){backfills} "
+        what = " and ".join(([f"{len(runs)} run(s)"] if runs else [])
+                            + ([f"{len(others.requested)} backfill(s)"] if others.requested else []))
+        console.print(f"Waiting up to {timeout_s:.0f} s for {what} "
                       f"the daemon's sensors started meanwhile ({jobs}; e.g. the index following these embeddings): "
                       "stopping the daemon would fail or strand them", soft_wrap=True)
         alive = getattr(daemon, "why_dead", None)
