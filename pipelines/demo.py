@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import dagster as dg
     from dagster_gpu.commands.common import console as make_console
-    from dagster_gpu.commands.progress import run_backfill_with_progress
+    from dagster_gpu.commands.progress import BackfillFailed, run_backfill_with_progress
     from pipelines.definitions import defs, fortune_corpus, fortune_embeddings, fortune_index
 
     console = make_console()
@@ -165,11 +165,14 @@ def main(argv: list[str] | None = None) -> int:
     on = f"{args.backend} (Slurm {args.slurm_version})" if args.backend in ("slurm", "auto") else args.backend
     console.print(f"Embedding {len(keys)} fortune files through gpu_executor on {on} (DAGSTER_HOME={args.home})")
     t0 = time.time()
-    rows = run_backfill_with_progress(
-        instance, defs, fortune_embeddings.key, keys, REPO / "workspace.yaml",
-        title=f"fortunes demo: {len(keys)} partitions", timeout_s=args.timeout,
-        daemon_log=args.home / "daemon.log", console=console, partitions_def_name=pdef_name, run_config=run_config,
-    )
+    try:
+        rows = run_backfill_with_progress(
+            instance, defs, fortune_embeddings.key, keys, REPO / "workspace.yaml",
+            title=f"fortunes demo: {len(keys)} partitions", timeout_s=args.timeout,
+            daemon_log=args.home / "daemon.log", console=console, partitions_def_name=pdef_name, run_config=run_config,
+        )
+    except BackfillFailed as e:  # its error is printed above the summary
+        rows = e.rows
     span = time.time() - t0
     if args.summary_json:
         from dagster_gpu.commands.progress import useful_fraction

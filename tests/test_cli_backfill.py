@@ -392,12 +392,12 @@ def test_scattered_keys_are_bridged_into_one_run_when_cheaper(setup):
 def test_the_runs_a_daemons_sensors_started_are_waited_for_before_it_stops(capsys):
     """The demo's daemon was stopped while the index's automation sensor had a run going: that run failed
     ("Execution was interrupted unexpectedly"). Runs other than the backfill's, started since the daemon was,
-    are waited for (a queued or not started one is left to the next daemon), and what still runs then is named."""
+    are waited for (one never submitted is not: no daemon starts it), and what still runs then is named."""
     import threading
 
     from dagster._core.storage.dagster_run import DagsterRun
 
-    from dagster_gpu.commands.backfill import other_runs_in_flight, wait_for_other_runs
+    from dagster_gpu.commands.backfill import other_work, wait_for_other_work
     from dagster_gpu.commands.progress import drain_other_runs
     from dagster_gpu.commands.common import console as make_console
 
@@ -408,12 +408,12 @@ def test_the_runs_a_daemons_sensors_started_are_waited_for_before_it_stops(capsy
                                          ("sensor", S.STARTING, None), ("not_started", S.NOT_STARTED, "b2"), ("done", S.SUCCESS, "b2")):
             instance.add_run(DagsterRun(job_name=f"job_{run_id}", run_id=run_id, status=status,
                                         tags={"dagster/backfill": backfill} if backfill else {}))
-        assert sorted(r.run_id for r in other_runs_in_flight(instance, since, "b1")) == ["index", "sensor"]
-        assert other_runs_in_flight(instance, time.time() + 5, "b1") == []  # started before the daemon: not its
+        assert sorted(r.run_id for r in other_work(instance, since, "b1").running) == ["index", "sensor"]
+        assert not other_work(instance, time.time() + 5, "b1")  # started before the daemon: not its
         t0 = time.monotonic()
         threading.Timer(1.0, lambda: instance.report_run_canceled(instance.get_run_by_id("sensor"))).start()
-        left = wait_for_other_runs(instance, since, "b1", timeout_s=3, poll_s=0.2)
-        assert [r.run_id for r in left] == ["index"] and 2.5 < time.monotonic() - t0 < 6
+        left = wait_for_other_work(instance, since, "b1", timeout_s=3, poll_s=0.2)
+        assert [r.run_id for r in left.running] == ["index"] and 2.5 < time.monotonic() - t0 < 6
 
         class _Daemon:
             started_at = since
@@ -421,3 +421,266 @@ def test_the_runs_a_daemons_sensors_started_are_waited_for_before_it_stops(capsy
         out = capsys.readouterr().out
         assert "Waiting up to 0 s for 1 run(s) the daemon's sensors started meanwhile (job_index;" in out
         assert "1 run(s) still in flight will be interrupted and fail: index" in out
+
+
+def _fake_running_daemon(instance):
+    """A fresh BACKFILL heartbeat: the command takes it for a daemon already serving the instance and starts none."""
+    from dagster._daemon.types import DaemonHeartbeat
+
+    instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), "BACKFILL", "fake-daemon", None))
+
+
+def _when_backfill_stored(instance, then, timeout_s: float = 60.0) -> threading.Thread:
+    """Call ``then(backfill)`` from a thread once the command has stored its backfill."""
+    def go():
+        deadline = time.monotonic() + timeout_s
+        while not (bfs := instance.get_backfills()) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if bfs:
+            then(bfs[0])
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    return t
+
+
+def test_a_backfill_that_failed_with_an_error_shows_it_and_exits_non_zero(setup, monkeypatch, capsys):
+    """A workspace that does not load: the daemon marks the backfill FAILED with the load error stored on it and
+    makes no run. Its message (not the stack) comes before the summary, and the exit is 1, even for partitions
+    materialized earlier."""
+    from dagster._core.execution.backfill import BulkActionStatus
+    from dagster._utils.error import SerializableErrorInfo
+
+    from dagster_gpu.commands.backfill import backfill_error
+
+    corpus, asset, defs, module = setup
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    msg = ("dagster._core.errors.DagsterAssetBackfillDataLoadError: Asset AssetKey(['c_embeddings']) existed at "
+           "storage-time, but no longer does. This could be because it's inside a code location that's failing to "
+           "load: ['no_such_module_trial20:defs']\n")
+    error = SerializableErrorInfo(msg, ["  File \"x.py\", line 1, in <module>\n"], "DagsterAssetBackfillDataLoadError")
+    with dg.instance_for_test() as instance:
+        _fake_running_daemon(instance)
+        instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition="done.txt"))
+        t = _when_backfill_stored(instance, lambda bf: instance.update_backfill(
+            bf.with_status(BulkActionStatus.FAILED).with_error(error).with_end_timestamp(time.time())))
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--bills-wait", "0"]) == 1
+        t.join()
+        out, err = capsys.readouterr()
+        first = "DagsterAssetBackfillDataLoadError: Asset AssetKey(['c_embeddings']) existed at storage-time"
+        assert f"failed: {first}" in out.replace("\n", "")
+        assert "['no_such_module_trial20:defs']" in out.replace("\n", "")
+        assert out.index("DagsterAssetBackfillDataLoadError") < out.index(": failed in 0 run(s)")  # before the summary
+        assert "x.py" not in out and "dagster._core.errors" not in out
+        assert err.startswith("dagster-gpu backfill: backfill ") and "failed: DagsterAssetBackfillDataLoadError" in err
+        [bf] = instance.get_backfills()
+        assert backfill_error(instance, bf.backfill_id) == msg.strip().removeprefix("dagster._core.errors.")
+        # a cause fills the lines the message leaves
+        caused = SerializableErrorInfo("Exception: outer\n", [], "Exception",
+                                       cause=SerializableErrorInfo("builtins.ValueError: inner\n", [], "ValueError"))
+        instance.update_backfill(bf.with_error(caused))
+        assert backfill_error(instance, bf.backfill_id) == "Exception: outer\nValueError: inner"
+        assert backfill_error(instance, bf.backfill_id, lines=1) == "Exception: outer"
+
+
+def _queued_run(instance, run_id: str) -> None:
+    """A run of asset c_index in the run queue, as a sensor's request leaves it."""
+    from dagster._core.remote_origin import GrpcServerCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    origin = RemoteJobOrigin(RemoteRepositoryOrigin(GrpcServerCodeLocationOrigin(host="localhost", port=1, location_name="x"), "__repository__"),
+                             "index_job")
+    instance.add_run(DagsterRun(job_name="index_job", run_id=run_id, status=dg.DagsterRunStatus.QUEUED,
+                                remote_job_origin=origin, asset_selection=frozenset({dg.AssetKey("c_index")})))
+
+
+def test_runs_queued_and_backfills_requested_by_the_daemons_sensors_are_waited_for_then_named(setup, capsys):
+    """The index's automation sensor had queued runs and requested a backfill when the command stopped its daemon:
+    they stayed QUEUED / REQUESTED and nothing was said. While the daemon runs they are waited for (its run queue
+    and backfill loop start them); what is still queued or requested at the end is named with how to finish it."""
+    from dagster._core.execution.backfill import BulkActionStatus
+
+    from dagster_gpu.commands.backfill import other_work, submit_asset_backfill
+    from dagster_gpu.commands.common import console as make_console
+    from dagster_gpu.commands.progress import drain_other_runs
+
+    _corpus, asset, defs, _module = setup
+    with dg.instance_for_test() as instance:
+        since = time.time() - 1
+        instance.add_dynamic_partitions("c_embeddings_files", ["done.txt", "never.txt"])
+        mine = submit_asset_backfill(instance, defs, asset.key, ["done.txt"])
+        auto = submit_asset_backfill(instance, defs, asset.key, ["never.txt"], title="automation")
+        _queued_run(instance, "queued")
+        work = other_work(instance, since, mine)
+        assert [r.run_id for r in work.queued] == ["queued"] and not work.running
+        assert [b.backfill_id for b in work.requested] == [auto]
+
+        class _Daemon:
+            started_at = since
+            dead: str | None = None
+
+            def why_dead(self):
+                return self.dead
+
+        daemon = _Daemon()
+        # the daemon's run queue starts the run and its backfill loop ends the backfill: the wait ends early
+        def run_them():
+            instance.report_run_canceled(instance.get_run_by_id("queued"))
+            instance.update_backfill(instance.get_backfill(auto).with_status(BulkActionStatus.COMPLETED_SUCCESS))
+        threading.Timer(1.0, run_them).start()
+        t0 = time.monotonic()
+        assert drain_other_runs(instance, daemon, mine, make_console(), timeout_s=30) == 0
+        assert time.monotonic() - t0 < 10
+        out = capsys.readouterr().out.replace("\n", "")
+        assert "Waiting up to 30 s for 1 run(s) and 1 backfill(s) the daemon's sensors started meanwhile" in out
+        assert "stay for the next" not in out
+        # still queued when the wait ends (or the daemon died): one line naming them and how to finish them
+        _queued_run(instance, "queued2")
+        auto2 = submit_asset_backfill(instance, defs, asset.key, ["never.txt"])
+        daemon.dead = "gone"
+        t0 = time.monotonic()
+        assert drain_other_runs(instance, daemon, mine, make_console(), timeout_s=30) == 0
+        assert time.monotonic() - t0 < 10  # a dead daemon runs nothing: no wait
+        out = capsys.readouterr().out.replace("\n", "")
+        assert (f"1 run(s) queued (queued2) and 1 backfill(s) requested ({auto2}) by the daemon's sensors meanwhile "
+                "stay for the next dagster-daemon on this instance (`dagster dev` or `dagster-daemon run`); to run "
+                "them now: dagster-gpu backfill -m MODULE -a c_embeddings --stale; dagster-gpu backfill -m MODULE "
+                "-a c_index --stale") in out
+
+
+def test_partitions_whose_file_is_gone_are_left_out_and_said(setup, monkeypatch, capsys):
+    """A deleted corpus file's partition stays registered until --prune; a backfill without a filter selected
+    it (its unit failing on the missing file) and said nothing. It is left out, with one line naming it."""
+    from dagster._core.execution.backfill import BulkActionStatus
+
+    corpus, asset, defs, module = setup
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    with dg.instance_for_test() as instance:
+        _fake_running_daemon(instance)
+        register_corpus_files(instance, asset, corpus)
+        for name in ("failed.txt", "never.txt"):
+            (Path(corpus.url) / name).unlink()
+        t = _when_backfill_stored(instance, lambda bf: instance.update_backfill(
+            bf.with_status(BulkActionStatus.CANCELED).with_end_timestamp(time.time())))
+        main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--bills-wait", "0"])
+        t.join()
+        out = capsys.readouterr().out.replace("\n", "")
+        assert ("2 registered partition(s) whose corpus file is gone left out: failed.txt, never.txt; --prune deletes "
+                "them (with their outputs and index rows)") in out
+        [bf] = instance.get_backfills()
+        assert sorted(bf.asset_backfill_data.target_subset.get_partitions_subset(asset.key).get_partition_keys()) == [
+            "canceled.txt", "done.txt", "running.txt"]
+        assert "3 partitions of c_embeddings" in out
+
+
+def test_without_a_terminal_progress_is_plain_lines_on_change_and_every_30_s():
+    """rich's bar shows nothing until the end when stdout is a file (a demo's log was silent for 6.5 minutes):
+    there, a plain line when the done count changes (at most one per 5 s) and every 30 s while nothing does."""
+    import io
+
+    from dagster_gpu.commands.backfill import BackfillProgress
+    from dagster_gpu.commands.progress import BackfillFollower
+
+    buf = io.StringIO()
+    console = Console(file=buf, width=160)
+    assert not console.is_terminal
+    now = [100.0]
+    follow = BackfillFollower(console, total=43, clock=lambda: now[0])
+    P = BackfillProgress
+
+    def at(t: float, p: BackfillProgress) -> None:
+        now[0] = 100.0 + t
+        follow(p)
+
+    with follow:
+        at(0, P(total=43, running=4, runs=2, runs_in_flight=2))                # first call: a line
+        at(10, P(total=43, running=4, runs=2, runs_in_flight=2))               # nothing changed
+        at(31, P(total=43, running=4, runs=2, runs_in_flight=2))               # 31 s since the last: a line
+        at(33, P(total=43, succeeded=1, running=3, runs=2, runs_in_flight=2))  # changed, but 2 s after the last
+        at(36, P(total=43, succeeded=2, running=2, runs=2, runs_in_flight=2))  # changed, 5 s after: a line
+        at(190, P(total=43, succeeded=11, failed=1, running=4, runs=4, runs_in_flight=2))
+        at(191, P(total=43, succeeded=42, failed=1, runs=5, status="COMPLETED_FAILED"))  # 1 s after: at the end
+    lines = buf.getvalue().splitlines()
+    buf.seek(0)
+    buf.truncate()
+    with BackfillFollower(console, total=2, clock=lambda: now[0]) as follow:
+        follow(P(total=2, succeeded=2))
+        follow(P(total=2, succeeded=2, status="COMPLETED_SUCCESS"))  # only the status changed: said at the end
+    assert buf.getvalue().splitlines()[-1].endswith("[completed_success]")
+    assert lines == [
+        "backfill: 0/43 partitions done, 0 failed, 2 run(s) going, 0:00 elapsed [requested]",
+        "backfill: 0/43 partitions done, 0 failed, 2 run(s) going, 0:31 elapsed [requested]",
+        "backfill: 2/43 partitions done, 0 failed, 2 run(s) going, 0:36 elapsed [requested]",
+        "backfill: 12/43 partitions done, 1 failed, 2 run(s) going, 3:10 elapsed [requested]",
+        "backfill: 43/43 partitions done, 1 failed, 0 run(s) going, 3:11 elapsed [completed_failed]",
+    ]
+
+
+def test_a_workspace_whose_code_location_does_not_load_is_one_line_before_anything_is_stored(
+        setup, tmp_path, monkeypatch, capfd):
+    """A workspace naming a module that does not exist: the daemon started, the backfill was stored and failed,
+    and the summary said "not materialized / no run recorded" for every partition. Now the workspace is loaded
+    first, as the daemon would: one line naming the file and the location's load error, exit 2, nothing stored."""
+    corpus, asset, defs, module = setup
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "workspace.yaml").write_text("load_from:\n  - python_module: no_such_module_trial20\n")
+    with dg.instance_for_test() as instance:
+        t0 = time.monotonic()
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings"]) == 2
+        assert time.monotonic() - t0 < 60
+        out, err = capfd.readouterr()  # the code servers' too: their log, the import's traceback
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert "code_server" not in out and "Traceback" not in out, out
+        assert err.startswith("dagster-gpu backfill: workspace file workspace.yaml does not load: code location "
+                              "'no_such_module_trial20': DagsterImportError: ") and "no_such_module_trial20" in err
+        assert instance.get_backfills() == []
+        assert instance.get_dynamic_partitions("c_embeddings_files") == []  # not even the corpus files registered
+        assert instance.get_daemon_heartbeats() == {}  # no daemon started
+
+
+@pytest.mark.e2e
+def test_the_index_backfill_its_daemons_automation_requested_is_run_before_the_daemon_stops(tmp_path, monkeypatch):
+    """The real dagster-daemon on a SQLite instance, its output to a file (not a terminal), no daemon running before:
+    the index's automation sensor requests a backfill of the index after the embeddings; the command waits for it
+    (it used to stop the daemon and leave it REQUESTED; one the sensor had not requested yet is its next tick's),
+    and the log shows plain progress lines."""
+    import os
+    import subprocess
+
+    from dagster._core.execution.backfill import BulkActionStatus
+
+    from tests.conftest import REPO
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in (1, 2, 3):
+        (corpus / f"f{i}.txt").write_text(f"record one of {i}\n%\nrecord two of {i}\n")
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text(
+        "run_coordinator:\n  module: dagster.core.run_coordinator\n  class: QueuedRunCoordinator\n  config:\n"
+        "    max_concurrent_runs: 2\n    dequeue_interval_seconds: 1\ntelemetry:\n  enabled: false\n")
+    ws = tmp_path / "ws.yaml"
+    ws.write_text(f"load_from:\n  - python_file:\n      relative_path: {REPO / 'tests' / 'locations' / 'sensor_location.py'}\n"
+                  f"      working_directory: {REPO}\n      location_name: sensors\n")
+    env = {**os.environ, "DAGSTER_HOME": str(home), "DAGSTER_GPU_SD_DIR": str(tmp_path), "DAGSTER_GPU_SD_INTERVAL": "5",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    env.pop("DAGSTER_GPU_SD_MAX_DELAY", None)
+    with open(tmp_path / "log", "w") as log:
+        cp = subprocess.run([sys.executable, "-m", "dagster_gpu.commands.main", "backfill", "-m",
+                             "tests.locations.sensor_location", "-a", "sd_embeddings", "-w", str(ws), "--bills-wait", "0",
+                             "--runs-wait", "300"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=600)
+    out = (tmp_path / "log").read_text()
+    assert cp.returncode == 0, out
+    assert "backfill: 0/3 partitions done, 0 failed" in out
+    assert "backfill: 3/3 partitions done, 0 failed" in out and "[completed_success]" in out
+    assert "stay for the next dagster-daemon" not in out and "will be interrupted" not in out
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    with dg.DagsterInstance.get() as instance:
+        # nothing stranded: no backfill left requested, no run left queued or cut off
+        assert {b.status for b in instance.get_backfills()} == {BulkActionStatus.COMPLETED_SUCCESS}
+        assert {r.status for r in instance.get_runs()} == {dg.DagsterRunStatus.SUCCESS}
+        if "Waiting up to 300 s for" in out:  # the automation had requested the index before the embeddings ended
+            ix = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("sd_embeddings_index")),
+                                                 limit=10)
+            assert sorted(r.partition_key for r in ix.records) == ["f1.txt", "f2.txt", "f3.txt"]

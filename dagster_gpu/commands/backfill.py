@@ -9,10 +9,12 @@ run's step goes through whatever executor the job has (``gpu_executor`` for our 
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -109,6 +111,63 @@ def submit_asset_backfill(
     )
     instance.add_backfill(backfill)
     return backfill_id
+
+
+def error_lines(err, lines: int = 2) -> str | None:
+    """A SerializableErrorInfo ``err`` as at most ``lines`` lines: its message's non-blank lines without the
+    exception's module path (``DagsterImportError: …``, not ``dagster._core.errors.DagsterImportError: …``),
+    then its causes' while fewer. None for None. Never the stack."""
+    out: list[str] = []
+    while err is not None and len(out) < lines:
+        out += [re.sub(r"^(?:[A-Za-z_][\w]*\.)+(?=\w+(?:Error|Exception)\b)", "", ln.strip())
+                for ln in (err.message or "").splitlines() if ln.strip()][: lines - len(out)]
+        err = err.cause
+    return "\n".join(out) or None
+
+
+def backfill_error(instance: dg.DagsterInstance, backfill_id: str, lines: int = 2) -> str | None:
+    """What the daemon stored as the reason a backfill ended (``PartitionBackfill.error``; e.g.
+    ``DagsterAssetBackfillDataLoadError: … code location that's failing to load: ['mod:defs']`` when the
+    workspace does not load) as :func:`error_lines`. None when the backfill has no error (or is gone)."""
+    bf = instance.get_backfill(backfill_id)
+    return error_lines(bf.error if bf is not None else None, lines)
+
+
+def workspace_load_errors(instance: dg.DagsterInstance, workspace: str | Path) -> dict[str, str]:
+    """Load each code location of the workspace file ``workspace`` as a dagster-daemon started from this process
+    would (a code server per location, this process's environment and working directory) and return
+    {location name: its load error's first line (:func:`error_lines`)} for those that fail; {} when all load.
+    Takes about as long as importing the locations' code (seconds). The code servers' output (their log on
+    stdout, the traceback of a failed import, warnings on stderr) is discarded.
+
+    Raises what Dagster raises for a workspace file it cannot read (missing, not YAML, wrong schema)."""
+    from dagster._core.workspace.context import WorkspaceProcessContext
+    from dagster._core.workspace.load_target import WorkspaceFileTarget
+
+    with _fds_discarded(1, 2):  # the code servers inherit them
+        with WorkspaceProcessContext(instance, WorkspaceFileTarget(paths=[str(workspace)])) as ctx:
+            entries = ctx.create_request_context().get_code_location_entries()
+            return {name: error_lines(e.load_error, 1) or "failed to load"
+                    for name, e in entries.items() if e.load_error is not None}
+
+
+@contextmanager
+def _fds_discarded(*fds: int):
+    """File descriptors ``fds`` pointed at /dev/null inside the block (what this process and the children it
+    starts there write to them is lost), restored after it."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(fd) for fd in fds]
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in fds:
+            os.dup2(null, fd)
+        yield
+    finally:
+        for fd, old in zip(fds, saved):
+            os.dup2(old, fd)
+            os.close(old)
+        os.close(null)
 
 
 @dataclass
@@ -520,26 +579,62 @@ def wait_for_bills(
     return rows
 
 
-def other_runs_in_flight(instance: dg.DagsterInstance, since: float, backfill_id: str) -> list[dg.DagsterRun]:
-    """Runs created since ``since`` (epoch s) that are starting or running, other than backfill
-    ``backfill_id``'s: those a daemon's sensors launched meanwhile (the index's automation sensor following
-    the embeddings, the corpus sensor). Stopping the daemon that runs them would kill their run workers and
-    fail them ("Execution was interrupted unexpectedly"); a queued run is left queued for the next daemon."""
+@dataclass(frozen=True)
+class OtherWork:
+    """What a daemon's sensors started on the instance while a backfill ran (the index's automation sensor
+    following the embeddings, the corpus sensor), other than that backfill: runs ``running`` (starting,
+    started or canceling), runs ``queued`` (the daemon's run queue starts them) and backfills ``requested``
+    (an automation sensor's backfill over many partitions; the daemon's backfill loop makes its runs)."""
+
+    running: tuple[dg.DagsterRun, ...] = ()
+    queued: tuple[dg.DagsterRun, ...] = ()
+    requested: tuple[PartitionBackfill, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.running or self.queued or self.requested)
+
+    def describe(self) -> str:
+        """``2 run(s) queued (id, id) and 1 backfill(s) requested (id)``: the queued and requested only."""
+        parts = [f"{len(self.queued)} run(s) queued ({', '.join(r.run_id for r in self.queued)})"] if self.queued else []
+        if self.requested:
+            parts.append(f"{len(self.requested)} backfill(s) requested ({', '.join(b.backfill_id for b in self.requested)})")
+        return " and ".join(parts)
+
+    def asset_keys(self) -> list[str]:
+        """The assets the queued runs and requested backfills materialize, '/'-separated, sorted."""
+        keys = {k for r in self.queued for k in (r.asset_selection or ())}
+        keys |= {k for b in self.requested for k in (b.asset_selection or ())}
+        return sorted(k.to_user_string() for k in keys)
+
+
+def other_work(instance: dg.DagsterInstance, since: float, backfill_id: str) -> OtherWork:
+    """The runs and backfills created since ``since`` (epoch s), other than backfill ``backfill_id`` and its
+    runs, that are not finished: those a daemon's sensors started meanwhile (:class:`OtherWork`). Stopping the
+    daemon that runs them would kill the running ones' run workers and fail them ("Execution was interrupted
+    unexpectedly") and leave the queued and requested ones for the next daemon."""
     import datetime as dt
 
-    live = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
-    recs = instance.get_run_records(RunsFilter(statuses=live, created_after=dt.datetime.fromtimestamp(since, dt.timezone.utc)))
-    return [r.dagster_run for r in recs if r.dagster_run.tags.get("dagster/backfill") != backfill_id]
+    from dagster._core.execution.backfill import BulkActionsFilter
+
+    after = dt.datetime.fromtimestamp(since, dt.timezone.utc)
+    S = dg.DagsterRunStatus
+    recs = instance.get_run_records(RunsFilter(statuses=[S.QUEUED, S.STARTING, S.STARTED, S.CANCELING], created_after=after))
+    runs = [r.dagster_run for r in recs if r.dagster_run.tags.get("dagster/backfill") != backfill_id]
+    backfills = instance.get_backfills(filters=BulkActionsFilter(statuses=[BulkActionStatus.REQUESTED], created_after=after))
+    return OtherWork(running=tuple(r for r in runs if r.status != S.QUEUED),
+                     queued=tuple(r for r in runs if r.status == S.QUEUED),
+                     requested=tuple(b for b in backfills if b.backfill_id != backfill_id))
 
 
-def wait_for_other_runs(instance: dg.DagsterInstance, since: float, backfill_id: str, *, timeout_s: float,
-                        poll_s: float = 2.0) -> list[dg.DagsterRun]:
-    """:func:`other_runs_in_flight` polled every ``poll_s`` seconds until none is left or ``timeout_s`` passed;
-    returns those still in flight."""
+def wait_for_other_work(instance: dg.DagsterInstance, since: float, backfill_id: str, *, timeout_s: float,
+                        poll_s: float = 2.0, alive: Callable[[], bool] | None = None) -> OtherWork:
+    """:func:`other_work` polled every ``poll_s`` seconds until none is left, ``timeout_s`` seconds passed or
+    ``alive()`` (the daemon that would run it) is False; returns what is left."""
     deadline = time.monotonic() + timeout_s
-    while (runs := other_runs_in_flight(instance, since, backfill_id)) and time.monotonic() < deadline:
+    while ((work := other_work(instance, since, backfill_id)) and time.monotonic() < deadline
+           and (alive is None or alive())):
         time.sleep(poll_s)
-    return runs
+    return work
 
 
 def _runs_in_flight(instance: dg.DagsterInstance, backfill_id: str) -> int:

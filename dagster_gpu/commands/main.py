@@ -8,8 +8,11 @@
         --prune first deletes the partitions of files no longer in the corpus, their output parquet files
         and their rows in the vector indexes that follow the asset) to $DAGSTER_HOME's instance; when a
         dagster-daemon already runs on it (`dagster dev`, a deployment: its heartbeats) leave the backfill to
-        it, else run a daemon on -w's workspace until the backfill ends; show progress, the per-partition
-        summary and the failed partitions. A daemon that dies, the timeout or Ctrl-C cancels the backfill.
+        it, else check that -w's workspace loads and run a daemon on it until the backfill ends (and the runs
+        its sensors started, queued or requested meanwhile, up to --runs-wait); show progress (plain lines when
+        not on a terminal), the per-partition summary and the failed partitions. Partitions of files gone from
+        the corpus are left out (named; --prune deletes them). A daemon that dies, the timeout or Ctrl-C cancels
+        the backfill; one ending with an error stored on it shows the error and exits 1.
     dagster-gpu stale -m MODULE -a ASSET [--json]
         list the partitions whose file (source version) or embedding fingerprint (the asset's code version)
         changed since their latest materialization, with why; never materialized ones are "missing".
@@ -55,8 +58,9 @@ def _backfill(argv: list[str]) -> int:
     ap.add_argument("--bills-wait", type=float, default=60.0,
                     help="seconds to keep the daemon up after the runs end for the schedulers' bills (default 60)")
     ap.add_argument("--runs-wait", type=float, default=300.0,
-                    help="seconds to keep the daemon this command started up for runs its sensors started meanwhile "
-                         "(the index following the embeddings), which stopping it would fail (default 300)")
+                    help="seconds to keep the daemon this command started up for the runs its sensors started, "
+                         "queued or requested as a backfill meanwhile (the index following the embeddings), which "
+                         "stopping it would fail or leave queued (default 300)")
     args = ap.parse_args(argv)
     if args.partitions and (args.missing or args.failed or args.stale):
         ap.error("--partitions cannot be combined with --missing/--failed/--stale")
@@ -66,9 +70,10 @@ def _backfill(argv: list[str]) -> int:
     from dagster_gpu.commands.common import console as make_console, instance_or_none
     from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
     from dagster_gpu.definitions.partitions import (
-        NoCorpus, bridged_selection, corpus_of, embeddings_followed, indexes_following, prune_partitions, register_corpus_files, select_partitions,
+        NoCorpus, bridged_selection, corpus_of, embeddings_followed, gone_partitions, indexes_following, prune_partitions,
+        register_corpus_files, select_partitions,
     )
-    from dagster_gpu.commands.progress import BackfillAbandoned, run_backfill_with_progress
+    from dagster_gpu.commands.progress import BackfillAbandoned, BackfillFailed, run_backfill_with_progress
 
     console = make_console()
     loaded = load_definitions(args.module, args.attribute, "dagster-gpu backfill")
@@ -101,13 +106,27 @@ def _backfill(argv: list[str]) -> int:
               f"instance, and the one this command starts loads the code from it (-w PATH, e.g. the repository's "
               f"workspace.yaml)", file=sys.stderr)
         return 2
+    if running is None:  # the daemon this command starts must load the code: say now, before anything is stored
+        from dagster_gpu.commands.backfill import workspace_load_errors
+
+        try:
+            failing = workspace_load_errors(instance, args.workspace)
+        except Exception:  # noqa: BLE001 - a file Dagster cannot read: the daemon exits, and its log says why
+            failing = {}
+        if failing:
+            print(f"dagster-gpu backfill: workspace file {args.workspace} does not load: "
+                  + "; ".join(f"code location {name!r}: {why}" for name, why in failing.items()), file=sys.stderr)
+            return 2
+    gone: set[str] = set()  # registered partitions whose corpus file is gone (known when the corpus was listed)
     if args.prune or not args.no_register:
         try:
             corpus = corpus_of(source, module)
-            done = prune_partitions(instance, source, corpus, delete_outputs=True,
+            files = corpus.list_files(members=False)
+            done = prune_partitions(instance, source, corpus, delete_outputs=True, files=files,
                                     indexes=indexes_following(defs.resolve_asset_graph().assets_defs, source.key)) if args.prune else []
             pruned = [p.partition_key for p in done if p.error is None]
-            added = [] if args.no_register else register_corpus_files(instance, source, corpus)
+            added = [] if args.no_register else register_corpus_files(instance, source, corpus, files=files)
+            gone = set(gone_partitions(instance, source, files))
         except (NoCorpus, CorpusNotFound, CorpusUnreadable, TypeError, ValueError) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
             return 2
@@ -132,6 +151,12 @@ def _backfill(argv: list[str]) -> int:
         except (NoCorpus, CorpusNotFound, CorpusUnreadable) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
             return 2
+        if left_out := [k for k in keys if k in gone]:  # their unit would fail on the missing file
+            keys = [k for k in keys if k not in gone]
+            console.print(f"{len(left_out)} registered partition(s) whose corpus file is gone left out: "
+                          f"{', '.join(left_out[:5])}" + (" …" if len(left_out) > 5 else "")
+                          + ("" if args.prune else "; --prune deletes them (with their outputs and index rows)"),
+                          soft_wrap=True, markup=False)
     if not keys:
         flags = (("missing", args.missing), ("failed", args.failed), ("stale", args.stale))
         what = " and ".join(w for w, on in flags if on) or "registered"
@@ -152,7 +177,7 @@ def _backfill(argv: list[str]) -> int:
             partitions_def_name=asset.partitions_def.name,
             console=console, bills_wait_s=args.bills_wait, runs_wait_s=args.runs_wait, running_daemon=running,
         )
-    except BackfillAbandoned as e:
+    except (BackfillAbandoned, BackfillFailed) as e:
         print(f"dagster-gpu backfill: {e}", file=sys.stderr)
         return 1
     return 1 if any(not r.ok for r in rows) else 0

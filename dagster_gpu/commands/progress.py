@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+import time
+from typing import Callable, Sequence
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -10,7 +11,7 @@ from rich.table import Table
 
 from dagster_gpu.commands.backfill import (
     BackfillProgress, BackfillTimeout, DaemonDied, DaemonProcess, PartitionSummary, RunningDaemon, abandon_backfill,
-    other_runs_in_flight, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_runs,
+    backfill_error, other_work, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_work,
 )
 from dagster_gpu.instance.bills import billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
@@ -132,34 +133,84 @@ def print_summary(console: Console, instance, rows: Sequence[PartitionSummary], 
         console.print(failures_table(failed))
 
 
-class BackfillFollower:
-    """The progress bar of a backfill (context manager; call it with each :class:`BackfillProgress`), and
-    one line, once, when every partition is done but runs are still in flight (their run workers billing
-    their work units), with how long that takes at most."""
+def progress_line(p: BackfillProgress, elapsed_s: float) -> str:
+    """One plain line of a backfill's progress, for a log: ``backfill: 12/43 partitions done, 1 failed, 2 run(s)
+    going, 3:10 elapsed [requested]`` (``elapsed_s``: seconds since it was submitted)."""
+    m, sec = divmod(int(elapsed_s), 60)
+    h, m = divmod(m, 60)
+    elapsed = f"{h}:{m:02d}:{sec:02d}" if h else f"{m}:{sec:02d}"
+    return (f"backfill: {p.done}/{p.total} partitions done, {p.failed} failed, {p.runs_in_flight} run(s) going, "
+            f"{elapsed} elapsed [{p.status.lower()}]")
 
-    def __init__(self, console: Console, total: int):
-        self.bar = progress_bar(console)
-        self.task = self.bar.add_task("backfill", total=total, detail="")
+
+class BackfillFollower:
+    """The progress of a backfill (context manager; call it with each :class:`BackfillProgress`), and
+    one line, once, when every partition is done but runs are still in flight (their run workers billing
+    their work units), with how long that takes at most.
+
+    On a terminal it is a rich progress bar. Elsewhere (a log file, a pipe) rich's bar would show only once,
+    at the end, so it prints :func:`progress_line` instead: when the done or failed count changes (at most one
+    line per ``min_gap_s`` seconds; changes between are in the next line), else every ``every_s`` seconds, and
+    the last state at the end when the last line did not say it (e.g. only the backfill's status changed).
+    ``clock``: monotonic seconds."""
+
+    def __init__(self, console: Console, total: int, *, every_s: float = 30.0, min_gap_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic):
+        self.console, self.every_s, self.min_gap_s, self.clock = console, every_s, min_gap_s, clock
+        self.plain = not console.is_terminal or console.is_dumb_terminal
+        self.bar = None if self.plain else progress_bar(console)
+        self.task = None if self.bar is None else self.bar.add_task("backfill", total=total, detail="")
         self.said_settling = False
+        self.started = clock()
+        self.last: BackfillProgress | None = None
+        self.printed: tuple[float, tuple[int, int]] | None = None  # (when, (done, failed)) of the last line
+        self.printed_line: str | None = None
 
     def __enter__(self) -> "BackfillFollower":
-        self.bar.__enter__()
+        if self.bar is not None:
+            self.bar.__enter__()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.bar.__exit__(*exc)
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+        elif self.last is not None and self.printed_line != progress_line(self.last, 0):
+            self._line(self.last)
+
+    def _line(self, p: BackfillProgress) -> None:
+        now = self.clock()
+        self.console.print(progress_line(p, now - self.started), soft_wrap=True, markup=False, highlight=False)
+        self.printed = (now, (p.done, p.failed))
+        self.printed_line = progress_line(p, 0)  # what it said, but the time
 
     def __call__(self, p: BackfillProgress) -> None:
-        self.bar.update(self.task, completed=p.done, detail=progress_detail(p))
+        self.last = p
+        if self.bar is not None:
+            self.bar.update(self.task, completed=p.done, detail=progress_detail(p))
+        else:
+            since = None if self.printed is None else self.clock() - self.printed[0]
+            changed = self.printed is None or self.printed[1] != (p.done, p.failed)
+            if since is None or since >= self.every_s or (changed and since >= self.min_gap_s):
+                self._line(p)
         if p.done == p.total and p.runs_in_flight and not self.said_settling:
             self.said_settling = True
-            self.bar.console.print(f"All {p.total} partitions done; waiting for {p.runs_in_flight} run(s) to end while "
-                                   f"their run workers bill their work units: {settle_wait_note()}", soft_wrap=True)
+            self.console.print(f"All {p.total} partitions done; waiting for {p.runs_in_flight} run(s) to end while "
+                               f"their run workers bill their work units: {settle_wait_note()}", soft_wrap=True)
 
 
 class BackfillAbandoned(RuntimeError):
     """``dagster-gpu backfill`` stopped following a backfill before it ended (its daemon died, the timeout
     passed, or Ctrl-C): the message says why and what became of the backfill (canceled, or still running)."""
+
+
+class BackfillFailed(RuntimeError):
+    """The backfill ended with an error the daemon stored on it (:func:`dagster_gpu.commands.backfill.backfill_error`,
+    e.g. its code location did not load): the message is that error; ``rows`` the summary already printed
+    (a partition materialized before this backfill shows as ok there)."""
+
+    def __init__(self, message: str, rows: Sequence[PartitionSummary]):
+        super().__init__(message)
+        self.rows = list(rows)
 
 
 def settle_wait_note() -> str:
@@ -175,20 +226,34 @@ def settle_wait_note() -> str:
 
 
 def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console: Console, timeout_s: float) -> int:
-    """Before ``daemon`` (started by this command) is stopped: wait up to ``timeout_s`` seconds for the runs its
-    sensors started meanwhile (:func:`dagster_gpu.commands.backfill.other_runs_in_flight`), saying so; returns
-    how many are still in flight (stopping the daemon fails them, and that is said too)."""
-    others = other_runs_in_flight(instance, daemon.started_at, backfill_id)
+    """Before ``daemon`` (started by this command) is stopped: wait, while it runs and up to ``timeout_s``
+    seconds, for the runs and backfills its sensors started meanwhile
+    (:func:`dagster_gpu.commands.backfill.other_work`: running, queued, requested), saying so. Then one line
+    names the runs still in flight (stopping the daemon fails them) and one the runs still queued and backfills
+    still requested (left for the next daemon), with how to finish them. Returns how many runs are still in
+    flight."""
+    others = other_work(instance, daemon.started_at, backfill_id)
     if others and timeout_s > 0:
-        jobs = ", ".join(sorted({r.job_name for r in others}))
-        console.print(f"Waiting up to {timeout_s:.0f} s for {len(others)} run(s) the daemon's sensors started "
-                      f"meanwhile ({jobs}; e.g. the index following these embeddings): stopping the daemon would fail "
-                      "them", soft_wrap=True)
-        others = wait_for_other_runs(instance, daemon.started_at, backfill_id, timeout_s=timeout_s)
-    if others:
-        console.print(f"{len(others)} run(s) still in flight will be interrupted and fail: "
-                      + ", ".join(r.run_id for r in others), soft_wrap=True)
-    return len(others)
+        runs = others.running + others.queued
+        jobs = ", ".join(sorted({r.job_name for r in runs} | {b.title or b.backfill_id for b in others.requested}))
+        what = " and ".join(([f"{len(runs)} run(s)"] if runs else [])
+                            + ([f"{len(others.requested)} backfill(s)"] if others.requested else []))
+        console.print(f"Waiting up to {timeout_s:.0f} s for {what} "
+                      f"the daemon's sensors started meanwhile ({jobs}; e.g. the index following these embeddings): "
+                      "stopping the daemon would fail or strand them", soft_wrap=True)
+        alive = getattr(daemon, "why_dead", None)
+        others = wait_for_other_work(instance, daemon.started_at, backfill_id, timeout_s=timeout_s,
+                                     alive=None if alive is None else lambda: alive() is None)
+    if others.running:
+        console.print(f"{len(others.running)} run(s) still in flight will be interrupted and fail: "
+                      + ", ".join(r.run_id for r in others.running), soft_wrap=True)
+    if others.queued or others.requested:
+        assets = others.asset_keys()
+        redo = ("; to run them now: " + "; ".join(f"dagster-gpu backfill -m MODULE -a {a} --stale" for a in assets)
+                if assets else "")
+        console.print(f"{others.describe()} by the daemon's sensors meanwhile stay for the next dagster-daemon on this "
+                      f"instance (`dagster dev` or `dagster-daemon run`){redo}", soft_wrap=True, markup=False)
+    return len(others.running)
 
 
 def run_backfill_with_progress(
@@ -217,14 +282,15 @@ def run_backfill_with_progress(
     ``run_config`` applies to every run (e.g. ``{"execution": {"config": {"backend": "slurm", ...}}}``).
     After the runs end the daemon keeps running up to ``bills_wait_s`` seconds, until every work unit's
     scheduler bill has landed (:func:`dagster_gpu.commands.backfill.wait_for_bills`); stopping it at once would stop
-    run workers still waiting for sacct. Then, up to ``runs_wait_s`` seconds, until the runs its sensors started
-    meanwhile (:func:`dagster_gpu.commands.backfill.other_runs_in_flight`) ended: stopping the daemon would fail
-    them. Each wait is said on the console with its bound. Returns the
+    run workers still waiting for sacct. Then, up to ``runs_wait_s`` seconds, until the runs and backfills its sensors started
+    meanwhile (:func:`drain_other_runs`) ended: stopping the daemon would fail or strand them. Each wait is said on the console with its bound. Returns the
     per-partition summary (see :func:`dagster_gpu.commands.backfill.summarize_partitions`).
 
     Raises BackfillAbandoned when the daemon dies, ``timeout_s`` passes or the user interrupts: a backfill
     whose daemon this command started (or whose daemon is gone) is canceled first
     (:func:`dagster_gpu.commands.backfill.abandon_backfill`), so that no later daemon runs it unasked.
+    Raises BackfillFailed, after the summary, when the backfill ended with an error stored on it (printed in
+    red before the summary).
     """
     from contextlib import nullcontext
 
@@ -232,8 +298,6 @@ def run_backfill_with_progress(
     backfill_id = submit_asset_backfill(instance, defs, asset_key, partition_keys, title=title, run_config=run_config)
     console.print(f"Backfill [bold]{backfill_id}[/bold]: {len(partition_keys)} partitions of {asset_key.to_user_string()}")
     if running_daemon is not None:
-        import time
-
         console.print(f"Submitted to the dagster-daemon already running on this instance (id {running_daemon.daemon_id}, "
                       f"last heartbeat {max(0.0, time.time() - running_daemon.timestamp):.0f} s ago); following it",
                       soft_wrap=True)
@@ -262,8 +326,14 @@ def run_backfill_with_progress(
         else:
             what = abandon_backfill(instance, backfill_id)
         raise BackfillAbandoned(f"{why}\n{what}") from (None if isinstance(e, KeyboardInterrupt) else e)
+    error = backfill_error(instance, backfill_id)
+    if error is not None:
+        console.print(f"[bold red]Backfill {backfill_id} {final.status.lower()}:[/bold red] ", end="")
+        console.print(error, soft_wrap=True, markup=False, highlight=False)
     print_summary(console, instance, rows, title=f"Backfill {backfill_id}: {final.status.lower()} in {final.runs} run(s)")
     uf = useful_fraction(rows)
     if uf is not None:
         console.print(f"Useful fraction (Σ embedding seconds ÷ Σ measured seconds, materialized partitions): {uf:.3f}")
+    if error is not None:
+        raise BackfillFailed(f"backfill {backfill_id} {final.status.lower()}: {error.splitlines()[0]}", rows)
     return rows

@@ -104,15 +104,17 @@ def corpus_of(asset: dg.AssetsDefinition, module: ModuleType | None = None) -> C
                         group_buckets=int(buckets) if buckets else None)
 
 
-def register_corpus_files(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource) -> list[str]:
+def register_corpus_files(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource,
+                          files: Iterable[CorpusFile] | None = None) -> list[str]:
     """Add a dynamic partition of ``asset`` for each corpus file not yet one; returns the keys added.
+    ``files``: the corpus listing when the caller has just made it.
 
     Raises CorpusNotFound when the corpus URL does not exist, TypeError when the asset's partitions
     are not dynamic.
     """
     pdef = dynamic_partitions_def(asset)
     known = set(instance.get_dynamic_partitions(pdef.name))
-    new = [f.key for f in corpus.list_files(members=False) if f.key not in known]
+    new = [f.key for f in (corpus.list_files(members=False) if files is None else files) if f.key not in known]
     if new:
         instance.add_dynamic_partitions(pdef.name, new)
     return new
@@ -127,6 +129,15 @@ def prune_deleted_files(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
     are not dynamic.
     """
     return [p.partition_key for p in prune_partitions(instance, asset, corpus) if p.error is None]
+
+
+def gone_partitions(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, files: Iterable[CorpusFile]) -> list[str]:
+    """The registered partition keys of ``asset`` (in registration order) that the corpus listing ``files`` no
+    longer has: their file was deleted or renamed; :func:`prune_partitions` deletes them.
+
+    Raises TypeError when the asset's partitions are not dynamic."""
+    present = {f.key for f in files}
+    return [k for k in instance.get_dynamic_partitions(dynamic_partitions_def(asset).name) if k not in present]
 
 
 @dataclass(frozen=True)
@@ -187,8 +198,7 @@ def prune_partitions(
     has no ``dagster_gpu/output_url`` metadata.
     """
     pdef = dynamic_partitions_def(asset)
-    present = {f.key for f in (corpus.list_files(members=False) if files is None else files)}
-    gone = [k for k in instance.get_dynamic_partitions(pdef.name) if k not in present]
+    gone = gone_partitions(instance, asset, corpus.list_files(members=False) if files is None else files)
     if gone:
         in_progress = partition_status(instance, asset)[2]
         gone = [k for k in gone if k not in in_progress]
