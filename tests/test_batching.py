@@ -34,10 +34,37 @@ def test_hold_until_target_or_max_delay():
     big = small + [Held("c", "v2", 15_000_000, since=1039.0)]
     enough = hold_decision(big, now=1040.0, cost=COST, target_useful_fraction=0.5, max_delay_s=300)
     assert enough.release and enough.useful_fraction >= 0.5 and "max delay" not in enough.why
+    assert [h.key for h in enough.released] == ["a", "b", "c"] and enough.kept == ()
     with pytest.raises(ValueError):
         hold_decision([], 0.0, COST, 0.5, 300)
     with pytest.raises(ValueError):
         hold_decision(small, 0.0, COST, 0.0, 300)
+    with pytest.raises(ValueError):
+        hold_decision(small, 0.0, COST, 0.5, 300, max_per_unit=0)
+
+
+def test_hold_releases_whole_units_and_holds_the_remainder():
+    # 14 files of 1 kB at 5 s spacing, units of at most 10 (the asset's max_partitions_per_run); 1.033 s a file
+    files = [Held(f"f{i:02d}", "v1", 1_000, since=1000.0 + 5 * i) for i in range(14)]
+    cost = UnitCost(startup_s=8.0, per_partition_s=1.0, seconds_per_byte=1e-6)
+    # a unit of 10: 10.01 / 18.01 = 56 % >= 50 %: released; the 4 after it (4.004 / 12.004 = 33 %) are held on
+    d = hold_decision(files, now=1070.0, cost=cost, target_useful_fraction=0.5, max_delay_s=120, max_per_unit=10)
+    assert [h.key for h in d.released] == [f"f{i:02d}" for i in range(10)]
+    assert [h.key for h in d.kept] == ["f10", "f11", "f12", "f13"]
+    assert d.why == ("requested 10 files, 10.0 kB: a unit now would be 56 % useful (target 50 %); oldest waited 70 s of 120; "
+                     "held on 4 files, 4.0 kB: a unit now would be 33 % useful (target 50 %); oldest waited 20 s of 120")
+    # the remainder goes once its oldest has waited out the delay, alone
+    late = hold_decision(files[10:], now=1170.0, cost=cost, target_useful_fraction=0.5, max_delay_s=120, max_per_unit=10)
+    assert len(late.released) == 4 and late.kept == () and "(max delay reached)" in late.why
+    # a target no unit of 3 can reach: units go by age only, oldest first, whole units while each is due
+    slow = UnitCost(startup_s=100.0, per_partition_s=1.0, seconds_per_byte=1e-6)
+    d = hold_decision(files, now=1135.0, cost=slow, target_useful_fraction=0.5, max_delay_s=120, max_per_unit=3)
+    # unit f00-f02 (oldest 135 s), f03-f05 (120 s) due; f06-f08 (oldest 105 s) not: it and all after are held on
+    assert [h.key for h in d.released] == [f"f{i:02d}" for i in range(6)] and len(d.kept) == 8
+    assert d.why.startswith("requested 6 files, 6.0 kB in 2 units of at most 3 (max delay reached): ")
+    # the order is by age, whatever order the listing gave
+    d = hold_decision(list(reversed(files)), now=1070.0, cost=cost, target_useful_fraction=0.5, max_delay_s=120, max_per_unit=10)
+    assert [h.key for h in d.released] == [f"f{i:02d}" for i in range(10)]
 
 
 def test_bridge_merges_only_cheap_fine_gaps():
@@ -75,8 +102,14 @@ def test_trickle_prices_the_knob_off_and_on():
     assert on.freshness_mean_s == pytest.approx(12 * 5 / 2 + 15 + 15.719 + 13 * 1.232)
     # a short delay caps the wait: in 30 s the first file and 6 more gather
     assert trickle(5, 2000, cost, rate_usd_per_hour=0.36, tick_s=30, max_delay_s=30).files_per_unit == 7
+    # runs of at most 10 partitions: 10 files a unit, 1728 units a day, 12.32 / 28.039 useful
+    capped = trickle(5, 2000, cost, rate_usd_per_hour=0.36, tick_s=30, max_delay_s=120, max_per_unit=10)
+    assert (capped.files_per_unit, capped.units_per_day) == (10, pytest.approx(1728))
+    assert capped.useful_fraction == pytest.approx(12.32 / 28.039)
     with pytest.raises(ValueError):
         trickle(0, 2000, cost, rate_usd_per_hour=0.36)
+    with pytest.raises(ValueError):
+        trickle(5, 2000, cost, rate_usd_per_hour=0.36, max_per_unit=0)
 
 
 def test_whatif_trickle_json(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """Step workers start in a fresh interpreter (never a fork holding CUDA or tokenizer threads), with
-TOKENIZERS_PARALLELISM set; checked on the worker command, on a real local launch, and on the source."""
+TOKENIZERS_PARALLELISM set; checked on the worker command, on a real local launch, and on the source. The one
+fork is the local backend's fork server's, from a process that holds neither (tests/test_forkserver.py)."""
 
 from __future__ import annotations
 
@@ -81,10 +82,14 @@ def test_a_local_worker_does_not_inherit_torch_or_tokenizer_state(tmp_path):
     assert report["pid"] != handle["pid"]  # the worker runs under the supervisor, also a new interpreter
 
 
+#: The fork server forks only from a process that ran no torch operator and holds one thread (it checks).
+FORKS_ALLOWED = {PACKAGE / "local" / "forkserver.py"}
+
+
 def test_no_backend_or_worker_code_forks_without_exec():
     """``os.fork``/``multiprocessing`` in the executor or worker would hand CUDA/tokenizer state to a child."""
     offenders = []
-    for path in sorted(PACKAGE.rglob("*.py")):
+    for path in sorted(set(PACKAGE.rglob("*.py")) - FORKS_ALLOWED):
         tree = ast.parse(path.read_text(), str(path))
         for node in ast.walk(tree):
             if isinstance(node, (ast.Import, ast.ImportFrom)):

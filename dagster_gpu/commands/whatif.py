@@ -107,7 +107,7 @@ def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | N
     rows = []
     for delay in [None, *args.max_delay]:
         p = trickle(args.trickle_every, args.file_bytes, cost, rate_usd_per_hour=rate, tick_s=args.tick,
-                    max_delay_s=delay, target_useful_fraction=args.target)
+                    max_delay_s=delay, target_useful_fraction=args.target, max_per_unit=args.per_run)
         rows.append({"max_delay_seconds": delay, "files_per_unit": p.files_per_unit, "units_per_day": p.units_per_day,
                      "useful_fraction": p.useful_fraction, "billed_s_per_day": p.billed_s_per_day,
                      "cost_usd_per_day": p.cost_usd_per_day, "freshness_mean_s": p.freshness_mean_s,

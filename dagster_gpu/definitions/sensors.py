@@ -129,11 +129,16 @@ def corpus_sensor(
         cost = unit_cost(context.instance, asset) if (max_delay_seconds is not None or (bridge and status is not None)) else None
         if max_delay_seconds is not None:
             held = _held(context.cursor, due, time.time())
-            decision = hold_decision(held, time.time(), cost, target_useful_fraction, max_delay_seconds)
+            decision = hold_decision(held, time.time(), cost, target_useful_fraction, max_delay_seconds,
+                                     max_per_unit=max_partitions_per_run(asset))
+            if decision.kept:
+                cursor["held"] = {h.key: [h.version, h.size_bytes, h.since] for h in decision.kept}
             if not decision.release:
-                cursor["held"] = {h.key: [h.version, h.size_bytes, h.since] for h in held}
                 return dg.SensorResult(skip_reason=dg.SkipReason(decision.why), cursor=json.dumps(cursor), asset_events=events)
             context.log.info(decision.why)
+            now_keys = {h.key for h in decision.released}
+            new, due_again = [f for f in new if f.key in now_keys], [f for f in due_again if f.key in now_keys]
+            due = [*due_again, *new]
         keys = [f.key for f in new]
         what = "file group(s)" if corpus.group_buckets is not None else "file(s)"
         context.log.info(requested_files_line(keys, [f.key for f in due_again], what, corpus.url))

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Mapping
 
-from dagster_gpu.billing.keys import DEVICE_TYPE
+from dagster_gpu.billing.keys import DEVICE_TYPE, WALL_SECONDS
+from dagster_gpu.policy.batching import UnitSample
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
 from dagster_gpu.instance.events import metadata_get
 
@@ -80,3 +81,36 @@ def fetch_history(instance: Any, asset_key: Any, limit: int = 50) -> list[Histor
 def runtime_model(instance: Any, asset_key: Any, limit: int = 50, cpu_slowdown: float = 20.0) -> RuntimeModel:
     """:class:`RuntimeModel` for ``asset_key`` from the instance (the fallback when there is no history)."""
     return RuntimeModel.from_history(fetch_history(instance, asset_key, limit), cpu_slowdown=cpu_slowdown)
+
+
+def fetch_unit_samples(instance: Any, asset_key: Any, *, cpu: bool, limit: int = 200) -> list[UnitSample]:
+    """The finished work units among the last ``limit`` materializations of ``asset_key`` that embedded on the
+    CPU (``cpu``) or on a GPU (not ``cpu``), as :class:`UnitSample` records: those whose every partition
+    (``dagster_gpu/unit_partitions``) is among them, none of which reused rows (a reused partition's seconds are
+    not a full embed's, the module docstring), each unit named by its Slurm array task, pod or local unit."""
+    from dagster import AssetKey, AssetRecordsFilter
+
+    from dagster_gpu.instance.bills import unit_of
+
+    key = asset_key if isinstance(asset_key, AssetKey) else AssetKey.from_user_string(str(asset_key))
+    result = instance.fetch_materializations(AssetRecordsFilter(asset_key=key), limit=limit, ascending=False)
+    units: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
+    for rec in result.records:
+        md = rec.asset_materialization.metadata if rec.asset_materialization is not None else {}
+        unit = unit_of(md)
+        if unit is not None:
+            units.setdefault(unit, []).append(md)
+    out = []
+    for mds in units.values():
+        try:
+            n = int(metadata_get(mds[0], "dagster_gpu/unit_partitions"))
+            on_cpu = all(str(metadata_get(md, DEVICE_TYPE_KEY) or "").lower() == "cpu" for md in mds)
+            reused = any((metadata_get(md, REUSED_KEY) or 0) > 0 for md in mds)
+            billed = sum(float(metadata_get(md, WALL_SECONDS)) for md in mds)
+            useful = sum(float(metadata_get(md, "embedding/seconds")) for md in mds)
+            size = sum(int(next(metadata_get(md, k) for k in SIZE_KEYS if metadata_get(md, k) is not None)) for md in mds)
+        except (TypeError, ValueError, StopIteration):
+            continue
+        if len(mds) == n and on_cpu == cpu and not reused:
+            out.append(UnitSample(n, billed, useful, size))
+    return out

@@ -37,7 +37,13 @@ from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
 from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
 from dagster_gpu.telemetry.nvml import list_gpus
 from dagster_gpu.worker.backend_env import LOCAL_UNIT_ENV as UNIT_ENV
+from dagster_gpu.local import forkserver
 from dagster_gpu.local.supervise import read_status
+
+
+#: Seconds a launch waits for a fork server it started (its imports take 5-10 s on 2 cores) before it
+#: launches cold.
+FORKSERVER_START_WAIT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -50,6 +56,10 @@ class LocalSettings:
     terminate_grace_seconds: float = setting(10.0, "Seconds between SIGTERM and SIGKILL of a worker's process group.")
     settle_wait_seconds: float = setting(30.0, "Seconds the run worker waits at exit for its workers to end and be "
                                                "billed (0: no wait; a worker still running then is not billed).")
+    forkserver_idle_seconds: float | None = setting(
+        None, "Start workers from a fork server that has imported dagster, torch and sentence-transformers once "
+              "(a unit starts in milliseconds, not seconds); it exits after this many seconds without a launch. "
+              "None: every worker is a fresh interpreter.")
 
 
 def config_field() -> dg.Field:
@@ -67,7 +77,8 @@ def build_backend(section: Mapping[str, Any] | None, config: Mapping[str, Any], 
     to the section's ``log_dir``, else ``default_log_dir``."""
     s = from_section(LocalSettings, section or {})
     return LocalBackend(log_dir=s.log_dir or default_log_dir, cuda_visible_devices=s.cuda_visible_devices,
-                        terminate_grace_s=s.terminate_grace_seconds, settle_wait_s=s.settle_wait_seconds)
+                        terminate_grace_s=s.terminate_grace_seconds, settle_wait_s=s.settle_wait_seconds,
+                        forkserver_idle_s=s.forkserver_idle_seconds)
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,7 @@ class LocalHandle:
         host: the host it runs on (``os.uname().nodename``).
         unit: the unit's name (run, step, attempt), the key of its process bill; "" in handles recorded
             before units were named.
+        forked: started by the fork server (:mod:`dagster_gpu.local.forkserver`), not as a fresh interpreter.
     """
 
     pid: int
@@ -93,12 +105,14 @@ class LocalHandle:
     host: str = ""
     unit: str = ""
     start_ticks: int | None = None
+    forked: bool = False
 
     def to_handle(self) -> dict[str, Any]:
         """The handle as the executor stores it (JSON values)."""
         return {"pid": self.pid, "create_time": self.create_time, "status_file": self.status_file,
                 "log_file": self.log_file, "host": self.host, "unit": self.unit,
-                **({} if self.start_ticks is None else {"start_ticks": self.start_ticks})}
+                **({} if self.start_ticks is None else {"start_ticks": self.start_ticks}),
+                **({"forked": True} if self.forked else {})}
 
     @classmethod
     def from_handle(cls, handle: Mapping[str, Any]) -> "LocalHandle":
@@ -106,7 +120,8 @@ class LocalHandle:
         return cls(pid=int(handle["pid"]), create_time=float(handle["create_time"]),
                    status_file=str(handle["status_file"]), log_file=str(handle["log_file"]),
                    host=str(handle.get("host") or ""), unit=str(handle.get("unit") or ""),
-                   start_ticks=None if handle.get("start_ticks") is None else int(handle["start_ticks"]))
+                   start_ticks=None if handle.get("start_ticks") is None else int(handle["start_ticks"]),
+                   forked=bool(handle.get("forked", False)))
 
 
 class LocalBackend(Backend):
@@ -117,6 +132,8 @@ class LocalBackend(Backend):
         cuda_visible_devices: if set, exported to every worker (e.g. ``"0"``); else inherited.
         terminate_grace_s: seconds between SIGTERM and SIGKILL of the worker's process group.
         settle_wait_s: seconds the run worker waits at exit for its workers to end and be billed.
+        forkserver_idle_s: start workers from a fork server that exits after this many idle seconds
+            (:mod:`dagster_gpu.local.forkserver`); None: each worker is a fresh interpreter.
         nvml: the NVML module to ask for this host's GPUs (default ``pynvml``).
     """
 
@@ -126,14 +143,17 @@ class LocalBackend(Backend):
 
     def __init__(self, log_dir: str | Path, cuda_visible_devices: str | None = None,
                  terminate_grace_s: float = LocalSettings.terminate_grace_seconds,
-                 settle_wait_s: float = LocalSettings.settle_wait_seconds, nvml=None):
+                 settle_wait_s: float = LocalSettings.settle_wait_seconds,
+                 forkserver_idle_s: float | None = LocalSettings.forkserver_idle_seconds, nvml=None):
         self.log_dir = Path(log_dir)
         self._nvml = nvml  # pynvml by default (tests inject one)
         self.cuda_visible_devices = cuda_visible_devices
         self.terminate_grace_s = terminate_grace_s
         self.settle_wait_s = settle_wait_s
-        self._children: dict[int, subprocess.Popen] = {}
+        self.forkserver_idle_s = forkserver_idle_s
+        self._children: dict[int, subprocess.Popen | _Forked] = {}
         self._bill_env: dict[str, dict[str, str]] = {}  # unit -> what its bill is written with (module doc)
+        self._forkserver_failed: set[str] = set()  # fork server keys that did not come up: launched cold
 
     def launch(self, launch: StepLaunch) -> Handle:
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -145,22 +165,62 @@ class LocalBackend(Backend):
         env = {**os.environ, **launch.env, UNIT_ENV: stem}
         if self.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices
-        with open(log_file, "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "dagster_gpu.local.supervise", "--status-file", str(status_file), "--", *launch.argv],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # own process group: terminate kills the whole tree
-                close_fds=True,
-            )
-        self._children[proc.pid] = proc
+        pid = self._fork(launch, env, log_file, status_file) if self.forkserver_idle_s is not None else None
+        if pid is not None:
+            self._children[pid] = _Forked(pid)
+        else:
+            with open(log_file, "ab") as log:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "dagster_gpu.local.supervise", "--status-file", str(status_file), "--", *launch.argv],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,  # own process group: terminate kills the whole tree
+                    close_fds=True,
+                )
+            pid = proc.pid
+            self._children[pid] = proc
         self._bill_env[stem] = {k: launch.env[k] for k in (STEP_ARGS_ENV, STEP_CONTEXT_ENV) if k in launch.env}
+        child = self._children[pid]
+        forked = isinstance(child, _Forked)
         return LocalHandle(
-            pid=proc.pid, create_time=psutil.Process(proc.pid).create_time(), status_file=str(status_file),
-            log_file=str(log_file), host=os.uname().nodename, unit=stem, start_ticks=start_ticks(proc.pid),
+            pid=pid, create_time=child.create_time if forked else psutil.Process(pid).create_time(),
+            status_file=str(status_file), log_file=str(log_file), host=os.uname().nodename, unit=stem,
+            start_ticks=child.ticks if forked else start_ticks(pid), forked=forked,
         ).to_handle()
+
+    def _fork(self, launch: StepLaunch, env: Mapping[str, str], log_file: Path, status_file: Path) -> int | None:
+        """The supervisor's pid from the fork server of this launch's key, or None (launch cold). With no
+        server answering, one is started and waited for up to :data:`FORKSERVER_START_WAIT_S` seconds (its
+        imports: this process waits, no device is held); one that does not come up, or refuses, is named in
+        the unit's log, and this process launches its units for that key cold from then on."""
+        python, cwd = launch.argv[0], os.getcwd()
+        if len(launch.argv) < 3 or launch.argv[1] != "-m":
+            return None
+        key = forkserver.server_key(python, cwd, env)
+        if key in self._forkserver_failed:
+            return None
+        sock = forkserver.socket_dir() / f"{key}.sock"
+        server_log = self.log_dir / f"forkserver-{key}.log"
+        request = forkserver.Launch(tuple(launch.argv), dict(env), cwd, str(log_file.resolve()), str(status_file.resolve()))
+        try:
+            pid = forkserver.request_launch(sock, request)
+            if pid is None:
+                server_env = {k: v for k, v in env.items() if k not in launch.env and k != UNIT_ENV}  # no run's secrets
+                forkserver.start_server(python, sock, server_env, cwd, server_log, float(self.forkserver_idle_s or 0))
+                deadline = time.monotonic() + FORKSERVER_START_WAIT_S
+                while pid is None and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    pid = forkserver.request_launch(sock, request)
+            if pid is None:
+                raise RuntimeError(f"no fork server answered on {sock} within {FORKSERVER_START_WAIT_S:g} s")
+        except (RuntimeError, OSError) as e:
+            self._forkserver_failed.add(key)
+            with open(log_file, "a") as log:
+                log.write(f"dagster-gpu: {e} (its log: {server_log}); this unit starts a fresh interpreter\n")
+            return None
+        return pid
 
     def state(self, handle: Handle) -> WorkerState:
         h = LocalHandle.from_handle(handle)
@@ -277,6 +337,29 @@ def start_ticks(pid: int) -> int | None:
     # the command name (field 2) is in parentheses and may hold spaces and ')': split after the last one;
     # the first field after it is field 3 (state), so field 22 is index 19
     return int(data[data.rindex(b")") + 2:].split()[19])
+
+
+class _Forked:
+    """A worker the fork server started, as the backend tracks a ``subprocess.Popen``: ``poll`` (None while
+    it runs), ``wait`` and ``returncode`` (None: not this process's child, its exit code is in its status file)."""
+
+    returncode = None
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.ticks = start_ticks(pid)
+        try:
+            self.create_time = psutil.Process(pid).create_time()
+        except psutil.NoSuchProcess:  # ended (and reaped by the server) already: its status file has the rest
+            self.create_time, self.ticks = time.time(), None
+
+    def poll(self) -> int | None:
+        return None if _alive(self.pid, self.create_time, self.ticks) else 0
+
+    def wait(self, timeout: float | None = None) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None and (deadline is None or time.monotonic() < deadline):
+            time.sleep(0.05)
 
 
 def _alive(pid: int, create_time: float, ticks: int | None = None) -> bool:

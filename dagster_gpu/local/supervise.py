@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Protocol
 
 from dagster_gpu.core.jsonfile import read_json, write_json
 
@@ -35,15 +36,21 @@ def describe_exit(code: int) -> str:
     return f"worker exited with code {code}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) < 4 or args[0] != "--status-file" or args[2] != "--":
-        print("usage: python -m dagster_gpu.local.supervise --status-file PATH -- CMD [ARGS...]", file=sys.stderr)
-        return 2
-    status_path, cmd = Path(args[1]), args[3:]
+class Child(Protocol):
+    """What :func:`supervise` needs of the worker: ``subprocess.Popen`` or a forked process."""
+
+    def send_signal(self, signum: int) -> None: ...
+
+    def wait(self) -> int: ...
+
+
+def supervise(status_path: Path, start: Callable[[], Child], what: str) -> int:
+    """Start the worker (``start``), forward SIGTERM/SIGINT to it (one that arrives before it exists is
+    delivered right after it starts), wait for it and write the status file; this process's exit code
+    (128 + N for a worker killed by signal N). ``what`` names the command in the message when it cannot start."""
     started = time.time()
     pending: list[int] = []
-    holder: dict[str, subprocess.Popen] = {}
+    holder: dict[str, Child] = {}
 
     def forward(signum, _frame):
         child = holder.get("child")
@@ -58,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     try:
-        child = subprocess.Popen(cmd)
+        child = start()
     except OSError as e:
-        write_status(status_path, {"exit_code": 127, "message": f"cannot start worker {cmd[0]!r}: {e}", "started": started, "finished": time.time()})
+        write_status(status_path, {"exit_code": 127, "message": f"cannot start worker {what!r}: {e}", "started": started, "finished": time.time()})
         return 127
     holder["child"] = child
     for signum in pending:
@@ -68,6 +75,15 @@ def main(argv: list[str] | None = None) -> int:
     code = child.wait()
     write_status(status_path, {"exit_code": code, "message": describe_exit(code), "started": started, "finished": time.time()})
     return code if code >= 0 else 128 - code
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 4 or args[0] != "--status-file" or args[2] != "--":
+        print("usage: python -m dagster_gpu.local.supervise --status-file PATH -- CMD [ARGS...]", file=sys.stderr)
+        return 2
+    cmd = args[3:]
+    return supervise(Path(args[1]), lambda: subprocess.Popen(cmd), what=cmd[0])
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ earlier materializations (:class:`dagster_gpu.policy.runtime.RuntimeModel`: ``ro
 on the device the step will get).
 
 - :func:`hold_decision`: the corpus sensor's freshness knob: hold the files due until a unit over them reaches
-  ``target_useful_fraction`` or the oldest has waited ``max_delay_s``.
+  ``target_useful_fraction`` or the oldest has waited ``max_delay_s``, unit by unit (at most the run size).
 - :func:`bridge_ranges`: runs over contiguous ranges of the selected keys, two neighbouring ranges merged into
   one run over the keys between them too when those are fine to redo (materialized, their file present, no
   run in flight) and redoing them costs less than the start-up the merge saves. The cost of a bridged key
@@ -68,6 +68,35 @@ class UnitCost:
 
 
 @dataclass(frozen=True)
+class UnitSample:
+    """One finished work unit as its materializations tell it: ``partitions``, Σ ``billed_s`` (the measured
+    seconds, ``billing/wall_seconds``), Σ ``useful_s`` (``embedding/seconds``) and Σ corpus ``bytes``."""
+
+    partitions: int
+    billed_s: float
+    useful_s: float
+    bytes: int
+
+
+def learned_overheads(units: Sequence[UnitSample], seconds_per_byte: float) -> tuple[float, float] | None:
+    """(``startup_s``, ``per_partition_s``) learned from finished units, or None without any.
+
+    ``startup_s``: the median over units of ``billed_s − useful_s``, what a unit paid beyond its partitions'
+    own read, embed and write seconds (its start-up, and its partitions' event writes, which are small).
+    ``per_partition_s``: the median over units of ``(useful_s − seconds_per_byte · bytes) / partitions``,
+    clipped at 0: a partition's useful seconds that its bytes do not explain (open, read and write of a
+    small file). Medians, so one cold start among warm ones (or the reverse) does not move them."""
+    units = [u for u in units if u.partitions > 0]
+    if not units:
+        return None
+    from statistics import median
+
+    startup = median(max(0.0, u.billed_s - u.useful_s) for u in units)
+    per_partition = median(max(0.0, (u.useful_s - seconds_per_byte * u.bytes) / u.partitions) for u in units)
+    return float(startup), float(per_partition)
+
+
+@dataclass(frozen=True)
 class Held:
     """One file the sensor holds: its partition key, source version, size (bytes) and when it was first
     found due (epoch seconds)."""
@@ -80,41 +109,75 @@ class Held:
 
 @dataclass(frozen=True)
 class HoldDecision:
-    """``release``: request the held files now; ``why``: the tick's sentence; ``useful_fraction``: of a unit now."""
+    """``released``: the held files to request now (oldest first; empty: hold them all); ``kept``: those held on;
+    ``why``: the tick's sentence; ``useful_fraction``: of the first unit (0-1)."""
 
-    release: bool
+    released: tuple[Held, ...]
+    kept: tuple[Held, ...]
     why: str
     useful_fraction: float
+
+    @property
+    def release(self) -> bool:
+        """Whether anything is requested now."""
+        return bool(self.released)
 
 
 def _mb(nbytes: int) -> str:
     return f"{nbytes / 1e6:.1f} MB" if nbytes >= 100_000 else f"{nbytes / 1e3:.1f} kB"
 
 
+def _files(held: Sequence[Held]) -> str:
+    return f"{len(held)} file{'s' if len(held) != 1 else ''}, {_mb(sum(h.size_bytes for h in held))}"
+
+
 def hold_decision(held: Sequence[Held], now: float, cost: UnitCost, target_useful_fraction: float,
-                  max_delay_s: float) -> HoldDecision:
-    """Release the ``held`` files when one unit over them would be at least ``target_useful_fraction`` useful
-    (:meth:`UnitCost.useful_fraction`), or the oldest has waited ``max_delay_s`` seconds; else hold them.
+                  max_delay_s: float, max_per_unit: int | None = None) -> HoldDecision:
+    """Which of the ``held`` files to request now. Oldest first, they make units of at most ``max_per_unit``
+    files (None: one unit; the asset's ``max_partitions_per_run``, so each unit is one run). Units are released
+    in that order while each would be at least ``target_useful_fraction`` useful (:meth:`UnitCost.useful_fraction`)
+    or its oldest file has waited ``max_delay_s`` seconds; the first unit that is neither, and every file after
+    it, is held on (a short remainder is not run as a unit of its own before its time).
 
     ``why`` reads e.g. ``held 3 files, 1.2 MB: a unit now would be 9 % useful (target 50 %); oldest waited
-    40 s of 300``. Raises ValueError for ``held`` empty, a target outside (0, 1] or a negative delay."""
+    40 s of 300``, or ``requested 10 files, 52.1 kB in 1 unit (max delay reached): …; held on 4 files, 20.3 kB:
+    …``. Raises ValueError for ``held`` empty, a target outside (0, 1], a negative delay or ``max_per_unit`` < 1."""
     if not held:
         raise ValueError("hold_decision: nothing held")
     if not 0 < target_useful_fraction <= 1:
         raise ValueError(f"target_useful_fraction must be in (0, 1], got {target_useful_fraction}")
     if max_delay_s < 0:
         raise ValueError(f"max_delay_seconds must be >= 0, got {max_delay_s}")
-    sizes = [h.size_bytes for h in held]
-    uf = cost.useful_fraction(sizes)
-    waited = max(0.0, now - min(h.since for h in held))
-    files = f"{len(held)} file{'s' if len(held) != 1 else ''}, {_mb(sum(sizes))}"
-    state = f"a unit now would be {uf * 100:.0f} % useful (target {target_useful_fraction * 100:.0f} %); " \
-            f"oldest waited {waited:.0f} s of {max_delay_s:.0f}"
-    if uf >= target_useful_fraction:
-        return HoldDecision(True, f"requested {files}: {state}", uf)
-    if waited >= max_delay_s:
-        return HoldDecision(True, f"requested {files} (max delay reached): {state}", uf)
-    return HoldDecision(False, f"held {files}: {state}", uf)
+    if max_per_unit is not None and max_per_unit < 1:
+        raise ValueError(f"max_per_unit must be >= 1, got {max_per_unit}")
+    order = sorted(held, key=lambda h: (h.since, h.key))
+    size = max_per_unit or len(order)
+    units = [order[i:i + size] for i in range(0, len(order), size)]
+
+    def state(unit: Sequence[Held]) -> tuple[float, float, str]:
+        uf = cost.useful_fraction([h.size_bytes for h in unit])
+        waited = max(0.0, now - unit[0].since)
+        return uf, waited, (f"a unit now would be {uf * 100:.0f} % useful (target {target_useful_fraction * 100:.0f} %); "
+                            f"oldest waited {waited:.0f} s of {max_delay_s:.0f}")
+
+    released: list[Held] = []
+    by_delay = False
+    first = state(units[0])
+    for unit in units:
+        uf, waited, _ = state(unit)
+        if uf < target_useful_fraction and waited < max_delay_s:
+            break
+        by_delay = by_delay or uf < target_useful_fraction
+        released.extend(unit)
+    kept = order[len(released):]
+    if not released:
+        return HoldDecision((), tuple(kept), f"held {_files(kept)}: {first[2]}", first[0])
+    n_units = -(-len(released) // size)
+    why = (f"requested {_files(released)}" + (f" in {n_units} units of at most {size}" if n_units > 1 else "")
+           + (" (max delay reached)" if by_delay else "") + f": {first[2]}")
+    if kept:
+        why += f"; held on {_files(kept)}: {state(kept[:size])[2]}"
+    return HoldDecision(tuple(released), tuple(kept), why, first[0])
 
 
 def _contiguous(all_keys: Sequence[str], selected: set[str]) -> list[list[str]]:
@@ -188,10 +251,11 @@ class TricklePlan:
 
 
 def trickle(every_s: float, file_bytes: int, cost: UnitCost, *, rate_usd_per_hour: float, tick_s: float = 30.0,
-            max_delay_s: float | None = None, target_useful_fraction: float = 0.5) -> TricklePlan:
+            max_delay_s: float | None = None, target_useful_fraction: float = 0.5,
+            max_per_unit: int | None = None) -> TricklePlan:
     """Price a steady trickle: one file of ``file_bytes`` every ``every_s`` seconds, a sensor ticking every
     ``tick_s``, the freshness knob ``max_delay_s`` (None: off) at ``target_useful_fraction``; one device billed at
-    ``rate_usd_per_hour``.
+    ``rate_usd_per_hour``; a unit takes at most ``max_per_unit`` files (None: no bound).
 
     Model (steady state, deterministic arrivals): a tick finds ``k = max(1, round(tick_s / every_s))`` files.
     Knob off: each unit takes those ``k``. Knob on: a unit takes ``n = max(k, min(n_target, n_delay))`` files,
@@ -200,6 +264,8 @@ def trickle(every_s: float, file_bytes: int, cost: UnitCost, *, rate_usd_per_hou
     (n · every_s); billed seconds per unit = startup + n · per_partition + embedding; freshness mean =
     (n − 1) · every_s / 2 + tick_s / 2 + the unit's billed seconds (queueing and daemon latency not modelled).
     Raises ValueError for a non-positive interval or size."""
+    if max_per_unit is not None and max_per_unit < 1:
+        raise ValueError(f"trickle: max_per_unit must be >= 1, got {max_per_unit}")
     if every_s <= 0 or tick_s <= 0 or file_bytes <= 0:
         raise ValueError(f"trickle: every_s, tick_s and file_bytes must be > 0, got {every_s}, {tick_s}, {file_bytes}")
     k = max(1, round(tick_s / every_s))
@@ -212,6 +278,8 @@ def trickle(every_s: float, file_bytes: int, cost: UnitCost, *, rate_usd_per_hou
                 n_target = i
                 break
         n = max(k, min(n_target, n_delay))
+    if max_per_unit is not None:
+        n = max(1, min(n, max_per_unit))
     unit_s = cost.startup_s + n * cost.per_partition_s + cost.embedding_s(n * file_bytes)
     units = 86_400.0 / (n * every_s)
     billed = units * unit_s
