@@ -124,3 +124,16 @@ def test_whatif_trickle_json(tmp_path, capsys):
     assert [(r["max_delay_seconds"], r["files_per_unit"]) for r in rows] == [(None, 6), (120.0, 13)]
     assert rows[1]["useful_fraction"] >= 0.5 > rows[0]["useful_fraction"]
     assert rows[1]["cost_usd_per_day"] < rows[0]["cost_usd_per_day"]
+
+
+def test_learned_overheads_are_medians_of_what_units_paid_beyond_their_partitions():
+    from dagster_gpu.policy.batching import UnitSample, learned_overheads
+
+    assert learned_overheads([], 1e-6) is None
+    # figures of the trickle bench's units (bench/RESULTS.md): a cold unit of 16 files, forked units of 20 and 24
+    units = [UnitSample(16, 12.93, 2.63, 16 * 700), UnitSample(20, 5.94, 3.71, 20 * 700), UnitSample(24, 6.70, 4.30, 24 * 700)]
+    startup, per_partition = learned_overheads(units, seconds_per_byte=1e-4)  # 700 bytes: 0.07 s of embedding
+    assert startup == pytest.approx(6.70 - 4.30)  # the median of 10.30, 2.23, 2.40: one cold start does not move it
+    assert per_partition == pytest.approx((4.30 - 1.68) / 24)  # the median of 0.0944, 0.1155, 0.1092 s
+    # a unit whose useful seconds exceed what it was billed (clock rounding) counts as no start-up
+    assert learned_overheads([UnitSample(1, 1.0, 1.2, 0)], 1e-6) == (0.0, pytest.approx(1.2))

@@ -478,3 +478,39 @@ def test_sensor_holds_files_until_max_delay_and_the_cursor_keeps_since_when(tmp_
         assert t4.run_requests == [] and "no new or changed files" in t4.skip_reason.skip_message
         with pytest.raises(ValueError):
             corpus_sensor(asset, corpus, max_delay_seconds=60, target_useful_fraction=0.0)
+
+
+def test_sensor_releases_whole_units_and_holds_the_remainder_on(tmp_path, monkeypatch):
+    import dagster_gpu.definitions.sensors as sensors_mod
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
+    asset = embedding_asset(name="s_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu",
+                            max_partitions_per_run=2)
+    sensor = corpus_sensor(asset, corpus, max_delay_seconds=60, target_useful_fraction=0.5)
+    defs = dg.Definitions(assets=[asset], sensors=[sensor])
+    clock = _Clock(1_000_000.0)
+    monkeypatch.setattr(sensors_mod, "time", clock)
+    with dg.instance_for_test() as instance:
+        cursor = None
+        for name, at in (("a.txt", 0), ("b.txt", 10), ("c.txt", 30)):
+            clock.t = 1_000_000.0 + at
+            (d / name).write_text(f"{name}\n")
+            tick = _tick(sensor, instance, defs, cursor)
+            assert not tick.run_requests
+            cursor = tick.cursor
+        # a.txt has waited 61 s: the unit of a.txt and b.txt (the run size) goes; c.txt (31 s) is held on
+        clock.t = 1_000_061.0
+        log = _Log()
+        t = _tick(sensor, instance, defs, cursor, log)
+        assert [r.partition_key_range for r in t.run_requests] == [dg.PartitionKeyRange("a.txt", "b.txt")]
+        assert [list(r.partition_keys) for r in t.dynamic_partitions_requests] == [["a.txt", "b.txt"]]
+        assert json.loads(t.cursor)["held"] == {"c.txt": [json.loads(cursor)["held"]["c.txt"][0], 6, 1_000_030.0]}
+        assert log.lines[0].startswith("requested 2 files, 0.0 kB (max delay reached): ")
+        assert "; held on 1 file, 0.0 kB: " in log.lines[0] and log.lines[0].endswith("oldest waited 31 s of 60")
+        # c.txt alone once it has waited out the delay
+        clock.t = 1_000_090.0
+        last = _tick(sensor, instance, defs, t.cursor)
+        assert [r.partition_key for r in last.run_requests] == ["c.txt"]
+        assert "held" not in json.loads(last.cursor)
