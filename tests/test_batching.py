@@ -137,3 +137,19 @@ def test_learned_overheads_are_medians_of_what_units_paid_beyond_their_partition
     assert per_partition == pytest.approx((4.30 - 1.68) / 24)  # the median of 0.0944, 0.1155, 0.1092 s
     # a unit whose useful seconds exceed what it was billed (clock rounding) counts as no start-up
     assert learned_overheads([UnitSample(1, 1.0, 1.2, 0)], 1e-6) == (0.0, pytest.approx(1.2))
+
+
+def test_whatif_trickle_with_a_fork_servers_start_up(tmp_path, capsys):
+    import json
+
+    from dagster_gpu.commands.whatif import whatif_main
+
+    hist = tmp_path / "history.json"
+    hist.write_text(json.dumps([{"rows": 10, "texts_per_second": 50.0, "bytes": 2000, "product": "cpu"}]))
+    base = ["--trickle-every", "5", "--file-bytes", "2000", "--max-delay", "120", "--history", str(hist), "--json"]
+    assert whatif_main([*base, "--startup-seconds", "2"]) == 0
+    rows = json.loads(capsys.readouterr().out)["trickle"]
+    # 2 s of start-up: 2 files (0.4 s embedding + 2 x 1.032 s a partition: 2.464 / 4.464) already reach 50 %,
+    # fewer than a 30 s tick brings, so the knob changes nothing: 6 files a unit either way
+    assert [(r["max_delay_seconds"], r["files_per_unit"]) for r in rows] == [(None, 6), (120.0, 6)]
+    assert rows[0]["cost_source"].startswith("start-up 2.0 s, 1.03 s a partition (--startup-seconds, unit_startup.json)")

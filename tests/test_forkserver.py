@@ -139,7 +139,14 @@ def test_a_server_that_does_not_come_up_leaves_the_units_cold_and_says_so(tmp_pa
     monkeypatch.chdir(REPO)
     (tmp_path / "run").mkdir()
     started = []
-    monkeypatch.setattr(forkserver, "start_server", lambda *a, **k: started.append(a))  # it never binds
+
+    class NeverBinds:
+        returncode = None
+
+        def poll(self):
+            return None
+
+    monkeypatch.setattr(forkserver, "start_server", lambda *a, **k: started.append(a) or NeverBinds())
     monkeypatch.setattr(local_backend, "FORKSERVER_START_WAIT_S", 1.0)
     backend = LocalBackend(tmp_path / "logs", forkserver_idle_s=60)
     h = backend.launch(_launch("r0", ("exit", "0")))
@@ -154,3 +161,19 @@ def test_a_server_that_does_not_come_up_leaves_the_units_cold_and_says_so(tmp_pa
     again = backend.launch(_launch("r1", ("exit", "0")))
     assert "forked" not in again and len(started) == 1 and asked == []
     assert _wait_ended(backend, again).status == WorkerStatus.SUCCEEDED
+
+
+def test_a_server_whose_imports_fail_is_not_waited_for(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("PYTHONPATH", str(REPO))
+    monkeypatch.chdir(REPO)
+    (tmp_path / "run").mkdir()
+    real = forkserver.start_server
+    monkeypatch.setattr(forkserver, "start_server", lambda *a, **k: real(*a, preload=("no_such_module_xyz",)))
+    backend = LocalBackend(tmp_path / "logs", forkserver_idle_s=60)
+    h = backend.launch(_launch("r0", ("exit", "0")))
+    assert "forked" not in h
+    assert _wait_ended(backend, h).status == WorkerStatus.SUCCEEDED
+    assert "exited with code 1" in Path(h["log_file"]).read_text()
+    (server_log,) = (tmp_path / "logs").glob("forkserver-*.log")
+    assert "importing 'no_such_module_xyz' failed" in server_log.read_text()

@@ -43,6 +43,8 @@ from typing import Sequence
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.commands.code_module import import_code_module
 from dagster_gpu.corpus.listing import CorpusSource
+from dagster_gpu.instance.history import fetch_unit_samples
+from dagster_gpu.policy.batching import UnitSample
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
 from dagster_gpu.policy.snapshot import Snapshot
 from dagster_gpu.policy.whatif import MODES, PlanRow, plan, totals
@@ -86,24 +88,35 @@ def _parser() -> argparse.ArgumentParser:
                     help="corpus_sensor max_delay_seconds to price (repeatable; the knob off is always shown)")
     tr.add_argument("--target", type=float, default=0.5, help="target_useful_fraction (default 0.5)")
     tr.add_argument("--tick", type=float, default=30.0, help="sensor interval in seconds (default 30)")
+    tr.add_argument("--startup-seconds", type=float, metavar="S",
+                    help="a unit's start-up (default: learned from -a's finished units, else the packaged "
+                         "calibration; about 2 s with the local fork server, bench/RESULTS.md)")
     tr.add_argument("--on", default="local/cpu", metavar="BACKEND/DEVICE",
                     help="rate card entry billed (default local/cpu); a GPU device prices at the GPU throughput")
     return ap
 
 
-def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | None) -> list[dict]:
+def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | None,
+                 units: Sequence[UnitSample] = ()) -> list[dict]:
     """One row per knob setting (off, then each ``--max-delay``): :func:`dagster_gpu.policy.batching.trickle`
-    with the packaged unit calibration's start-up and ``model``'s embedding seconds per byte."""
-    from dagster_gpu.policy.batching import UnitCost, trickle
+    with ``model``'s embedding seconds per byte and a unit's start-up and per-partition seconds: learned from
+    ``units`` (the asset's finished units on that kind of device), else the packaged unit calibration;
+    ``--startup-seconds`` overrides the start-up (e.g. a fork server's)."""
+    from dagster_gpu.policy.batching import UnitCost, learned_overheads, trickle
     from dagster_gpu.definitions.unit_cost import CALIBRATION, calibration_seconds
 
     backend, _, device = args.on.partition("/")
     rate = (rc or RateCard.load()).gpu_hour_rate(backend, device or "cpu")
     cpu = (device or "cpu") == "cpu"
     tps = model.cpu_rate() if cpu else model.texts_per_second
-    startup_s, per_partition_s = calibration_seconds()
+    learned = learned_overheads(units, model.rows_per_byte / tps)
+    startup_s, per_partition_s = learned or calibration_seconds()
+    where = f"median of {len(units)} unit(s) of {args.asset}" if learned else CALIBRATION.name
+    if args.startup_seconds is not None:
+        startup_s, where = args.startup_seconds, f"--startup-seconds, {where}"
     cost = UnitCost(startup_s, per_partition_s, model.rows_per_byte / tps,
-                    source=f"{CALIBRATION.name}, {model.describe(gpu=not cpu, cpu=cpu)}")
+                    source=f"start-up {startup_s:.1f} s, {per_partition_s:.2f} s a partition ({where}), "
+                           f"{model.describe(gpu=not cpu, cpu=cpu)}")
     rows = []
     for delay in [None, *args.max_delay]:
         p = trickle(args.trickle_every, args.file_bytes, cost, rate_usd_per_hour=rate, tick_s=args.tick,
@@ -274,7 +287,9 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
         else:
             model = instance_runtime_model(instance, args.asset)
         if args.trickle_every is not None:
-            rows = trickle_rows(args, model, rc)
+            cpu = (args.on.partition("/")[2] or "cpu") == "cpu"
+            units = fetch_unit_samples(instance, args.asset, cpu=cpu) if instance is not None and args.asset else []
+            rows = trickle_rows(args, model, rc, units)
             if args.json:
                 print(json.dumps({"trickle": rows}, indent=1))
             else:

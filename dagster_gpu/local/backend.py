@@ -208,11 +208,14 @@ class LocalBackend(Backend):
             pid = forkserver.request_launch(sock, request)
             if pid is None:
                 server_env = {k: v for k, v in env.items() if k not in launch.env and k != UNIT_ENV}  # no run's secrets
-                forkserver.start_server(python, sock, server_env, cwd, server_log, float(self.forkserver_idle_s or 0))
+                server = forkserver.start_server(python, sock, server_env, cwd, server_log,
+                                                 float(self.forkserver_idle_s or 0))
                 deadline = time.monotonic() + FORKSERVER_START_WAIT_S
-                while pid is None and time.monotonic() < deadline:
+                while pid is None and time.monotonic() < deadline and server.poll() in (None, 0):  # 0: another one serves
                     time.sleep(0.2)
                     pid = forkserver.request_launch(sock, request)
+                if pid is None and server.poll() not in (None, 0):
+                    raise RuntimeError(f"the fork server for {sock} exited with code {server.returncode}")
             if pid is None:
                 raise RuntimeError(f"no fork server answered on {sock} within {FORKSERVER_START_WAIT_S:g} s")
         except (RuntimeError, OSError) as e:

@@ -36,6 +36,7 @@ import signal
 import socket
 import stat
 import struct
+import subprocess
 import sys
 import threading
 import time
@@ -163,13 +164,12 @@ def request_launch(sock_path: Path, launch: Launch, timeout_s: float = 10.0) -> 
 
 
 def start_server(python: str, sock_path: Path, env: Mapping[str, str], cwd: str, log_file: Path, idle_s: float,
-                 preload: Sequence[str] = PRELOAD) -> None:
-    """Start a server for ``sock_path`` in the background (a session of its own; its output to ``log_file``).
-    A second server for the same socket exits at once (the lock file beside the socket)."""
-    import subprocess
-
+                 preload: Sequence[str] = PRELOAD) -> "subprocess.Popen":
+    """Start a server for ``sock_path`` in the background (a session of its own; its output to ``log_file``);
+    its process. A second server for the same socket exits at once with 0 (the lock file beside the socket);
+    one whose imports or checks failed exits with 1 (the reason in ``log_file``)."""
     with open(log_file, "ab") as log:
-        subprocess.Popen([python, "-m", "dagster_gpu.local.forkserver", "--socket", str(sock_path),
+        return subprocess.Popen([python, "-m", "dagster_gpu.local.forkserver", "--socket", str(sock_path),
                           "--idle-seconds", str(idle_s), "--preload", ",".join(preload)],
                          env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                          start_new_session=True, close_fds=True)
@@ -308,8 +308,13 @@ def serve(sock_path: Path, idle_s: float, preload: Sequence[str]) -> int:
         print(f"fork server: another server holds {sock_path}; exiting", flush=True)
         return 0
     t0 = time.monotonic()
-    for m in preload:
-        importlib.import_module(m)
+    try:
+        for m in preload:
+            importlib.import_module(m)
+    except Exception:  # noqa: BLE001 - said in the log, and the launch waiting for it goes cold
+        print(f"fork server: not serving: importing {m!r} failed:", flush=True)
+        traceback.print_exc()
+        return 1
     unsafe = _fork_unsafe_state()
     if unsafe:
         print(f"fork server: not serving: {unsafe}", flush=True)
