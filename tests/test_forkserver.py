@@ -87,7 +87,7 @@ def test_workers_forked_from_the_server_run_as_fresh_interpreters_do(tmp_path, m
     assert "module(s) imported" in server_log and f"serving {sockets[0]}" in server_log
 
     h = backend.launch(_launch("r1", ("exit", "3", "a b; $(touch x)"), env={"PROBE": "launch's"}))
-    assert h["forked"] is True
+    assert h["forked"] is True and backend.handle_metadata(h)["local/forked"] is True
     st = _wait_ended(backend, h)
     assert (st.status, st.exit_code) == (WorkerStatus.FAILED, 3)
     assert json.loads(Path(h["status_file"]).read_text())["message"] == "worker exited with code 3"

@@ -324,7 +324,7 @@ class LocalBackend(Backend):
     def handle_metadata(self, handle: Handle):
         h = LocalHandle.from_handle(handle)
         return {"local/pid": h.pid, "local/log_file": h.log_file, "local/host": h.host,
-                **({"local/unit": h.unit} if h.unit else {})}
+                **({"local/unit": h.unit} if h.unit else {}), **({"local/forked": True} if h.forked else {})}
 
 
 def start_ticks(pid: int) -> int | None:
