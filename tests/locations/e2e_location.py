@@ -1,4 +1,5 @@
-"""Code location for end-to-end tests: the embedding asset over $DAGSTER_GPU_TEST_CORPUS, plus a sleepy asset."""
+"""Code location for end-to-end tests: the embedding asset over $DAGSTER_GPU_TEST_CORPUS, plus a sleepy asset;
+the local backend's workers from its fork server when $DAGSTER_GPU_TEST_FORKSERVER (idle seconds) is set."""
 
 import os
 import time
@@ -42,7 +43,8 @@ def flaky(context: dg.AssetExecutionContext) -> dg.MaterializeResult:
 defs = dg.Definitions(
     assets=[embeddings, sleepy, flaky],
     jobs=[asset_job(embeddings), dg.define_asset_job("sleepy_job", selection=[sleepy]), dg.define_asset_job("flaky_job", selection=[flaky])],
-    executor=gpu_executor,
+    executor=gpu_executor.configured({"local": {"forkserver_idle_seconds": float(os.environ["DAGSTER_GPU_TEST_FORKSERVER"])}})
+    if os.environ.get("DAGSTER_GPU_TEST_FORKSERVER") else gpu_executor,
 )
 
 
