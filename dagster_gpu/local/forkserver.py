@@ -55,7 +55,7 @@ PRELOAD_DISTRIBUTIONS = ("dagster", "torch", "sentence-transformers", "transform
 #: Environment variables read while those modules import (the rest are read when the worker runs): a
 #: launch whose values differ gets a server of its own.
 IMPORT_ENV_PREFIXES = ("PYTHON", "LD_", "HF_", "HUGGINGFACE", "TRANSFORMERS", "SENTENCE_TRANSFORMERS", "TORCH",
-                       "PYTORCH", "OMP_", "MKL_", "KMP_", "OPENBLAS", "TOKENIZERS", "CUDA_MODULE_LOADING")
+                       "PYTORCH", "OMP_", "MKL_", "KMP_", "OPENBLAS", "TOKENIZERS")
 #: Largest launch request, bytes.
 MAX_REQUEST = 1 << 20
 
