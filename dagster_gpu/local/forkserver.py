@@ -219,12 +219,7 @@ def _run_module(launch: Launch) -> None:
         threading._shutdown()  # type: ignore[attr-defined]  # what Py_FinalizeEx does first
         atexit._run_exitfuncs()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
-        os._exit(code & 0xFF)
+        _exit(code)
 
 
 def _supervisor(launch: Launch, keep_out: Sequence[int]) -> None:
@@ -260,12 +255,17 @@ def _supervisor(launch: Launch, keep_out: Sequence[int]) -> None:
     except BaseException:  # noqa: BLE001
         traceback.print_exc()
     finally:
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
-        os._exit(code & 0xFF)
+        _exit(code)
+
+
+def _exit(code: int) -> None:
+    """End a forked process with ``code`` after flushing its streams, never returning into the server's loop."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a closed stream must not keep the process alive
+            pass
+    os._exit(code & 0xFF)
 
 
 def _peer_uid(conn: socket.socket) -> int:
