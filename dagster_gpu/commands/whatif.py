@@ -44,7 +44,6 @@ from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.commands.code_module import import_code_module
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.instance.history import fetch_unit_samples
-from dagster_gpu.policy.batching import UnitSample
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
 from dagster_gpu.policy.snapshot import Snapshot
 from dagster_gpu.policy.whatif import MODES, PlanRow, plan, totals
@@ -96,27 +95,25 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | None,
-                 units: Sequence[UnitSample] = ()) -> list[dict]:
+def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | None, instance=None) -> list[dict]:
     """One row per knob setting (off, then each ``--max-delay``): :func:`dagster_gpu.policy.batching.trickle`
     with ``model``'s embedding seconds per byte and a unit's start-up and per-partition seconds: learned from
-    ``units`` (the asset's finished units on that kind of device), else the packaged unit calibration;
-    ``--startup-seconds`` overrides the start-up (e.g. a fork server's)."""
-    from dagster_gpu.policy.batching import UnitCost, learned_overheads, trickle
-    from dagster_gpu.definitions.unit_cost import CALIBRATION, calibration_seconds
+    ``-a``'s finished units on that kind of device in ``instance``, else the packaged unit calibration
+    (:func:`dagster_gpu.definitions.unit_cost.overheads`); ``--startup-seconds`` overrides the start-up (e.g.
+    a fork server's)."""
+    from dagster_gpu.policy.batching import UnitCost, trickle
+    from dagster_gpu.definitions.unit_cost import cost_source, overheads
 
     backend, _, device = args.on.partition("/")
     rate = (rc or RateCard.load()).gpu_hour_rate(backend, device or "cpu")
     cpu = (device or "cpu") == "cpu"
     tps = model.cpu_rate() if cpu else model.texts_per_second
-    learned = learned_overheads(units, model.rows_per_byte / tps)
-    startup_s, per_partition_s = learned or calibration_seconds()
-    where = f"median of {len(units)} unit(s) of {args.asset}" if learned else CALIBRATION.name
+    units = fetch_unit_samples(instance, args.asset, cpu=cpu) if instance is not None and args.asset else []
+    startup_s, per_partition_s, where = overheads(units, model.rows_per_byte / tps, str(args.asset))
     if args.startup_seconds is not None:
         startup_s, where = args.startup_seconds, f"--startup-seconds, {where}"
     cost = UnitCost(startup_s, per_partition_s, model.rows_per_byte / tps,
-                    source=f"start-up {startup_s:.1f} s, {per_partition_s:.2f} s a partition ({where}), "
-                           f"{model.describe(gpu=not cpu, cpu=cpu)}")
+                    source=cost_source(startup_s, per_partition_s, where, model, cpu))
     rows = []
     for delay in [None, *args.max_delay]:
         p = trickle(args.trickle_every, args.file_bytes, cost, rate_usd_per_hour=rate, tick_s=args.tick,
@@ -287,9 +284,7 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
         else:
             model = instance_runtime_model(instance, args.asset)
         if args.trickle_every is not None:
-            cpu = (args.on.partition("/")[2] or "cpu") == "cpu"
-            units = fetch_unit_samples(instance, args.asset, cpu=cpu) if instance is not None and args.asset else []
-            rows = trickle_rows(args, model, rc, units)
+            rows = trickle_rows(args, model, rc, instance)
             if args.json:
                 print(json.dumps({"trickle": rows}, indent=1))
             else:

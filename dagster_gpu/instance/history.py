@@ -28,6 +28,9 @@ PRODUCT_KEY = "gpu/product_name"
 #: writes no ``gpu/product_name``).
 DEVICE_TYPE_KEY = DEVICE_TYPE
 UTIL_KEY = "gpu/utilization_mean_percent"
+#: Materializations the runtime model learns from, and those the finished units are looked for in (newest first).
+RUNTIME_HISTORY = 50
+UNIT_HISTORY = 200
 #: Metadata keys holding the partition's corpus file size in bytes, first match wins.
 SIZE_KEYS = ("corpus/bytes", "embedding/input_bytes", "dagster_gpu/partition_bytes")
 
@@ -61,56 +64,54 @@ def points_from_metadata(mds: Iterable[Mapping[str, Any]]) -> list[HistoryPoint]
     return [p for p in (point_from_metadata(md) for md in mds) if p is not None]
 
 
-def fetch_history(instance: Any, asset_key: Any, limit: int = 50) -> list[HistoryPoint]:
-    """The last ``limit`` materializations of ``asset_key`` (any partition) as history points.
-
-    Uses ``instance.fetch_materializations(AssetRecordsFilter(asset_key=...), limit=...)`` (Dagster 1.13).
-    """
+def recent_metadata(instance: Any, asset_key: Any, limit: int) -> list[Mapping[str, Any]]:
+    """The metadata of the last ``limit`` materializations of ``asset_key`` (any partition), newest first:
+    one ``instance.fetch_materializations(AssetRecordsFilter(asset_key=...), limit=...)`` (Dagster 1.13)."""
     from dagster import AssetKey, AssetRecordsFilter
 
     key = asset_key if isinstance(asset_key, AssetKey) else AssetKey.from_user_string(str(asset_key))
     result = instance.fetch_materializations(AssetRecordsFilter(asset_key=key), limit=limit, ascending=False)
-    mds = []
-    for rec in result.records:
-        mat = rec.asset_materialization
-        if mat is not None:
-            mds.append(mat.metadata)
-    return points_from_metadata(mds)
+    return [rec.asset_materialization.metadata for rec in result.records if rec.asset_materialization is not None]
 
 
-def runtime_model(instance: Any, asset_key: Any, limit: int = 50, cpu_slowdown: float = 20.0) -> RuntimeModel:
+def fetch_history(instance: Any, asset_key: Any, limit: int = RUNTIME_HISTORY) -> list[HistoryPoint]:
+    """The last ``limit`` materializations of ``asset_key`` (any partition) as history points."""
+    return points_from_metadata(recent_metadata(instance, asset_key, limit))
+
+
+def runtime_model(instance: Any, asset_key: Any, limit: int = RUNTIME_HISTORY, cpu_slowdown: float = 20.0) -> RuntimeModel:
     """:class:`RuntimeModel` for ``asset_key`` from the instance (the fallback when there is no history)."""
     return RuntimeModel.from_history(fetch_history(instance, asset_key, limit), cpu_slowdown=cpu_slowdown)
 
 
-def fetch_unit_samples(instance: Any, asset_key: Any, *, cpu: bool, limit: int = 200) -> list[UnitSample]:
-    """The finished work units among the last ``limit`` materializations of ``asset_key`` that embedded on the
-    CPU (``cpu``) or on a GPU (not ``cpu``), as :class:`UnitSample` records: those whose every partition
+def unit_samples(mds: Iterable[Mapping[str, Any]], *, cpu: bool) -> list[UnitSample]:
+    """The finished work units among materializations' metadata ``mds`` that embedded on the CPU (``cpu``) or
+    on a GPU (not ``cpu``), as :class:`UnitSample` records: those whose every partition
     (``dagster_gpu/unit_partitions``) is among them, none of which reused rows (a reused partition's seconds are
     not a full embed's, the module docstring), each unit named by its Slurm array task, pod or local unit."""
-    from dagster import AssetKey, AssetRecordsFilter
-
     from dagster_gpu.instance.bills import unit_of
 
-    key = asset_key if isinstance(asset_key, AssetKey) else AssetKey.from_user_string(str(asset_key))
-    result = instance.fetch_materializations(AssetRecordsFilter(asset_key=key), limit=limit, ascending=False)
     units: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
-    for rec in result.records:
-        md = rec.asset_materialization.metadata if rec.asset_materialization is not None else {}
+    for md in mds:
         unit = unit_of(md)
         if unit is not None:
             units.setdefault(unit, []).append(md)
     out = []
-    for mds in units.values():
+    for group in units.values():
         try:
-            n = int(metadata_get(mds[0], "dagster_gpu/unit_partitions"))
-            on_cpu = all(str(metadata_get(md, DEVICE_TYPE_KEY) or "").lower() == "cpu" for md in mds)
-            reused = any((metadata_get(md, REUSED_KEY) or 0) > 0 for md in mds)
-            billed = sum(float(metadata_get(md, WALL_SECONDS)) for md in mds)
-            useful = sum(float(metadata_get(md, "embedding/seconds")) for md in mds)
-            size = sum(int(next(metadata_get(md, k) for k in SIZE_KEYS if metadata_get(md, k) is not None)) for md in mds)
+            n = int(metadata_get(group[0], "dagster_gpu/unit_partitions"))
+            on_cpu = all(str(metadata_get(md, DEVICE_TYPE_KEY) or "").lower() == "cpu" for md in group)
+            reused = any((metadata_get(md, REUSED_KEY) or 0) > 0 for md in group)
+            billed = sum(float(metadata_get(md, WALL_SECONDS)) for md in group)
+            useful = sum(float(metadata_get(md, "embedding/seconds")) for md in group)
+            size = sum(int(next(metadata_get(md, k) for k in SIZE_KEYS if metadata_get(md, k) is not None)) for md in group)
         except (TypeError, ValueError, StopIteration):
             continue
-        if len(mds) == n and on_cpu == cpu and not reused:
+        if len(group) == n and on_cpu == cpu and not reused:
             out.append(UnitSample(n, billed, useful, size))
     return out
+
+
+def fetch_unit_samples(instance: Any, asset_key: Any, *, cpu: bool, limit: int = UNIT_HISTORY) -> list[UnitSample]:
+    """:func:`unit_samples` of the last ``limit`` materializations of ``asset_key``."""
+    return unit_samples(recent_metadata(instance, asset_key, limit), cpu=cpu)
