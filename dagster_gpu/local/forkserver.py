@@ -170,9 +170,9 @@ def start_server(python: str, sock_path: Path, env: Mapping[str, str], cwd: str,
     one whose imports or checks failed exits with 1 (the reason in ``log_file``)."""
     with open(log_file, "ab") as log:
         return subprocess.Popen([python, "-m", "dagster_gpu.local.forkserver", "--socket", str(sock_path),
-                          "--idle-seconds", str(idle_s), "--preload", ",".join(preload)],
-                         env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                         start_new_session=True, close_fds=True)
+                                 "--idle-seconds", str(idle_s), "--preload", ",".join(preload)],
+                                env=dict(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, close_fds=True)
 
 
 # ---------------------------------------------------------------------------------------------- server side
@@ -188,13 +188,7 @@ class ForkedChild:
         os.kill(self.pid, signum)
 
     def wait(self) -> int:
-        while True:
-            try:
-                _, status = os.waitpid(self.pid, 0)
-                break
-            except InterruptedError:
-                continue
-        return os.waitstatus_to_exitcode(status)
+        return os.waitstatus_to_exitcode(os.waitpid(self.pid, 0)[1])  # retried on EINTR (PEP 475)
 
 
 def _run_module(launch: Launch) -> None:
