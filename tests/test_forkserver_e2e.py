@@ -15,12 +15,11 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import FORTUNES, REPO, expected_records
+from tests.conftest import FORTUNES, expected_records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 FILES = ["goedel", "magic", "paradoxum", "translate-me", "news"]
-LOCATION = REPO / "tests" / "locations" / "e2e_location.py"
 
 
 def test_a_backfill_through_forked_workers_embeds_what_sentence_transformers_does(pg_home, tmp_path, monkeypatch):
@@ -28,7 +27,7 @@ def test_a_backfill_through_forked_workers_embeds_what_sentence_transformers_doe
 
     from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
     from dagster_gpu.embedding.model import resolve_model_path
-    from tests.test_e2e_local import _process_bills
+    from tests.test_e2e_local import _process_bills, _workspace
 
     if not FORTUNES.is_dir():
         pytest.fail("the Debian package 'fortunes' is required (.ci/run installs it)")
@@ -49,9 +48,7 @@ def test_a_backfill_through_forked_workers_embeds_what_sentence_transformers_doe
     keys = [f.key for f in loc.corpus.list_files()]
     instance.add_dynamic_partitions(loc.embeddings.partitions_def.name, keys)
     backfill_id = submit_asset_backfill(instance, loc.defs, loc.embeddings.key, keys, title="forked")
-    ws = tmp_path / "workspace.yaml"
-    ws.write_text(f"load_from:\n  - python_file:\n      relative_path: {LOCATION}\n      working_directory: {REPO}\n"
-                  "      location_name: e2e\n")
+    ws = _workspace(tmp_path)
     try:
         with DaemonProcess(ws, log_file=tmp_path / "daemon.log") as daemon:
             final = wait_for_backfill(instance, backfill_id, len(keys), timeout_s=900, daemon=daemon,
