@@ -133,6 +133,31 @@ def test_temp_objects_and_parts_after_an_unreadable_one_are_not_used(model, clea
     _same_output(out, clean_bytes)
 
 
+def test_a_unit_killed_while_removing_its_parts_leaves_parts_0_to_k_that_the_next_load_continues_after(
+        model, clean, tmp_path, monkeypatch):
+    src, _, _ = clean
+    out = tmp_path / "out.parquet"
+    stop, on_batch = _stop_after(4)
+    with pytest.raises(Preempted):
+        embed(str(src), str(out), model, stop=stop, on_batch=on_batch)
+    store = Checkpoints(str(out), _key())
+    removed, rm = [], store._rm
+
+    def killed_after_two(path):  # the unit dies (SIGKILL) after two removals
+        if len(removed) == 2:
+            raise KeyboardInterrupt
+        rm(path)
+        removed.append(os.path.basename(path))
+
+    monkeypatch.setattr(store, "_rm", killed_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        store.remove()
+    assert removed == ["part-000003.parquet", "part-000002.parquet"]
+    resume = Checkpoints(str(out), _key()).load()
+    assert [os.path.basename(p) for p in resume.paths] == ["part-000000.parquet", "part-000001.parquet"]
+    assert resume.progress.records == 2 * READ_BATCH_ROWS
+
+
 def test_checkpoints_on_s3(model, clean, s3):
     src, clean_bytes, _ = clean
     endpoint, client = s3

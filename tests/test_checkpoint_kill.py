@@ -21,8 +21,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.checkpoint_child import READ_BATCH_ROWS, embed, load_test_model, write_corpus
+from tests.checkpoint_child import embed, load_test_model, write_corpus
 from tests.process_helpers import alive
+
+pytestmark = pytest.mark.exclusive  # the kill instants are drawn from a child timed here: no other test runs meanwhile (tests/host_locks.py)
 
 SEEDS = range(20)
 RECORDS = 80  # 74 kept records: 5 read batches of 16
@@ -93,6 +95,8 @@ def test_sigkill_at_a_random_instant_then_rerun_gives_the_clean_output(reference
     parts = sorted(tmp_path.glob(".out.parquet.parts/*/part-*.parquet"))
     others = [p.name for p in tmp_path.glob(".out.parquet.parts/*/*") if p not in parts]
     assert all(n.startswith(".part-") and ".tmp-" in n for n in others), others  # only temp objects besides parts
+    # the parts are 0 … k at any instant, also when the kill fell while the finished unit removed them (last first)
+    assert [p.name for p in parts] == [f"part-{i:06d}.parquet" for i in range(len(parts))], parts
     committed_rows = sum(pq.read_metadata(p).num_rows for p in parts)  # each committed part reads back whole
     _PARTS_AT_KILL[seed] = len(parts)
 

@@ -26,7 +26,8 @@ committed name. Local files: write, ``fsync`` the file, ``os.replace`` (atomic o
 directory, so a committed part survives a crash of the host too. Object stores (fsspec, e.g. s3fs): the temp key is
 uploaded completely (an S3 object becomes visible only when its PUT or multipart upload completes), then ``fs.mv``
 copies it to the part's key (the key appears only complete) and deletes the temp key. A unit killed at any
-instant, SIGKILL included, leaves a committed part or a temp object, never a torn part; :meth:`Checkpoints.load`
+instant, SIGKILL included, leaves a committed part or a temp object, never a torn part, and its committed parts are
+always ``0 … k`` (they are removed last first); :meth:`Checkpoints.load`
 ignores and removes temp objects, and reads only parts ``0, 1, 2, ...`` whose footer reads back with this key
 (the first one that does not ends the list; it and the later ones are removed).
 
@@ -231,7 +232,15 @@ class Checkpoints:
         return final
 
     def remove(self) -> None:
-        """Remove this output's staging directory (every key's parts); no error when there is none."""
+        """Remove this output's staging directory (every key's parts); no error when there is none.
+
+        Each key's parts go last first, one at a time, before the directory: a unit killed while removing them
+        leaves parts ``0 … k``, which the next :meth:`load` continues after, never a gap that would make it
+        drop the parts behind it (a recursive remove deletes in directory order)."""
+        for entry in self._ls(self.root):
+            parts = {int(m.group(1)): e for e in self._ls(entry) if (m := _PART.match(posixpath.basename(e)))}
+            for i in sorted(parts, reverse=True):
+                self._rm(parts[i])
         self._rm(self.root)
 
 
