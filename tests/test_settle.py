@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import subprocess
 import time
 from pathlib import Path
@@ -239,6 +240,24 @@ def test_a_bill_whose_write_failed_after_the_release_is_written_on_the_next_pass
     assert settler.pass_once() == 0  # both owed bills written, without asking Slurm or releasing again
     assert sorted(int(b.env["TASK"]) for b in rec.bills) == list(range(10))
     assert sum(b.gpu_seconds for b in rec.bills) == 30.0
+
+
+def test_a_bill_whose_write_keeps_failing_logs_its_traceback_once_then_one_debug_line_a_pass(tmp_path, caplog):
+    backend, _ = _slurm(tmp_path, "squeue_array_done.txt", "sacct_all.txt")
+    batch = _batch(backend, 29, 10, done=True)
+    rec = _FlakyWriter(failures=3)
+    settler = Settler(write=rec)
+    handle = _slurm_handle(backend, batch, 29, 3)
+    with caplog.at_level(logging.DEBUG, logger="dagster_gpu.executor.settle"):
+        assert settler.settle(backend, handle) is False
+        assert settler.settle(backend, handle) is False
+        assert settler.settle(backend, handle) is False
+        assert settler.settle(backend, handle) is True
+    failed = [r for r in caplog.records if "failed" in r.getMessage()]
+    assert [(r.levelno, r.exc_info is not None) for r in failed] == [(logging.ERROR, True), (logging.DEBUG, False),
+                                                                      (logging.DEBUG, False)]
+    assert "server closed the connection unexpectedly" in failed[1].getMessage()
+    assert len(rec.bills) == 1
 
 
 def test_slurm_task_over_its_wait_limit_is_abandoned_by_state_and_cancelled_by_the_settler(tmp_path):

@@ -74,6 +74,7 @@ class Settler:
         self._backends: dict[str, Backend] = {}
         self._terminated: set[tuple[str, str]] = set()
         self._owed: dict[tuple[str, str], UnitBill] = {}  # released here, not written yet (a failed write)
+        self._failing: set[tuple[str, str]] = set()  # units whose settling raised once (logged with a traceback)
         self._lock = threading.Lock()
         # One settle at a time: the thread and the exit hook may both reach a unit; holding it through the
         # write also makes the exit hook wait for a bill the thread is writing.
@@ -136,8 +137,13 @@ class Settler:
                 self.written += n
                 log.info("%s unit %s settled: %d observation(s)", backend.name, dict(handle), n)
                 return True
-            except Exception:  # noqa: BLE001 - billing never breaks a run; the unit is tried again
-                log.exception("settling the %s unit %s failed", backend.name, dict(handle))
+            except Exception as e:  # noqa: BLE001 - billing never breaks a run; the unit is tried again
+                if key in self._failing:  # a unit tried once a second: its traceback once, then one line at DEBUG
+                    log.debug("settling the %s unit %s failed again: %s", backend.name, dict(handle), e)
+                else:
+                    self._failing.add(key)
+                    log.exception("settling the %s unit %s failed (tried again every pass; repeats are logged at "
+                                  "DEBUG)", backend.name, dict(handle))
                 if key in self._owed:  # a unit found by a sweep is not tracked: track it so the bill is retried
                     with self._lock:
                         self._tracked.setdefault(key, (backend, handle))
