@@ -40,5 +40,14 @@ bash resources/k8s/cluster.sh start
 dg_step "Slurm 24.11 cluster (resources/slurm/trixie.sh start, in the background since the Slurm 22.05 cluster)" "$TRIXIE_LOG"
 wait "$TRIXIE_PID"
 cat "$TRIXIE_LOG"
-dg_step "pytest"
-exec .venv/bin/python -m pytest -q -ra --durations=40 "$@"
+# pytest's own summary can scroll out of a log's tail (what its interpreter prints at exit comes after it), so the
+# failures, one line each (tests/failure_summary.py), are printed again as this script's last lines.
+DAGSTER_GPU_PYTEST_FAILURES=$(mktemp /tmp/dagster-gpu-pytest-failures.XXXXXX.txt)
+export DAGSTER_GPU_PYTEST_FAILURES
+dg_step "pytest (the failures, one per line; the full reports are in the output above)" "$DAGSTER_GPU_PYTEST_FAILURES"
+DG_LOG_TAIL_LINES=60
+# Two pytest-xdist workers (DAGSTER_GPU_TEST_WORKERS; 0 runs the tests in this one process), a file's tests in one
+# worker; most end-to-end tests wait on a daemon, a scheduler or a pod more than they compute. Each cluster, the
+# login node and the fork server serve one test at a time, and tests that time this host's CPU run alone
+# (tests/host_locks.py).
+.venv/bin/python -m pytest -q -ra --durations=40 -n "${DAGSTER_GPU_TEST_WORKERS:-2}" --dist loadfile "$@"

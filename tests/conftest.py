@@ -14,8 +14,10 @@ import pytest
 from pipelines.instance_yaml import dagster_yaml
 from tests import slurm_helpers as SH
 
-# Under CI=true (and in scripts/test.sh) a skipped end-to-end test fails the session (tests/strict_e2e.py).
-pytest_plugins = ["strict_e2e"]
+# Under CI=true (and in scripts/test.sh) a skipped end-to-end test fails the session (tests/strict_e2e.py);
+# scripts/test.sh prints the session's failures once pytest has exited (tests/failure_summary.py); the clusters,
+# the login node and the fork server are used by one test at a time across pytest-xdist workers (tests/host_locks.py).
+pytest_plugins = ["strict_e2e", "failure_summary", "host_locks"]
 
 REPO = Path(__file__).resolve().parents[1]
 PG_SCRIPT = REPO / "resources" / "postgres" / "postgres.sh"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from failure_summary import first_error_line
 from strict_e2e import SERVICE_MARKERS, services_required
 
 REPO = Path(__file__).resolve().parents[1]
@@ -305,10 +306,20 @@ def test_skipped_e2e_test_fails_the_session_under_ci(tmp_path):
     )
     base = {k: v for k, v in os.environ.items() if k not in ("CI", "DAGSTER_GPU_REQUIRE_SERVICES")}
     base["PYTHONPATH"] = str(REPO / "tests")
-    argv = [str(REPO / ".venv/bin/python"), "-m", "pytest", "-q", "-rA", "-p", "strict_e2e", "-p", "no:cacheprovider",
+    argv = [str(REPO / ".venv/bin/python"), "-m", "pytest", "-q", "-rA", "-p", "strict_e2e", "-p", "failure_summary", "-p", "no:cacheprovider",
             "-W", "ignore::pytest.PytestUnknownMarkWarning", "-c", os.devnull, "--rootdir", str(tmp_path), str(tmp_path / "test_x.py")]  # fmt: skip
-    ci = subprocess.run(argv, capture_output=True, text=True, env={**base, "CI": "true"}, cwd=tmp_path, timeout=120)
+    failures = tmp_path / "failures.txt"
+    ci = subprocess.run(argv, capture_output=True, text=True, env={**base, "CI": "true", "DAGSTER_GPU_PYTEST_FAILURES": str(failures)},
+                        cwd=tmp_path, timeout=120)  # fmt: skip
     assert ci.returncode == 1, ci.stdout
+    # what scripts/test.sh prints after pytest exited (tests/failure_summary.py)
+    assert failures.read_text().splitlines() == [
+        "FAILED test_x.py::test_needs_slurm (call): test_x.py::test_needs_slurm: an end-to-end test (markers: slurm) "
+        "skipped while services are required (CI=true or DAGSTER_GPU_REQUIRE_SERVICES=1): the Slurm controller is not running",
+        "ERROR test_x.py::test_needs_k8s (setup): test_x.py::test_needs_k8s: an end-to-end test (markers: k8s) skipped "
+        "while services are required (CI=true or DAGSTER_GPU_REQUIRE_SERVICES=1): k8s apiserver not reachable",
+        "pytest exit status 1: 0 passed, 1 failed, 1 error, 1 skipped",
+    ]
     assert "1 failed, 1 skipped, 1 xfailed, 1 error" in ci.stdout
     assert "(markers: slurm) skipped while services are required" in ci.stdout
     assert "the Slurm controller is not running" in ci.stdout
@@ -316,6 +327,14 @@ def test_skipped_e2e_test_fails_the_session_under_ci(tmp_path):
     dev = subprocess.run(argv, capture_output=True, text=True, env=base, cwd=tmp_path, timeout=120)
     assert dev.returncode == 0, dev.stdout
     assert "3 skipped, 1 xfailed" in dev.stdout
+
+
+def test_a_failures_line_quotes_the_assertion_of_the_report():
+    report = ("    def test_x():\n>       assert sorted(keys) == ['a', 'b']\nE       AssertionError: assert ['a'] == ['a', 'b']\n"
+              "E         Right contains one more item: 'b'\n\ntests/test_x.py:3: AssertionError")
+    assert first_error_line(report) == "AssertionError: assert ['a'] == ['a', 'b']"
+    assert first_error_line("Failed: Timeout >600.0s\n") == "Failed: Timeout >600.0s"
+    assert first_error_line("x" * 400) == "x" * 300
 
 
 # ------------------------------------------------------------------------------- fault-injection subcommands

@@ -33,6 +33,7 @@
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 
 from dagster_gpu.commands.code_module import load_definitions
@@ -176,6 +177,8 @@ def _backfill(argv: list[str]) -> int:
             instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout,
             partitions_def_name=asset.partitions_def.name,
             console=console, bills_wait_s=args.bills_wait, runs_wait_s=args.runs_wait, running_daemon=running,
+            code_location=f"-m {shlex.quote(args.module)}"
+                          + ("" if args.attribute == "defs" else f" --attribute {shlex.quote(args.attribute)}"),
         )
     except (BackfillAbandoned, BackfillFailed) as e:
         print(f"dagster-gpu backfill: {e}", file=sys.stderr)

@@ -225,12 +225,14 @@ def settle_wait_note() -> str:
             + ", ".join(f"{b} {cls.settle_wait_seconds:.0f} s" for b, cls in waits) + ")")
 
 
-def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console: Console, timeout_s: float) -> int:
+def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console: Console, timeout_s: float,
+                     code_location: str = "-m MODULE") -> int:
     """Before ``daemon`` (started by this command) is stopped: wait, while it runs and up to ``timeout_s``
     seconds, for the runs and backfills its sensors started meanwhile
     (:func:`dagster_gpu.commands.backfill.other_work`: running, queued, requested), saying so. Then one line
     names the runs still in flight (stopping the daemon fails them) and one the runs still queued and backfills
-    still requested (left for the next daemon), with how to finish them. Returns how many runs are still in
+    still requested (left for the next daemon), with how to finish them (``dagster-gpu backfill <code_location>
+    -a ASSET --stale``; ``code_location``: the command's own ``-m`` arguments). Returns how many runs are still in
     flight."""
     others = other_work(instance, daemon.started_at, backfill_id)
     if others and timeout_s > 0:
@@ -249,7 +251,7 @@ def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console:
                       + ", ".join(r.run_id for r in others.running), soft_wrap=True)
     if others.queued or others.requested:
         assets = others.asset_keys()
-        redo = ("; to run them now: " + "; ".join(f"dagster-gpu backfill -m MODULE -a {a} --stale" for a in assets)
+        redo = ("; to run them now: " + "; ".join(f"dagster-gpu backfill {code_location} -a {a} --stale" for a in assets)
                 if assets else "")
         console.print(f"{others.describe()} by the daemon's sensors meanwhile stay for the next dagster-daemon on this "
                       f"instance (`dagster dev` or `dagster-daemon run`){redo}", soft_wrap=True, markup=False)
@@ -272,6 +274,7 @@ def run_backfill_with_progress(
     bills_wait_s: float = 60.0,
     runs_wait_s: float = 300.0,
     running_daemon=None,
+    code_location: str = "-m MODULE",
 ) -> list[PartitionSummary]:
     """Submit an asset backfill, follow it with a progress bar until it ends, print the summary.
 
@@ -283,7 +286,7 @@ def run_backfill_with_progress(
     After the runs end the daemon keeps running up to ``bills_wait_s`` seconds, until every work unit's
     scheduler bill has landed (:func:`dagster_gpu.commands.backfill.wait_for_bills`); stopping it at once would stop
     run workers still waiting for sacct. Then, up to ``runs_wait_s`` seconds, until the runs and backfills its sensors started
-    meanwhile (:func:`drain_other_runs`) ended: stopping the daemon would fail or strand them. Each wait is said on the console with its bound. Returns the
+    meanwhile (:func:`drain_other_runs`; ``code_location`` the ``-m`` arguments its hint repeats) ended: stopping the daemon would fail or strand them. Each wait is said on the console with its bound. Returns the
     per-partition summary (see :func:`dagster_gpu.commands.backfill.summarize_partitions`).
 
     Raises BackfillAbandoned when the daemon dies, ``timeout_s`` passes or the user interrupts: a backfill
@@ -316,7 +319,7 @@ def run_backfill_with_progress(
                               f"{pending} partition(s)", soft_wrap=True)
             rows = wait_for_bills(instance, asset_key, rows, timeout_s=bills_wait_s)
             if running_daemon is None:
-                drain_other_runs(instance, daemon, backfill_id, console, runs_wait_s)
+                drain_other_runs(instance, daemon, backfill_id, console, runs_wait_s, code_location)
                 console.print(f"Stopping the dagster-daemon this command started (up to {DaemonProcess.STOP_S} s)")
     except (DaemonDied, BackfillTimeout, KeyboardInterrupt) as e:
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
