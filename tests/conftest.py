@@ -34,6 +34,17 @@ def fortune_records(name: str, n: int) -> list[str]:
     return [r for r in (FORTUNES / name).read_text(errors="replace").split("\n%\n") if r.strip()][:n]
 
 
+@pytest.fixture(autouse=True)
+def _no_defs_state_storage_of_an_earlier_test() -> None:
+    """Each test starts with no current ``DefsStateStorage``. ``DagsterInstance.__enter__`` puts its instance's
+    storage in a context variable (``dagster/_core/storage/defs_state/base.py``, ``_current_storage``), which
+    keeps only a weak reference to the instance; once an earlier test's instance is gone, loading a code location
+    in this process raises "Attempted to resolve undefined DagsterInstance weakref"."""
+    from dagster._core.storage.defs_state import base
+
+    base._current_storage.set(None)
+
+
 def pg_settings() -> dict[str, str]:
     """Start (idempotently) the private PostgreSQL server and return its connection settings."""
     subprocess.run(["bash", str(PG_SCRIPT), "start"], check=True, capture_output=True)

@@ -389,6 +389,7 @@ def test_scattered_keys_are_bridged_into_one_run_when_cheaper(setup):
         assert bridged_selection(instance, asset, ["canceled.txt", "never.txt"], corpus) == ["canceled.txt", "never.txt"]
 
 
+@pytest.mark.exclusive  # a wait timed between 2.5 and 6 s
 def test_the_runs_a_daemons_sensors_started_are_waited_for_before_it_stops(capsys):
     """The demo's daemon was stopped while the index's automation sensor had a run going: that run failed
     ("Execution was interrupted unexpectedly"). Runs other than the backfill's, started since the daemon was,
@@ -538,12 +539,12 @@ def test_runs_queued_and_backfills_requested_by_the_daemons_sensors_are_waited_f
         auto2 = submit_asset_backfill(instance, defs, asset.key, ["never.txt"])
         daemon.dead = "gone"
         t0 = time.monotonic()
-        assert drain_other_runs(instance, daemon, mine, make_console(), timeout_s=30) == 0
+        assert drain_other_runs(instance, daemon, mine, make_console(), timeout_s=30, code_location="-m my.defs") == 0
         assert time.monotonic() - t0 < 10  # a dead daemon runs nothing: no wait
         out = capsys.readouterr().out.replace("\n", "")
         assert (f"1 run(s) queued (queued2) and 1 backfill(s) requested ({auto2}) by the daemon's sensors meanwhile "
                 "stay for the next dagster-daemon on this instance (`dagster dev` or `dagster-daemon run`); to run "
-                "them now: dagster-gpu backfill -m MODULE -a c_embeddings --stale; dagster-gpu backfill -m MODULE "
+                "them now: dagster-gpu backfill -m my.defs -a c_embeddings --stale; dagster-gpu backfill -m my.defs "
                 "-a c_index --stale") in out
 
 

@@ -128,6 +128,7 @@ def test_events_round_trip_through_parts_and_offsets_work_across_parts(store):
     assert read_object_channel(f"s3://{BUCKET}/relay/absent", 0, opts) == b""
 
 
+@pytest.mark.exclusive  # each record readable within 1 s
 def test_a_record_is_in_the_store_within_the_flush_interval(store):
     url, opts, _ = store
     w = ObjectChannelWriter(url, opts)  # the default interval, from the uploader thread

@@ -300,6 +300,7 @@ def test_a_token_refused_as_expired_in_flight_is_sent_again_once_after_the_renew
     assert fake.posts == [("soon", 511), ("renewed", 200)]
 
 
+@pytest.mark.exclusive  # waits timed in tenths of a second
 def test_a_token_that_expires_while_its_submission_is_refused_is_waited_for_then_sent_once(tmp_path, monkeypatch):
     # valid when checked here, refused by the server, expired here too when the refusal is read
     edge = _jwt(time.time() + 1.5, "edge")
@@ -319,6 +320,7 @@ def test_a_token_that_expires_while_its_submission_is_refused_is_waited_for_then
     assert fake.posts == [("edge", 511), ("renewed", 200)]
 
 
+@pytest.mark.exclusive  # waits timed in tenths of a second
 def test_the_wait_runs_out_with_the_auth_error_and_is_not_repeated(tmp_path):
     stale = _jwt(time.time() - 100, "stale")
     c, fake, f = _fake_client(tmp_path, stale, token_wait_s=0.3)
@@ -340,6 +342,7 @@ def test_the_wait_runs_out_with_the_auth_error_and_is_not_repeated(tmp_path):
     assert c.submit_job(_script(tmp_path), ["--array=0-1"]).job_id == 267 and fake.posts == [("fresh", 200)]
 
 
+@pytest.mark.exclusive  # waits timed in tenths of a second
 def test_an_expired_token_from_the_environment_fails_at_once(tmp_path, monkeypatch):
     monkeypatch.setenv("DGPU_TEST_OLD_JWT", _jwt(time.time() - 5, "env"))
     fake = FakeSlurmrestd()

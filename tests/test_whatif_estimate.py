@@ -18,6 +18,8 @@ from dagster_gpu.instance.history import runtime_model
 from dagster_gpu.policy.runtime import FALLBACK_TEXTS_PER_SECOND, StepSize
 from tests.conftest import fortune_records
 
+pytestmark = pytest.mark.exclusive  # the estimate is checked against runs timed here: no other test runs meanwhile (tests/host_locks.py)
+
 #: partition -> records (one fortune file, "people", cut in five, so every partition has texts of the same kind)
 SIZES = {"h1": 150, "h2": 200, "h3": 250, "new1": 200, "new2": 300}
 
