@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import os
+import shutil
 import subprocess
+import sys
+import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,6 +49,14 @@ def _no_defs_state_storage_of_an_earlier_test() -> None:
     base._current_storage.set(None)
 
 
+def reimport(name: str):
+    """Module ``name`` imported afresh (a code location that reads environment variables at import): what
+    ``importlib.reload`` gives, also when another test in this process removed or replaced it in ``sys.modules``
+    (``reload`` then refuses the module its package still holds)."""
+    sys.modules.pop(name, None)
+    return importlib.import_module(name)
+
+
 def pg_settings() -> dict[str, str]:
     """Start (idempotently) the private PostgreSQL server and return its connection settings."""
     subprocess.run(["bash", str(PG_SCRIPT), "start"], check=True, capture_output=True)
@@ -82,6 +94,16 @@ def slurm_cluster(request, monkeypatch) -> Iterator[SH.SlurmCluster]:
     killed = SH.kill_started()
     if killed:
         print(f"killed run workers the test left running: {killed}")
+
+
+@pytest.fixture
+def runtime_dir(monkeypatch) -> Iterator[Path]:
+    """A private ``$XDG_RUNTIME_DIR`` with a short path: a socket's path must stay under 108 bytes (``sun_path``),
+    and pytest's tmp_path (under pytest-xdist, ``…/popen-gw1/<test name>``) can be longer."""
+    d = Path(tempfile.mkdtemp(prefix="dgf-", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
 
 
 def instance_yaml(db: str, max_runs: int = 2) -> str:

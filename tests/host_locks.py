@@ -122,20 +122,30 @@ def _kind(names: set[str]) -> str:
     return "slurm" if any(n.startswith("slurm-") for n in names) else ("k8s" if "k8s" in names else "other")
 
 
+def _interleave(*lists: list) -> list:
+    out, n = [], max((len(x) for x in lists), default=0)
+    for i in range(n):
+        out.extend(x[i] for x in lists if i < len(x))
+    return out
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """The files that use a cluster first, Slurm and Kubernetes ones alternately, then the others, each file's
-    tests in their order. ``--dist loadfile`` hands files out in this order as workers free up: the long cluster
-    files start at once on both workers, each waiting only for the cluster the other one holds, and the short
-    files even out the end."""
+    """Files in the order ``--dist loadfile --no-loadscope-reorder`` hands them out as workers free up, each file's
+    tests in their order: a file that uses a cluster (Slurm and Kubernetes ones alternately), then one that does not
+    (end-to-end ones first), and so on. A worker then rarely waits for the cluster the other one holds, and the
+    short files even out the end."""
     files: dict[Path, list[pytest.Item]] = {}
     uses: dict[Path, set[str]] = {}
+    e2e: set[Path] = set()
     for item in items:
         files.setdefault(item.path, []).append(item)
         uses.setdefault(item.path, set()).update(resources(item))
+        if item.get_closest_marker("e2e") is not None:
+            e2e.add(item.path)
     by_kind: dict[str, list[Path]] = {"slurm": [], "k8s": [], "other": []}
     for path in files:
         by_kind[_kind(uses[path])].append(path)
-    slurm, k8s = by_kind["slurm"], by_kind["k8s"]
-    order = [p for pair in zip(slurm, k8s) for p in pair] + slurm[len(k8s):] + k8s[len(slurm):] + by_kind["other"]
+    others = [p for p in by_kind["other"] if p in e2e] + [p for p in by_kind["other"] if p not in e2e]
+    order = _interleave(_interleave(by_kind["slurm"], by_kind["k8s"]), others)
     items[:] = [item for path in order for item in files[path]]

@@ -4,7 +4,6 @@ that embeds every partition of its range."""
 
 from __future__ import annotations
 
-import importlib
 import shutil
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ import pyarrow.parquet as pq
 import psutil
 import pytest
 
-from tests.conftest import FORTUNES, REPO, expected_records
+from tests.conftest import FORTUNES, REPO, expected_records, reimport
 from tests.process_helpers import alive
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -70,9 +69,7 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
     from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, summarize_partitions, wait_for_backfill
     from dagster_gpu.embedding.model import resolve_model_path
     from dagster_gpu.core.partition_keys import partition_key_for
-    from tests.locations import e2e_location as loc
-
-    loc = importlib.reload(loc)  # the location reads $DAGSTER_GPU_TEST_CORPUS at import; another test may have imported it
+    loc = reimport("tests.locations.e2e_location")  # it reads $DAGSTER_GPU_TEST_CORPUS at import
     corpus_dir, out_dir = corpus
     instance = dg.DagsterInstance.get()
     assert "postgres" in type(instance.run_storage).__name__.lower()

@@ -40,10 +40,9 @@ def test_the_key_covers_interpreter_directory_package_and_import_time_environmen
     assert forkserver.server_key("/venv/bin/python", "/repo", env) != key
 
 
-def test_the_socket_directory_is_this_users_alone(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+def test_the_socket_directory_is_this_users_alone(runtime_dir):
     d = forkserver.socket_dir()
-    assert d == tmp_path / "dagster-gpu" and (d.stat().st_mode & 0o777) == 0o700
+    assert d == runtime_dir / "dagster-gpu" and (d.stat().st_mode & 0o777) == 0o700
     d.chmod(0o755)  # others could reach a socket in it
     with pytest.raises(PermissionError, match="mode 0700"):
         forkserver.socket_dir()
@@ -71,17 +70,15 @@ def _wait_ended(backend: LocalBackend, handle, timeout_s: float = 120.0):
     return st
 
 
-def test_workers_forked_from_the_server_run_as_fresh_interpreters_do(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+def test_workers_forked_from_the_server_run_as_fresh_interpreters_do(tmp_path, runtime_dir, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.chdir(REPO)
-    (tmp_path / "run").mkdir()
     backend = LocalBackend(tmp_path / "logs", forkserver_idle_s=60)
     # the first launch with a new key starts the server and waits for its imports (no device is held meanwhile)
     first = backend.launch(_launch("r0", ("exit", "0")))
     assert first["forked"] is True
     assert _wait_ended(backend, first).status == WorkerStatus.SUCCEEDED
-    sockets = list((tmp_path / "run" / "dagster-gpu").glob("*.sock"))
+    sockets = list((runtime_dir / "dagster-gpu").glob("*.sock"))
     assert len(sockets) == 1 and (sockets[0].stat().st_mode & 0o777) == 0o600
     server_log = "".join(p.read_text() for p in (tmp_path / "logs").glob("forkserver-*.log"))
     assert "module(s) imported" in server_log and f"serving {sockets[0]}" in server_log
@@ -110,8 +107,7 @@ def test_workers_forked_from_the_server_run_as_fresh_interpreters_do(tmp_path, m
     assert "SIGTERM" in st.message
 
 
-def test_the_server_exits_idle_and_a_second_server_for_the_same_socket_does_not_start(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path))
+def test_the_server_exits_idle_and_a_second_server_for_the_same_socket_does_not_start(tmp_path, runtime_dir):
     sock = forkserver.socket_dir() / "k.sock"
     import subprocess
 
@@ -131,13 +127,11 @@ def test_the_server_exits_idle_and_a_second_server_for_the_same_socket_does_not_
     assert forkserver.request_launch(sock, req) is None
 
 
-def test_a_server_that_does_not_come_up_leaves_the_units_cold_and_says_so(tmp_path, monkeypatch):
+def test_a_server_that_does_not_come_up_leaves_the_units_cold_and_says_so(tmp_path, runtime_dir, monkeypatch):
     from dagster_gpu.local import backend as local_backend
 
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.chdir(REPO)
-    (tmp_path / "run").mkdir()
     started = []
 
     class NeverBinds:
@@ -163,11 +157,9 @@ def test_a_server_that_does_not_come_up_leaves_the_units_cold_and_says_so(tmp_pa
     assert _wait_ended(backend, again).status == WorkerStatus.SUCCEEDED
 
 
-def test_a_server_whose_imports_fail_is_not_waited_for(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(tmp_path / "run"))
+def test_a_server_whose_imports_fail_is_not_waited_for(tmp_path, runtime_dir, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", str(REPO))
     monkeypatch.chdir(REPO)
-    (tmp_path / "run").mkdir()
     real = forkserver.start_server
     monkeypatch.setattr(forkserver, "start_server", lambda *a, **k: real(*a, preload=("no_such_module_xyz",)))
     backend = LocalBackend(tmp_path / "logs", forkserver_idle_s=60)

@@ -4,7 +4,6 @@ server, and its rows, vectors, metadata and process bill are what a fresh interp
 
 from __future__ import annotations
 
-import importlib
 import shutil
 import time
 from pathlib import Path
@@ -15,14 +14,14 @@ import psutil
 import pyarrow.parquet as pq
 import pytest
 
-from tests.conftest import FORTUNES, expected_records
+from tests.conftest import FORTUNES, expected_records, reimport
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
 FILES = ["goedel", "magic", "paradoxum", "translate-me", "news"]
 
 
-def test_a_backfill_through_forked_workers_embeds_what_sentence_transformers_does(pg_home, tmp_path, monkeypatch):
+def test_a_backfill_through_forked_workers_embeds_what_sentence_transformers_does(pg_home, tmp_path, runtime_dir, monkeypatch):
     from sentence_transformers import SentenceTransformer
 
     from dagster_gpu.commands.backfill import DaemonProcess, submit_asset_backfill, wait_for_backfill
@@ -35,15 +34,11 @@ def test_a_backfill_through_forked_workers_embeds_what_sentence_transformers_doe
     corpus.mkdir()
     for name in FILES:
         shutil.copyfile(FORTUNES / name, corpus / name)
-    run_dir = tmp_path / "run"
-    run_dir.mkdir()
     for k, v in {"DAGSTER_GPU_TEST_CORPUS": str(corpus), "DAGSTER_GPU_TEST_OUTPUT": str(tmp_path / "out"),
                  "DAGSTER_GPU_TEST_PER_RUN": "3", "DAGSTER_GPU_TEST_FORKSERVER": "60",
-                 "XDG_RUNTIME_DIR": str(run_dir)}.items():
+                 "XDG_RUNTIME_DIR": str(runtime_dir)}.items():
         monkeypatch.setenv(k, v)
-    from tests.locations import e2e_location as loc
-
-    loc = importlib.reload(loc)
+    loc = reimport("tests.locations.e2e_location")  # it reads $DAGSTER_GPU_TEST_CORPUS at import
     instance = dg.DagsterInstance.get()
     keys = [f.key for f in loc.corpus.list_files()]
     instance.add_dynamic_partitions(loc.embeddings.partitions_def.name, keys)
@@ -58,7 +53,7 @@ def test_a_backfill_through_forked_workers_embeds_what_sentence_transformers_doe
                 time.sleep(0.5)
     finally:  # the server would exit after 60 idle seconds; a test leaves nothing behind
         for p in psutil.process_iter(["cmdline"]):
-            if any(str(run_dir) in a for a in (p.info["cmdline"] or [])):
+            if any(str(runtime_dir) in a for a in (p.info["cmdline"] or [])):
                 p.kill()
     assert (final.runs, final.succeeded, final.failed) == (2, 5, 0)
 

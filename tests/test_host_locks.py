@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from host_locks import _kind, resources
+from host_locks import _interleave, _kind, resources
 from tests import slurm_helpers as SH
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,8 +40,9 @@ def test_what_a_test_holds(item, expected):
     assert resources(item) == expected
 
 
-def test_files_are_ordered_by_the_cluster_they_use():
+def test_files_alternate_between_clusters_and_the_rest():
     assert (_kind({"slurm-22.05", "k8s"}), _kind({"k8s"}), _kind({"sshd"}), _kind(set())) == ("slurm", "k8s", "other", "other")
+    assert _interleave(_interleave(["s1", "s2", "s3"], ["k1"]), ["o1", "o2"]) == ["s1", "o1", "k1", "o2", "s2", "s3"]
 
 
 _HOLDER = """

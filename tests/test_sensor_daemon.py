@@ -12,7 +12,6 @@ PostgreSQL instance; code location tests/locations/sensor_location.py):
 
 from __future__ import annotations
 
-import importlib
 import re
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from dagster_gpu.commands.backfill import DaemonProcess
 from dagster_gpu.instance.run_ranges import range_tags
-from tests.conftest import REPO, fortune_records, fresh_pg_home
+from tests.conftest import REPO, fortune_records, fresh_pg_home, reimport
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -138,7 +137,6 @@ def _latest_id(instance, key: dg.AssetKey, pk: str) -> int:
 def test_a_fixed_broken_file_is_embedded_and_the_index_follows_with_no_command(pg, tmp_path, monkeypatch):
     from dagster_gpu.instance.partition_status import partition_status
     from dagster_gpu.instance.source_versions import failed_reads
-    from tests.locations import sensor_location
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()
@@ -148,7 +146,7 @@ def test_a_fixed_broken_file_is_embedded_and_the_index_follows_with_no_command(p
     monkeypatch.setenv("DAGSTER_GPU_SD_DIR", str(tmp_path))
     monkeypatch.setenv("DAGSTER_GPU_SD_INTERVAL", "5")
     monkeypatch.delenv("DAGSTER_GPU_SD_MAX_DELAY", raising=False)
-    sensor_location = importlib.reload(sensor_location)  # it reads $DAGSTER_GPU_SD_DIR at import
+    sensor_location = reimport("tests.locations.sensor_location")  # it reads $DAGSTER_GPU_SD_DIR at import
     log = tmp_path / "daemon.log"
     emb, ix = dg.AssetKey("sd_embeddings"), dg.AssetKey("sd_embeddings_index")
     with fresh_pg_home(pg, tmp_path, monkeypatch, max_runs=2) as home:

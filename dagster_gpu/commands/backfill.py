@@ -626,15 +626,46 @@ def other_work(instance: dg.DagsterInstance, since: float, backfill_id: str) -> 
                      requested=tuple(b for b in backfills if b.backfill_id != backfill_id))
 
 
+def sensors_ticked_since(instance: dg.DagsterInstance, daemon_started: float, since: float) -> bool:
+    """True when every sensor that ticked under a daemon started at ``daemon_started`` (epoch s) has finished a tick
+    that began at or after ``since`` (epoch s): whatever such a sensor requests for the work that ended before
+    ``since`` is then in the instance. Sensors with no tick since ``daemon_started`` (stopped ones) are not waited
+    for."""
+    from dagster._core.scheduler.instigation import InstigatorType, TickStatus
+
+    for state in instance.all_instigator_state(instigator_type=InstigatorType.SENSOR):
+        ticks = instance.get_ticks(state.instigator_origin_id, state.selector_id, after=daemon_started, limit=2)
+        if not ticks:
+            continue
+        if not any(t.timestamp >= since and t.status != TickStatus.STARTED for t in ticks):
+            return False
+    return True
+
+
 def wait_for_other_work(instance: dg.DagsterInstance, since: float, backfill_id: str, *, timeout_s: float,
-                        poll_s: float = 2.0, alive: Callable[[], bool] | None = None) -> OtherWork:
+                        poll_s: float = 2.0, alive: Callable[[], bool] | None = None,
+                        next_ticks: bool = False) -> OtherWork:
     """:func:`other_work` polled every ``poll_s`` seconds until none is left, ``timeout_s`` seconds passed or
-    ``alive()`` (the daemon that would run it) is False; returns what is left."""
+    ``alive()`` (the daemon that would run it) is False; returns what is left. With ``next_ticks``, once none is
+    left it also waits, within the same bound, until each sensor that ticked since ``since`` has finished a tick
+    that began after that moment (:func:`sensors_ticked_since`), and waits on if one requested more: a sensor that
+    requests in steps (the automation condition sensor following the runs it watches) is not cut off between two
+    of its requests."""
     deadline = time.monotonic() + timeout_s
-    while ((work := other_work(instance, since, backfill_id)) and time.monotonic() < deadline
-           and (alive is None or alive())):
+    quiet_at: float | None = None
+    while True:
+        work = other_work(instance, since, backfill_id)
+        if work:
+            quiet_at = None
+        elif not next_ticks:
+            return work
+        else:
+            quiet_at = quiet_at or time.time()
+            if sensors_ticked_since(instance, since, quiet_at):
+                return work
+        if time.monotonic() >= deadline or (alive is not None and not alive()):
+            return work
         time.sleep(poll_s)
-    return work
 
 
 def _runs_in_flight(instance: dg.DagsterInstance, backfill_id: str) -> int:

@@ -229,7 +229,9 @@ def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console:
                      code_location: str = "-m MODULE") -> int:
     """Before ``daemon`` (started by this command) is stopped: wait, while it runs and up to ``timeout_s``
     seconds, for the runs and backfills its sensors started meanwhile
-    (:func:`dagster_gpu.commands.backfill.other_work`: running, queued, requested), saying so. Then one line
+    (:func:`dagster_gpu.commands.backfill.other_work`: running, queued, requested), saying so, and, once they
+    ended, for each sensor that ticked to finish one more tick (what it requests in steps, such as the index
+    following the embeddings partition by partition, is not stranded between two requests). Then one line
     names the runs still in flight (stopping the daemon fails them) and one the runs still queued and backfills
     still requested (left for the next daemon), with how to finish them (``dagster-gpu backfill <code_location>
     -a ASSET --stale``; ``code_location``: the command's own ``-m`` arguments). Returns how many runs are still in
@@ -244,7 +246,7 @@ def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console:
                       f"the daemon's sensors started meanwhile ({jobs}; e.g. the index following these embeddings): "
                       "stopping the daemon would fail or strand them", soft_wrap=True)
         alive = getattr(daemon, "why_dead", None)
-        others = wait_for_other_work(instance, daemon.started_at, backfill_id, timeout_s=timeout_s,
+        others = wait_for_other_work(instance, daemon.started_at, backfill_id, timeout_s=timeout_s, next_ticks=True,
                                      alive=None if alive is None else lambda: alive() is None)
     if others.running:
         console.print(f"{len(others.running)} run(s) still in flight will be interrupted and fail: "

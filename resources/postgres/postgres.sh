@@ -29,6 +29,9 @@ start() {
   need_pg
   dg_step "initdb in $DIR/data"
   mkdir -p "$DIR"
+  # one start at a time (two test workers may ask at once): concurrent ALTER ROLEs fail ("tuple concurrently updated")
+  exec 9>"$DIR/.start.lock"
+  flock 9
   if [ "$(id -u)" = 0 ]; then chown postgres: "$DIR"; fi
   if [ ! -f "$DIR/data/PG_VERSION" ]; then
     umask 077
