@@ -6,9 +6,9 @@ Shared here, each with a lock (``fcntl.flock`` on ``<name>.lock`` under ``$DAGST
 
 - ``slurm-<version>``: a local Slurm cluster (its 4 GPUs, its queue, its accounting; tests start on an idle
   cluster and count what they submitted). A test parametrized by the ``slurm_cluster`` fixture holds its
-  version's; any other test of a ``test_slurm*`` file or marked ``slurm`` holds every version's.
-- ``k8s``: the Kubernetes control plane and its one node (its devices, ResourceSlice, pods): tests of the
-  ``test_k8s*`` files and tests marked ``k8s``.
+  version's; any other test marked ``slurm`` holds every version's.
+- ``k8s``: the Kubernetes control plane and its one node (its devices, ResourceSlice, pods): tests marked ``k8s``.
+- The files in :data:`UNMARKED` use a cluster with neither marker: their tests hold it too.
 - ``sshd``: the OpenSSH login node, whose log the ssh tests count connections in (``test_slurm_ssh*``).
 - ``forkserver``: this checkout's fork server (one per key on the host; ``test_forkserver*``).
 
@@ -42,17 +42,21 @@ def _slurm_versions() -> list[str]:
     return list(tested_versions())
 
 
+#: Files whose tests use a cluster with no ``slurm`` or ``k8s`` marker (their fixtures check for the service).
+UNMARKED = {"test_slurm_rest.py": ("slurm-24.11",), "test_k8s_node_agent.py": ("k8s",)}
+
+
 def resources(item: pytest.Item) -> list[str]:
     """The shared things of the host ``item`` uses (see the module doc), sorted: the order they are locked in."""
     name = item.path.name
     marks = {m.name for m in item.iter_markers()}
-    out: set[str] = set()
+    out: set[str] = set(UNMARKED.get(name, ()))
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "slurm_cluster" in callspec.params:
         out.add(f"slurm-{callspec.params['slurm_cluster']}")
-    elif "slurm" in marks or name.startswith("test_slurm"):
+    elif "slurm" in marks:
         out.update(f"slurm-{v}" for v in _slurm_versions())
-    if "k8s" in marks or name.startswith("test_k8s"):
+    if "k8s" in marks:
         out.add("k8s")
     if name.startswith("test_slurm_ssh"):
         out.add("sshd")

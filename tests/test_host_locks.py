@@ -29,12 +29,14 @@ def _item(file: str, marks=(), params=None):
 @pytest.mark.parametrize("item, expected", [
     (_item("test_slurm_e2e.py", ("slurm", "e2e"), {"slurm_cluster": "24.11"}), ["slurm-24.11"]),
     (_item("test_auto_e2e.py", ("slurm", "k8s"), {"slurm_cluster": "22.05"}), ["k8s", "slurm-22.05"]),
-    (_item("test_slurm_rest.py", ("e2e",), {"version": "v0.0.42"}), SLURM_ALL),  # the live slurmrestd, unmarked
+    (_item("test_slurm_rest.py", ("e2e",), {"version": "v0.0.42"}), ["slurm-24.11"]),  # the live slurmrestd, unmarked
     (_item("test_retry_e2e.py", ("slurm",)), SLURM_ALL),
     (_item("test_k8s_node_agent.py"), ["k8s"]),
     (_item("test_slurm_ssh_e2e.py", ("slurm",), {"slurm_cluster": "22.05"}), ["slurm-22.05", "sshd"]),
     (_item("test_forkserver_e2e.py", ("e2e",)), ["forkserver"]),
     (_item("test_batching.py"), []),
+    (_item("test_slurm_units.py"), []),  # recorded outputs: no cluster
+    (_item("test_k8s_manifests.py"), []),
 ])
 def test_what_a_test_holds(item, expected):
     assert resources(item) == expected
