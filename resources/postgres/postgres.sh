@@ -29,7 +29,8 @@ start() {
   need_pg
   dg_step "initdb in $DIR/data"
   mkdir -p "$DIR"
-  # one start at a time (two test workers may ask at once): concurrent ALTER ROLEs fail ("tuple concurrently updated")
+  # one start at a time (two test workers may ask at once): concurrent ALTER ROLEs fail ("tuple concurrently updated");
+  # the server is started without fd 9 (9>&-), or it would hold the lock for its whole life
   exec 9>"$DIR/.start.lock"
   flock 9
   if [ "$(id -u)" = 0 ]; then chown postgres: "$DIR"; fi
@@ -45,7 +46,7 @@ start() {
   else
     dg_step "pg_ctl start (127.0.0.1:$PORT)" "$DIR/server.log"
     as_pg "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/server.log" -w -t 60 \
-      -o "-c listen_addresses=127.0.0.1 -p $PORT -k $DIR -c max_connections=300 -c fsync=off" start >/dev/null
+      -o "-c listen_addresses=127.0.0.1 -p $PORT -k $DIR -c max_connections=300 -c fsync=off" start >/dev/null 9>&-
   fi
   dg_step "creating role $USER_NAME and database $DB" "$DIR/server.log"
   local pw; pw=$(cat "$DIR/password")
@@ -60,6 +61,7 @@ SQL
     { echo "# dagster-gpu"; echo "local all postgres trust"; echo "host all all 127.0.0.1/32 scram-sha-256"; } > "$DIR/data/pg_hba.conf"
     as_pg "$PGBIN/pg_ctl" -D "$DIR/data" reload >/dev/null
   fi
+  exec 9>&-
   echo "postgres running on 127.0.0.1:$PORT (db $DB, user $USER_NAME, password in $DIR/password)"
 }
 
