@@ -17,7 +17,7 @@ exclusively where every other test holds it shared, behind a ``turnstile`` lock,
 test is not starved by the other worker's next tests. Locks are taken in one order (``host``, then the
 resources sorted by name), so two tests never wait on each other.
 
-``scripts/test.sh`` runs pytest-xdist with ``--dist loadfile``: a file's tests run in one worker, so module-scoped
+With ``DAGSTER_GPU_TEST_WORKERS=2``, ``scripts/test.sh`` runs pytest-xdist with ``--dist loadfile``: a file's tests run in one worker, so module-scoped
 fixtures (a model, a zygote process, a token) are set up once and module state stays in one process. Without
 pytest-xdist the locks are taken all the same, never waited for.
 """
@@ -135,10 +135,12 @@ def _interleave(*lists: list) -> list:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Files in the order ``--dist loadfile --no-loadscope-reorder`` hands them out as workers free up, each file's
+    """Under pytest-xdist: files in the order ``--dist loadfile --no-loadscope-reorder`` hands them out as workers free up, each file's
     tests in their order: a file that uses a cluster (Slurm and Kubernetes ones alternately), then one that does not
     (end-to-end ones first), and so on. A worker then rarely waits for the cluster the other one holds, and the
     short files even out the end."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):  # one process: the files in their own (alphabetical) order
+        return
     files: dict[Path, list[pytest.Item]] = {}
     uses: dict[Path, set[str]] = {}
     e2e: set[Path] = set()
