@@ -7,7 +7,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 
 from pipelines.instance_yaml import dagster_yaml
 from tests import slurm_helpers as SH
+from tests.ssh_helpers import short_dir
 
 # Under CI=true (and in scripts/test.sh) a skipped end-to-end test fails the session (tests/strict_e2e.py);
 # scripts/test.sh prints the session's failures once pytest has exited (tests/failure_summary.py); the clusters,
@@ -100,7 +100,7 @@ def slurm_cluster(request, monkeypatch) -> Iterator[SH.SlurmCluster]:
 def runtime_dir(monkeypatch) -> Iterator[Path]:
     """A private ``$XDG_RUNTIME_DIR`` with a short path: a socket's path must stay under 108 bytes (``sun_path``),
     and pytest's tmp_path (under pytest-xdist, ``…/popen-gw1/<test name>``) can be longer."""
-    d = Path(tempfile.mkdtemp(prefix="dgf-", dir="/tmp"))
+    d = Path(short_dir("dgf-"))
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(d))
     yield d
     shutil.rmtree(d, ignore_errors=True)
