@@ -43,7 +43,7 @@ def single_run_creation(keys: list[str], n: int, pooled: bool = False) -> dict:
     import ranged_pipeline
 
     importlib.reload(ranged_pipeline)
-    from dagster_gpu.instance.run_ranges import range_run_tags
+    from dagster_gpu.partitions.run_ranges import range_run_tags
 
     asset = ranged_pipeline.ranged_embeddings
     with dg.DagsterInstance.get() as instance:

@@ -464,7 +464,7 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
     end_states = retrying(lambda: backfill_end_states(instance, bid, pdef), "backfill states")
 
     # ------------------------------------------------------------------ recovery by the schedule
-    from dagster_gpu.instance.partition_status import partitions_to_rerun
+    from dagster_gpu.partitions.status import partitions_to_rerun
 
     todo = retrying(lambda: partitions_to_rerun(instance, asset), "partitions_to_rerun")
     say(f"after the backfill: {len(todo)} partition(s) to rerun: {todo[:10]}")

@@ -41,7 +41,7 @@ def _events(instance) -> int:
 
 
 def _materialize(instance, asset, keys) -> float:
-    from dagster_gpu.instance.run_ranges import range_run_tags
+    from dagster_gpu.partitions.run_ranges import range_run_tags
 
     t0 = time.perf_counter()
     how = {"partition_key": keys[0]} if len(keys) == 1 else {"tags": range_run_tags(keys)}

@@ -3,8 +3,8 @@
 Headline (the targets: ``preempt.rework_fraction`` <= 0.05, ``preempt.graceful_exit_s`` <= the grace period):
 
 - **rework**: texts embedded twice ÷ texts in the file. A worker process (``--worker``, the work unit's own stop
-  path: :class:`dagster_gpu.worker.preempt.GracefulStop` + ``embed_partition`` with a checkpoint part per read
-  batch, exit :data:`~dagster_gpu.worker.preempt.EXIT_PREEMPTED`) embeds the file; once it has embedded half of
+  path: :class:`dagster_gpu.worker.preemption.GracefulStop` + ``embed_partition`` with a checkpoint part per read
+  batch, exit :data:`~dagster_gpu.worker.preemption.EXIT_PREEMPTED`) embeds the file; once it has embedded half of
   it, it gets SIGTERM (a pod's deletion grace, Slurm's GraceTime); a new worker continues. Texts embedded twice
   by a preemption = texts the stopped attempt embedded − the records its committed parts added. The baseline, in the
   same run, is the same worker without checkpoints (the behaviour before them): the rerun starts from the first
@@ -64,7 +64,7 @@ def worker(source: str, output: str, progress: str, checkpoint: bool, read_batch
     from dagster_gpu.embedding.model import load_model
     from dagster_gpu.embedding.pipeline import CheckpointPolicy, Preempted, embed_partition
     from dagster_gpu.corpus.readers import TextFormat
-    from dagster_gpu.worker.preempt import GracefulStop, exit_preempted
+    from dagster_gpu.worker.preemption import GracefulStop, exit_preempted
 
     stop = GracefulStop().install()
     model = load_model("all-MiniLM-L6-v2", device="cpu")

@@ -52,7 +52,7 @@ import slurm_helpers as H  # noqa: E402
 from summary import merge_summary  # noqa: E402
 
 from dagster_gpu import CorpusSource, corpus_sensor, embedding_asset  # noqa: E402
-from dagster_gpu.instance.run_ranges import keys_in_range, range_tags  # noqa: E402
+from dagster_gpu.partitions.run_ranges import keys_in_range, range_tags  # noqa: E402
 
 PER_DIR = 100
 

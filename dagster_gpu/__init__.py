@@ -35,7 +35,7 @@ if TYPE_CHECKING:
         backfill_missing_schedule as backfill_missing_schedule,
         corpus_sensor as corpus_sensor,
     )
-    from dagster_gpu.instance.source_versions import corpus_source as corpus_source
+    from dagster_gpu.partitions.source_versions import corpus_source as corpus_source
 
     __version__: str
 
@@ -53,7 +53,7 @@ _EXPORTS = {
     "asset_job": "dagster_gpu.definitions.sensors",
     "backfill_missing_schedule": "dagster_gpu.definitions.sensors",
     "corpus_sensor": "dagster_gpu.definitions.sensors",
-    "corpus_source": "dagster_gpu.instance.source_versions",
+    "corpus_source": "dagster_gpu.partitions.source_versions",
     "embedding_asset": "dagster_gpu.definitions.assets",
     "gpu_executor": "dagster_gpu.executor.executor",
     "unit_bills_sensor": "dagster_gpu.definitions.bills_sensor",

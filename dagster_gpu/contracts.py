@@ -277,7 +277,7 @@ class Backend(ABC):
     def relay_channel(self, launch: StepLaunch) -> str | None:
         """Where the worker of ``launch`` relays its events instead of writing them into the instance (a path
         the worker appends to, or an object-store URL it writes parts under, and :meth:`read_channel` reads:
-        ``dagster_gpu.instance.relay_channel``, ``dagster_gpu.instance.relay_objects``), or None
+        ``dagster_gpu.relay.channel``, ``dagster_gpu.relay.objects``), or None
         when the worker writes them itself (the default)."""
         return None
 

@@ -202,8 +202,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def record_corpus(instance, files) -> int:
     """Record the corpus asset's events for each file that is new or whose source version changed (as a corpus
-    sensor tick does: :func:`dagster_gpu.instance.source_versions.corpus_updates`); returns how many events."""
-    from dagster_gpu.instance.source_versions import corpus_asset_key, corpus_updates, corpus_versions
+    sensor tick does: :func:`dagster_gpu.partitions.source_versions.corpus_updates`); returns how many events."""
+    from dagster_gpu.partitions.source_versions import corpus_asset_key, corpus_updates, corpus_versions
     from pipelines.definitions import fortune_embeddings
 
     key = corpus_asset_key(fortune_embeddings.key)

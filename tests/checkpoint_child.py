@@ -4,7 +4,7 @@ Run as ``python -m tests.checkpoint_child zygote`` (see :func:`zygote`) or
 ``python -m tests.checkpoint_child SOURCE OUTPUT READY_FILE [graceful]``: loads the packaged test model
 (all-MiniLM-L6-v2 on CPU, one torch thread), creates READY_FILE, then embeds SOURCE into OUTPUT with a checkpoint
 part per read batch. With ``graceful`` it installs the worker's SIGTERM/SIGUSR1 handler
-(:class:`dagster_gpu.worker.preempt.GracefulStop`) and exits with ``EXIT_PREEMPTED`` when stopped, as the work
+(:class:`dagster_gpu.worker.preemption.GracefulStop`) and exits with ``EXIT_PREEMPTED`` when stopped, as the work
 unit does; without it a signal ends the process wherever it is.
 """
 
@@ -95,7 +95,7 @@ def main(argv: list[str]) -> int:
     model = load_test_model()
     stop = None
     if graceful:
-        from dagster_gpu.worker.preempt import GracefulStop
+        from dagster_gpu.worker.preemption import GracefulStop
 
         stop = GracefulStop().install()
     Path(ready).touch()
@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
         embed(source, output, model, stop=stop.event if stop else None)
     except Exception as e:
         from dagster_gpu.embedding.pipeline import Preempted
-        from dagster_gpu.worker.preempt import exit_preempted
+        from dagster_gpu.worker.preemption import exit_preempted
 
         if isinstance(e, Preempted):
             print(f"preempted after {e.records} records, {stop.seconds_since():.3f} s after {stop.signal_name}",

@@ -15,7 +15,7 @@ Assets (same partitions):
   k8s_impossible  one GPU with >= 200 GiB              -> never schedulable
   k8s_shared      one GPU, shared-ok                   -> K8S_TEST_SHARING's opaque GpuConfig on the claim
   k8s_preemptible one MIG slice, like k8s_mig, whose body stops gracefully on SIGTERM as the embedding unit does
-                  (dagster_gpu.worker.preempt: exit 143 with no step outcome), for the preemption tests
+                  (dagster_gpu.worker.preemption: exit 143 with no step outcome), for the preemption tests
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def k8s_shared(context):
 
 @dg.asset(partitions_def=partitions, op_tags={"dagster-gpu/gpu-count": "1", "dagster-gpu/mig-ok": "true"})
 def k8s_preemptible(context):
-    from dagster_gpu.worker.preempt import GracefulStop, exit_preempted
+    from dagster_gpu.worker.preemption import GracefulStop, exit_preempted
 
     stop = GracefulStop().install()
     deadline = time.monotonic() + float(context.run.tags.get("test/sleep", "0"))

@@ -151,10 +151,10 @@ def trivial(context):
 
 
 def _sleep_until_stopped(context, sleep_s: float) -> None:
-    """``DGPU_TEST_GRACEFUL=1``: the embedding unit's stop path (dagster_gpu.worker.preempt) around the sleep: a
+    """``DGPU_TEST_GRACEFUL=1``: the embedding unit's stop path (dagster_gpu.worker.preemption) around the sleep: a
     SIGTERM or SIGUSR1 writes ``$DGPU_TEST_PID_DIR/<partition>.stopped`` (signal number, epoch seconds) and ends
     the worker with 143 and no step outcome. A requeued attempt (``SLURM_RESTART_COUNT`` >= 1) sleeps 1 s."""
-    from dagster_gpu.worker.preempt import GracefulStop, exit_preempted
+    from dagster_gpu.worker.preemption import GracefulStop, exit_preempted
 
     if int(os.environ.get("SLURM_RESTART_COUNT") or 0) >= 1:
         sleep_s = 1.0

@@ -6,7 +6,7 @@ import pytest
 
 from dagster_gpu.billing.apportion import apportion_unit_bill, partition_wall_seconds, split_by_shares, startup_shares
 from dagster_gpu.corpus.listing import CorpusNotFound, CorpusSource
-from dagster_gpu.instance.run_ranges import PartitionRangeError, keys_in_range, run_partition_keys
+from dagster_gpu.partitions.run_ranges import PartitionRangeError, keys_in_range, run_partition_keys
 
 
 def test_startup_shares_follow_file_sizes_and_sum_to_one():

@@ -127,7 +127,7 @@ def test_sigterm_stops_gracefully_with_the_embedded_batches_committed(reference,
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     output, _ = proc.communicate(timeout=120)
-    from dagster_gpu.worker.preempt import EXIT_PREEMPTED
+    from dagster_gpu.worker.preemption import EXIT_PREEMPTED
 
     assert proc.returncode == EXIT_PREEMPTED == 143, output
     assert "s after SIGTERM" in output, output

@@ -176,7 +176,7 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
     starting = instance.get_records_for_run(runs[0].dagster_run.run_id, of_type=dg.DagsterEventType.STEP_WORKER_STARTING).records
     assert starting and "local/pid" in starting[0].event_log_entry.dagster_event.engine_event_data.metadata
     # the Runs page shows where each partition ran and, once its step measured it, what it cost
-    from dagster_gpu.instance.run_ranges import run_partition_keys
+    from dagster_gpu.partitions.run_ranges import run_partition_keys
 
     for r in runs:
         run = r.dagster_run

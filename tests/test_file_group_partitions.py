@@ -16,7 +16,7 @@ import pytest
 from dagster_gpu import CorpusSource, corpus_sensor, embedding_asset
 from dagster_gpu.definitions.assets import output_uri_for
 from dagster_gpu.embedding.writer import recorded_files
-from dagster_gpu.instance.run_ranges import range_run_tags
+from dagster_gpu.partitions.run_ranges import range_run_tags
 
 N_FILES, BUCKETS = 30, 4
 

@@ -121,7 +121,7 @@ def test_on_s3_the_stream_reads_page_by_page_what_find_lists(s3, recursive):
 
 
 def test_the_sensor_lists_without_members_and_records_each_buckets_file_count(tmp_path):
-    from dagster_gpu.instance.source_versions import corpus_updates
+    from dagster_gpu.partitions.source_versions import corpus_updates
     import dagster as dg
 
     root = tmp_path / "corpus"

@@ -5,7 +5,7 @@ import dagster as dg
 import pytest
 
 from dagster_gpu.billing.ratecard import RateCard
-from dagster_gpu.instance.preemptions import (
+from dagster_gpu.instance.preemption import (
     LaunchSeen, bill_figures, fetch_observations, observations, with_learned_rates,
 )
 from dagster_gpu.policy import DeviceGroup, KubernetesState, SlurmState, Snapshot

@@ -14,7 +14,7 @@ from pathlib import Path
 import dagster as dg
 import pyarrow.parquet as pq
 
-from dagster_gpu.worker.preempt import EXIT_PREEMPTED
+from dagster_gpu.worker.preemption import EXIT_PREEMPTED
 from tests.checkpoint_child import PARTITION_KEY, embed, load_test_model, write_corpus
 
 ROOT = Path(__file__).resolve().parents[1]

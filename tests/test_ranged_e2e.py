@@ -80,7 +80,7 @@ class Killer(threading.Thread):
         """The partitions the run's unit materialized so far (see the class doc)."""
         if self.relay_dir is None:
             return sorted(k for k, _, _ in _mats(self.instance, self.asset_key, run_id))
-        from dagster_gpu.instance.relay_channel import decode, read_from
+        from dagster_gpu.relay.channel import decode, read_from
 
         return sorted(e.dagster_event.step_materialization_data.materialization.partition
                       for ch in sorted((self.relay_dir / run_id).glob("*.jsonl")) for e in decode(read_from(str(ch))).events

@@ -19,9 +19,9 @@ import dagster as dg
 import pytest
 from dagster._core.storage.dagster_run import DagsterRun
 
-from dagster_gpu.executor.relay import RelayPump, quantile, refusal, rewrite, stored_keys
-from dagster_gpu.instance.relay_channel import ChannelWriter, decode, event_key, outcome_in_channel, read_from
-from dagster_gpu.instance.relay_storage import (
+from dagster_gpu.relay.pump import RelayPump, quantile, refusal, rewrite, stored_keys
+from dagster_gpu.relay.channel import ChannelWriter, decode, event_key, outcome_in_channel, read_from
+from dagster_gpu.relay.storage import (
     MAX_SEED_BYTES, RelaySeed, RelaySeedTooLarge, decode_seed, relay_instance, seed_for,
 )
 
@@ -185,7 +185,7 @@ def test_a_torn_last_line_is_not_read_until_complete_and_a_new_writer_ends_it(tm
 WRITER = r"""
 import sys, time
 from dagster._core.events.log import EventLogEntry
-from dagster_gpu.instance.relay_channel import ChannelWriter
+from dagster_gpu.relay.channel import ChannelWriter
 w = ChannelWriter(sys.argv[1])
 i = 0
 print("ready", flush=True)

@@ -24,15 +24,15 @@ from dagster._core.storage.dagster_run import DagsterRun
 
 from dagster_gpu.contracts import StepLaunch
 from dagster_gpu.core.request import GpuRequest
-from dagster_gpu.executor.relay import RelayPump, refusal
-from dagster_gpu.instance.relay_channel import RELAY_ENV, decode, encode, relay_env
-from dagster_gpu.instance.relay_objects import (
+from dagster_gpu.relay.pump import RelayPump, refusal
+from dagster_gpu.relay.channel import RELAY_ENV, decode, encode, relay_env
+from dagster_gpu.relay.objects import (
     ObjectChannelWriter, channel_reader, open_channel_writer, outcome_in_any_channel, read_object_channel,
 )
-from dagster_gpu.instance.relay_parts import (
+from dagster_gpu.relay.parts import (
     check_relay_settings, is_object_channel, next_sequence, part_name, part_sequence, parts_to_read,
 )
-from dagster_gpu.instance.relay_storage import RelaySeed, relay_instance
+from dagster_gpu.relay.storage import RelaySeed, relay_instance
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
 from dagster_gpu.slurm.client import SlurmClient
@@ -234,7 +234,7 @@ def test_outcome_in_a_url_channel_for_the_requeue_check(store, tmp_path):
 WRITER = r"""
 import json, sys, time
 from dagster._core.events.log import EventLogEntry
-from dagster_gpu.instance.relay_objects import ObjectChannelWriter
+from dagster_gpu.relay.objects import ObjectChannelWriter
 w = ObjectChannelWriter(sys.argv[1], json.loads(sys.argv[2]), flush_interval_s=0.01)
 print("ready", w.next_part, flush=True)
 i = 0
@@ -297,8 +297,8 @@ def test_the_slurm_backend_names_and_reads_object_channels_with_relay_url(store,
 PREEMPTED = r"""
 import json, sys, time
 from dagster._core.events.log import EventLogEntry
-from dagster_gpu.instance.relay_objects import ObjectChannelWriter
-from dagster_gpu.worker.preempt import before_exit_preempted, exit_preempted
+from dagster_gpu.relay.objects import ObjectChannelWriter
+from dagster_gpu.worker.preemption import before_exit_preempted, exit_preempted
 w = ObjectChannelWriter(sys.argv[1], json.loads(sys.argv[2]), flush_interval_s=3600.0)  # nothing uploads by itself
 before_exit_preempted(w.close)  # as relay_step registers it
 for i in range(3):

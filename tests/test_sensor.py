@@ -12,8 +12,8 @@ import pytest
 
 from dagster_gpu import CorpusSource, TextFormat, asset_job, backfill_missing_schedule, corpus_sensor, embedding_asset
 from dagster_gpu.definitions.partitions import prune_deleted_files
-from dagster_gpu.instance.run_ranges import range_run_tags
-from dagster_gpu.instance.partition_status import partition_status, partitions_to_rerun
+from dagster_gpu.partitions.run_ranges import range_run_tags
+from dagster_gpu.partitions.status import partition_status, partitions_to_rerun
 
 
 def _defs(corpus: CorpusSource, output_url: str):
@@ -212,7 +212,7 @@ def test_schedule_leaves_out_partitions_of_runs_in_flight_that_the_status_cache_
         single = instance.create_run_for_job(job_def, tags={"dagster/partition": "f5"})
         _finish(instance, single, dg.DagsterRunStatus.STARTED)
         from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
-        from dagster_gpu.instance.partition_status import dynamic_partitions_def, partitions_in_flight
+        from dagster_gpu.partitions.status import dynamic_partitions_def, partitions_in_flight
 
         cache = get_and_update_asset_status_cache_value(instance, asset.key, dynamic_partitions_def(asset))
         assert cache is None or not cache.serialized_in_progress_partition_subset or \
@@ -324,7 +324,7 @@ def test_a_failed_read_is_timed_by_its_event_not_by_the_whole_second_sqlite_stor
     from dagster._core.definitions.asset_checks.asset_check_spec import AssetCheckKey
 
     from dagster_gpu.instance.checks import OUTPUT_READABLE, partition_failed_evaluations
-    from dagster_gpu.instance.source_versions import failed_reads
+    from dagster_gpu.partitions.source_versions import failed_reads
 
     key = dg.AssetKey("s_embeddings")
     with dg.instance_for_test() as instance:

@@ -22,7 +22,7 @@ import pytest
 from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 
 from dagster_gpu.commands.backfill import DaemonProcess
-from dagster_gpu.instance.run_ranges import range_tags
+from dagster_gpu.partitions.run_ranges import range_tags
 from tests.conftest import REPO, fortune_records, fresh_pg_home, reimport
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
@@ -135,8 +135,8 @@ def _latest_id(instance, key: dg.AssetKey, pk: str) -> int:
 
 
 def test_a_fixed_broken_file_is_embedded_and_the_index_follows_with_no_command(pg, tmp_path, monkeypatch):
-    from dagster_gpu.instance.partition_status import partition_status
-    from dagster_gpu.instance.source_versions import failed_reads
+    from dagster_gpu.partitions.status import partition_status
+    from dagster_gpu.partitions.source_versions import failed_reads
 
     corpus = tmp_path / "corpus"
     corpus.mkdir()

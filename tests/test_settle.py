@@ -167,7 +167,7 @@ def test_a_sweep_leaves_a_relayed_unit_of_a_running_run_to_its_own_run_worker(tm
     import dagster as dg
 
     from dagster_gpu.executor.bill_writer import ObservationWriter
-    from dagster_gpu.instance.relay_channel import RELAY_ENV
+    from dagster_gpu.relay.channel import RELAY_ENV
     from dagster_gpu.instance.step_args import ENV_VAR, encode_step_args
     from dagster._grpc.types import ExecuteStepArgs
 

@@ -19,7 +19,7 @@ from dagster_gpu import CorpusSource, corpus_sensor, embedding_asset
 from dagster_gpu.corpus.shard_plans import forget_plans
 from dagster_gpu.corpus.shards import shard_key
 from dagster_gpu.definitions.assets import output_uri_for
-from dagster_gpu.instance.run_ranges import range_run_tags
+from dagster_gpu.partitions.run_ranges import range_run_tags
 
 SHARD_BYTES = 6000
 COLUMNS = ["doc_id", "record_id", "chunk_index", "text", "text_sha256"]

@@ -482,7 +482,7 @@ def test_killed_run_worker_is_resumed_and_reattaches_to_its_task(home, events, m
     assert obs[0]["billing/source"] == "sacct" and obs[0]["slurm/state"] == "COMPLETED"
     assert obs[0]["slurm/elapsed_seconds"] >= 25
     if events == "relay":
-        from dagster_gpu.instance.relay_channel import event_key
+        from dagster_gpu.relay.channel import event_key
 
         assert mats[0]["test/dagster_home"] == "/nonexistent/dagster-home"
         with dg.DagsterInstance.get() as inst:

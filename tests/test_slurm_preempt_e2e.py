@@ -5,7 +5,7 @@ partition materialized once.
 The clusters' QOS (resources/lib/slurm_cluster.sh): ``preemptible`` (GraceTime=20, PreemptMode=requeue) and
 ``high`` (Preempt=normal,preemptible); slurm.conf ``PreemptType=preempt/qos``, ``PreemptMode=REQUEUE``,
 ``KillWait=5``. The step is the test pipeline's asset with the embedding unit's stop path
-(``DGPU_TEST_GRACEFUL``: dagster_gpu.worker.preempt) writing down the signal it got.
+(``DGPU_TEST_GRACEFUL``: dagster_gpu.worker.preemption) writing down the signal it got.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ from dagster._utils.test.data_versions import get_stale_status_resolver
 from dagster_gpu import CorpusSource, TextFormat, embedding_asset
 from dagster_gpu.corpus.listing import CorpusNotFound, source_version
 from dagster_gpu.definitions.partitions import partition_staleness
-from dagster_gpu.instance.run_ranges import range_run_tags
+from dagster_gpu.partitions.run_ranges import range_run_tags
 from dagster_gpu.definitions.sensors import corpus_sensor
-from dagster_gpu.instance.source_versions import (
+from dagster_gpu.partitions.source_versions import (
     SOURCE_VERSION_KEY, corpus_asset_key, corpus_source, corpus_versions, recorded_versions,
 )
 
@@ -190,7 +190,7 @@ def test_versions_reach_the_materialization_dagster_staleness_and_the_sensor(tmp
 _GQL_DEFS = '''
 import dagster as dg
 from dagster_gpu import CorpusSource, embedding_asset
-from dagster_gpu.instance.source_versions import corpus_source
+from dagster_gpu.partitions.source_versions import corpus_source
 corpus = CorpusSource(url={corpus!r})
 spec, asset = corpus_source(embedding_asset(name="g_emb", corpus=corpus, output_url={out!r}, device="cpu"), corpus)
 defs = dg.Definitions(assets=[spec, asset])
@@ -203,7 +203,7 @@ def test_the_ui_graphql_shows_the_partition_whose_file_changed_as_stale(tmp_path
     from dagster_graphql.test.utils import define_out_of_process_context, execute_dagster_graphql
 
     from dagster_gpu.corpus.listing import CorpusFile
-    from dagster_gpu.instance.source_versions import corpus_updates, input_tags
+    from dagster_gpu.partitions.source_versions import corpus_updates, input_tags
 
     (tmp_path / "corpus").mkdir()
     defs_file = tmp_path / "gql_defs.py"
@@ -242,7 +242,7 @@ def test_an_instance_with_corpus_observations_only_gets_each_file_recorded_once_
     the next tick records each file once more (both events); the provenance pointer stays an observation's, and
     the same data version again turns nothing stale."""
     from dagster_gpu.corpus.listing import CorpusFile
-    from dagster_gpu.instance.source_versions import corpus_updates, input_tags
+    from dagster_gpu.partitions.source_versions import corpus_updates, input_tags
 
     (tmp_path / "corpus").mkdir()
     corpus = CorpusSource(url=str(tmp_path / "corpus"))

@@ -1,9 +1,9 @@
-"""Which partitions are stale and why (pure: dagster_gpu.instance.stale.find_stale on hand-built recorded versions)."""
+"""Which partitions are stale and why (pure: dagster_gpu.partitions.stale.find_stale on hand-built recorded versions)."""
 
 from __future__ import annotations
 
-from dagster_gpu.instance.source_versions import Recorded
-from dagster_gpu.instance.stale import find_stale
+from dagster_gpu.partitions.source_versions import Recorded
+from dagster_gpu.partitions.stale import find_stale
 
 FP_OLD, FP_NEW = "cfg1-00aa", "cfg1-11bb"
 

@@ -84,9 +84,9 @@ def test_asset_page_plots_key_figures_in_chromium(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     with dg.DagsterInstance.get() as instance:
         instance.add_dynamic_partitions("ui_embeddings_files", ["gpu_part", "cpu_part"])
-        # what a corpus sensor tick records for the two files (dagster_gpu.instance.source_versions.corpus_updates)
+        # what a corpus sensor tick records for the two files (dagster_gpu.partitions.source_versions.corpus_updates)
         from dagster_gpu import CorpusSource
-        from dagster_gpu.instance.source_versions import corpus_updates
+        from dagster_gpu.partitions.source_versions import corpus_updates
 
         for ev in corpus_updates(dg.AssetKey("ui_embeddings_corpus"), CorpusSource(url=str(corpus)).list_files(), {}):
             instance.report_runless_asset_event(ev)

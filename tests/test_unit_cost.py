@@ -1,4 +1,4 @@
-"""What one work unit costs, learned from the asset's finished units (definitions/unit_cost.py over
+"""What one work unit costs, learned from the asset's finished units (partitions/unit_cost.py over
 instance/history.fetch_unit_samples): only whole units, on the same kind of device, that reused nothing; the
 packaged calibration before there is any."""
 
@@ -8,7 +8,7 @@ import dagster as dg
 import pytest
 
 from dagster_gpu import CorpusSource, GpuRequest, TextFormat, embedding_asset
-from dagster_gpu.definitions.unit_cost import calibration_seconds, unit_cost
+from dagster_gpu.partitions.unit_cost import calibration_seconds, unit_cost
 from dagster_gpu.instance.history import fetch_unit_samples
 from dagster_gpu.policy.batching import UnitSample
 

@@ -27,7 +27,7 @@ from dagster._core.utils import make_new_backfill_id
 from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, unit_of
 from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, WALL_SECONDS
 from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
-from dagster_gpu.instance.run_ranges import range_tags, run_partition_keys
+from dagster_gpu.partitions.run_ranges import range_tags, run_partition_keys
 
 _DONE_BACKFILL = {
     BulkActionStatus.COMPLETED,

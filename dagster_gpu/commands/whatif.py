@@ -24,7 +24,7 @@ expected preemption rework, and the totals of the three modes.
 
 Preemption: each preemptible pool's rate (per GPU-hour) is the snapshot's (the backend's configured prior,
 ``preemptions_per_gpu_hour``) blended with the preemptions ``$DAGSTER_HOME``'s instance observed in that pool
-(:func:`dagster_gpu.instance.preemptions.with_learned_rates`); a preemption loses a start-up and half a
+(:func:`dagster_gpu.instance.preemption.with_learned_rates`); a preemption loses a start-up and half a
 checkpoint interval (``--checkpoint-records``, the asset's own with ``-m``; none: half the partition in flight).
 The rate used per pool, and whether learned or prior, is printed above the totals (JSON: ``preemption``). ``whatif_main(argv)`` is the entry point the ``dagster-gpu`` CLI hooks.
 """
@@ -99,10 +99,10 @@ def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | N
     """One row per knob setting (off, then each ``--max-delay``): :func:`dagster_gpu.policy.batching.trickle`
     with ``model``'s embedding seconds per byte and a unit's start-up and per-partition seconds: learned from
     ``-a``'s finished units on that kind of device in ``instance``, else the packaged unit calibration
-    (:func:`dagster_gpu.definitions.unit_cost.overheads`); ``--startup-seconds`` overrides the start-up (e.g.
+    (:func:`dagster_gpu.partitions.unit_cost.overheads`); ``--startup-seconds`` overrides the start-up (e.g.
     a fork server's)."""
     from dagster_gpu.policy.batching import UnitCost, trickle
-    from dagster_gpu.definitions.unit_cost import cost_source, overheads
+    from dagster_gpu.partitions.unit_cost import cost_source, overheads
 
     backend, _, device = args.on.partition("/")
     rate = (rc or RateCard.load()).gpu_hour_rate(backend, device or "cpu")
@@ -214,10 +214,10 @@ def instance_runtime_model(instance, asset_key: str | None) -> RuntimeModel:
 
 def learned_snapshot(instance, snapshot: Snapshot) -> Snapshot:
     """``snapshot`` with each pool's preemption rate learned from ``instance`` (a DagsterInstance,
-    ``$DAGSTER_HOME``'s; :func:`dagster_gpu.instance.preemptions.with_learned_rates`); as it is without one."""
+    ``$DAGSTER_HOME``'s; :func:`dagster_gpu.instance.preemption.with_learned_rates`); as it is without one."""
     if instance is None:
         return snapshot
-    from dagster_gpu.instance.preemptions import with_learned_rates
+    from dagster_gpu.instance.preemption import with_learned_rates
 
     return with_learned_rates(instance, snapshot)
 

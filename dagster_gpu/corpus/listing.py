@@ -548,7 +548,7 @@ class CorpusSource:
         """``file``'s source version now (one ``info`` call: a stat, an S3 HEAD), read right before the file
         is read so that the version recorded is never newer than the bytes read. A bucket (``group`` set): its
         resolved version, no call (its files were listed, or each checked against the stored plan by an ``info``
-        call, by the caller right before: see :func:`dagster_gpu.instance.source_versions.version_at_read`).
+        call, by the caller right before: see :func:`dagster_gpu.partitions.source_versions.version_at_read`).
         Raises CorpusNotFound naming the partition and the file when it is gone, CorpusUnreadable when the store refuses."""
         if file.group is not None:
             return file.version

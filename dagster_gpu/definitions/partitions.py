@@ -7,8 +7,8 @@
   ``corpus_sensor`` does each tick), so a new corpus needs no sensor first.
 - :func:`select_partitions`: all registered, or the ``missing`` (never materialized) and/or ``failed``
   (latest run failed; a canceled run leaves them missing) ones, as ``backfill_missing_schedule`` computes them
-  (:func:`dagster_gpu.instance.partition_status.partition_status`, as the UI's partitions view shows them; partitions in
-  progress are left out), and/or the ``stale`` ones (:func:`partition_staleness`, :mod:`dagster_gpu.instance.stale`).
+  (:func:`dagster_gpu.partitions.status.partition_status`, as the UI's partitions view shows them; partitions in
+  progress are left out), and/or the ``stale`` ones (:func:`partition_staleness`, :mod:`dagster_gpu.partitions.stale`).
 - :func:`prune_partitions`: deletes the partitions of files gone from the corpus, and with ``delete_outputs``
   their output parquet files and their rows in every vector index following the asset.
 """
@@ -23,10 +23,10 @@ from typing import Any, Iterable, Mapping, Sequence
 import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
-from dagster_gpu.instance.partition_status import dynamic_partitions_def, partition_status
+from dagster_gpu.partitions.status import dynamic_partitions_def, partition_status
 from dagster_gpu.core.request import TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_SHARD_BYTES
-from dagster_gpu.instance.source_versions import recorded_versions
-from dagster_gpu.instance.stale import StalePartition, Staleness, find_stale
+from dagster_gpu.partitions.source_versions import recorded_versions
+from dagster_gpu.partitions.stale import StalePartition, Staleness, find_stale
 from dagster_gpu.instance.events import metadata_get, metadata_value, metadata_values
 
 log = logging.getLogger(__name__)
@@ -247,8 +247,8 @@ def _delete_outputs(output_url: str, asset_name: str, key: str, storage_options:
 
 def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource,
                         files: Iterable[CorpusFile] | None = None) -> Staleness:
-    """:func:`dagster_gpu.instance.stale.find_stale` of ``asset``'s registered partitions: the corpus listing's source
-    versions, each partition's latest materialization (:func:`dagster_gpu.instance.source_versions.recorded_versions`),
+    """:func:`dagster_gpu.partitions.stale.find_stale` of ``asset``'s registered partitions: the corpus listing's source
+    versions, each partition's latest materialization (:func:`dagster_gpu.partitions.source_versions.recorded_versions`),
     the asset's code version, the partitions in progress (``files``: the listing when the caller has just made
     it). Raises CorpusNotFound / CorpusUnreadable for the corpus, TypeError when the asset's partitions are not
     dynamic."""
@@ -293,13 +293,13 @@ def select_partitions(
 def bridged_selection(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, keys: Sequence[str],
                       corpus: CorpusSource | None = None) -> list[str]:
     """``keys`` plus the materialized keys between them that one unit redoes more cheaply than a second unit
-    starts (:func:`dagster_gpu.policy.batching.bridge_ranges` with :func:`dagster_gpu.definitions.unit_cost.unit_cost`),
+    starts (:func:`dagster_gpu.policy.batching.bridge_ranges` with :func:`dagster_gpu.partitions.unit_cost.unit_cost`),
     so the backfill's multi-run policy makes one ranged run where the scattered keys alone would make
     several; in the definition's order. The corpus (default :func:`corpus_of`) is listed once for the sizes;
     a corpus that cannot be listed bridges nothing. TypeError when the asset's partitions are not dynamic."""
     from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
     from dagster_gpu.policy.batching import bridge_ranges
-    from dagster_gpu.definitions.unit_cost import unit_cost
+    from dagster_gpu.partitions.unit_cost import unit_cost
 
     if len(keys) < 2:
         return list(keys)

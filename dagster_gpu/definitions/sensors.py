@@ -7,15 +7,15 @@
   ``<hash of the range's keys and versions>:<first>..<last>``, so a version of a file is never requested
   twice by the sensor. A file rewritten while its run reads it is found changed at the next tick after
   that run (the run recorded the version from before its read). With the asset depending on its corpus
-  source asset (:func:`dagster_gpu.instance.source_versions.corpus_source`), the tick also records an observation and a runless
+  source asset (:func:`dagster_gpu.partitions.source_versions.corpus_source`), the tick also records an observation and a runless
   materialization of the corpus asset per partition whose file is new or changed (its data version; why both:
-  :mod:`dagster_gpu.instance.source_versions`). With ``prune=True`` it deletes the partitions
+  :mod:`dagster_gpu.partitions.source_versions`). With ``prune=True`` it deletes the partitions
   of files gone, their outputs and their index rows (:func:`dagster_gpu.definitions.partitions.prune_partitions`). The
   cursor records how many files and the newest modification time seen (for the UI); the set of existing
   partitions is the authority, so files arriving out of modification-time order are never missed.
 - :func:`backfill_missing_schedule`: requests runs for partitions never materialized, or failed (as the
   UI's partitions view shows them: a failed ranged run's partitions that it did not materialize), and with
-  ``stale=True`` the stale ones (:mod:`dagster_gpu.instance.stale`), skipping partitions with a run in flight;
+  ``stale=True`` the stale ones (:mod:`dagster_gpu.partitions.stale`), skipping partitions with a run in flight;
   consecutive keys share ranged runs, a key that is fine ends a range.
 """
 
@@ -29,14 +29,14 @@ from typing import Any, Callable, Mapping, Sequence
 import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
-from dagster_gpu.instance.partition_status import attempts_since, dynamic_partitions_def, partition_status
+from dagster_gpu.partitions.status import attempts_since, dynamic_partitions_def, partition_status
 from dagster_gpu.definitions.partitions import corpus_of, indexes_following, partition_staleness, prune_partitions
 from dagster_gpu.policy.batching import Held, UnitCost, bridge_ranges, hold_decision
-from dagster_gpu.instance.run_ranges import range_run_tags
-from dagster_gpu.instance.source_versions import (
+from dagster_gpu.partitions.run_ranges import range_run_tags
+from dagster_gpu.partitions.source_versions import (
     corpus_asset_key, corpus_updates, corpus_versions, depends_on_corpus, failed_reads, recorded_versions,
 )
-from dagster_gpu.definitions.unit_cost import unit_cost
+from dagster_gpu.partitions.unit_cost import unit_cost
 
 
 def asset_job(asset: dg.AssetsDefinition) -> dg.UnresolvedAssetJobDefinition:
@@ -70,7 +70,7 @@ def corpus_sensor(
 
     ``max_delay_seconds`` (the freshness knob; None: every due file is requested at the tick that finds it):
     the files due are held until one work unit over them would reach ``target_useful_fraction``
-    (:func:`dagster_gpu.policy.batching.hold_decision`, with :func:`dagster_gpu.definitions.unit_cost.unit_cost`: the
+    (:func:`dagster_gpu.policy.batching.hold_decision`, with :func:`dagster_gpu.partitions.unit_cost.unit_cost`: the
     measured start-up and the embedding seconds per byte learned from the asset's history), or the oldest has
     waited ``max_delay_seconds``. The cursor remembers when each held file was first found due (a daemon
     restart loses nothing: the files due are found again from the listing and the instance; run keys are
@@ -173,7 +173,7 @@ def requested_partitions_line(todo: Sequence[str], failed: set[str], stale: set[
     """The missing-partitions schedule's line for a tick that requests runs over ``todo``: how many missing,
     failed (retried) and stale partitions, naming the first keys of each; each retried failed one with its
     try since its file last changed (``tries``: runs since then, as counted by
-    :func:`dagster_gpu.instance.partition_status.attempts_since`; this is try ``tries + 1`` of
+    :func:`dagster_gpu.partitions.status.attempts_since`; this is try ``tries + 1`` of
     ``max_failed_attempts``, or without a bound only "retried")."""
     stale_keys = [k for k in todo if k in stale]
     retried = [k for k in todo if k in failed and k not in stale]
@@ -332,7 +332,7 @@ def backfill_missing_schedule(
 
     Failed partitions are retried with a bounded back-off: at most ``max_failed_attempts`` runs per version of
     the file (runs planned to materialize it since its latest materialization and since its file's
-    modification time, :func:`dagster_gpu.instance.partition_status.attempts_since`); then the schedule leaves it
+    modification time, :func:`dagster_gpu.partitions.status.attempts_since`); then the schedule leaves it
     (the tick says which), until its file changes (the corpus sensor then requests it, as does the schedule's
     count starting over) or ``dagster-gpu backfill --failed`` runs it by hand. A bound, not "only when the
     file changes": a failure whose cause is not the file (a node lost, a model cache not mounted, the

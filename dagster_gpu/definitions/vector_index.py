@@ -200,7 +200,7 @@ def vector_index_asset(
             name=name, key_prefix=list(emb_key.path[:-1]) or None, partitions_def=pdef, deps=[emb_key],
             group_name=group_name, kinds={"lancedb"}, output_required=False,
             # a CPU step: gpu_executor places it on a CPU (policy: count == 0); the partitions definition's name lets
-            # gpu_executor resolve a ranged run's keys (dagster_gpu.instance.run_ranges.run_partition_keys), as for embedding_asset
+            # gpu_executor resolve a ranged run's keys (dagster_gpu.partitions.run_ranges.run_partition_keys), as for embedding_asset
             op_tags={**GpuRequest(count=0).to_tags(), TAG_PARTITIONS_DEF: pdef.name or ""},
             backfill_policy=dg.BackfillPolicy.multi_run(per_run),
             description=f"LanceDB table {table!r} at {uri}: the rows of {emb_key.to_user_string()}, each partition replaced in one commit.",

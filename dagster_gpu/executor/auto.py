@@ -4,7 +4,7 @@ Each backend reports its live state as a :class:`~dagster_gpu.policy.snapshot.Ba
 (``Backend.policy_state()``); a backend that cannot be asked is recorded as unreachable with the error,
 and the policy skips it. The step's size comes from the corpus files of its partitions (op tag ``dagster-gpu/corpus-url``,
 set by ``embedding_asset``), the expected throughput from the asset's earlier materializations, each preemption
-pool's rate from the preemptions the instance observed there (:mod:`dagster_gpu.instance.preemptions`) and what
+pool's rate from the preemptions the instance observed there (:mod:`dagster_gpu.instance.preemption`) and what
 a preemption loses from the asset's checkpoint interval (op tag ``dagster-gpu/checkpoint-records``).
 """
 
@@ -17,7 +17,7 @@ from typing import Mapping, Sequence
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.policy import RuntimeModel, StepSize, choose_placement
 from dagster_gpu.instance.history import runtime_model
-from dagster_gpu.instance.preemptions import with_learned_rates
+from dagster_gpu.instance.preemption import with_learned_rates
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.policy.snapshot import KubernetesState, LocalState, SlurmState, Snapshot
 from dagster_gpu.core.request import (

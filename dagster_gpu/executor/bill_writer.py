@@ -30,7 +30,7 @@ from dagster_gpu.billing.metering import cost_usd
 from dagster_gpu.billing.ratecard import gpu_hour_rate
 from dagster_gpu.contracts import UnitBill, read_step_context
 from dagster_gpu.instance.step_args import step_args_from_env
-from dagster_gpu.instance.run_ranges import run_partition_keys
+from dagster_gpu.partitions.run_ranges import run_partition_keys
 from dagster_gpu.billing.measured import billed_device
 from dagster_gpu.instance.events import metadata_get, metadata_number
 
@@ -70,7 +70,7 @@ class ObservationWriter:
         channel) whose run has not finished, since its materializations may not be stored yet and the bill would
         be split as if none were; that run worker bills the unit itself once the channel is read to the end (or a
         later sweep, once the run ended). True otherwise. Raises what the instance raises."""
-        from dagster_gpu.instance.relay_channel import RELAY_ENV
+        from dagster_gpu.relay.channel import RELAY_ENV
 
         args = step_args_from_env(bill.env) if not bill.empty and RELAY_ENV in bill.env else None
         if args is None:

@@ -37,14 +37,14 @@ from dagster_gpu.instance.connections import hold_storage_connections
 from dagster_gpu.instance.events import (
     BACKEND_KEY, HANDLE_KEY, PLACEMENT_KEY, PREEMPTION_POOL_KEY, PREEMPTIONS_KEY, RELAY_CHANNEL_KEY, Launch, launches, outcome_recorded,
 )
-from dagster_gpu.instance.relay_channel import RELAY_ENV, relay_env
-from dagster_gpu.instance.relay_storage import seed_for
+from dagster_gpu.relay.channel import RELAY_ENV, relay_env
+from dagster_gpu.relay.storage import seed_for
 from dagster_gpu.contracts import TERMINAL, Backend, StepLaunch, WorkerStatus, describe_partitions
 from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import relay_worker_argv, worker_argv, worker_env, worker_python_for
-from dagster_gpu.executor.relay import RelayPump
-from dagster_gpu.instance.run_ranges import run_partition_keys
+from dagster_gpu.relay.pump import RelayPump
+from dagster_gpu.partitions.run_ranges import run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.instance.run_tags import tag_launch
 from dagster_gpu.executor.settle import Settler
@@ -52,7 +52,7 @@ from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.worker.context import StepContext
-from dagster_gpu.worker.preempt import EXIT_PREEMPTED
+from dagster_gpu.worker.preemption import EXIT_PREEMPTED
 
 log = logging.getLogger(__name__)
 

@@ -48,7 +48,7 @@ class GpuStepDelegatingExecutor(StepDelegatingExecutor):
 
     def _pop_events(self, instance, run_id, seen_storage_ids):
         """Dagster's read of the run's new events, after storing what relayed workers wrote
-        (:mod:`dagster_gpu.executor.relay`): a relayed step's events are seen in the same poll."""
+        (:mod:`dagster_gpu.relay.pump`): a relayed step's events are seen in the same poll."""
         self._step_handler.relay.pump(instance, run_id)
         return super()._pop_events(instance, run_id, seen_storage_ids)
 

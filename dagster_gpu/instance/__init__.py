@@ -1,3 +1,3 @@
-"""Dagster glue below the worker and the definitions: what the Dagster instance, its run tags and its event log
-hold for dagster-gpu (run ranges, storage connections, source versions and staleness, asset checks, bills,
-failures and history read back, the step args a worker gets, the backends' settings schema)."""
+"""The Dagster instance read back for dagster-gpu, below the worker and the definitions: step launches and
+outcomes, bills, failures, earlier materializations and preemptions observed; storage connections, asset-check
+evaluations, run tags, the step args a worker gets, the backends' settings schema."""

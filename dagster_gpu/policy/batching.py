@@ -206,7 +206,7 @@ def bridge_ranges(
     each at most ``max_per_run`` long.
 
     Without ``cost`` (or ``bridgeable``) a key not selected ends a range (as
-    :func:`dagster_gpu.instance.run_ranges.contiguous_ranges`). With them, two neighbouring ranges become one when every key
+    :func:`dagster_gpu.partitions.run_ranges.contiguous_ranges`). With them, two neighbouring ranges become one when every key
     between them is in ``bridgeable`` (key -> its file's bytes: safe to redo) and redoing those keys costs less
     than a unit's start-up: ``Σ (per_partition_s + seconds_per_byte · bytes) < startup_s`` (module docstring),
     and the merged run stays within ``max_per_run``. Merges are made left to right. Raises ValueError if

@@ -97,9 +97,9 @@ from dagster_gpu.contracts import (
     TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, describe_partitions, with_step_context,
 )
 from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
-from dagster_gpu.instance.relay_channel import read_from as read_local_channel
-from dagster_gpu.instance.relay_objects import read_object_channel
-from dagster_gpu.instance.relay_parts import check_relay_settings, is_object_channel
+from dagster_gpu.relay.channel import read_from as read_local_channel
+from dagster_gpu.relay.objects import read_object_channel
+from dagster_gpu.relay.parts import check_relay_settings, is_object_channel
 from dagster_gpu.instance.settings import config_field as settings_config_field
 from dagster_gpu.instance.settings import apply_renamed, from_section, renamed, setting
 from dagster_gpu.core.log_tail import log_tail

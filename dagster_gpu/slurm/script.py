@@ -16,7 +16,7 @@ Signals: every step of the chain ``exec``s the next (the job script, this runner
 step worker runs as the batch shell's own process. A signal Slurm sends to the batch shell (``sbatch
 --signal=B:USR1@<s>``, ``scancel --batch``) or to the job's steps (``scancel``, a preempting QOS's SIGCONT +
 SIGTERM at the start of its ``GraceTime``, slurm.schedmd.com/preempt.html) reaches the worker itself, which
-stops gracefully (:mod:`dagster_gpu.worker.preempt`); nothing in the script traps or forwards it, so the script
+stops gracefully (:mod:`dagster_gpu.worker.preemption`); nothing in the script traps or forwards it, so the script
 stays the constant below. So a partition key or file name only ever travels as JSON data
 and as an argv element, and no shell parses it.
 

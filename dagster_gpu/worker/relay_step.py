@@ -2,9 +2,9 @@
 event going to the relay channel instead of the instance's database (``events: relay``).
 
 Reads ``DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS`` (the step args, as for ``dagster api execute_step``) and
-:data:`~dagster_gpu.instance.relay_channel.RELAY_ENV` (JSON ``{"channel": <path or URL>, "seed": <seed>}``, plus
+:data:`~dagster_gpu.relay.channel.RELAY_ENV` (JSON ``{"channel": <path or URL>, "seed": <seed>}``, plus
 ``"storage_options"`` for an object channel: the endpoint and the like, never credentials), builds the
-ephemeral instance of :func:`dagster_gpu.instance.relay_storage.relay_instance`, and runs Dagster's own step
+ephemeral instance of :func:`dagster_gpu.relay.storage.relay_instance`, and runs Dagster's own step
 body (``dagster._cli.api._execute_step_command_body``: the step-worker-started event, the run status check,
 repository load data, ``execute_plan_iterator``) against it. The step args' duplicate-launch guard
 (``should_verify_step``) is not applied here: it reads the step's earlier attempts from the event log, which this
@@ -26,12 +26,12 @@ from dagster._cli.api import _execute_step_command_body
 from dagster._record import copy
 from dagster._utils.interrupts import capture_interrupts
 
-from dagster_gpu.instance.relay_channel import RELAY_ENV
-from dagster_gpu.instance.relay_objects import open_channel_writer
-from dagster_gpu.instance.relay_storage import decode_seed, relay_instance
+from dagster_gpu.relay.channel import RELAY_ENV
+from dagster_gpu.relay.objects import open_channel_writer
+from dagster_gpu.relay.storage import decode_seed, relay_instance
 from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
 from dagster_gpu.instance.step_args import decode_step_args
-from dagster_gpu.worker.preempt import before_exit_preempted
+from dagster_gpu.worker.preemption import before_exit_preempted
 
 
 def main() -> int:

@@ -51,8 +51,8 @@ from dagster_gpu.worker.embed_ahead import EmbedAhead
 from dagster_gpu.k8s.claim import allocated_device_uuids, claim_metadata
 from dagster_gpu.embedding.writer import recorded_files
 from dagster_gpu.worker.metadata import build_metadata, group_metadata
-from dagster_gpu.worker.preempt import EXIT_PREEMPTED, GracefulStop, exit_preempted
-from dagster_gpu.instance.source_versions import CONFIG_KEY, SOURCE_VERSION_KEY, input_tags, version_at_read
+from dagster_gpu.worker.preemption import EXIT_PREEMPTED, GracefulStop, exit_preempted
+from dagster_gpu.partitions.source_versions import CONFIG_KEY, SOURCE_VERSION_KEY, input_tags, version_at_read
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
     bad input — a missing or unreadable file, a missing model — that a retry cannot fix).
     """
     step = StepContext.from_env()
-    stop = GracefulStop().install()  # SIGTERM / SIGUSR1: stop after the batch on the device (worker/preempt.py)
+    stop = GracefulStop().install()  # SIGTERM / SIGUSR1: stop after the batch on the device (worker/preemption.py)
     try:
         yield from _run_unit(context, spec, step, stop)
     finally:

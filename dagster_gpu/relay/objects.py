@@ -1,8 +1,8 @@
 """A relay channel on an object store (``slurm.relay_url``, e.g. ``s3://bucket/prefix``), through fsspec: the
 writer a relayed step worker uses, the reader the run worker uses, and the dispatch between a channel file
-(:mod:`dagster_gpu.instance.relay_channel`) and an object channel by the channel's name.
+(:mod:`dagster_gpu.relay.channel`) and an object channel by the channel's name.
 
-The channel is a prefix of immutable parts (:mod:`dagster_gpu.instance.relay_parts`): the writer buffers
+The channel is a prefix of immutable parts (:mod:`dagster_gpu.relay.parts`): the writer buffers
 records and uploads the buffer as one part (one PUT of whole lines) at most every ``flush_interval_s``
 (0.2 s by default, from a daemon thread) and at :meth:`ObjectChannelWriter.close`. So:
 
@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping
 from dagster._core.events.log import EventLogEntry
 from dagster._serdes import serialize_value
 
-from dagster_gpu.instance.relay_channel import ChannelWriter, decode, encode, read_from, step_outcome
-from dagster_gpu.instance.relay_parts import is_object_channel, next_sequence, part_name, part_sequence, parts_to_read
+from dagster_gpu.relay.channel import ChannelWriter, decode, encode, read_from, step_outcome
+from dagster_gpu.relay.parts import is_object_channel, next_sequence, part_name, part_sequence, parts_to_read
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ class ObjectChannelWriter:
 
 def read_object_channel(url: str, offset: int = 0, storage_options: Mapping[str, Any] | None = None) -> bytes:
     """The bytes of object channel ``url`` from byte ``offset``: its parts 1, 2, … up to the first missing one,
-    concatenated (:func:`~dagster_gpu.instance.relay_parts.parts_to_read`); b"" while it has none. Raises what
+    concatenated (:func:`~dagster_gpu.relay.parts.parts_to_read`); b"" while it has none. Raises what
     fsspec raises when the store cannot be reached."""
     fs, root = _fs(url, storage_options)
     chunks = []
@@ -150,7 +150,7 @@ def read_object_channel(url: str, offset: int = 0, storage_options: Mapping[str,
 
 def open_channel_writer(channel: str, storage_options: Mapping[str, Any] | None = None) -> ChannelWriter | ObjectChannelWriter:
     """The writer of ``channel``: an :class:`ObjectChannelWriter` for a URL, else a channel file's
-    :class:`~dagster_gpu.instance.relay_channel.ChannelWriter`."""
+    :class:`~dagster_gpu.relay.channel.ChannelWriter`."""
     if is_object_channel(channel):
         return ObjectChannelWriter(channel, storage_options)
     return ChannelWriter(channel)

@@ -1,10 +1,10 @@
 """Pure rules of a relay channel on an object store (``slurm.relay_url``): part names, where a reader's byte
 offset falls among the parts, and where a new writer continues the sequence. No I/O here
-(:mod:`dagster_gpu.instance.relay_objects` lists, reads and writes the parts).
+(:mod:`dagster_gpu.relay.objects` lists, reads and writes the parts).
 
 An object store has no append, so a channel is a prefix of immutable parts, ``<channel>/00000001.jsonl``,
 ``<channel>/00000002.jsonl``, …: each one atomic PUT of whole records (lines of
-:mod:`dagster_gpu.instance.relay_channel`'s format). The channel's bytes are the concatenation of its parts in
+:mod:`dagster_gpu.relay.channel`'s format). The channel's bytes are the concatenation of its parts in
 sequence order, so a reader's byte offset means what it means in a channel file.
 """
 

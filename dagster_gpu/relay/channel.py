@@ -4,7 +4,7 @@ worker to store.
 One channel per launch of a step: an append-only file of JSON lines on a file system the worker writes and
 the run worker can read (the Slurm spool: on this host, or on the cluster and read over the SSH transport), or,
 with ``slurm.relay_url``, the same lines as immutable parts under an object-store prefix
-(:mod:`dagster_gpu.instance.relay_objects`).
+(:mod:`dagster_gpu.relay.objects`).
 Each line is one record, ``{"event": <serdes JSON of a dagster EventLogEntry>}``: an event the worker's instance
 stored (step start, each partition's materialization, check evaluations, log lines, engine events, step success
 or failure).
@@ -16,7 +16,7 @@ Guarantees:
   (SIGKILL, node loss) leaves a fragment without its ``\\n``; the next writer of the same channel (a requeued
   array task) ends that fragment with a ``\\n`` before its first record, so the fragment becomes one bad line
   that the reader skips and counts, and every record after it reads.
-- **Exactly once** is the reader's part (:mod:`dagster_gpu.executor.relay`): it keys each event by
+- **Exactly once** is the reader's part (:mod:`dagster_gpu.relay.pump`): it keys each event by
   :func:`event_key` and never stores a key the instance already holds for the run.
 """
 
@@ -33,7 +33,7 @@ from dagster._serdes import deserialize_value, serialize_value
 from dagster_gpu.instance.events import OUTCOMES
 
 #: The step worker's environment variable naming its channel and carrying its seed (JSON, see
-#: :mod:`dagster_gpu.instance.relay_storage`). Present only for a worker launched with ``events: relay``.
+#: :mod:`dagster_gpu.relay.storage`). Present only for a worker launched with ``events: relay``.
 RELAY_ENV = "DAGSTER_GPU_RELAY"
 
 

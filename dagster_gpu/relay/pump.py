@@ -1,6 +1,6 @@
 """The run worker's side of the relay: read each relayed step's channel and store its events into the instance.
 
-A step launched with ``events: relay`` writes its events to a channel (:mod:`dagster_gpu.instance.relay_channel`)
+A step launched with ``events: relay`` writes its events to a channel (:mod:`dagster_gpu.relay.channel`)
 instead of the database. :class:`RelayPump` reads every channel this run worker watches, from where it stopped,
 and stores each new event with ``DagsterInstance.handle_new_event`` (what the worker's instance would have done).
 The executor calls :meth:`RelayPump.pump` before it reads the run's events (``_pop_events``, every
@@ -54,9 +54,9 @@ from dagster._record import copy
 from dagster_gpu.billing.keys import COST_USD
 from dagster_gpu.instance.checks import materialization_target
 from dagster_gpu.instance.events import OUTCOMES
-from dagster_gpu.instance.relay_channel import decode, event_key
+from dagster_gpu.relay.channel import decode, event_key
 from dagster_gpu.instance.run_tags import add_cost
-from dagster_gpu.instance.source_versions import input_event_pointer
+from dagster_gpu.partitions.source_versions import input_event_pointer
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The step worker's own instance when it cannot reach the Dagster instance's database (``events: relay``).
 
 The worker runs the step exactly as ``dagster api execute_step`` does, against an ephemeral instance built
-from a **seed** the run worker put in the worker's environment (:data:`~dagster_gpu.instance.relay_channel.RELAY_ENV`):
+from a **seed** the run worker put in the worker's environment (:data:`~dagster_gpu.relay.channel.RELAY_ENV`):
 
 - the run (a ``DagsterRun``, as ``execute_step`` reads it from run storage), and the run's execution plan
   snapshot when the run has repository load data (Dagster reads it back in ``_execute_step_command_body``);
@@ -11,8 +11,8 @@ from a **seed** the run worker put in the worker's environment (:data:`~dagster_
   keys, and the worker its range, from the instance's dynamic partitions).
 
 Every event the worker's instance stores goes, after the in-memory store, to the channel
-(:class:`~dagster_gpu.instance.relay_channel.ChannelWriter`); the run worker stores it into the real instance
-(:mod:`dagster_gpu.executor.relay`). What the worker reads from its instance besides the seed (the latest
+(:class:`~dagster_gpu.relay.channel.ChannelWriter`); the run worker stores it into the real instance
+(:mod:`dagster_gpu.relay.pump`). What the worker reads from its instance besides the seed (the latest
 materialization a check evaluation targets, the corpus observation a materialization's input pointer names)
 is the real instance's business: the run worker rewrites those fields when it stores the event.
 
@@ -45,7 +45,7 @@ from dagster._core.storage.root import TemporaryLocalArtifactStorage
 from dagster._core.storage.runs import InMemoryRunStorage
 from dagster._serdes import deserialize_value, serialize_value
 
-from dagster_gpu.instance.relay_channel import ChannelWriter
+from dagster_gpu.relay.channel import ChannelWriter
 
 #: The largest seed (base64 characters) an environment variable can carry with the rest of the JSON around it.
 MAX_SEED_BYTES = 120_000

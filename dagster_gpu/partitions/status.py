@@ -3,7 +3,7 @@ shows them, for the sensor, the schedule, ``dagster-gpu backfill --missing/--fai
 
 The asset must use a :class:`dagster.DynamicPartitionsDefinition` (one partition per corpus file). A partition
 is in progress when Dagster's asset status cache says so or when an unfinished run targets it (its
-``dagster/partition`` or range tags, :func:`dagster_gpu.instance.run_ranges.run_partition_keys`).
+``dagster/partition`` or range tags, :func:`dagster_gpu.partitions.run_ranges.run_partition_keys`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import dagster as dg
 from dagster._core.definitions.partitions.context import partition_loading_context
 
-from dagster_gpu.instance.run_ranges import PartitionRangeError, run_partition_keys
+from dagster_gpu.partitions.run_ranges import PartitionRangeError, run_partition_keys
 
 
 def dynamic_partitions_def(asset: dg.AssetsDefinition) -> dg.DynamicPartitionsDefinition:
@@ -62,7 +62,7 @@ UNFINISHED_RUN_STATUSES = (
 
 def partitions_in_flight(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> set[str]:
     """Partition keys of ``asset`` that an unfinished run (:data:`UNFINISHED_RUN_STATUSES`) materializing it
-    targets, read from the run's partition tags (:func:`dagster_gpu.instance.run_ranges.run_partition_keys`).
+    targets, read from the run's partition tags (:func:`dagster_gpu.partitions.run_ranges.run_partition_keys`).
 
     The status cache counts a partition in progress only from a per-partition planned event; a ranged run
     whose planned event holds a partition subset (``DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS``,

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Collection, Mapping, Sequence
 
 from dagster_gpu.embedding.fingerprint import changed_options
-from dagster_gpu.instance.source_versions import Recorded
+from dagster_gpu.partitions.source_versions import Recorded
 
 
 @dataclass(frozen=True)
