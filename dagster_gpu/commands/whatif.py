@@ -172,7 +172,7 @@ def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int, float | Non
         import dagster as dg
 
         from dagster_gpu.definitions.partitions import corpus_of
-        from dagster_gpu.definitions.sensors import max_partitions_per_run
+        from dagster_gpu.partitions.run_ranges import max_partitions_per_run
 
         module = import_code_module(args.module)
         defs = getattr(module, "defs", None)

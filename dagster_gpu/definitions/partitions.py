@@ -22,8 +22,11 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import dagster as dg
 
-from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
-from dagster_gpu.partitions.status import dynamic_partitions_def, partition_status
+from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
+from dagster_gpu.partitions.run_ranges import max_partitions_per_run
+from dagster_gpu.partitions.status import bridgeable, dynamic_partitions_def, missing_or_failed, partition_status
+from dagster_gpu.partitions.unit_cost import unit_cost
+from dagster_gpu.policy.batching import bridge_ranges
 from dagster_gpu.core.request import TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_SHARD_BYTES
 from dagster_gpu.partitions.source_versions import recorded_versions
 from dagster_gpu.partitions.stale import StalePartition, Staleness, find_stale
@@ -277,16 +280,13 @@ def select_partitions(
     keys = list(instance.get_dynamic_partitions(asset.partitions_def.name))
     if not (missing or failed or stale):
         return keys
-    materialized, failed_keys, in_progress = partition_status(instance, asset)
+    status = partition_status(instance, asset)
     if stale and follows is not None:
         stale_keys = set(stale_index_partitions(instance, asset, follows.key))
     else:
         stale_keys = set(partition_staleness(instance, asset, corpus or corpus_of(asset)).stale_keys) if stale else set()
-    return [
-        k for k in keys
-        if k not in in_progress
-        and ((missing and k not in materialized) or (failed and k in failed_keys) or k in stale_keys)
-    ]
+    due = set(missing_or_failed(keys, status, missing=missing, failed=failed))
+    return [k for k in keys if k in due or (k in stale_keys and k not in status[2])]
 
 
 
@@ -297,10 +297,6 @@ def bridged_selection(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, 
     so the backfill's multi-run policy makes one ranged run where the scattered keys alone would make
     several; in the definition's order. The corpus (default :func:`corpus_of`) is listed once for the sizes;
     a corpus that cannot be listed bridges nothing. TypeError when the asset's partitions are not dynamic."""
-    from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
-    from dagster_gpu.policy.batching import bridge_ranges
-    from dagster_gpu.partitions.unit_cost import unit_cost
-
     if len(keys) < 2:
         return list(keys)
     all_keys = list(instance.get_dynamic_partitions(dynamic_partitions_def(asset).name))
@@ -308,9 +304,6 @@ def bridged_selection(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, 
         files = (corpus or corpus_of(asset)).list_files(members=False)
     except (CorpusNotFound, CorpusUnreadable, NoCorpus):
         return list(keys)
-    materialized, failed, in_progress = partition_status(instance, asset)
-    bridgeable = {f.key: int(f.size_bytes) for f in files
-                  if f.key in materialized and f.key not in failed and f.key not in in_progress}
-    per_run = asset.backfill_policy.max_partitions_per_run if asset.backfill_policy else 1
-    ranges = bridge_ranges(all_keys, keys, per_run or 2**31 - 1, bridgeable=bridgeable, cost=unit_cost(instance, asset))
+    fine = bridgeable(files, partition_status(instance, asset))
+    ranges = bridge_ranges(all_keys, keys, max_partitions_per_run(asset), bridgeable=fine, cost=unit_cost(instance, asset))
     return [k for r in ranges for k in r]

@@ -21,18 +21,18 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import dagster as dg
 
-from dagster_gpu.corpus.listing import CorpusFile, CorpusSource
-from dagster_gpu.partitions.status import attempts_since, dynamic_partitions_def, partition_status
-from dagster_gpu.definitions.partitions import corpus_of, indexes_following, partition_staleness, prune_partitions
-from dagster_gpu.policy.batching import Held, UnitCost, bridge_ranges, hold_decision
-from dagster_gpu.partitions.run_ranges import range_run_tags
+from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
+from dagster_gpu.partitions.status import attempts_since, bridgeable, dynamic_partitions_def, missing_or_failed, partition_status
+from dagster_gpu.definitions.partitions import NoCorpus, corpus_of, indexes_following, partition_staleness, prune_partitions
+from dagster_gpu.policy.batching import Held, hold_decision
+from dagster_gpu.partitions.run_ranges import max_partitions_per_run
+from dagster_gpu.partitions.run_requests import ranged_run_requests, versioned_run_requests
 from dagster_gpu.partitions.source_versions import (
     corpus_asset_key, corpus_updates, corpus_versions, depends_on_corpus, failed_reads, recorded_versions,
 )
@@ -143,10 +143,10 @@ def corpus_sensor(
         what = "file group(s)" if corpus.group_buckets is not None else "file(s)"
         context.log.info(requested_files_line(keys, [f.key for f in due_again], what, corpus.url))
         all_keys = [*registered, *keys]
-        bridgeable = _bridgeable(files, status) if bridge and status is not None else None
+        bridge_keys = bridgeable(files, status) if bridge and status is not None else None
         # the new keys are appended to the definition in this order, so they are consecutive
         return dg.SensorResult(
-            run_requests=versioned_run_requests(asset, all_keys, due, bridgeable=bridgeable, cost=cost, all_files=files),
+            run_requests=versioned_run_requests(asset, all_keys, due, bridgeable=bridge_keys, cost=cost, all_files=files),
             dynamic_partitions_requests=[pdef.build_add_request(keys)] if keys else [],
             cursor=json.dumps(cursor),
             asset_events=events,
@@ -223,12 +223,6 @@ def _held(raw_cursor: str | None, due: Sequence[CorpusFile], now: float) -> list
     return out
 
 
-def _bridgeable(files: Sequence[CorpusFile], status: tuple[set[str], set[str], set[str]]) -> dict[str, int]:
-    """Keys a run may cover though not due: materialized, not failed, not in progress, file present (its bytes)."""
-    materialized, failed, in_progress = status
-    return {f.key: int(f.size_bytes) for f in files if f.key in materialized and f.key not in failed and f.key not in in_progress}
-
-
 def _prune(context: dg.SensorEvaluationContext, asset: dg.AssetsDefinition, corpus: CorpusSource,
            files: Sequence[CorpusFile], output_storage_options: Mapping[str, Any] | None) -> None:
     repo = getattr(context, "repository_def", None)
@@ -237,80 +231,6 @@ def _prune(context: dg.SensorEvaluationContext, asset: dg.AssetsDefinition, corp
                               indexes=indexes_following(assets, asset.key),
                               output_storage_options=output_storage_options, files=files):
         (context.log.warning if p.error else context.log.info)(f"{asset.key.to_user_string()} {p.describe()}")
-
-
-def versioned_run_requests(asset: dg.AssetsDefinition, all_keys: list[str], files: Sequence[CorpusFile], *,
-                           bridgeable: Mapping[str, int] | None = None, cost: UnitCost | None = None,
-                           all_files: Sequence[CorpusFile] = ()) -> list[dg.RunRequest]:
-    """:func:`ranged_run_requests` over ``files``' keys, each run key prefixed with a hash of its range's
-    (key, source version) pairs: a file deleted (``backfill --prune``) and added again under the same name, or
-    rewritten, gets a new run, not Dagster's skip of a run key it already ran; the same versions never get two.
-    ``bridgeable``, ``cost``: see :func:`ranged_run_requests`; ``all_files``: the listing (the versions of
-    bridged keys). Shards of one file (``CorpusFile.file_key``) are never in one run: each goes to a unit of its
-    own, so that a large file's shards are embedded side by side."""
-    version = {f.key: (f.version or f"{f.size_bytes}:{f.mtime!r}") for f in [*all_files, *files]}
-    apart = {f.key: f.file_key for f in [*all_files, *files] if f.shard is not None}
-
-    def prefix(keys: Sequence[str]) -> str:
-        return hashlib.sha256(json.dumps([(k, version.get(k, "")) for k in keys]).encode()).hexdigest()[:12] + ":"
-
-    return ranged_run_requests(asset, all_keys, [f.key for f in files], run_key_prefix=prefix,
-                               bridgeable=bridgeable, cost=cost, apart=apart)
-
-
-def max_partitions_per_run(asset: dg.AssetsDefinition) -> int:
-    """The asset's ``BackfillPolicy.multi_run`` limit (1 without a policy, unbounded for ``single_run``)."""
-    policy = asset.backfill_policy
-    if policy is None:
-        return 1
-    return policy.max_partitions_per_run or 2**31 - 1
-
-
-def ranged_run_requests(
-    asset: dg.AssetsDefinition, all_keys: list[str], selected: list[str] | set[str],
-    run_key_prefix: str | Callable[[Sequence[str]], str] = "",
-    *,
-    bridgeable: Mapping[str, int] | None = None,
-    cost: UnitCost | None = None,
-    apart: Mapping[str, str] | None = None,
-) -> list[dg.RunRequest]:
-    """Run requests covering ``selected`` partitions in ranges of consecutive keys, each at most the asset's
-    ``max_partitions_per_run`` long, as a backfill with the same policy would make them (run key =
-    ``<prefix><first>..<last>``; ``run_key_prefix`` may be a function of the range's keys). With ``bridgeable``
-    (key -> bytes of partitions fine to redo) and ``cost``, neighbouring ranges become one run over the keys
-    between them when that is cheaper than a second unit (:func:`dagster_gpu.policy.batching.bridge_ranges`).
-    ``apart`` (key -> group): a range is cut before a key whose group it already holds (shards of one file)."""
-    out = []
-    ranges = bridge_ranges(all_keys, selected, max_partitions_per_run(asset), bridgeable=bridgeable, cost=cost)
-    for keys in (split_apart(ranges, apart) if apart else ranges):
-        tags = range_run_tags(keys)
-        prefix = run_key_prefix(keys) if callable(run_key_prefix) else run_key_prefix
-        run_key = f"{prefix}{keys[0]}..{keys[-1]}"
-        if len(keys) == 1:
-            out.append(dg.RunRequest(partition_key=keys[0], run_key=run_key))
-        else:
-            out.append(dg.RunRequest(run_key=run_key, tags=tags))
-    return out
-
-
-def split_apart(ranges: Sequence[Sequence[str]], apart: Mapping[str, str]) -> list[list[str]]:
-    """``ranges`` (lists of consecutive keys) cut so that no range holds two keys of one ``apart`` group (pure):
-    a range is cut before each key whose group is already in it; keys without a group never cut."""
-    out: list[list[str]] = []
-    for keys in ranges:
-        cur: list[str] = []
-        groups: set[str] = set()
-        for k in keys:
-            g = apart.get(k)
-            if g is not None and g in groups:
-                out.append(cur)
-                cur, groups = [], set()
-            cur.append(k)
-            if g is not None:
-                groups.add(g)
-        if cur:
-            out.append(cur)
-    return out
 
 
 def backfill_missing_schedule(
@@ -357,8 +277,8 @@ def backfill_missing_schedule(
     def _schedule(context: dg.ScheduleEvaluationContext):
         keys = list(context.instance.get_dynamic_partitions(dynamic_partitions_def(asset).name))
         status = partition_status(context.instance, asset)
-        materialized, failed, in_progress = status
-        todo = [k for k in keys if k not in in_progress and (k not in materialized or k in failed)]
+        failed = status[1]
+        todo = missing_or_failed(keys, status)
         found = set()
         files = None
         if stale:
@@ -383,20 +303,18 @@ def backfill_missing_schedule(
             if given_up:
                 why += f"; {len(given_up)} failed partition(s) left until their file changes (failed {max_failed_attempts} time(s))"
             return dg.SkipReason(why)
-        cost = bridgeable = None
+        cost = bridge_keys = None
         if bridge:
             files = files if files is not None else _listing_or_empty(corpus or _corpus_or_none(asset))
-            bridgeable = _bridgeable(files, status)
+            bridge_keys = bridgeable(files, status)
             cost = unit_cost(context.instance, asset)
         context.log.info(requested_partitions_line(todo, failed, found, tries, max_failed_attempts))
-        return ranged_run_requests(asset, keys, todo, bridgeable=bridgeable, cost=cost)
+        return ranged_run_requests(asset, keys, todo, bridgeable=bridge_keys, cost=cost)
 
     return _schedule
 
 
 def _corpus_or_none(asset: dg.AssetsDefinition) -> CorpusSource | None:
-    from dagster_gpu.definitions.partitions import NoCorpus
-
     try:
         return corpus_of(asset)
     except NoCorpus:
@@ -406,8 +324,6 @@ def _corpus_or_none(asset: dg.AssetsDefinition) -> CorpusSource | None:
 def _listing_or_empty(corpus: CorpusSource | None) -> list[CorpusFile]:
     """The corpus listing; [] when there is no corpus or it cannot be listed (then nothing is bridged and
     every failed partition counts its attempts since the epoch)."""
-    from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
-
     if corpus is None:
         return []
     try:

@@ -1,10 +1,12 @@
 """The partition keys a run covers: one (``dagster/partition``) or a range of a dynamic partitions
-definition (``dagster/asset_partition_range_start`` / ``_end``, as ``BackfillPolicy.multi_run`` makes)."""
+definition (``dagster/asset_partition_range_start`` / ``_end``, as ``BackfillPolicy.multi_run`` makes), and how
+many one run may cover (:func:`max_partitions_per_run`)."""
 
 from __future__ import annotations
 
 from typing import Mapping, Protocol, Sequence
 
+import dagster as dg
 from dagster._core.storage.tags import (
     ASSET_PARTITION_RANGE_END_TAG,
     ASSET_PARTITION_RANGE_START_TAG,
@@ -85,3 +87,17 @@ def range_run_tags(keys: Sequence[str]) -> dict[str, str]:
     if len(keys) == 1:
         return {PARTITION_NAME_TAG: keys[0]}
     return {ASSET_PARTITION_RANGE_START_TAG: keys[0], ASSET_PARTITION_RANGE_END_TAG: keys[-1]}
+
+
+#: What "unbounded" means for a ``BackfillPolicy.single_run`` asset: more keys than any run holds.
+UNBOUNDED_PER_RUN = 2**31 - 1
+
+
+def max_partitions_per_run(asset: dg.AssetsDefinition) -> int:
+    """How many partitions one run of ``asset`` covers at most: its ``BackfillPolicy.multi_run`` limit, 1 without a
+    policy (one run per partition, Dagster's default), :data:`UNBOUNDED_PER_RUN` for ``BackfillPolicy.single_run``
+    (``max_partitions_per_run`` None)."""
+    policy = asset.backfill_policy
+    if policy is None:
+        return 1
+    return policy.max_partitions_per_run or UNBOUNDED_PER_RUN

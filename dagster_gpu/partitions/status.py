@@ -8,9 +8,13 @@ is in progress when Dagster's asset status cache says so or when an unfinished r
 
 from __future__ import annotations
 
+from typing import Iterable
+
 import dagster as dg
 from dagster._core.definitions.partitions.context import partition_loading_context
+from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
 
+from dagster_gpu.corpus.listing import CorpusFile
 from dagster_gpu.partitions.run_ranges import PartitionRangeError, run_partition_keys
 
 
@@ -22,12 +26,10 @@ def dynamic_partitions_def(asset: dg.AssetsDefinition) -> dg.DynamicPartitionsDe
     return pdef
 
 
-def partition_status(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> tuple[set[str], set[str], set[str]]:
+def partition_status(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> Status:
     """(materialized, failed, in progress) partition keys of ``asset``, as the UI's partitions view shows them
     (Dagster's asset status cache: a failed ranged run's partitions that it did not materialize are failed),
     with every partition an unfinished run targets counted in progress (:func:`partitions_in_flight`)."""
-    from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
-
     pdef = dynamic_partitions_def(asset)
     in_flight = partitions_in_flight(instance, asset)
     cache = get_and_update_asset_status_cache_value(instance, asset.key, pdef)
@@ -79,13 +81,33 @@ def partitions_in_flight(instance: dg.DagsterInstance, asset: dg.AssetsDefinitio
     return out
 
 
+#: (materialized, failed, in progress) partition keys, as :func:`partition_status` returns them.
+Status = tuple[set[str], set[str], set[str]]
+
+
+def missing_or_failed(keys: Iterable[str], status: Status, *, missing: bool = True, failed: bool = True) -> list[str]:
+    """``keys`` (in their order) that need a run: never materialized (``missing``) and/or failed as the UI's
+    partitions view shows them (``failed``), none in progress (pure). What the missing-partitions schedule, a
+    ``dagster-gpu backfill --missing --failed`` and :func:`partitions_to_rerun` select."""
+    materialized, failed_keys, in_progress = status
+    return [k for k in keys if k not in in_progress
+            and ((missing and k not in materialized) or (failed and k in failed_keys))]
+
+
+def bridgeable(files: Iterable[CorpusFile], status: Status) -> dict[str, int]:
+    """Partition key -> its file's bytes, for the keys a run may cover though they are not due (pure):
+    materialized, not failed, not in progress, and their file in the listing ``files``. What bridging may redo
+    between two due ranges (:func:`dagster_gpu.policy.batching.bridge_ranges`)."""
+    materialized, failed_keys, in_progress = status
+    return {f.key: int(f.size_bytes) for f in files
+            if f.key in materialized and f.key not in failed_keys and f.key not in in_progress}
+
+
 def partitions_to_rerun(instance: dg.DagsterInstance, asset: dg.AssetsDefinition) -> list[str]:
     """Partition keys never materialized or failed (their latest run failed or was canceled without
-    materializing them), and not in progress, in the definition's order."""
-    pdef = dynamic_partitions_def(asset)
-    keys = list(instance.get_dynamic_partitions(pdef.name))
-    materialized, failed, in_progress = partition_status(instance, asset)
-    return [k for k in keys if k not in in_progress and (k not in materialized or k in failed)]
+    materializing them), and not in progress, in the definition's order (:func:`missing_or_failed`)."""
+    keys = instance.get_dynamic_partitions(dynamic_partitions_def(asset).name)
+    return missing_or_failed(keys, partition_status(instance, asset))
 
 
 def attempts_since(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, since: dict[str, float],
