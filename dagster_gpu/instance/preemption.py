@@ -28,6 +28,9 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
+import dagster as dg
+from dagster import DagsterEventType, EventRecordsFilter
+
 from dagster_gpu.billing.keys import GPU_SECONDS, SOURCE, UNIT_GPU_SECONDS
 from dagster_gpu.instance.bills import unit_of
 from dagster_gpu.instance.events import (
@@ -111,9 +114,6 @@ def fetch_observations(instance: Any, limit: int = DEFAULT_LAUNCHES) -> list[Pre
     Measured on a SQLite test instance of 160 runs with bills: 0.6-0.9 s (the per-run engine-event reads dominate),
     on a shared 2-core host. Raises what the instance raises.
     """
-    import dagster as dg
-    from dagster import DagsterEventType, EventRecordsFilter
-
     recs = instance.event_log_storage.get_event_records(
         EventRecordsFilter(event_type=DagsterEventType.STEP_WORKER_STARTING), limit=limit, ascending=False)
     seen: list[LaunchSeen] = []

@@ -29,6 +29,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_spec import AssetCheckKey
+from dagster._core.event_api import PartitionKeyFilter
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.definitions.data_version import (
     CODE_VERSION_TAG,
     DATA_VERSION_TAG,
@@ -37,6 +40,7 @@ from dagster._core.definitions.data_version import (
 )
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
+from dagster_gpu.instance.checks import FAILED_SOURCE_VERSION, OUTPUT_READABLE
 from dagster_gpu.instance.events import metadata_value
 
 #: Materialization metadata: the source version of the file the partition was embedded from.
@@ -227,12 +231,6 @@ def failed_reads(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition
     """Partition key -> :class:`FailedRead` of its latest failed ``output_readable`` evaluation, for
     ``partitions`` (keys with none are absent). One event-log query per partition: pass the failed ones only
     (:func:`dagster_gpu.partitions.status.partition_status`)."""
-    from dagster._core.definitions.asset_checks.asset_check_spec import AssetCheckKey
-    from dagster._core.event_api import PartitionKeyFilter
-    from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
-
-    from dagster_gpu.instance.checks import FAILED_SOURCE_VERSION, OUTPUT_READABLE
-
     check_key = AssetCheckKey(asset_key, OUTPUT_READABLE)
     out: dict[str, FailedRead] = {}
     for k in partitions:

@@ -22,6 +22,7 @@ import logging
 import threading
 from typing import Any, Callable, Mapping
 
+import fsspec
 from dagster._core.events.log import EventLogEntry
 from dagster._serdes import serialize_value
 
@@ -36,8 +37,6 @@ FLUSH_INTERVAL_S = 0.2
 
 def _fs(url: str, storage_options: Mapping[str, Any] | None):
     """(fsspec filesystem, channel path without protocol, no trailing slash) of channel ``url``."""
-    import fsspec
-
     fs, root = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
     return fs, root.rstrip("/")
 

@@ -47,7 +47,7 @@ from typing import Callable
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 from dagster._core.definitions.data_version import INPUT_EVENT_POINTER_TAG_PREFIX
-from dagster._core.events import PIPELINE_EVENTS, DagsterEventType
+from dagster._core.events import PIPELINE_EVENTS, DagsterEventType, EngineEventData
 from dagster._core.events.log import EventLogEntry
 from dagster._record import copy
 
@@ -195,8 +195,6 @@ def report(instance: dg.DagsterInstance, ch: _Channel) -> None:
     """One engine event on the step: events relayed from the channel by this process, materializations' delay
     (p50, p95, max seconds), skipped lines, and the channel's reads against the polls that could have read it
     (``dagster_gpu/relay_*`` metadata)."""
-    from dagster._core.events import EngineEventData
-
     run = instance.get_run_by_id(ch.run_id)
     if run is None:
         return

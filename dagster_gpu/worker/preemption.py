@@ -107,7 +107,7 @@ def _dagster_keeps_off(signals: tuple[int, ...]):
     step instead of committing its part. While ours is installed, ``_replace_interrupt_signal`` sets SIGINT only,
     so Ctrl-C still interrupts the step as Dagster does, and ``signals`` stay ours."""
     try:
-        from dagster._utils import interrupts
+        from dagster._utils import interrupts  # optional: the worker also runs without Dagster (bench, test children)
     except ImportError:  # a worker without Dagster (the bench, the tests' child processes)
         return None
     original = getattr(interrupts, "_replace_interrupt_signal", None)
