@@ -52,6 +52,10 @@ if TYPE_CHECKING:  # annotations only: no import of the rest of the package at r
 #: The environment variable that carries the step context (``dagster_gpu.worker.context.StepContext`` as JSON)
 #: from the executor to the step worker; each backend passes it on to the worker's environment.
 STEP_CONTEXT_ENV = "DAGSTER_GPU_STEP_CONTEXT"
+#: The local backend's name for a worker process (its unit), set in the worker's environment: ``local/unit`` on
+#: the unit's materializations (``dagster_gpu.worker.backend_env``), matched by the process bill
+#: (``dagster_gpu.local.backend``).
+LOCAL_UNIT_ENV = "DAGSTER_GPU_LOCAL_UNIT"
 
 
 def read_step_context(env: Mapping[str, str]) -> dict[str, Any]:

@@ -1,10 +1,11 @@
-"""Command lines written by an earlier version still run after an upgrade.
+"""Paths written by an earlier version still work after an upgrade, or end with a clear error.
 
-A worker's command line outlives the process that wrote it: a local worker runs under
-``python -m dagster_gpu.worker.supervise`` (the supervisor's path before it moved beside the local backend,
-``dagster_gpu/local/supervise.py``), and a Slurm array task submitted before an upgrade runs the manifest it
-was given, whose entries name ``requeue_module: dagster_gpu.slurm.requeue`` for a requeued attempt. Each test
-runs such a command line as the earlier version wrote it, to completion, against the installed package.
+A Slurm array task submitted before an upgrade runs the manifest it was given, whose entries name
+``requeue_module: dagster_gpu.slurm.requeue`` for a requeued attempt; a code location may import
+``corpus_source`` from ``dagster_gpu.instance.source_versions`` (its module before it moved to
+``dagster_gpu/partitions/``). The supervisor's earlier path ``dagster_gpu.worker.supervise`` is gone: the local
+backend runs the command it writes at once (a supervisor already running keeps the code it imported), so no
+command line of an earlier version reaches it after an upgrade, and running it by hand names the missing module.
 docs/architecture.md lists the compatibility shims these paths rely on.
 """
 
@@ -16,12 +17,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import dagster as dg
+import pytest
 from dagster import DagsterEvent, DagsterInstance, job, op, reconstructable
 from dagster._core.events import StepSuccessData
 from dagster._grpc.types import ExecuteStepArgs
 
 from dagster_gpu.instance.step_args import ENV_VAR, encode_step_args
-from dagster_gpu.local.supervise import read_status
+from dagster_gpu.local import backend as local_backend
+from dagster_gpu.partitions import source_versions
 from dagster_gpu.slurm.script import RUNNER, write_job_script, write_manifest
 
 PY = sys.executable
@@ -37,18 +41,27 @@ def noop_job():
     noop()
 
 
-def test_a_local_worker_command_of_an_earlier_version_runs_under_the_supervisor(tmp_path):
-    """The argv the local backend wrote before the supervisor moved: the child runs, its exit code and the
-    supervisor's message land in the status file the backend reads, and the exit code passes through."""
+def test_the_supervisors_earlier_path_ends_with_an_error_naming_it(tmp_path):
+    """``python -m dagster_gpu.worker.supervise`` (the local worker's command before the supervisor moved beside the
+    local backend) fails before it starts the child, naming the module; the backend's command names the new one."""
     status, marker = tmp_path / "status.json", tmp_path / "ran"
-    child = [PY, "-c", "import sys; open(sys.argv[1], 'w').write('ran'); sys.exit(3)", str(marker)]
+    child = [PY, "-c", "import sys; open(sys.argv[1], 'w').write('ran')", str(marker)]
     cp = subprocess.run([PY, "-m", "dagster_gpu.worker.supervise", "--status-file", str(status), "--", *child],
                         capture_output=True, text=True, timeout=60)
-    assert cp.returncode == 3, cp.stderr
-    assert marker.read_text() == "ran"
-    st = read_status(status)
-    assert (st["exit_code"], st["message"]) == (3, "worker exited with code 3")
-    assert st["started"] <= st["finished"]
+    assert cp.returncode == 1 and "No module named dagster_gpu.worker.supervise" in cp.stderr, cp.stderr
+    assert not marker.exists() and not status.exists()
+    assert '"-m", "dagster_gpu.local.supervise"' in (Path(local_backend.__file__)).read_text()
+
+
+def test_corpus_source_imported_from_its_earlier_module_is_the_same_function_and_warns():
+    with pytest.warns(DeprecationWarning, match=r"dagster_gpu.instance.source_versions is deprecated .*: from dagster_gpu import corpus_source"):
+        from dagster_gpu.instance.source_versions import corpus_source
+    assert corpus_source is source_versions.corpus_source
+    with pytest.warns(DeprecationWarning, match=r"from dagster_gpu.partitions.source_versions import corpus_asset_key"):
+        from dagster_gpu.instance.source_versions import corpus_asset_key
+    assert corpus_asset_key(dg.AssetKey(["docs", "emb"])) == source_versions.corpus_asset_key(dg.AssetKey(["docs", "emb"]))
+    with pytest.raises(ImportError):
+        from dagster_gpu.instance.source_versions import no_such_name  # noqa: F401
 
 
 def _old_manifest(tmp_path: Path, instance: DagsterInstance, run_id: str, marker: Path) -> Path:

@@ -36,7 +36,7 @@ from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
 from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
 from dagster_gpu.telemetry.nvml import list_gpus
-from dagster_gpu.worker.backend_env import LOCAL_UNIT_ENV as UNIT_ENV
+from dagster_gpu.contracts import LOCAL_UNIT_ENV as UNIT_ENV
 from dagster_gpu.local import forkserver
 from dagster_gpu.local.supervise import read_status
 

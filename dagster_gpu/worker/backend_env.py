@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-#: The local backend's name for a worker process (its unit): ``local/unit`` on the unit's materializations,
-#: matched by the process bill (``dagster_gpu.local.backend``).
-LOCAL_UNIT_ENV = "DAGSTER_GPU_LOCAL_UNIT"
+from dagster_gpu.contracts import LOCAL_UNIT_ENV
+
 
 def _int(v: str | None) -> int | None:
     try:
@@ -18,7 +17,7 @@ def _int(v: str | None) -> int | None:
 
 def backend_metadata(backend: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``slurm/*`` from SLURM_* variables, ``k8s/*`` from the pod's downward-API variables, ``local/unit``
-    from the local backend's :data:`LOCAL_UNIT_ENV`.
+    from the local backend's :data:`dagster_gpu.contracts.LOCAL_UNIT_ENV`.
 
     Slurm sets SLURM_JOB_ID (this task's own job id), SLURM_ARRAY_JOB_ID and SLURM_ARRAY_TASK_ID for an
     array task. The Kubernetes backend sets DAGSTER_GPU_K8S_NAMESPACE / DAGSTER_GPU_K8S_POD via the
