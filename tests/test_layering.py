@@ -349,6 +349,30 @@ def test_the_stated_rules_are_the_maps():
     assert all(m.layer_of[x] == "commands" for x in _files() if x.startswith("dagster_gpu.commands"))
 
 
+def test_the_cross_layer_folders_sit_where_the_map_says():
+    """partitions/ is the partition ledger's layer, above the instance read back and below the worker; relay/ holds
+    the channel and the relayed worker's instance on ``instance`` and the run worker's pump on ``executor``;
+    preemption has one name in every layer."""
+    m, files = _map(), _files()
+    shims = set(m.shims)
+    assert {x for x in files if x.startswith("dagster_gpu.partitions")} >= {
+        "dagster_gpu.partitions.status", "dagster_gpu.partitions.run_ranges", "dagster_gpu.partitions.run_requests",
+        "dagster_gpu.partitions.source_versions", "dagster_gpu.partitions.stale", "dagster_gpu.partitions.unit_cost"}
+    assert all(m.layer_of[x] == "partitions" for x in files if x.startswith("dagster_gpu.partitions"))
+    assert m.layers["partitions"].may_import == frozenset({"core", "policy", "data", "instance"})
+    above = [n for n, lay in m.layers.items() if "partitions" in lay.may_import]
+    assert sorted(above) == ["api", "backends", "commands", "definitions", "executor", "worker"], above
+    assert {x: m.layer_of[x] for x in files if x.startswith("dagster_gpu.relay")} == {
+        "dagster_gpu.relay": "instance", "dagster_gpu.relay.channel": "instance", "dagster_gpu.relay.parts": "instance",
+        "dagster_gpu.relay.objects": "instance", "dagster_gpu.relay.storage": "instance",
+        "dagster_gpu.relay.pump": "executor"}
+    ledger = ("partition_status", "run_ranges", "source_versions", "stale", "relay_channel", "relay_parts",
+              "relay_objects", "relay_storage")
+    drawer = [x for x in files if x.startswith("dagster_gpu.instance.") and x.rsplit(".", 1)[1] in ledger and x not in shims]
+    assert not drawer, f"partition-ledger or relay modules back in instance/: {drawer}"
+    assert not [x for x in files if x.rsplit(".", 1)[-1] in ("preempt", "preemptions")], "preemption's modules are named preemption"
+
+
 def test_compatibility_shims_only_forward_and_nothing_imports_them():
     shims = _map().shims
     assert shims, f"{MAP.name} lists the compatibility shims (old path -> new home)"
