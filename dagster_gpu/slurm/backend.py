@@ -353,7 +353,7 @@ class SlurmBackend(Backend):
             max_wait_s=settings.submit_timeout_seconds,
             # a submitter may hold the spool lock while it waits for a renewed token: a launch past its own
             # timeout waits that long for the lock before it withdraws (its launch may be the one being submitted)
-            lock_wait_s=30.0 + float(getattr(self.client, "token_wait_s", 0.0) or 0.0),
+            lock_wait_s=30.0 + float(self.client.token_wait_s),
             max_tasks_per_array=settings.max_tasks_per_array,
             max_array_size=self.max_array_size,
             env_files=settings.env_files,
@@ -548,8 +548,7 @@ class SlurmBackend(Backend):
         run = launch.run_id if re.fullmatch(r"[A-Za-z0-9-]{1,64}", launch.run_id) else hashlib.sha256(launch.run_id.encode()).hexdigest()[:32]
         if self.settings.relay_url:
             return f"{self.settings.relay_url.rstrip('/')}/{run}/{digest}"
-        remote = getattr(getattr(self.client, "transport", None), "remote_spool", None)
-        root = remote or str(self.spool.root)
+        root = self.client.transport.remote_spool or str(self.spool.root)
         return f"{root}/relay/{run}/{digest}.jsonl"
 
     def read_channel(self, path: str, offset: int) -> bytes:
@@ -558,8 +557,8 @@ class SlurmBackend(Backend):
         spool. b"" while the task has not written it."""
         if is_object_channel(path):
             return read_object_channel(path, offset, self.settings.relay_storage_options)
-        transport = getattr(self.client, "transport", None)
-        if getattr(transport, "remote_spool", None):
+        transport = self.client.transport
+        if transport.remote_spool:
             return transport.read_from(path, offset)
         return read_local_channel(path, offset)
 
@@ -570,16 +569,15 @@ class SlurmBackend(Backend):
     def _task_log(self, batch: str, task: int) -> str:
         """Where array task ``task`` of ``batch`` writes its log (``sbatch --output``): under the spool the
         tasks see (the cluster's, with ``transport: ssh``)."""
-        remote = getattr(getattr(self.client, "transport", None), "remote_spool", None)
+        remote = self.client.transport.remote_spool
         return f"{remote}/batches/{batch}/{task}.out" if remote else str(self.spool.batch_dir(batch) / f"{task}.out")
 
     def _log_tail(self, path: str) -> str:
         """The last lines of an array task's log: on this host, or over the transport when the spool the
         tasks write is on the cluster (``transport: ssh``)."""
-        transport = getattr(self.client, "transport", None)
-        tail = getattr(transport, "tail", None)
-        if getattr(transport, "remote_spool", None) and tail is not None:
-            return tail(path)
+        transport = self.client.transport
+        if transport.remote_spool:
+            return transport.tail(path)
         return log_tail(Path(path))
 
     def terminate(self, handle: Handle) -> None:

@@ -61,7 +61,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
 from urllib.parse import quote, urlencode
 
 import urllib3
@@ -72,7 +72,7 @@ from dagster_gpu.slurm import rest_parse as RP
 from dagster_gpu.slurm.client import (
     _TRANSIENT, SlurmAccessRefused, SlurmClient, SlurmRejected, SlurmTransientError, SlurmUnreachable, SubmittedJob,
 )
-from dagster_gpu.slurm.transport import scrubbed_env
+from dagster_gpu.slurm.transport import NoRemoteSpool, scrubbed_env
 
 log = logging.getLogger(__name__)
 
@@ -172,13 +172,13 @@ def token_expiry(token: str) -> float | None:
 
 
 @dataclass
-class RestTransport:
-    """What the coalescer and backend read of a transport: its kind, and no remote spool (the spool must be
-    a file system the compute nodes see). Slurm commands do not run through it."""
+class RestTransport(NoRemoteSpool):
+    """The client's transport (:class:`~dagster_gpu.slurm.transport.Transport`) over slurmrestd: no remote
+    spool (the spool must be a file system the compute nodes see), so upload, tail and read_from raise
+    TransportUnavailable; Slurm commands do not run through it (:meth:`run` raises SlurmRejected)."""
 
     url: str
     kind: str = "rest"
-    remote_spool: None = None
 
     def run(self, argv, *, set_env, timeout_s, forward_env=False):
         raise SlurmRejected(list(argv), None, f"transport rest ({self.url}) runs no Slurm commands; "
@@ -221,7 +221,7 @@ class RestSlurmClient(SlurmClient):
     _release: str = field(default="", init=False, repr=False, compare=False)
     _warned_secret: set = field(default_factory=set, init=False, repr=False, compare=False)
 
-    poll_format = "rest"
+    poll_format: ClassVar[str] = "rest"
 
     def __post_init__(self):
         self.url = self.url.rstrip("/")
