@@ -325,7 +325,7 @@ class RestSlurmClient(SlurmClient):
         base = f"slurmrestd {self.url}: the token of {self._who()} ({self.tokens.where()}) expired at {_when(exp)}"
         if not self.tokens.renewable:
             raise RestAuthError(argv, status, f"{base}, before {what}; an environment variable is not renewed under a "
-                                "running process: renew the token and start again, or use rest_token_file (re-read "
+                                "running process: renew the token and start again, or use slurm.rest.token_file (re-read "
                                 "when it changes)")
         if self.tokens.given_up_on == _digest(stale):
             raise RestAuthError(argv, status, f"{base}, before {what}; this process already waited for it to be renewed "
@@ -346,7 +346,7 @@ class RestSlurmClient(SlurmClient):
             if left <= 0:
                 self.tokens.given_up_on = _digest(stale)
                 raise RestAuthError(argv, status, f"{base}; it was not renewed within {self.token_wait_s:g} s "
-                                    f"(rest_token_wait_seconds), so {what} failed and nothing was submitted: renew it "
+                                    f"(slurm.rest.token_wait_seconds), so {what} failed and nothing was submitted: renew it "
                                     "(scontrol token lifespan=<s> username=<user>)")
             time.sleep(min(self.token_poll_s, left))
 
@@ -521,20 +521,21 @@ class RestSlurmClient(SlurmClient):
 
 
 def client_from_settings(settings, **client_kw) -> RestSlurmClient:
-    """The :class:`RestSlurmClient` a :class:`~dagster_gpu.slurm.backend.SlurmSettings` with ``transport: rest``
-    asks for. Raises ValueError for missing or bad settings."""
-    if not settings.rest_url:
-        raise ValueError("slurm transport 'rest' needs rest_url (slurmrestd's base URL, e.g. http://127.0.0.1:6820)")
-    if not settings.rest_url.startswith(("http://", "https://")):
-        raise ValueError(f"slurm rest_url must start with http:// or https://, got {settings.rest_url!r}")
-    if settings.remote_spool_dir:
-        raise ValueError("slurm transport 'rest' carries no files: leave remote_spool_dir unset and put spool_dir on "
-                         "a file system the compute nodes see at the same path")
+    """The :class:`RestSlurmClient` a :class:`~dagster_gpu.slurm.settings.SlurmSettings` with ``transport: rest``
+    asks for, from its ``rest`` section. Raises ValueError for missing or bad settings."""
+    rest = settings.rest
+    if not rest.url:
+        raise ValueError("slurm transport 'rest' needs slurm.rest.url (slurmrestd's base URL, e.g. http://127.0.0.1:6820)")
+    if not rest.url.startswith(("http://", "https://")):
+        raise ValueError(f"slurm.rest.url must start with http:// or https://, got {rest.url!r}")
+    if settings.ssh.remote_spool_dir:
+        raise ValueError("slurm transport 'rest' carries no files: leave slurm.ssh.remote_spool_dir unset and put "
+                         "spool_dir on a file system the compute nodes see at the same path")
     return RestSlurmClient(
-        url=settings.rest_url, user=settings.rest_user,
-        tokens=TokenSource(env=settings.rest_token_env, file=os.path.expanduser(settings.rest_token_file) if settings.rest_token_file else None),
-        auth_header=settings.rest_auth_header, version=settings.rest_data_parser,
-        max_array_size_assumed=int(settings.rest_max_array_size), forward_env=tuple(settings.rest_forward_env),
-        working_dir=settings.rest_working_dir, ca_file=settings.rest_ca_file,
-        token_wait_s=float(settings.rest_token_wait_seconds), **client_kw,
+        url=rest.url, user=rest.user,
+        tokens=TokenSource(env=rest.token_env, file=os.path.expanduser(rest.token_file) if rest.token_file else None),
+        auth_header=rest.auth_header, version=rest.data_parser,
+        max_array_size_assumed=int(rest.max_array_size), forward_env=tuple(rest.forward_env),
+        working_dir=rest.working_dir, ca_file=rest.ca_file,
+        token_wait_s=float(rest.token_wait_seconds), **client_kw,
     )  # fmt: skip
