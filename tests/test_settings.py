@@ -225,3 +225,18 @@ def test_a_flat_key_and_its_nested_key_together_are_an_error_naming_both(fresh_w
     with pytest.raises(ValueError, match=r"both slurm\.ssh_host \('a\.example'\) and slurm\.ssh\.host \('b\.example'\) "
                                          r"are set; ssh_host is the deprecated flat form of ssh\.host: keep ssh\.host only"):
         slurm.SlurmSettings.from_section(section)
+
+
+def test_the_example_config_s_commented_ssh_and_rest_sections_are_valid():
+    import yaml
+    from pathlib import Path
+
+    text = (Path(__file__).parents[1] / "resources" / "executor.example.yaml").read_text()
+    base = yaml.safe_load(text)["slurm"]
+    commented = [ln.strip()[2:] for ln in text.splitlines() if ln.strip().startswith("# ") and ":" in ln and ln.startswith("  #")]
+    for kind in ("ssh", "rest"):
+        lines = [ln for ln in commented if ln.startswith(f"{kind}:")]
+        assert len(lines) == 1, commented
+        section = {**base, "transport": kind, **yaml.safe_load(lines[0])}
+        s = slurm.SlurmSettings.from_section(_run_config_slurm(section))
+        assert s.transport == kind and (s.ssh.host if kind == "ssh" else s.rest.url).endswith("example.org")
