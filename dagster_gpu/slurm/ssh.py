@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import fnmatch
+import hashlib
 import logging
 import os
 import stat
@@ -220,8 +221,6 @@ class SshTransport:
         atomically, directories 0700 and trust-checked on the cluster side. Returns {path: sha256 hex} as
         the login node read them back; raises TransportRefused when the remote spool is not trusted or a
         digest differs from what was sent, TransportUnreachable."""
-        import hashlib
-
         payload = b"".join(content for _, content, _ in files)
         remote = C.upload_command(self.remote_spool, [(p, mode, len(content)) for p, content, mode in files])
         cp = self._remote(remote, timeout_s, stdin=payload, text=False)
