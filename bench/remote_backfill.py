@@ -18,7 +18,7 @@ file through gpu_executor's slurm backend in runs of ``--per-run`` partitions (b
   2. ``ssh``: every Slurm command and every cluster-side spool file goes through the test sshd
      (resources/ssh/sshd.sh, 127.0.0.1) over one shared OpenSSH ControlMaster, as from a Dagster host off the
      cluster (tests/slurm_pipeline.py ``ssh_transport_config``); the spool the array tasks read is the
-     cluster's (``remote_spool_dir``);
+     cluster's (``ssh.remote_spool_dir``);
   3. ``rest``: every Slurm call through the 24.11 test cluster's slurmrestd with a JWT (tests/slurm_pipeline.py
      ``rest_transport_config``); the spool is this host's (the cluster's root shares /tmp), the tasks read the
      PostgreSQL password from an env_files file.

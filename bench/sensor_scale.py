@@ -15,7 +15,7 @@ One process, every figure from the same run (the orchestration side only: nothin
 3. tick 1, first sight: the corpus sensor's evaluation (``build_sensor_context`` on the real instance) and its
    dynamic partition request applied (``add_dynamic_partitions``), timed apart; run requests and keys;
 4. every bucket recorded as materialized at its listed version: one runless ``AssetMaterialization`` per bucket
-   carrying ``corpus/source_version`` (what the sensor reads back, ``instance.source_versions.recorded_versions``);
+   carrying ``corpus/source_version`` (what the sensor reads back, ``partitions.source_versions.recorded_versions``);
    this stands in for the embedding, which is not what this bench measures;
 5. tick 2, nothing changed: seconds (no run request expected);
 6. ``--changed`` of the files rewritten (a new record, mtime moved): tick 3, seconds, buckets requested

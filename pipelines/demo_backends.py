@@ -191,14 +191,16 @@ def _private_file(path: Path, text: str) -> None:
 def rest_settings(home: Path, forward_env: tuple[str, ...] | list[str] = (*SSH_FORWARD_ENV, "PATH")) -> dict:
     """The slurm section's ``transport: rest`` keys for the 24.11 cluster's slurmrestd (``DAGSTER_GPU_SLURMRESTD_URL``
     from ``trixie.sh env``): user root, the token file and secrets file :func:`start_services` wrote in ``home``,
-    the variables put in each job's environment (``rest_forward_env``). The spool stays ``spool_dir``: /tmp and
+    the variables put in each job's environment (``rest.forward_env``). The spool stays ``spool_dir``: /tmp and
     the checkout are the same paths in the cluster's root. Raises KeyError when the URL is not set."""
     return {
         "transport": "rest",
-        "rest_url": os.environ["DAGSTER_GPU_SLURMRESTD_URL"],
-        "rest_user": "root",
-        "rest_token_file": str(home / REST_TOKEN_FILE),
-        "rest_forward_env": list(forward_env),
+        "rest": {
+            "url": os.environ["DAGSTER_GPU_SLURMRESTD_URL"],
+            "user": "root",
+            "token_file": str(home / REST_TOKEN_FILE),
+            "forward_env": list(forward_env),
+        },
         "env_files": [str(home / REST_SECRETS_FILE)],
     }
 
@@ -207,21 +209,23 @@ def ssh_settings(remote_spool_dir: str | Path, forward_env: tuple[str, ...] | li
                  control_dir: str | Path | None = None) -> dict:
     """The slurm section's ``transport: ssh`` keys for the local login node: host, port, user, key and
     known_hosts from ``resources/ssh/sshd.sh env`` (its ``DAGSTER_GPU_SSH_*`` variables, set by
-    :func:`start_services`), the cluster-side spool ``remote_spool_dir``, the variables the array tasks
-    inherit (``forward_env``, ``ssh_forward_env`` patterns) and, when given, the master's socket directory.
+    :func:`start_services`), the cluster-side spool ``ssh.remote_spool_dir``, the variables the array tasks
+    inherit (``forward_env``, ``ssh.forward_env`` patterns) and, when given, the master's socket directory.
     Raises KeyError naming the variable when the sshd environment is not set."""
     cfg = {
         "transport": "ssh",
-        "ssh_host": os.environ["DAGSTER_GPU_SSH_HOST"],
-        "ssh_port": int(os.environ["DAGSTER_GPU_SSH_PORT"]),
-        "ssh_user": os.environ["DAGSTER_GPU_SSH_USER"],
-        "ssh_identity_file": os.environ["DAGSTER_GPU_SSH_KEY"],
-        "ssh_known_hosts_file": os.environ["DAGSTER_GPU_SSH_KNOWN_HOSTS"],
-        "remote_spool_dir": str(remote_spool_dir),
-        "ssh_forward_env": list(forward_env),
+        "ssh": {
+            "host": os.environ["DAGSTER_GPU_SSH_HOST"],
+            "port": int(os.environ["DAGSTER_GPU_SSH_PORT"]),
+            "user": os.environ["DAGSTER_GPU_SSH_USER"],
+            "identity_file": os.environ["DAGSTER_GPU_SSH_KEY"],
+            "known_hosts_file": os.environ["DAGSTER_GPU_SSH_KNOWN_HOSTS"],
+            "remote_spool_dir": str(remote_spool_dir),
+            "forward_env": list(forward_env),
+        },
     }
     if control_dir is not None:
-        cfg["ssh_control_dir"] = str(control_dir)
+        cfg["ssh"]["control_dir"] = str(control_dir)
     return cfg
 
 

@@ -89,15 +89,16 @@ def ssh_transport_config() -> dict:
 def rest_transport_config() -> dict:
     """``DGPU_TEST_SLURM_TRANSPORT=rest``: the slurm section reaches the 24.11 cluster's slurmrestd at
     ``DGPU_TEST_REST_URL`` as root with the token in ``DGPU_TEST_REST_CREDENTIAL_FILE`` (a name without TOKEN:
-    the array tasks need it to build this config, and rest_forward_env never forwards *TOKEN* names); the array
+    the array tasks need it to build this config, and rest.forward_env never forwards *TOKEN* names); the array
     tasks read the PostgreSQL password from ``DGPU_TEST_ENV_FILE`` (a job's environment from slurmrestd holds no
     secret). The spool is the local one: /tmp is the same directory in the cluster's root. Empty otherwise."""
     if os.environ.get("DGPU_TEST_SLURM_TRANSPORT", "local") != "rest":
         return {}
-    return {"transport": "rest", "rest_url": os.environ["DGPU_TEST_REST_URL"], "rest_user": "root",
-            "rest_token_file": os.environ["DGPU_TEST_REST_CREDENTIAL_FILE"],
-            # what a local sbatch would have exported to the array task: the instance, the tests' knobs, the checkout
-            "rest_forward_env": ["DAGSTER_*", "DGPU_TEST_*", "RANGED_TEST_*", "PYTHONPATH", "HF_HUB_OFFLINE", "PATH"],
+    return {"transport": "rest",
+            "rest": {"url": os.environ["DGPU_TEST_REST_URL"], "user": "root",
+                     "token_file": os.environ["DGPU_TEST_REST_CREDENTIAL_FILE"],
+                     # what a local sbatch would have exported to the array task: the instance, the tests' knobs, the checkout
+                     "forward_env": ["DAGSTER_*", "DGPU_TEST_*", "RANGED_TEST_*", "PYTHONPATH", "HF_HUB_OFFLINE", "PATH"]},
             "env_files": [os.environ["DGPU_TEST_ENV_FILE"]]}
 
 

@@ -49,10 +49,10 @@ def test_the_24_11_env_line_parses_into_the_worker_python_the_executor_config_ge
 def test_the_rest_transport_config_names_the_token_and_secrets_files_and_no_secret(tmp_path, monkeypatch):
     monkeypatch.setenv("DAGSTER_GPU_SLURMRESTD_URL", "http://127.0.0.1:6820")
     cfg = executor_config("slurm", tmp_path, "/py", "rest")["slurm"]
-    assert cfg["transport"] == "rest" and cfg["rest_url"] == "http://127.0.0.1:6820" and cfg["rest_user"] == "root"
-    assert cfg["rest_token_file"] == str(tmp_path / "slurmrestd.jwt")
-    assert cfg["env_files"] == [str(tmp_path / "worker-secrets.env")] and "PATH" in cfg["rest_forward_env"]
-    assert cfg["python"] == "/py" and "remote_spool_dir" not in cfg
+    assert cfg["transport"] == "rest" and cfg["rest"]["url"] == "http://127.0.0.1:6820" and cfg["rest"]["user"] == "root"
+    assert cfg["rest"]["token_file"] == str(tmp_path / "slurmrestd.jwt")
+    assert cfg["env_files"] == [str(tmp_path / "worker-secrets.env")] and "PATH" in cfg["rest"]["forward_env"]
+    assert cfg["python"] == "/py" and "ssh" not in cfg
     # the settings it makes are valid gpu_executor settings and build a rest client
     from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
     from dagster_gpu.slurm.rest import RestSlurmClient

@@ -5,6 +5,7 @@ client is a recorder that can refuse, the Slurm coalescer's sbatch a stand-in th
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from dagster_gpu.k8s.backend import KubernetesBackend
 from dagster_gpu.k8s import manifests as m
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.core.request import GpuRequest
-from dagster_gpu.slurm.client import SlurmRejected, SubmittedJob
+from dagster_gpu.slurm.client import SlurmClient, SlurmRejected, SubmittedJob
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, SubmissionRejected, TaskRequest, steps_covered
 from dagster_gpu.slurm.spool import Spool
 from dagster_gpu.slurm.window import WindowRule
@@ -90,19 +91,19 @@ def test_steps_covered_words_each_step_of_a_submission():
     assert steps_covered([RANGE, ("q",), ()]) == "3 partitions 'p001'…'p003', partition 'q', unpartitioned run"
 
 
-class _Sbatch:
+@dataclass
+class _Sbatch(SlurmClient):
     """sbatch that accepts (job ids 900, 901, …) or refuses with the 22.05 recorded account rejection."""
 
-    def __init__(self, refuse: bool):
-        self.refuse = refuse
-        self.calls: list[list[str]] = []
+    refuse: bool = False
+    submitted: list[list[str]] = field(default_factory=list)
 
     def submit_job(self, script, options, *, script_args=(), attempts=None):
-        self.calls.append(list(options))
+        self.submitted.append(list(options))
         if self.refuse:
             stderr = (DATA / "sbatch_reject_account.stderr.txt").read_text()
             raise SlurmRejected(["sbatch", *options], 1, stderr.strip().split("error: ", 1)[-1], stderr)
-        return SubmittedJob(900 + len(self.calls) - 1)
+        return SubmittedJob(900 + len(self.submitted) - 1)
 
     def max_array_size(self) -> int:
         return 1001
@@ -110,7 +111,7 @@ class _Sbatch:
 
 def _coalescer(tmp_path, refuse: bool) -> tuple[ArrayCoalescer, Spool]:
     spool = Spool(tmp_path / "spool")
-    return ArrayCoalescer(spool, _Sbatch(refuse), python="python3", rule=WindowRule(0.0, 0.0, 0.0), max_wait_s=10), spool
+    return ArrayCoalescer(spool, _Sbatch(refuse=refuse), python="python3", rule=WindowRule(0.0, 0.0, 0.0), max_wait_s=10), spool
 
 
 def _request(keys: tuple[str, ...]) -> TaskRequest:

@@ -162,14 +162,15 @@ def test_settings_build_the_rest_client_or_say_what_is_missing(tmp_path):
     from dagster_gpu.slurm.backend import SlurmBackend, SlurmSettings
     from dagster_gpu.slurm.rest import client_from_settings
 
-    with pytest.raises(ValueError, match="needs rest_url"):
+    with pytest.raises(ValueError, match=r"needs slurm\.rest\.url"):
         client_from_settings(SlurmSettings(transport="rest", spool_dir=str(tmp_path)))
     with pytest.raises(ValueError, match="must start with http"):
-        client_from_settings(SlurmSettings(transport="rest", rest_url="slurm:6820", spool_dir=str(tmp_path)))
-    with pytest.raises(ValueError, match="leave remote_spool_dir unset"):
-        client_from_settings(SlurmSettings(transport="rest", rest_url="http://x:6820", remote_spool_dir="/s", spool_dir=str(tmp_path)))
-    s = SlurmSettings(transport="rest", rest_url="https://slurm.example.org/", rest_token_env="MY_JWT", rest_auth_header="bearer",
-                      rest_data_parser="v0.0.41", rest_max_array_size=501, spool_dir=str(tmp_path))
+        client_from_settings(SlurmSettings(transport="rest", rest={"url": "slurm:6820"}, spool_dir=str(tmp_path)))
+    with pytest.raises(ValueError, match=r"leave slurm\.ssh\.remote_spool_dir unset"):
+        client_from_settings(SlurmSettings(transport="rest", rest={"url": "http://x:6820"}, ssh={"remote_spool_dir": "/s"},
+                                           spool_dir=str(tmp_path)))
+    s = SlurmSettings(transport="rest", rest={"url": "https://slurm.example.org/", "token_env": "MY_JWT", "auth_header": "bearer",
+                                              "data_parser": "v0.0.41", "max_array_size": 501}, spool_dir=str(tmp_path))
     c = SlurmBackend(s).client
     assert isinstance(c, RestSlurmClient) and c.url == "https://slurm.example.org" and c.tokens.env == "MY_JWT"
     assert (c.auth_header, c.version, c.max_array_size_assumed, c.poll_format) == ("bearer", "v0.0.41", 501, "rest")
@@ -349,7 +350,7 @@ def test_an_expired_token_from_the_environment_fails_at_once(tmp_path, monkeypat
     c = RestSlurmClient(url="http://slurmrestd.test:6820", tokens=TokenSource(env="DGPU_TEST_OLD_JWT"), http=fake,
                         version="v0.0.42", token_wait_s=30)
     t0 = time.monotonic()
-    with pytest.raises(RestAuthError, match=r"environment variable DGPU_TEST_OLD_JWT\) expired at .*use rest_token_file"):
+    with pytest.raises(RestAuthError, match=r"environment variable DGPU_TEST_OLD_JWT\) expired at .*use slurm\.rest\.token_file"):
         c.await_credentials("the launch of step 'embed'")
     assert time.monotonic() - t0 < 0.5 and fake.posts == [] and fake.reads == []
 
@@ -366,8 +367,9 @@ def _backend(tmp_path, fake, token_wait_s: float):
     from dagster_gpu.slurm.rest import client_from_settings
 
     f = tmp_path / "jwt"
-    s = SlurmSettings(transport="rest", rest_url="http://slurmrestd.test:6820", rest_user="root", rest_token_file=str(f),
-                      rest_data_parser="v0.0.42", rest_token_wait_seconds=token_wait_s, spool_dir=str(tmp_path / "spool"),
+    s = SlurmSettings(transport="rest", rest={"url": "http://slurmrestd.test:6820", "user": "root", "token_file": str(f),
+                                              "data_parser": "v0.0.42", "token_wait_seconds": token_wait_s},
+                      spool_dir=str(tmp_path / "spool"),
                       coalesce_window_seconds=0.0, coalesce_max_window_seconds=0.0, coalesce_hold_max_seconds=0.0,
                       coalesce_target_tasks=0, coalesce_backlog_tasks=0, submit_timeout_seconds=5.0)
     client = client_from_settings(s, http=fake)
@@ -403,7 +405,7 @@ def test_a_slurm_launch_fails_with_the_auth_error_when_the_wait_runs_out(tmp_pat
     fake = FakeSlurmrestd()
     backend, f = _backend(tmp_path, fake, token_wait_s=0.2)
     _write_private(f, _jwt(time.time() - 60, "stale"))
-    with pytest.raises(RestAuthError, match=r"expired at .* not renewed within 0.2 s \(rest_token_wait_seconds\), so the "
+    with pytest.raises(RestAuthError, match=r"expired at .* not renewed within 0.2 s \(slurm\.rest\.token_wait_seconds\), so the "
                                             r"launch of step 'embed' \(partition 'a.txt'\) failed"):
         backend.launch(_step())
     assert fake.posts == [] and fake.reads == [] and list(backend.spool.pending.glob("*.json")) == []

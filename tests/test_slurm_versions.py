@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import stat
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from dagster_gpu.contracts import WorkerStatus
 from dagster_gpu.slurm import gres as G
 from dagster_gpu.slurm import parse as P
-from dagster_gpu.slurm.client import SlurmClient
+from dagster_gpu.slurm.client import SlurmClient, SubmittedJob
 from dagster_gpu.slurm.client import gpu_count as client_gpu_count
 from dagster_gpu.slurm.states import parse_state, wait_class
 
@@ -190,16 +191,16 @@ def test_array_limits_read_from_config():
         P.array_limits({"MaxArraySize": "1001", "SchedulerParameters": "max_array_tasks=lots"})
 
 
-class _Sbatch:
-    def __init__(self, cap: int):
-        self.calls: list[list[str]] = []
-        self.cap = cap
+@dataclass
+class _Sbatch(SlurmClient):
+    """sbatch that hands out job ids 701, 702, … under a controller whose MaxArraySize is ``cap``."""
+
+    cap: int = 1001
+    submitted: list[list[str]] = field(default_factory=list)
 
     def submit_job(self, script, options, *, script_args=(), attempts=None):
-        from dagster_gpu.slurm.client import SubmittedJob
-
-        self.calls.append(list(options))
-        return SubmittedJob(700 + len(self.calls))
+        self.submitted.append(list(options))
+        return SubmittedJob(700 + len(self.submitted))
 
     def max_array_size(self) -> int:
         return self.cap
@@ -222,7 +223,7 @@ def test_arrays_disabled_fail_with_what_the_site_must_set(tmp_path):
     with pytest.raises(SubmissionRejected) as e:
         _launch(co, "2026-01-01")
     assert "MaxArraySize=0" in str(e.value) and "MaxArraySize in slurm.conf" in str(e.value) and "2026-01-01" in str(e.value)
-    assert client.calls == []  # never an sbatch Slurm would refuse
+    assert client.submitted == []  # never an sbatch Slurm would refuse
 
 
 def test_arrays_sized_below_max_array_tasks(tmp_path):
@@ -237,7 +238,7 @@ def test_arrays_sized_below_max_array_tasks(tmp_path):
     for i in range(7):
         _queue(spool, ("--gres=gpu:1",), 0.0, f"k{i}")
     assert co.flush_due() == 3
-    arrays = [next(o for o in c if o.startswith("--array=")) for c in client.calls]
+    arrays = [next(o for o in c if o.startswith("--array=")) for c in client.submitted]
     assert arrays == ["--array=0-2%4", "--array=0-2%4", "--array=0%4"]
 
 

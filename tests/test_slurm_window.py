@@ -6,10 +6,11 @@ cluster by tests/test_slurm_e2e.py."""
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 import pytest
 
-from dagster_gpu.slurm.client import SubmittedJob
+from dagster_gpu.slurm.client import SlurmClient, SubmittedJob
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, group_key
 from dagster_gpu.slurm.spool import Spool, write_json
 from dagster_gpu.slurm.window import WindowRule, decide_flush
@@ -57,15 +58,15 @@ def test_rule_validation():
         decide_flush(RULE, 0.0, [], 10, None)
 
 
-class RecordingClient:
-    """Stands in for sbatch: records each call and hands out job ids 500, 501, …"""
+@dataclass
+class RecordingClient(SlurmClient):
+    """Stands in for sbatch: records each call's options (``submitted``) and hands out job ids 500, 501, …"""
 
-    def __init__(self):
-        self.calls: list[list[str]] = []
+    submitted: list[list[str]] = field(default_factory=list)
 
     def submit(self, script, options, *, script_args=(), attempts=None) -> int:
-        self.calls.append(list(options))
-        return 500 + len(self.calls) - 1
+        self.submitted.append(list(options))
+        return 500 + len(self.submitted) - 1
 
     def submit_job(self, script, options, *, script_args=(), attempts=None) -> SubmittedJob:
         return SubmittedJob(self.submit(script, options, script_args=script_args, attempts=attempts))
@@ -93,7 +94,7 @@ def test_backlog_holds_only_the_group_whose_arrays_have_pending_tasks(tmp_path):
     old = time.time() - 5  # quiet for 5 s: due by the window alone
     for i in range(3):
         _queue(spool, gpu, old, f"g{i}")
-    assert co.flush_due() == 1 and client.calls[0][-4].startswith("--array=0-2%4")
+    assert co.flush_due() == 1 and client.submitted[0][-4].startswith("--array=0-2%4")
     sub = spool.active_batches()[0][1]
     assert sub["array_job_id"] == 500 and sub["group"] == group_key(gpu, 4)
 
@@ -102,11 +103,11 @@ def test_backlog_holds_only_the_group_whose_arrays_have_pending_tasks(tmp_path):
         _queue(spool, gpu, old, f"g{3 + i}")
         _queue(spool, shard, old, f"s{i}")
     assert co.flush_due() == 1  # only the shard group (no backlog of its own) goes
-    assert client.calls[1][0] == "--gres=shard:1" and "4 pending tasks" in co.last_decisions[group_key(gpu, 4)].reason
+    assert client.submitted[1][0] == "--gres=shard:1" and "4 pending tasks" in co.last_decisions[group_key(gpu, 4)].reason
     assert len(list(spool.pending.glob("*.json"))) == 2
 
     pending[500] = 3  # backlog below the throttle: the held launches go as one array
-    assert co.flush_due() == 1 and client.calls[2][0] == "--gres=gpu:1" and client.calls[2][-4].startswith("--array=0-1%4")
+    assert co.flush_due() == 1 and client.submitted[2][0] == "--gres=gpu:1" and client.submitted[2][-4].startswith("--array=0-1%4")
     assert not list(spool.pending.glob("*.json"))
 
 
@@ -152,7 +153,7 @@ def test_backfill_hold_uses_the_newest_launch_and_can_be_turned_off(tmp_path):
     _queue(spool, ("--gres=gpu:1",), now - 5, "b", to_come=3)  # the newest knows the backfill goes on
     assert co.flush_due() == 0 and "3 more run(s)" in next(iter(co.last_decisions.values())).reason
     off = ArrayCoalescer(spool, client, python="python3", rule=WindowRule(window_s=2.0, target_tasks=0))
-    assert off.flush_due() == 1 and client.calls[0][-4].startswith("--array=0-1%4")
+    assert off.flush_due() == 1 and client.submitted[0][-4].startswith("--array=0-1%4")
 
 
 def test_a_ranged_runs_launch_is_not_held_for_the_next_run(tmp_path):
@@ -161,6 +162,6 @@ def test_a_ranged_runs_launch_is_not_held_for_the_next_run(tmp_path):
     co = ArrayCoalescer(spool, client, python="python3", rule=WindowRule(window_s=2.0, target_tasks=10))
     now = time.time()
     _queue(spool, ("--gres=gpu:1",), now - 3, "r0", to_come=1, partitions=500)  # the unit of a 500-partition run
-    assert co.flush_due() == 1 and client.calls[0][-4] == "--array=0%4"
+    assert co.flush_due() == 1 and client.submitted[0][-4] == "--array=0%4"
     _queue(spool, ("--gres=gpu:1",), now - 3, "p0", to_come=1, partitions=1)  # a one-partition run: held
     assert co.flush_due() == 0 and "(1 partition(s)) for an array of 10" in next(iter(co.last_decisions.values())).reason

@@ -15,6 +15,13 @@ e.g. from ``$DAGSTER_HOME``); ``None`` makes the field optional.
 A key that was renamed stays accepted for a release: :func:`renamed` declares the old key (optional in the
 schema, ``None`` by default) and the class's ``__post_init__`` calls :func:`apply_renamed`, which moves its
 value to the new key and logs one warning per process naming the new key.
+
+A section may hold sections of its own (a field whose type is a settings class, e.g. ``slurm.ssh``). A field
+of such a nested section that replaces an old key of the enclosing one says so with ``setting(..., was=<old
+key>)``: the enclosing section's schema still accepts the old key (optional, ``None`` by default) and
+:func:`from_section` moves its value into the nested section with a ``DeprecationWarning`` (and one log
+line per process) naming the new key; the old key beside a nested value that is not its default is a
+ValueError naming both.
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import logging
 import threading
 import types
 import typing
+import warnings
 from typing import Any, Callable, Mapping
 
 import dagster as dg
@@ -36,9 +44,10 @@ _warned_lock = threading.Lock()
 
 def setting(default: Any = dataclasses.MISSING, description: str | None = None, *,
             default_factory: Callable[[], Any] | Any = dataclasses.MISSING, schema: Any = _NO_SCHEMA,
-            show_default: bool = True) -> Any:
-    """A dataclass field of a settings class (see the module docstring)."""
-    md = {"description": description, "schema": schema, "show_default": show_default}
+            show_default: bool = True, was: str | None = None) -> Any:
+    """A dataclass field of a settings class (see the module docstring). ``was``: in a nested section, the
+    old key of the enclosing section this field replaces (still accepted there, with a warning)."""
+    md = {"description": description, "schema": schema, "show_default": show_default, "was": was}
     if default_factory is not dataclasses.MISSING:
         return dataclasses.field(default_factory=default_factory, metadata=md)
     return dataclasses.field(default=default, metadata=md)
@@ -74,12 +83,70 @@ def apply_renamed(settings: Any, section: str) -> None:
                              f"keep {new} only")
         object.__setattr__(settings, new, old_value)
         object.__setattr__(settings, f.name, None)
-        with _warned_lock:
-            first = (section, f.name) not in _warned
-            _warned.add((section, f.name))
-        if first:
-            log.warning("gpu_executor config: %s.%s is deprecated and will be removed; use %s.%s (same meaning, "
-                        "value %r taken)", section, f.name, section, new, old_value)
+        _warn_deprecated(section, f.name, new, old_value)
+
+
+def _warn_deprecated(section: str, old: str, new: str, value: Any) -> None:
+    """A DeprecationWarning naming ``<section>.<old>`` and its replacement ``<section>.<new>``, and the same as
+    one log line per process and key."""
+    warnings.warn(f"gpu_executor config: {section}.{old} is deprecated: use {section}.{new}", DeprecationWarning,
+                  stacklevel=4)
+    with _warned_lock:
+        first = (section, old) not in _warned
+        _warned.add((section, old))
+    if first:
+        log.warning("gpu_executor config: %s.%s is deprecated and will be removed; use %s.%s (same meaning, "
+                    "value %r taken)", section, old, section, new, value)
+
+
+def _sections(cls: type) -> dict[str, type]:
+    """{field name: settings class} of the nested sections of settings class ``cls``."""
+    hints = typing.get_type_hints(cls)
+    return {f.name: t for f in dataclasses.fields(cls) if dataclasses.is_dataclass(t := _split_optional(hints[f.name])[0])}
+
+
+def moved_keys(cls: type) -> dict[str, tuple[str, dataclasses.Field]]:
+    """{old key: (new dotted key, its field)} of settings class ``cls``: each field of a nested section that
+    replaces an old key of ``cls`` (``setting(..., was=<old key>)``), e.g. ``{"ssh_host": ("ssh.host", …)}``."""
+    return {g.metadata["was"]: (f"{name}.{g.name}", g) for name, sub in _sections(cls).items()
+            for g in dataclasses.fields(sub) if g.metadata.get("was")}
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _move_old_keys(cls: type, section: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    """``section`` with each old key of :func:`moved_keys` set (not None) moved into its nested section, with
+    a deprecation warning. Raises ValueError naming both keys when the nested one is set too (not its
+    default)."""
+    moved = {old: v for old, v in moved_keys(cls).items() if old in section}
+    if not moved:
+        return section
+    out = dict(section)
+    for old, (new, g) in moved.items():
+        value = out.pop(old)
+        if value is None:
+            continue
+        sub, key = new.split(".", 1)
+        nested = dict(out.get(sub) or {})
+        current = nested.get(key)
+        if current is not None and _plain(current) != _plain(_default(g)):
+            raise ValueError(f"gpu_executor config {name}: both {name}.{old} ({value!r}) and {name}.{new} "
+                             f"({current!r}) are set; {old} is the deprecated flat form of {new}: keep {new} only")
+        nested[key] = value
+        out[sub] = nested
+        _warn_deprecated(name, old, new, value)
+    return out
+
+
+def nest_sections(settings: Any) -> None:
+    """Turn each nested section of frozen dataclass ``settings`` given as a mapping (a keyword argument
+    ``ssh={"host": …}``) into its settings class (:func:`from_section`). For ``__post_init__``."""
+    for name, sub in _sections(type(settings)).items():
+        value = getattr(settings, name)
+        if isinstance(value, Mapping):
+            object.__setattr__(settings, name, from_section(sub, value))
 
 
 def _split_optional(hint: Any) -> tuple[Any, bool]:
@@ -136,7 +203,13 @@ def _field(f: dataclasses.Field, hint: Any) -> dg.Field:
 
 def _fields(cls: type) -> dict[str, dg.Field]:
     hints = typing.get_type_hints(cls)
-    return {f.name: _field(f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+    fields = {f.name: _field(f, hints[f.name]) for f in dataclasses.fields(cls) if f.init}
+    for old, (new, g) in moved_keys(cls).items():
+        inner = _split_optional(typing.get_type_hints(_sections(cls)[new.split(".")[0]])[g.name])[0]
+        schema = g.metadata.get("schema", _NO_SCHEMA)
+        fields[old] = dg.Field(dg.Noneable(_dagster_type(inner) if schema is _NO_SCHEMA else schema), is_required=False,
+                               description=f"Deprecated: the flat form of {new}, still accepted; use {new}.")
+    return fields
 
 
 def config_field(cls: type, description: str) -> dg.Field:
@@ -159,10 +232,13 @@ def _convert(value: Any, hint: Any) -> Any:
     return value
 
 
-def from_section(cls: type, section: Mapping[str, Any]) -> Any:
+def from_section(cls: type, section: Mapping[str, Any], name: str | None = None) -> Any:
     """An instance of settings class ``cls`` from a config section: absent keys (and ``None`` for a field that
-    cannot be None) take the class's defaults; unknown keys are ignored. Raises TypeError when a required
-    field is missing."""
+    cannot be None) take the class's defaults; unknown keys are ignored; old keys of nested sections are
+    moved into them (:func:`moved_keys`; ``name`` names the section in the warning, default the class's
+    name). Raises TypeError when a required field is missing, ValueError when an old key and its new one
+    are both set."""
+    section = _move_old_keys(cls, section, name or cls.__name__)
     hints = typing.get_type_hints(cls)
     kw = {}
     for f in dataclasses.fields(cls):

@@ -1,51 +1,10 @@
-"""The ``slurm`` backend: each step is one task of a job array on a Slurm cluster.
+"""The ``slurm`` backend: each step is one task of a job array on a Slurm cluster. Its settings, with their
+descriptions and defaults, are :class:`dagster_gpu.slurm.settings.SlurmSettings` (the ``slurm:`` section).
 
-Config (``execution: config: slurm:``)::
-
-    slurm:
-      slurm_conf: /etc/slurm/slurm.conf        # default: $SLURM_CONF / Slurm's default
-      spool_dir: /shared/dagster-gpu-spool     # default: see default_spool_dir(); must be ours, not group/other-writable
-      spool_shared_group: gpu-team             # opt in to a spool shared by this Unix group (dirs 2770); default: private (0700)
-      account: research                        # sbatch --account
-      slurm_partition: gpu                     # sbatch --partition (default: the cluster's default)
-      qos: normal                              # sbatch --qos
-      requeue: true                            # sbatch --requeue (false: --no-requeue)
-      signal_lead_seconds: 90                  # sbatch --signal=B:USR1@90: stop gracefully before the time limit
-      time_limit: "01:00:00"                   # sbatch --time
-      throttle: 4                              # %T of each array (default: GPUs in the slurm partition / GPUs per task)
-      coalesce_window_seconds: 2.0             # launches share one sbatch until none arrived for this long…
-      coalesce_max_window_seconds: 15.0        # …or the first of them has waited this long
-      coalesce_backlog_tasks: 4                # hold launches while our earlier arrays have this many pending tasks
-                                               # (default: the array throttle; 0: never hold)
-      coalesce_target_tasks: 10                # while a backfill is starting more runs, hold launches until they carry this many partitions
-                                               # (keep it below the run queue's max_concurrent_runs; 0: never)
-      coalesce_hold_max_seconds: 120.0         # longest any launch is held (must stay under submit_timeout_seconds)
-      max_tasks_per_array: 1000                # cap per sbatch (MaxArraySize from the controller also applies)
-      poll_interval_seconds: 2.0               # one squeue + one sacct per interval, for every array in the spool
-      shards_per_gpu: 4                        # shard GRES per GPU (the gres.conf Count per device)
-      shards_per_shared_task: 1                # --gres=shard:N for a step with dagster-gpu/shared-ok
-      extra_sbatch_args: ["--constraint=a100"] # appended as argv items, never through a shell
-      env_files: ["~/.dagster-gpu.env"]        # KEY=VALUE secrets (mode 0600) loaded by each task
-      python: /shared/venv/bin/python          # interpreter on the compute nodes (default: this one)
-      events: relay                            # tasks write their events to a channel the run worker reads
-      relay_url: s3://bucket/dagster-gpu-relay # …under this object-store prefix instead of the spool
-      relay_storage_options: {client_kwargs: {endpoint_url: "https://s3.example.org"}}   # no credentials
-      gpu_types:                               # kinds of GPU in the slurm partition (default: none, untyped GRES)
-        - {product: NVIDIA A100-SXM4-80GB, gres: a100, memory_gib: 80}
-        - {product: NVIDIA H100 80GB HBM3, constraint: h100, memory_gib: 80}
-        - {product: NVIDIA A30, gres: 1g.6gb, memory_gib: 6}   # MIG slices: 1 of an A30's 4
-      wait_limits_seconds:                     # longest wait in each non-terminal state (0 = no limit);
-        held: 1800                             #   REQUEUE_HOLD, SPECIAL_EXIT, PENDING JobHeldAdmin/JobHeldUser
-        preempted: 300                         #   PREEMPTED and not requeued
-        suspended: 3600                        #   SUSPENDED, STOPPED
-        pending: 86400                         #   PENDING/CONFIGURING/REQUEUED for any other reason
-        completing: 1800                       #   COMPLETING, SIGNALING, STAGE_OUT
-        runaway: 1800                          #   gone from squeue, not final in sacct (sacctmgr show runawayjobs)
-
-Waits: a task that stays longer than its limit in a non-terminal state (measured from when this process
-first saw it there) fails its step with a message naming the state, its reason and the limit, and is
-cancelled (``scancel``) so it never runs later: a held task (``scontrol requeuehold``, SPECIAL_EXIT)
-otherwise waits for an administrator forever (:mod:`dagster_gpu.slurm.status`).
+Waits: a task that stays longer than its limit (``wait_limits_seconds``) in a non-terminal state (measured
+from when this process first saw it there) fails its step with a message naming the state, its reason and
+the limit, and is cancelled (``scancel``) so it never runs later: a held task (``scontrol requeuehold``,
+SPECIAL_EXIT) otherwise waits for an administrator forever (:mod:`dagster_gpu.slurm.status`).
 
 Multi-cluster: when ``sbatch --parsable`` names a cluster (``123;gpu2``: ``--clusters=gpu2`` in
 ``extra_sbatch_args``, or a federation), the handle keeps it (``cluster``) and every later squeue, sacct
@@ -78,7 +37,6 @@ anything and a refused task fails its step with the reason from its log.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import os
@@ -99,9 +57,8 @@ from dagster_gpu.contracts import (
 from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
 from dagster_gpu.relay.channel import read_from as read_local_channel
 from dagster_gpu.relay.objects import read_object_channel
-from dagster_gpu.relay.parts import check_relay_settings, is_object_channel
+from dagster_gpu.relay.parts import is_object_channel
 from dagster_gpu.instance.settings import config_field as settings_config_field
-from dagster_gpu.instance.settings import apply_renamed, from_section, renamed, setting
 from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.policy.preemption import pool_key
 from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
@@ -111,16 +68,16 @@ from dagster_gpu.slurm.gpu_types import GpuType, sbatch_gres, select_gpu_type
 from dagster_gpu.slurm.handle import SlurmHandle
 from dagster_gpu.slurm.requeue import MODULE as REQUEUE_MODULE
 from dagster_gpu.slurm.gres import gpu_capacity, pending_for_type
-from dagster_gpu.slurm.gpu_types import from_settings as gpu_types_from_settings
 from dagster_gpu.slurm.parse import SlurmParseError
 from dagster_gpu.slurm.poller import SharedPoller
 from dagster_gpu.slurm.spool import Spool
 from dagster_gpu.slurm.self_requeue import ENV_VAR as REQUEUE_ON_WARNING
+from dagster_gpu.slurm.settings import SlurmSettings
 from dagster_gpu.slurm.rest import client_from_settings as rest_client_from_settings
 from dagster_gpu.slurm.ssh import transport_from_settings
 from dagster_gpu.slurm.transport import TransportError
 from dagster_gpu.slurm.trust import UntrustedPathError
-from dagster_gpu.slurm.status import WaitLimits, records_for, sacct_caught_up, task_state, task_wait_class
+from dagster_gpu.slurm.status import records_for, sacct_caught_up, task_state, task_wait_class
 from dagster_gpu.slurm.window import WindowRule
 
 log = logging.getLogger(__name__)
@@ -152,169 +109,6 @@ def default_spool_dir() -> str:
         path, SPOOL_ENV,
     )  # fmt: skip
     return path
-
-
-#: What each wait class of :class:`~dagster_gpu.slurm.status.WaitLimits` covers (the schema's descriptions;
-#: the keys and defaults come from WaitLimits itself, so the schema cannot miss one).
-_WAIT_LIMIT_DOCS = {
-    "held": "REQUEUE_HOLD, SPECIAL_EXIT, or PENDING held (JobHeldAdmin/JobHeldUser)",
-    "preempted": "PREEMPTED and not requeued",
-    "suspended": "SUSPENDED or STOPPED",
-    "pending": "PENDING/CONFIGURING/REQUEUED/EXPEDITING for any other reason",
-    "completing": "COMPLETING/SIGNALING/STAGE_OUT after the batch script ended",
-    "runaway": "gone from squeue, not final in sacct (sacctmgr show runawayjobs)",
-}
-
-
-@dataclass(frozen=True)
-class SlurmSettings:
-    """The ``slurm:`` section, typed: the one place its defaults are written (:func:`config_field` generates
-    the Dagster schema from it). Seconds for all durations."""
-
-    slurm_conf: str | None = setting(None, "slurm.conf path (default $SLURM_CONF).")
-    slurm_bin_dir: str | None = setting(None, "Directory of sbatch, squeue, sacct, sinfo, scancel and scontrol where the "
-                                              "transport runs them (on the login node with ssh), e.g. /opt/slurm/bin "
-                                              "when a non-interactive login shell lacks them on PATH (default: PATH).")
-    spool_dir: str | None = setting(None, "Spool shared by run workers (and compute nodes); owned by this user, not "
-                                          "writable by group/others (default: $DAGSTER_GPU_SLURM_SPOOL, else under "
-                                          "$DAGSTER_HOME or $XDG_RUNTIME_DIR, else a new private directory).")
-    spool_shared_group: str | None = setting(None, "Unix group that shares the spool on purpose (dirs 2770; manifests, "
-                                                   "logs and the job script are still verified). Default: a private spool.")
-    account: str | None = setting(None, "sbatch --account.")
-    slurm_partition: str | None = setting(None, "sbatch --partition (a slurm partition).")
-    qos: str | None = setting(None, "sbatch --qos (e.g. a preemptible QOS of a cluster shared with online inference).")
-    preemptions_per_gpu_hour: float = setting(
-        0.0, "The cost policy's prior for how often this slurm partition and QOS preempt a task, per GPU-hour; "
-             "blended with the preemptions the instance observed there (dagster_gpu/policy/preemption.py). "
-             "0: not preemptible until preemptions are observed.")
-    requeue: bool = setting(True, "sbatch --requeue (a preempted or failed-node task runs again, continuing after its "
-                                  "checkpoint parts); False: --no-requeue (a preempting QOS then cancels the task).")
-    signal_lead_seconds: int | None = setting(
-        None, "sbatch --signal=B:USR1@<s>: SIGUSR1 to the task <s> seconds before its time limit (Slurm sends it up "
-              "to 60 s early) and, where slurm.conf has PreemptParameters=send_user_signal (22.05: SlurmctldParameters="
-              "preempt_send_user_signal), as soon as a preempting QOS chooses it: the worker commits its checkpoint "
-              "part, asks scontrol requeue for itself (22.05 never requeues a job that ended by itself), and exits. Without it a "
-              "preempted worker gets SIGTERM only when GraceTime ends (Slurm signals the job's steps, not the batch "
-              "script, when GraceTime starts), then SIGKILL after KillWait.")
-    time_limit: str | None = setting(None, "sbatch --time, e.g. 01:00:00.")
-    throttle: int | None = setting(None, "%T of each job array (default: GPUs in the slurm partition).")
-    coalesce_window_seconds: float = setting(2.0, "Quiet gap (s) that ends a coalescing window.")
-    coalesce_max_window_seconds: float = setting(15.0, "Longest wait (s) of a launch for others.")
-    coalesce_backlog_tasks: int | None = setting(None, "Hold launches while our earlier arrays have this many pending "
-                                                       "tasks (default: the array throttle; 0: never).")
-    coalesce_hold_max_seconds: float = setting(120.0, "Longest hold (s) of a launch; below submit_timeout_seconds.")
-    coalesce_target_tasks: int = setting(10, "While a backfill is starting more runs, hold launches until they "
-                                             "carry this many partitions (0: never).")
-    max_tasks_per_array: int | None = setting(None, "Tasks per sbatch cap (MaxArraySize also applies).")
-    poll_interval_seconds: float = setting(2.0, "Seconds between squeue+sacct polls.")
-    shards_per_gpu: int = setting(4, "shard GRES per GPU (gres.conf).")
-    shards_per_shared_task: int = setting(1, "--gres=shard:N for shared-ok steps.")
-    extra_sbatch_args: tuple[str, ...] = setting((), "More sbatch argv items.")
-    env_files: tuple[str, ...] = setting((), "KEY=VALUE secret files (0600) loaded by each task (~ expanded).")
-    python: str | None = setting(None, "Interpreter on compute nodes (default: this one).")
-    transport: str = setting("local", "Where Slurm commands run: 'local' (Dagster is on a login node), 'ssh' (on "
-                                      "ssh_host through OpenSSH, one shared ControlMaster; no passwords) or 'rest' "
-                                      "(slurmrestd at rest_url with a JWT; spool_dir on a file system the compute "
-                                      "nodes see).")
-    ssh_host: str | None = setting(None, "transport ssh: the login node.")
-    ssh_user: str | None = setting(None, "transport ssh: login name (default: OpenSSH's, or ~/.ssh/config's with ssh_config).")
-    ssh_port: int = setting(22, "transport ssh: port.")
-    ssh_identity_file: str | None = setting(None, "transport ssh: private key (default: the ssh agent's keys); a "
-                                                  "passphrase must be in the agent, nothing prompts.")
-    ssh_known_hosts_file: str | None = setting(None, "transport ssh: known_hosts file the login node's key is checked "
-                                                     "against, strictly (required unless ssh_config).")
-    ssh_proxy_jump: str | None = setting(None, "transport ssh: ProxyJump (a bastion), e.g. user@bastion:22.")
-    ssh_config: bool = setting(False, "transport ssh: read ~/.ssh/config for the host (certificates, Kerberos, "
-                                      "ProxyJump, User, IdentityFile); default: only these settings (-F none).")
-    ssh_control_dir: str | None = setting(None, "transport ssh: directory of the shared ControlMaster socket (default "
-                                                "$XDG_RUNTIME_DIR/dagster-gpu-ssh, else /tmp/dagster-gpu-ssh-<uid>).")
-    ssh_forward_env: tuple[str, ...] = setting(("DAGSTER_*",), "transport ssh: this process's variables (fnmatch "
-                                                              "patterns) array tasks inherit, sent on sbatch's stdin.")
-    remote_spool_dir: str | None = setting(None, "transport ssh: the spool on the cluster (manifests, job script, "
-                                                 "task logs; a path compute nodes see); default: spool_dir.")
-    rest_url: str | None = setting(None, "transport rest: slurmrestd's base URL, e.g. http://127.0.0.1:6820 or https://slurm.example.org.")
-    rest_user: str | None = setting(None, "transport rest: the Slurm user the token is for (X-SLURM-USER-NAME); unset "
-                                          "for a token that names its user.")
-    rest_token_env: str = setting("SLURM_JWT", "transport rest: environment variable holding the JWT (scontrol token).")
-    rest_token_file: str | None = setting(None, "transport rest: file holding the JWT (mode 0600, re-read when it "
-                                                "changes; Slurm's default token lifespan is 1800 s); wins over rest_token_env.")
-    rest_auth_header: str = setting("x-slurm", "transport rest: 'x-slurm' (X-SLURM-USER-TOKEN) or 'bearer' "
-                                               "(Authorization: Bearer).")
-    rest_data_parser: str | None = setting(None, "transport rest: data_parser version, e.g. v0.0.42; default: the "
-                                                 "newest of v0.0.40-v0.0.44 the server serves (/openapi/v3).")
-    rest_max_array_size: int = setting(1001, "transport rest: the cluster's MaxArraySize (slurmrestd does not serve "
-                                             "slurm.conf; Slurm's default 1001).")
-    rest_forward_env: tuple[str, ...] = setting(("DAGSTER_*", "PATH"), "transport rest: this process's variables (fnmatch "
-                                                                "patterns) put in each job's environment; names "
-                                                                "with PASSWORD, SECRET, TOKEN or JWT never (use env_files).")
-    rest_working_dir: str = setting("/tmp", "transport rest: the jobs' working directory on the cluster.")
-    rest_ca_file: str | None = setting(None, "transport rest: CA bundle for an https rest_url (default: the system's).")
-    rest_token_wait_seconds: float = setting(
-        300.0, "transport rest: how long a launch whose token has expired waits for rest_token_file to hold a renewed "
-               "one (re-read every second) before its step fails with the token's expiry; slurmrestd refuses an "
-               "expired token before it takes the job, so the job array is then submitted exactly once. 0: fail at "
-               "once. An expired token from rest_token_env fails at once.")
-    events: str = setting("direct", "How the array tasks' events reach the Dagster instance: 'direct' (each task "
-                                    "writes to the instance's database, so compute nodes reach it) or 'relay' (each task "
-                                    "appends them to a file in the spool, or uploads them under relay_url, that the run worker "
-                                    "reads, over the transport with ssh, and stores: compute nodes need no database access "
-                                    "and no database password).")
-    relay_url: str | None = setting(None, "events relay: an fsspec URL (e.g. s3://bucket/dagster-gpu-relay) under "
-                                          "which each task writes its channel as immutable parts, read by the run "
-                                          "worker from the object store instead of the spool (for transport rest "
-                                          "where this host sees no spool files). Credentials come from each side's "
-                                          "provider chain, never from this config.")
-    relay_storage_options: Mapping[str, Any] = setting(
-        default_factory=dict, show_default=False,
-        description="events relay with relay_url: fsspec storage options for it on both sides, e.g. "
-                    "{client_kwargs: {endpoint_url: https://s3.example.org}}; no key, secret, token or password.")
-    worker_python: str | None = setting(
-        None, "The array task's step worker Python (a path the compute nodes see, e.g. a venv on the shared "
-              "filesystem); default: the executor-wide worker_python if set, else the code location's interpreter.")
-    submit_timeout_seconds: float = setting(180.0, "Longest wait (s) of a launch for its sbatch.")
-    vanish_grace_seconds: float = setting(60.0, "Seconds a task may be unknown to squeue and sacct after submission.")
-    settle_wait_seconds: float = setting(20.0, "Wait (s) at the orchestrating process's exit for its tasks' sacct bills.")
-    reconcile_wait_seconds: float | None = renamed("settle_wait_seconds")
-    gpu_product: str = setting("NVIDIA A100-SXM4-80GB", "Product of the slurm partition's GPUs (rate card device "
-                                                        "type; untyped GRES do not say).")
-    gpu_memory_gib: float = setting(80.0, "Memory of one of those GPUs (GiB).")
-    gpu_types: tuple[Mapping[str, Any], ...] = setting((), "Kinds of GPU in the slurm partition, for typed requests: "
-                                                           "[{product, gres (gres.conf Type, or a MIG profile), constraint "
-                                                           "(node feature), memory_gib}]. Default: none (every step asks --gres=gpu:N).")
-    #: seconds per wait class; missing keys keep the defaults of :class:`dagster_gpu.slurm.status.WaitLimits`
-    wait_limits_seconds: Mapping[str, float] = setting(
-        default_factory=dict, show_default=False,
-        description="Longest wait (s) of a task in each non-terminal state before its step fails and the task is "
-                    "cancelled (0 = no limit).",
-        schema={
-            f.name: dg.Field(float, is_required=False, description=f"{_WAIT_LIMIT_DOCS[f.name]}: default {f.default:g}.")
-            for f in dataclasses.fields(WaitLimits)
-        },
-    )
-
-    def __post_init__(self):
-        apply_renamed(self, "slurm")
-        object.__setattr__(self, "gpu_types", gpu_types_from_settings(self.gpu_types))
-        object.__setattr__(self, "extra_sbatch_args", tuple(self.extra_sbatch_args))
-        object.__setattr__(self, "env_files", tuple(os.path.expanduser(x) for x in self.env_files))
-        object.__setattr__(self, "ssh_forward_env", tuple(self.ssh_forward_env))
-        if self.events not in ("direct", "relay"):
-            raise ValueError(f"gpu_executor config slurm.events: {self.events!r} is not 'direct' or 'relay'")
-        object.__setattr__(self, "relay_storage_options", dict(self.relay_storage_options or {}))
-        check_relay_settings(self.events, self.relay_url, self.relay_storage_options)
-        if self.signal_lead_seconds is not None and not 0 < int(self.signal_lead_seconds) <= 65535:
-            raise ValueError(f"gpu_executor config slurm.signal_lead_seconds: {self.signal_lead_seconds} is not in "
-                             "1..65535 (sbatch --signal's sig_time)")
-
-    @classmethod
-    def from_section(cls, section: Mapping[str, Any]) -> "SlurmSettings":
-        """Settings from the ``slurm:`` section (absent keys take the defaults above)."""
-        return from_section(cls, section)
-
-    @property
-    def wait_limits(self):
-        """:class:`~dagster_gpu.slurm.status.WaitLimits` from ``wait_limits_seconds``. Raises ValueError."""
-        return WaitLimits.from_mapping(self.wait_limits_seconds)
 
 
 class SlurmBackend(Backend):
@@ -353,7 +147,7 @@ class SlurmBackend(Backend):
             max_wait_s=settings.submit_timeout_seconds,
             # a submitter may hold the spool lock while it waits for a renewed token: a launch past its own
             # timeout waits that long for the lock before it withdraws (its launch may be the one being submitted)
-            lock_wait_s=30.0 + float(getattr(self.client, "token_wait_s", 0.0) or 0.0),
+            lock_wait_s=30.0 + float(self.client.token_wait_s),
             max_tasks_per_array=settings.max_tasks_per_array,
             max_array_size=self.max_array_size,
             env_files=settings.env_files,
@@ -548,8 +342,7 @@ class SlurmBackend(Backend):
         run = launch.run_id if re.fullmatch(r"[A-Za-z0-9-]{1,64}", launch.run_id) else hashlib.sha256(launch.run_id.encode()).hexdigest()[:32]
         if self.settings.relay_url:
             return f"{self.settings.relay_url.rstrip('/')}/{run}/{digest}"
-        remote = getattr(getattr(self.client, "transport", None), "remote_spool", None)
-        root = remote or str(self.spool.root)
+        root = self.client.transport.remote_spool or str(self.spool.root)
         return f"{root}/relay/{run}/{digest}.jsonl"
 
     def read_channel(self, path: str, offset: int) -> bytes:
@@ -558,8 +351,8 @@ class SlurmBackend(Backend):
         spool. b"" while the task has not written it."""
         if is_object_channel(path):
             return read_object_channel(path, offset, self.settings.relay_storage_options)
-        transport = getattr(self.client, "transport", None)
-        if getattr(transport, "remote_spool", None):
+        transport = self.client.transport
+        if transport.remote_spool:
             return transport.read_from(path, offset)
         return read_local_channel(path, offset)
 
@@ -570,16 +363,15 @@ class SlurmBackend(Backend):
     def _task_log(self, batch: str, task: int) -> str:
         """Where array task ``task`` of ``batch`` writes its log (``sbatch --output``): under the spool the
         tasks see (the cluster's, with ``transport: ssh``)."""
-        remote = getattr(getattr(self.client, "transport", None), "remote_spool", None)
+        remote = self.client.transport.remote_spool
         return f"{remote}/batches/{batch}/{task}.out" if remote else str(self.spool.batch_dir(batch) / f"{task}.out")
 
     def _log_tail(self, path: str) -> str:
         """The last lines of an array task's log: on this host, or over the transport when the spool the
         tasks write is on the cluster (``transport: ssh``)."""
-        transport = getattr(self.client, "transport", None)
-        tail = getattr(transport, "tail", None)
-        if getattr(transport, "remote_spool", None) and tail is not None:
-            return tail(path)
+        transport = self.client.transport
+        if transport.remote_spool:
+            return transport.tail(path)
         return log_tail(Path(path))
 
     def terminate(self, handle: Handle) -> None:
@@ -732,7 +524,7 @@ class SlurmBackend(Backend):
 
 def config_field() -> dg.Field:
     """The ``slurm:`` section of gpu_executor's config, generated from :class:`SlurmSettings`."""
-    return settings_config_field(SlurmSettings, "Slurm backend settings (dagster_gpu.slurm.backend).")
+    return settings_config_field(SlurmSettings, "Slurm backend settings (dagster_gpu.slurm.settings).")
 
 
 def configured(section: Mapping[str, Any] | None) -> bool:
@@ -744,3 +536,6 @@ def build_backend(section: Mapping[str, Any], config: Mapping[str, Any] | None =
                   default_log_dir: Path | None = None) -> SlurmBackend:
     """The registry hook: a SlurmBackend from the ``slurm:`` section (its logs go to the spool)."""
     return SlurmBackend(SlurmSettings.from_section(section))
+
+
+__all__ = ["SlurmBackend", "SlurmSettings", "build_backend", "config_field", "configured", "default_spool_dir"]

@@ -17,6 +17,7 @@ every later ``squeue``/``sacct``/``scancel`` of that job passes ``cluster=`` so 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import posixpath
@@ -25,7 +26,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
+from typing import ClassVar, Iterable, Mapping, Sequence
 
 from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
@@ -131,6 +132,8 @@ class SlurmClient:
             host, e.g. ``/opt/slurm/24.11/bin``: a site whose non-interactive login shell does not have them on
             PATH), or None to find them on PATH.
         calls: count of commands run, by program name (for benchmarks and tests).
+        token_wait_s: how long a launch waits for renewed credentials (:meth:`await_credentials`), seconds;
+            0 here (nothing to renew), the rest client's ``token_wait_seconds``.
     """
 
     slurm_conf: str | None = None
@@ -141,6 +144,7 @@ class SlurmClient:
     transport: Transport = field(default_factory=LocalTransport)
     bin_dir: str | None = None
     calls: dict[str, int] = field(default_factory=dict)
+    token_wait_s: float = 0.0
     _config: dict[str, str] | None = field(default=None, init=False, repr=False, compare=False)
     _warned_tres: bool = field(default=False, init=False, repr=False, compare=False)
 
@@ -153,6 +157,13 @@ class SlurmClient:
         """The variables set on top of the scrubbed environment: ``SLURM_CONF`` (when configured) and
         ``extra_env``."""
         return {**({"SLURM_CONF": self.slurm_conf} if self.slurm_conf else {}), **dict(self.extra_env)}
+
+    def with_extra_env(self, **env: str) -> "SlurmClient":
+        """This client with ``env`` on top of ``extra_env``: itself when those values are set already, else a
+        copy (``dataclasses.replace``, sharing :attr:`calls`)."""
+        if all(self.extra_env.get(k) == v for k, v in env.items()):
+            return self
+        return dataclasses.replace(self, extra_env={**self.extra_env, **env})
 
     def _run_once(
         self, argv: Sequence[str], ok_codes: Iterable[int] = (0,), forward_env: bool = False
@@ -170,7 +181,7 @@ class SlurmClient:
             raise SlurmTransientError(argv, None, f"timed out after {self.timeout_s:g}s", str(e.stderr or "")) from e
         except TransportUnreachable as e:
             err = SlurmUnreachable(argv, None, str(e), str(e))
-            err.sent = bool(getattr(e, "sent", True))
+            err.sent = e.sent
             raise err from e
         except TransportRefused as e:
             raise SlurmAccessRefused(argv, None, str(e), str(e)) from e
@@ -224,7 +235,7 @@ class SlurmClient:
 
     # ------------------------------------------------------------------------------------ the shared poll
     #: How :meth:`poll_query`'s texts are written: ``cli`` (squeue / sacct output in parse's formats).
-    poll_format = "cli"
+    poll_format: ClassVar[str] = "cli"
 
     def poll_query(self, job_ids: Sequence[int], cluster: str | None = None) -> tuple[str, str]:
         """(queue text, accounting text) of array jobs ``job_ids`` on one cluster, as the shared poll stores

@@ -24,7 +24,6 @@ manifest that does not match; ``sbatch`` runs with ``SLURM_UMASK=0077`` so the t
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -387,7 +386,7 @@ class ArrayCoalescer:
     def _remote_spool(self) -> str | None:
         """The spool on the cluster when the client's transport reaches a login node (``transport: ssh``),
         else None (this host's spool is the one the tasks read)."""
-        return getattr(getattr(self.client, "transport", None), "remote_spool", None)
+        return self.client.transport.remote_spool
 
     def job_script_for_sbatch(self) -> tuple[str, str]:
         """(path, SHA-256) of the verified job script where ``sbatch`` reads it: this spool's (rewritten and
@@ -422,15 +421,10 @@ class ArrayCoalescer:
         digests = self.client.transport.upload(files)
         return script, digests[script], runner, remote_manifest
 
-    def _submitting_client(self):
+    def _submitting_client(self) -> SlurmClient:
         """The client with ``SLURM_UMASK=0077`` in sbatch's environment: slurmstepd then creates the
-        tasks' ``--output`` logs 0600 whatever this process's umask (checked on Slurm 22.05). A client
-        that is not a dataclass with ``extra_env`` (a test double) is used as it is."""
-        c = self.client
-        if dataclasses.is_dataclass(c) and isinstance(getattr(c, "extra_env", None), Mapping):
-            if c.extra_env.get("SLURM_UMASK") != "0077":
-                return dataclasses.replace(c, extra_env={**c.extra_env, "SLURM_UMASK": "0077"})  # shares c.calls
-        return c
+        tasks' ``--output`` logs 0600 whatever this process's umask (checked on Slurm 22.05)."""
+        return self.client.with_extra_env(SLURM_UMASK="0077")
 
     @staticmethod
     def _result(res: dict) -> TaskAssignment:

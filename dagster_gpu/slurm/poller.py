@@ -150,7 +150,7 @@ class SharedPoller:
         for aid in sorted(ids):
             groups.setdefault(cluster_of.get(aid), []).append(aid)
         started = time.time()
-        fmt = getattr(self.client, "poll_format", "cli")
+        fmt = self.client.poll_format
         doc: dict = {"started_at": started, "ids": sorted(ids), "format": fmt}
         try:
             # raw text is stored so every reader parses exactly what Slurm printed

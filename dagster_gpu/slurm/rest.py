@@ -61,7 +61,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, ClassVar, Iterable, Mapping, Sequence
 from urllib.parse import quote, urlencode
 
 import urllib3
@@ -72,7 +72,7 @@ from dagster_gpu.slurm import rest_parse as RP
 from dagster_gpu.slurm.client import (
     _TRANSIENT, SlurmAccessRefused, SlurmClient, SlurmRejected, SlurmTransientError, SlurmUnreachable, SubmittedJob,
 )
-from dagster_gpu.slurm.transport import scrubbed_env
+from dagster_gpu.slurm.transport import NoRemoteSpool, scrubbed_env
 
 log = logging.getLogger(__name__)
 
@@ -172,13 +172,13 @@ def token_expiry(token: str) -> float | None:
 
 
 @dataclass
-class RestTransport:
-    """What the coalescer and backend read of a transport: its kind, and no remote spool (the spool must be
-    a file system the compute nodes see). Slurm commands do not run through it."""
+class RestTransport(NoRemoteSpool):
+    """The client's transport (:class:`~dagster_gpu.slurm.transport.Transport`) over slurmrestd: no remote
+    spool (the spool must be a file system the compute nodes see), so upload, tail and read_from raise
+    TransportUnavailable; Slurm commands do not run through it (:meth:`run` raises SlurmRejected)."""
 
     url: str
     kind: str = "rest"
-    remote_spool: None = None
 
     def run(self, argv, *, set_env, timeout_s, forward_env=False):
         raise SlurmRejected(list(argv), None, f"transport rest ({self.url}) runs no Slurm commands; "
@@ -221,7 +221,7 @@ class RestSlurmClient(SlurmClient):
     _release: str = field(default="", init=False, repr=False, compare=False)
     _warned_secret: set = field(default_factory=set, init=False, repr=False, compare=False)
 
-    poll_format = "rest"
+    poll_format: ClassVar[str] = "rest"
 
     def __post_init__(self):
         self.url = self.url.rstrip("/")
@@ -325,7 +325,7 @@ class RestSlurmClient(SlurmClient):
         base = f"slurmrestd {self.url}: the token of {self._who()} ({self.tokens.where()}) expired at {_when(exp)}"
         if not self.tokens.renewable:
             raise RestAuthError(argv, status, f"{base}, before {what}; an environment variable is not renewed under a "
-                                "running process: renew the token and start again, or use rest_token_file (re-read "
+                                "running process: renew the token and start again, or use slurm.rest.token_file (re-read "
                                 "when it changes)")
         if self.tokens.given_up_on == _digest(stale):
             raise RestAuthError(argv, status, f"{base}, before {what}; this process already waited for it to be renewed "
@@ -346,7 +346,7 @@ class RestSlurmClient(SlurmClient):
             if left <= 0:
                 self.tokens.given_up_on = _digest(stale)
                 raise RestAuthError(argv, status, f"{base}; it was not renewed within {self.token_wait_s:g} s "
-                                    f"(rest_token_wait_seconds), so {what} failed and nothing was submitted: renew it "
+                                    f"(slurm.rest.token_wait_seconds), so {what} failed and nothing was submitted: renew it "
                                     "(scontrol token lifespan=<s> username=<user>)")
             time.sleep(min(self.token_poll_s, left))
 
@@ -521,20 +521,21 @@ class RestSlurmClient(SlurmClient):
 
 
 def client_from_settings(settings, **client_kw) -> RestSlurmClient:
-    """The :class:`RestSlurmClient` a :class:`~dagster_gpu.slurm.backend.SlurmSettings` with ``transport: rest``
-    asks for. Raises ValueError for missing or bad settings."""
-    if not settings.rest_url:
-        raise ValueError("slurm transport 'rest' needs rest_url (slurmrestd's base URL, e.g. http://127.0.0.1:6820)")
-    if not settings.rest_url.startswith(("http://", "https://")):
-        raise ValueError(f"slurm rest_url must start with http:// or https://, got {settings.rest_url!r}")
-    if settings.remote_spool_dir:
-        raise ValueError("slurm transport 'rest' carries no files: leave remote_spool_dir unset and put spool_dir on "
-                         "a file system the compute nodes see at the same path")
+    """The :class:`RestSlurmClient` a :class:`~dagster_gpu.slurm.settings.SlurmSettings` with ``transport: rest``
+    asks for, from its ``rest`` section. Raises ValueError for missing or bad settings."""
+    rest = settings.rest
+    if not rest.url:
+        raise ValueError("slurm transport 'rest' needs slurm.rest.url (slurmrestd's base URL, e.g. http://127.0.0.1:6820)")
+    if not rest.url.startswith(("http://", "https://")):
+        raise ValueError(f"slurm.rest.url must start with http:// or https://, got {rest.url!r}")
+    if settings.ssh.remote_spool_dir:
+        raise ValueError("slurm transport 'rest' carries no files: leave slurm.ssh.remote_spool_dir unset and put "
+                         "spool_dir on a file system the compute nodes see at the same path")
     return RestSlurmClient(
-        url=settings.rest_url, user=settings.rest_user,
-        tokens=TokenSource(env=settings.rest_token_env, file=os.path.expanduser(settings.rest_token_file) if settings.rest_token_file else None),
-        auth_header=settings.rest_auth_header, version=settings.rest_data_parser,
-        max_array_size_assumed=int(settings.rest_max_array_size), forward_env=tuple(settings.rest_forward_env),
-        working_dir=settings.rest_working_dir, ca_file=settings.rest_ca_file,
-        token_wait_s=float(settings.rest_token_wait_seconds), **client_kw,
+        url=rest.url, user=rest.user,
+        tokens=TokenSource(env=rest.token_env, file=os.path.expanduser(rest.token_file) if rest.token_file else None),
+        auth_header=rest.auth_header, version=rest.data_parser,
+        max_array_size_assumed=int(rest.max_array_size), forward_env=tuple(rest.forward_env),
+        working_dir=rest.working_dir, ca_file=rest.ca_file,
+        token_wait_s=float(rest.token_wait_seconds), **client_kw,
     )  # fmt: skip

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import fcntl
 import fnmatch
+import hashlib
 import logging
 import os
 import stat
@@ -220,8 +221,6 @@ class SshTransport:
         atomically, directories 0700 and trust-checked on the cluster side. Returns {path: sha256 hex} as
         the login node read them back; raises TransportRefused when the remote spool is not trusted or a
         digest differs from what was sent, TransportUnreachable."""
-        import hashlib
-
         payload = b"".join(content for _, content, _ in files)
         remote = C.upload_command(self.remote_spool, [(p, mode, len(content)) for p, content, mode in files])
         cp = self._remote(remote, timeout_s, stdin=payload, text=False)
@@ -254,31 +253,35 @@ class SshTransport:
 
 
 def transport_from_settings(settings) -> "SshTransport | None":
-    """The transport a :class:`~dagster_gpu.slurm.backend.SlurmSettings` asks for: None for ``local`` (the
-    client's default), an :class:`SshTransport` for ``ssh``. Raises ValueError for an unknown transport
-    (``rest`` is built by :func:`dagster_gpu.slurm.rest.client_from_settings`) or ssh settings missing a host."""
+    """The transport a :class:`~dagster_gpu.slurm.settings.SlurmSettings` asks for: None for ``local`` (the
+    client's default), an :class:`SshTransport` from its ``ssh`` section for ``ssh``. Raises ValueError for an
+    unknown transport (``rest`` is built by :func:`dagster_gpu.slurm.rest.client_from_settings`) or ssh
+    settings missing a host."""
     kind = (settings.transport or "local").lower()
     if kind == "local":
         return None
     if kind != "ssh":
         raise ValueError(f"slurm transport {settings.transport!r}: 'local', 'ssh' or 'rest' (slurmrestd: "
                          "dagster_gpu.slurm.rest.client_from_settings builds that client)")
-    if not settings.ssh_host:
-        raise ValueError("slurm transport 'ssh' needs ssh_host")
+    ssh = settings.ssh
+    if not ssh.host:
+        raise ValueError("slurm transport 'ssh' needs slurm.ssh.host")
     target = C.SshTarget(
-        host=settings.ssh_host, user=settings.ssh_user, port=int(settings.ssh_port),
-        identity_file=os.path.expanduser(settings.ssh_identity_file) if settings.ssh_identity_file else None,
-        known_hosts_file=os.path.expanduser(settings.ssh_known_hosts_file) if settings.ssh_known_hosts_file else None,
-        proxy_jump=settings.ssh_proxy_jump, use_ssh_config=bool(settings.ssh_config),
+        host=ssh.host, user=ssh.user, port=int(ssh.port),
+        identity_file=os.path.expanduser(ssh.identity_file) if ssh.identity_file else None,
+        known_hosts_file=os.path.expanduser(ssh.known_hosts_file) if ssh.known_hosts_file else None,
+        proxy_jump=ssh.proxy_jump, use_ssh_config=bool(ssh.config),
     )  # fmt: skip
     if not target.known_hosts_file and not target.use_ssh_config:
-        raise ValueError("slurm transport 'ssh' needs ssh_known_hosts_file (host keys are checked strictly), or ssh_config: true")
-    remote_spool = settings.remote_spool_dir or settings.spool_dir
+        raise ValueError("slurm transport 'ssh' needs slurm.ssh.known_hosts_file (host keys are checked strictly), "
+                         "or slurm.ssh.config: true")
+    remote_spool = ssh.remote_spool_dir or settings.spool_dir
     if not remote_spool or not os.path.isabs(remote_spool):
-        raise ValueError("slurm transport 'ssh' needs remote_spool_dir (or spool_dir): an absolute path on the cluster that its compute nodes see")
+        raise ValueError("slurm transport 'ssh' needs slurm.ssh.remote_spool_dir (or slurm.spool_dir): an absolute "
+                         "path on the cluster that its compute nodes see")
     return SshTransport(
         target=target,
         remote_spool=remote_spool,
-        forward_env=tuple(settings.ssh_forward_env),
-        control_dir=settings.ssh_control_dir or default_control_dir(),
+        forward_env=tuple(ssh.forward_env),
+        control_dir=ssh.control_dir or default_control_dir(),
     )

@@ -304,7 +304,7 @@ def refusal_message(kind: str, target: SshTarget, text: str, known_hosts: str | 
             "key from a trusted source (ssh-keyscan output checked against the site's published fingerprints)"
         )
     return (
-        f"ssh login refused for {who}: {last or 'no message'}. dagster-gpu authenticates with a key (identity_file "
-        "or the ssh agent), a certificate or Kerberos through ~/.ssh/config (ssh_config: true); password and "
+        f"ssh login refused for {who}: {last or 'no message'}. dagster-gpu authenticates with a key (slurm.ssh.identity_file "
+        "or the ssh agent), a certificate or Kerberos through ~/.ssh/config (slurm.ssh.config: true); password and "
         "keyboard-interactive logins are not supported (BatchMode=yes)"
     )

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from typing import Mapping, Protocol, Sequence
+from typing import Mapping, Protocol, Sequence, runtime_checkable
 
 #: Prefixes of environment variables Slurm commands read as defaults or output formats.
 SCRUBBED_PREFIXES = ("SLURM_", "SBATCH_", "SQUEUE_", "SACCT_", "SINFO_", "SCANCEL_", "SRUN_", "SALLOC_", "SCONTROL_")
@@ -62,11 +62,20 @@ def scrubbed_env(base: Mapping[str, str], extra: Mapping[str, str] = ()) -> dict
     return env
 
 
+@runtime_checkable
 class Transport(Protocol):
-    """What :class:`~dagster_gpu.slurm.client.SlurmClient` needs of a transport."""
+    """What :class:`~dagster_gpu.slurm.client.SlurmClient`, the coalescer and the backend use of a transport.
+
+    A transport whose spool is on the cluster (``remote_spool`` set: ssh) carries the spool files with
+    :meth:`upload` and reads them back with :meth:`tail` and :meth:`read_from`; one whose spool is this host's
+    (``remote_spool`` None: local, rest) raises :class:`TransportUnavailable` from those three, and callers
+    read the spool on this host instead."""
 
     #: ``local``, ``ssh`` or ``rest``: for messages and metadata.
     kind: str
+    #: The spool directory on the cluster (a path the compute nodes see), or None when the array tasks read
+    #: this host's spool.
+    remote_spool: str | None
 
     def run(
         self, argv: Sequence[str], *, set_env: Mapping[str, str], timeout_s: float, forward_env: bool = False
@@ -78,12 +87,52 @@ class Transport(Protocol):
         FileNotFoundError, subprocess.TimeoutExpired."""
         ...
 
+    def upload(self, files: Sequence[tuple[str, bytes, int]], timeout_s: float = 60.0) -> dict[str, str]:
+        """Write ``files`` (path under :attr:`remote_spool`, content, mode); returns {path: SHA-256 hex} as
+        read back on the cluster. Raises TransportRefused, TransportUnreachable, TransportUnavailable."""
+        ...
 
-class LocalTransport:
+    def tail(self, path: str, lines: int = 20) -> str:
+        """The last ``lines`` lines of a file in the cluster's spool (a message in their place when it
+        cannot be read now). Raises TransportUnavailable."""
+        ...
+
+    def read_from(self, path: str, offset: int, timeout_s: float = 30.0) -> bytes:
+        """The bytes of a file in the cluster's spool from ``offset`` (b"" when absent). Raises
+        TransportUnreachable, TransportRefused, TransportError, TransportUnavailable."""
+        ...
+
+
+class TransportUnavailable(TransportError):
+    """A transport was asked for something it does not carry (the spool files of a transport whose spool
+    is this host's); the message names the member and the transport."""
+
+
+class NoRemoteSpool:
+    """The spool members of a transport whose array tasks read this host's spool: ``remote_spool`` None,
+    and :meth:`upload`, :meth:`tail`, :meth:`read_from` raise :class:`TransportUnavailable`."""
+
+    kind: str
+    remote_spool: None = None
+
+    def _unavailable(self, member: str, path: str) -> TransportUnavailable:
+        return TransportUnavailable(f"{member} ({path}) is not available over {self.kind}: the array tasks read "
+                                    "this host's spool, so read it here")
+
+    def upload(self, files: Sequence[tuple[str, bytes, int]], timeout_s: float = 60.0) -> dict[str, str]:
+        raise self._unavailable("upload", ", ".join(p for p, _, _ in files))
+
+    def tail(self, path: str, lines: int = 20) -> str:
+        raise self._unavailable("tail", path)
+
+    def read_from(self, path: str, offset: int, timeout_s: float = 30.0) -> bytes:
+        raise self._unavailable("read_from", path)
+
+
+class LocalTransport(NoRemoteSpool):
     """Slurm commands as child processes of this one (Dagster runs on a Slurm login node)."""
 
     kind = "local"
-    remote_spool = None  # the spool the array tasks read is this host's own
 
     def run(
         self, argv: Sequence[str], *, set_env: Mapping[str, str], timeout_s: float, forward_env: bool = False
