@@ -1,20 +1,8 @@
 """``gpu_executor``: a step-delegating Dagster executor that places each step on local, Slurm or Kubernetes.
 
-Run config (``execution: config:``)::
-
-    backend: auto | local | slurm | kubernetes      # default auto (the cost policy, or the only backend)
-    rate_card: /path/to/ratecard.yaml              # default: the packaged dagster_gpu/data/ratecard.yaml
-    worker_python: /opt/venv/bin/python            # fallback for every backend; a backend's own worker_python wins
-                                                   # (default: kubernetes the image's python, else the code
-                                                   # location's interpreter)
-    local: {log_dir: ..., cuda_visible_devices: "0", terminate_grace_seconds: 10, enabled: true}
-    slurm: {...}                                   # see dagster_gpu.slurm.backend
-    kubernetes: {...}                              # see dagster_gpu.k8s.backend
-    retries: {enabled: {}} | {disabled: {}}
-    max_concurrent: N                              # steps in flight per run
-    tag_concurrency_limits: [...]
-    sleep_seconds: 0.5                             # event-log polling period
-    check_step_health_interval_seconds: 5
+Run config (``execution: config:``): :data:`GPU_EXECUTOR_CONFIG`; each backend's section is generated from its
+settings class (``dagster_gpu.instance.settings``). Every key with its type, default and description:
+docs/reference/configuration.md, generated from this schema when the docs site is built.
 
 The per-step GPU request comes from the asset's op tags (``dagster_gpu.core.request``). Steps are verified
 (``should_verify_step``) so a duplicate worker never runs a step twice.
