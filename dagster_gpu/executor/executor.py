@@ -36,10 +36,14 @@ GPU_EXECUTOR_CONFIG = {
     "worker_python": dg.Field(dg.StringSource, is_required=False, description="Python interpreter for step workers of every backend whose section sets no worker_python (default: on kubernetes the image's python from PATH, elsewhere the code location's interpreter)."),
     **_backend_fields(),
     "retries": get_retries_config(),
-    "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, is_required=False),
+    "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, is_required=False,
+                               description="Steps of one run in flight at once (Dagster's StepDelegatingExecutor); null: no limit."),
     "tag_concurrency_limits": get_tag_concurrency_limits_config(),
     "sleep_seconds": dg.Field(float, is_required=False, description="Event-log polling period (s)."),
-    "check_step_health_interval_seconds": dg.Field(int, default_value=5),
+    "check_step_health_interval_seconds": dg.Field(
+        int, default_value=5,
+        description="Seconds between health checks of each running step's worker: a worker that ended without "
+                    "its step recording an outcome fails the step with the backend's state, exit code and log tail."),
 }
 
 
