@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.chromium import chromium_path
+
 ROOT = Path(__file__).resolve().parents[1]
 CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
@@ -79,20 +81,8 @@ def test_site_loads_nothing_from_the_network(site):
     assert remote == [], remote
 
 
-def _chromium() -> str:
-    import shutil
-
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        msg = "Debian's chromium is not installed (scripts/setup.sh installs it)"
-        if CI:
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return path
-
-
 def test_site_renders_in_chromium(site, tmp_path):
-    chromium = _chromium()
+    chromium = chromium_path()
     _need("playwright")
     from playwright.sync_api import sync_playwright
 

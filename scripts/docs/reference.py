@@ -72,13 +72,15 @@ def _sections(shape: Any, path: str) -> Iterator[tuple[str, list[tuple[str, Any]
             yield from _sections(ct, f"{path}.{name}" if path else name)
 
 
-def settings_rows() -> list[tuple[str, str, str, str]]:
-    """(dotted key, type, default, description) of every key of gpu_executor's config, depth first."""
+def settings_rows(config: Any = None) -> list[tuple[str, str, str, str]]:
+    """(dotted key, type, default, description) of every key of a Dagster config schema (a dict of fields;
+    default gpu_executor's), depth first: a section's keys follow it, nested sections by their dotted path."""
     from dagster._config.field_utils import convert_potential_field
     from dagster_gpu.executor.executor import GPU_EXECUTOR_CONFIG
 
     rows = []
-    for path, fields in _sections(convert_potential_field(GPU_EXECUTOR_CONFIG).config_type, ""):
+    schema = GPU_EXECUTOR_CONFIG if config is None else config
+    for path, fields in _sections(convert_potential_field(schema).config_type, ""):
         for name, field in fields:
             key = f"{path}.{name}" if path else name
             rows.append((key, type_name(field.config_type), _default(field), field.description or ""))
