@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dagster_gpu.instance.settings import apply_renamed, config_field, renamed, setting
-from scripts.docs.reference import command_names, documented_keys, settings_rows, ROOT
+from scripts.docs.reference import ROOT, _cell, command_names, documented_keys, request_tags, settings_rows
 
 
 @dataclass(frozen=True)
@@ -59,3 +59,12 @@ def test_commands_and_bill_keys_come_from_the_code():
     assert command_names()[:5] == ["backfill", "stale", "whatif", "report", "search"]
     keys = {key: doc for _, key, doc in documented_keys(ROOT / "dagster_gpu" / "billing" / "keys.py")}
     assert keys["billing/cost_usd"] == "USD: GPU-seconds × rate ÷ 3600."
+
+
+def test_request_tags_carry_their_meaning():
+    tags = {tag: doc for tag, _, doc in request_tags()}
+    assert tags["dagster-gpu/gpu-count"] == "whole devices wanted (int >= 0, default 1)"
+    assert tags["dagster-gpu/deadline-seconds"].endswith("absent means ``batch`` (no deadline)")
+    assert tags["dagster-gpu/asset-key"] == tags["dagster-gpu/corpus-url"]  # one comment above the pair
+    assert all(tags.values()), [t for t, d in tags.items() if not d]
+    assert _cell("``a|b``") == "`a\\|b`"

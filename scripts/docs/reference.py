@@ -4,8 +4,8 @@
   schema, which ``dagster_gpu.instance.settings`` generates from the backends' settings classes: name, type,
   default, description; nested sections (``slurm.ssh``, ...) become sections of their own, whatever their depth.
 - :func:`commands_page`: each ``dagster-gpu`` command's ``--help``, as its argparse parser prints it.
-- :func:`metadata_keys_page`: the documented key constants of ``dagster_gpu.billing.keys`` and every other
-  metadata key string the package writes, with the modules that name it.
+- :func:`metadata_keys_page`: the documented key constants of ``dagster_gpu.billing.keys``, the op and run tags of
+  ``dagster_gpu.core.request`` and every other metadata key string the package writes, with the modules naming it.
 - :func:`changelog_page`: CHANGELOG.md at the repository root.
 """
 
@@ -25,7 +25,7 @@ KEY_RE = re.compile(r"""["']((?:embedding|billing|gpu|dagster_gpu|corpus|index|s
 
 
 def _cell(text: Any) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ").strip()
+    return str(text).replace("``", "`").replace("|", "\\|").replace("\n", " ").strip()
 
 
 def type_name(config_type: Any) -> str:
@@ -171,9 +171,52 @@ def keys_in_code() -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in sorted(found.items())}
 
 
+def request_tags() -> list[tuple[str, str, str]]:
+    """(tag, constant, meaning) of each ``TAG_*`` constant of ``dagster_gpu.core.request``: the meaning from the
+    module docstring's table of tags, else from the ``#:`` comment above the constant (or above the group of
+    constants it starts)."""
+    from dagster_gpu.core import request
+
+    table: dict[str, list[str]] = {}
+    current = None
+    for line in (request.__doc__ or "").splitlines():
+        m = re.match(r"^``(dagster-gpu/[a-z-]+)``\s+(.*)$", line)
+        if m:
+            current = m.group(1)
+            table[current] = [m.group(2).strip()]
+        elif current and line.startswith(" ") and line.strip() and not line.strip().startswith("="):
+            table[current].append(line.strip())
+        else:
+            current = None
+    comments = {key: doc for _, key, doc in documented_keys(Path(request.__file__))}
+    out, last_doc = [], ""
+    source = Path(request.__file__).read_text().splitlines()
+    for name in [n for n in vars(request) if n.startswith("TAG_") and n != "TAG_PREFIX"]:
+        value = getattr(request, name)
+        line = next((i for i, s in enumerate(source) if s.startswith(f"{name} =")), None)
+        doc = " ".join(table.get(value, []))
+        if not doc and line is not None:
+            above = source[line - 1].strip() if line else ""
+            if above.startswith("#:") or above.startswith("#"):
+                last_doc = _comment_above(source, line)
+            elif not above:
+                last_doc = ""
+            doc = last_doc
+        out.append((value, name, doc or comments.get(value, "")))
+    return out
+
+
+def _comment_above(source: list[str], line: int) -> str:
+    doc, i = [], line - 1
+    while i >= 0 and source[i].lstrip().startswith("#"):
+        doc.insert(0, source[i].lstrip().lstrip("#:").strip())
+        i -= 1
+    return " ".join(doc)
+
+
 def metadata_keys_page() -> str:
     keys_module = ROOT / "dagster_gpu" / "billing" / "keys.py"
-    out = ["# Metadata keys (generated)", "",
+    out = ["# Metadata keys and tags", "",
            "Generated at build time from the code. What the keys mean, grouped as the UI shows them: "
            "[Metadata on each materialization](metadata.md).", "",
            "## Bills (`dagster_gpu/billing/keys.py`)", "",
@@ -181,6 +224,11 @@ def metadata_keys_page() -> str:
     documented = documented_keys(keys_module)
     for const, key, doc in documented:
         out.append(f"| `{key}` | `{const}` | {_cell(doc)} |")
+    out += ["", "## Op and run tags (`dagster_gpu/core/request.py`)", "",
+            "Read from the asset's op tags; a run tag of the same name overrides the op tag.", "",
+            "| tag | constant | meaning |", "|---|---|---|"]
+    for tag, const, doc in request_tags():
+        out.append(f"| `{tag}` | `{const}` | {_cell(doc)} |")
     out += ["", "## Every key the package names", "",
             "Each metadata key string in `dagster_gpu/` and the modules that name it.", "",
             "| key | modules |", "|---|---|"]
