@@ -8,6 +8,7 @@
   key; a block titled with another file (```` ```yaml title="workspace.yaml" ````) must only parse.
 - Blocks of shell commands or output are marked ``bash``, ``sh`` or ``text``; a block with another or no
   language fails; a ``json`` block must parse.
+- A repository path or a ``dagster_gpu.`` name the pages give in backticks must exist.
 - A relative link of README.md must name a file of the repository (and a heading of it after ``#``); a link of a
   docs page must name a page of the site (the generated ones included) or a heading of it.
 """
@@ -192,3 +193,57 @@ def test_metadata_keys_named_in_the_docs_exist_in_the_code():
     assert KEY_RE.pattern and named, "no key named in the docs"
     unknown = {k: p for k, p in named.items() if k not in known}
     assert unknown == {}, f"keys the docs name that no module of dagster_gpu writes: {unknown}"
+
+
+#: a repository path: a file (with an extension) or a folder (ending in /); ``dagster_gpu/placement`` is a metadata key
+PATH_RE = re.compile(r"`((?:dagster_gpu|bench|tests|resources|scripts|pipelines|docker|docs)/(?:[A-Za-z0-9_./-]*\.[A-Za-z0-9]+|[A-Za-z0-9_./-]*/))`")
+DOTTED_RE = re.compile(r"`(dagster_gpu(?:\.[A-Za-z_][A-Za-z0-9_]*)+)`")
+
+
+def _named(pattern: re.Pattern) -> dict[str, str]:
+    named: dict[str, str] = {}
+    for path in doc_files():
+        if path.relative_to(ROOT).as_posix() in UNMARKED_ALLOWED:
+            continue
+        for name in pattern.findall(path.read_text()):
+            named.setdefault(name, path.relative_to(ROOT).as_posix())
+    return named
+
+
+def test_files_the_docs_name_exist():
+    """A repository path the docs name in backticks (``dagster_gpu/slurm/window.py``, ``bench/preempt.py``) exists:
+    a moved or renamed file fails here."""
+    from scripts.docs.reference import PAGES
+
+    generated = {f"docs/{p}" for p in PAGES}
+    named = _named(PATH_RE)
+    assert len(named) > 40
+    gone = {p: page for p, page in named.items() if not (ROOT / p).exists() and p not in generated}
+    assert gone == {}, f"paths the docs name that do not exist: {gone}"
+
+
+def test_python_names_the_docs_give_resolve():
+    """A dotted name the docs give (``dagster_gpu.embedding.writer.read_lineage``) is a module of the package, an
+    attribute of one, or a key string the package writes."""
+    import importlib
+
+    source = "".join(p.read_text() for p in (ROOT / "dagster_gpu").rglob("*.py"))
+    bad = {}
+    for name, page in _named(DOTTED_RE).items():
+        if f'"{name}"' in source:  # a key the package writes (parquet key-value metadata: dagster_gpu.fingerprint)
+            continue
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                bad[name] = page
+            break
+        else:
+            bad[name] = page
+    assert bad == {}, f"names the docs give that do not resolve: {bad}"
