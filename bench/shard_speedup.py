@@ -15,7 +15,7 @@ DAGSTER_HOME with ``max_concurrent_runs`` = ``--shards``, the real Dagster daemo
 Makespan: backfill submission -> the end of its last run (run records' end times). Identity: the shards' outputs
 concatenated in shard order against the whole file's output: doc_id, record_id, text, text_sha256 equal; vectors'
 largest absolute difference. Prints JSON lines and the ratio; writes bench/results/shard_speedup.json (this run; the file kept in the repository
-holds the two runs of bench/RESULTS.md), and
+holds the two runs of docs/benchmarks.md), and
 ``scale.shard_speedup`` (whole makespan ÷ sharded makespan) and ``scale.shard_makespan_ratio`` (sharded ÷ whole)
 into bench/results/summary.json only with ``--write-summary`` after a complete, identical run.
 """

@@ -5,7 +5,7 @@
 Each scenario runs twice with the same calibrated work-unit costs (``bench/results/unit_startup.json``):
 *per-partition runs* (every partition a run and a unit of its own, as in issue 5) and *ranged runs*
 (a backfill's partitions arrive as ranged runs whose partitions the units share, issue 8). Prints
-markdown tables (paste into bench/RESULTS.md), writes bench/sim_article.png and bench/sim_suite.png
+markdown tables (paste into docs/benchmarks.md), writes bench/sim_article.png and bench/sim_suite.png
 (ranged runs) and merges ``sim.ascending_cost_ratio`` (ranged) into bench/results/summary.json.
 """
 

@@ -130,7 +130,7 @@ def test_learned_overheads_are_medians_of_what_units_paid_beyond_their_partition
     from dagster_gpu.policy.batching import UnitSample, learned_overheads
 
     assert learned_overheads([], 1e-6) is None
-    # figures of the trickle bench's units (bench/RESULTS.md): a cold unit of 16 files, forked units of 20 and 24
+    # figures of the trickle bench's units (docs/benchmarks.md): a cold unit of 16 files, forked units of 20 and 24
     units = [UnitSample(16, 12.93, 2.63, 16 * 700), UnitSample(20, 5.94, 3.71, 20 * 700), UnitSample(24, 6.70, 4.30, 24 * 700)]
     startup, per_partition = learned_overheads(units, seconds_per_byte=1e-4)  # 700 bytes: 0.07 s of embedding
     assert startup == pytest.approx(6.70 - 4.30)  # the median of 10.30, 2.23, 2.40: one cold start does not move it

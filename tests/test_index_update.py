@@ -1,7 +1,7 @@
 """The ANN index after incremental loads: recall must not fall. Real LanceDB (0.40.0) on a local directory.
 
-What this guards against (measured on lancedb 0.40.0 / Lance 13.0.0, bench/RESULTS.md "An ANN index that stays
-right after updates"): LanceDB's ``optimize`` after an append rebuilt the ``IVF_HNSW_SQ`` index with all its IVF
+What this guards against (measured on lancedb 0.40.0 / Lance 13.0.0, docs/benchmarks.md,
+"Recall after updates"): LanceDB's ``optimize`` after an append rebuilt the ``IVF_HNSW_SQ`` index with all its IVF
 lists folded into one list and one HNSW graph, so a query at a given ``ef`` saw one graph's candidates where it had
 seen one graph's per probed list: recall@10 0.964 -> 0.837 at 50,000 SMOTE rows of MiniLM vectors, 0.742 -> 0.367 at
 a million. With the vectors and settings below, the old update path (``ensure_ann_index`` -> ``optimize``) gave

@@ -23,13 +23,13 @@ def test_fallback_without_history():
 
 def test_fallback_on_cpu_is_the_measured_cpu_figure_and_says_so():
     m = RuntimeModel.from_history([])
-    # bench/RESULTS.md "Throughput ratio on CPU": 46.3 texts/s, not the GPU figure ÷ 20 (100 texts/s)
+    # docs/benchmarks.md "Throughput against SentenceTransformer.encode on CPU": 46.3 texts/s, not the GPU figure ÷ 20 (100 texts/s)
     assert FALLBACK_CPU_TEXTS_PER_SECOND == 46.3 and m.cpu_rate() == 46.3
     assert m.cpu_runtime_s(StepSize(rows=463)) == pytest.approx(10.0)
     assert m.cpu_runtime_s(StepSize(rows=463), slowdown=20.0) == pytest.approx(10.0)  # a host's slowdown: GPU history only
     on_cpu = m.describe(gpu=False, cpu=True)
     assert on_cpu == ("fallback (no history): CPU 46.3 texts/s (measured: all-MiniLM-L6-v2 on 2 shared CPU cores, "
-                      "bench/RESULTS.md), 200 bytes/row")
+                      "docs/benchmarks.md), 200 bytes/row")
     assert "CPU" not in m.describe(gpu=True, cpu=False) and "GPU 2000 texts/s (stated" in m.describe(gpu=True, cpu=False)
     assert "GPU 2000" in m.source and "CPU 46.3" in m.source  # both devices when none is named
     # GPU history without CPU history: the GPU figure ÷ the slowdown, as before

@@ -70,7 +70,7 @@ def _preempt_once(home_dir, env, key, signal_lead=None):
 def test_without_a_warning_signal_a_batch_worker_hears_of_its_preemption_only_when_gracetime_ends(home):
     """slurmctld signals only a preempted job's steps when its GraceTime starts (preempt.c: job_signal(SIGTERM)
     with no KILL_JOB_BATCH flag); the batch script, which is our worker, gets SIGTERM when GraceTime ends
-    (then SIGKILL after KillWait): measured here, so the README's advice is what Slurm does."""
+    (then SIGKILL after KillWait): measured here, so the advice of docs/how-to/sharing-gpus.md is what Slurm does."""
     home_dir, env = home
     signum, delay, states = _preempt_once(home_dir, env, "p090")
     print(f"GraceTime=20, no warning signal: signal {signum} reached the worker {delay:.1f} s after PreemptTime; sacct {states}")

@@ -12,7 +12,6 @@ failure, not a skip (``scripts/setup.sh`` installs it).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -20,8 +19,8 @@ import urllib.request
 from pathlib import Path
 
 import dagster as dg
-import pytest
 
+from tests.chromium import chromium_path
 from tests.process_helpers import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,14 +30,6 @@ KEY_FIGURES = ("embedding/rows", "embedding/texts_per_second", "gpu/utilization_
 SETTINGS = ("embedding/dim", "billing/devices", "billing/rate_usd_per_gpu_hour", "embedding/torch_threads")
 
 
-def _chromium() -> str:
-    path = shutil.which("chromium") or shutil.which("chromium-browser")
-    if path is None:
-        msg = "Debian's chromium is not installed (scripts/setup.sh installs it)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return path
 
 
 def _metadata(gpu: bool, rows: int) -> dict:
@@ -66,7 +57,7 @@ def _metadata(gpu: bool, rows: int) -> dict:
 
 
 def test_asset_page_plots_key_figures_in_chromium(tmp_path, monkeypatch):
-    chromium = _chromium()
+    chromium = chromium_path()
     from playwright.sync_api import sync_playwright
 
     home = tmp_path / "home"

@@ -5,7 +5,7 @@ Per partition: cost (USD) by backend (as measured, and its share of its unit's s
 :func:`dagster_gpu.instance.bills.billed_share`), GPU-seconds, useful fraction, GPU utilization, texts/s against
 rows, the placement chosen and the policy's estimated cost against the measured one; totals per
 backend; each failed partition with its run and the reason. Sources: each materialization's metadata
-(keys in README "Metadata on each materialization"), each failed run's step failure, and each run's
+(keys in docs/reference/metadata.md), each failed run's step failure, and each run's
 launch event (``STEP_WORKER_STARTING`` metadata ``dagster_gpu/placement``, whose
 chosen alternative carries the estimate ``cost_usd``).
 

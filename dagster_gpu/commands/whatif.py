@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     tr.add_argument("--tick", type=float, default=30.0, help="sensor interval in seconds (default 30)")
     tr.add_argument("--startup-seconds", type=float, metavar="S",
                     help="a unit's start-up (default: learned from -a's finished units, else the packaged "
-                         "calibration; about 2 s with the local fork server, bench/RESULTS.md)")
+                         "calibration; about 2 s with the local fork server, docs/benchmarks.md)")
     tr.add_argument("--on", default="local/cpu", metavar="BACKEND/DEVICE",
                     help="rate card entry billed (default local/cpu); a GPU device prices at the GPU throughput")
     return ap

@@ -2,7 +2,7 @@
 
 ``SentenceTransformer.encode`` tokenizes a batch on the calling thread, runs the model, copies the result
 to the host, then tokenizes the next batch: on an H200 the device waited for one CPU thread 67 % of the
-time (bench/RESULTS.md). ``Encoder`` instead:
+time (docs/benchmarks.md). ``Encoder`` instead:
 
 * tokenizes on ``tokenizer_threads`` threads, each with its own copy of the Rust tokenizer
   (``tokenize.FastTokenizer``), whole read batches ahead of the device (``lookahead`` of them), and pads

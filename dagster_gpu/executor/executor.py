@@ -1,20 +1,8 @@
 """``gpu_executor``: a step-delegating Dagster executor that places each step on local, Slurm or Kubernetes.
 
-Run config (``execution: config:``)::
-
-    backend: auto | local | slurm | kubernetes      # default auto (the cost policy, or the only backend)
-    rate_card: /path/to/ratecard.yaml              # default: the packaged dagster_gpu/data/ratecard.yaml
-    worker_python: /opt/venv/bin/python            # fallback for every backend; a backend's own worker_python wins
-                                                   # (default: kubernetes the image's python, else the code
-                                                   # location's interpreter)
-    local: {log_dir: ..., cuda_visible_devices: "0", terminate_grace_seconds: 10, enabled: true}
-    slurm: {...}                                   # see dagster_gpu.slurm.backend
-    kubernetes: {...}                              # see dagster_gpu.k8s.backend
-    retries: {enabled: {}} | {disabled: {}}
-    max_concurrent: N                              # steps in flight per run
-    tag_concurrency_limits: [...]
-    sleep_seconds: 0.5                             # event-log polling period
-    check_step_health_interval_seconds: 5
+Run config (``execution: config:``): :data:`GPU_EXECUTOR_CONFIG`; each backend's section is generated from its
+settings class (``dagster_gpu.instance.settings``). Every key with its type, default and description:
+docs/reference/configuration.md, generated from this schema when the docs site is built.
 
 The per-step GPU request comes from the asset's op tags (``dagster_gpu.core.request``). Steps are verified
 (``should_verify_step``) so a duplicate worker never runs a step twice.
@@ -48,10 +36,14 @@ GPU_EXECUTOR_CONFIG = {
     "worker_python": dg.Field(dg.StringSource, is_required=False, description="Python interpreter for step workers of every backend whose section sets no worker_python (default: on kubernetes the image's python from PATH, elsewhere the code location's interpreter)."),
     **_backend_fields(),
     "retries": get_retries_config(),
-    "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, is_required=False),
+    "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, is_required=False,
+                               description="Steps of one run in flight at once (Dagster's StepDelegatingExecutor); null: no limit."),
     "tag_concurrency_limits": get_tag_concurrency_limits_config(),
     "sleep_seconds": dg.Field(float, is_required=False, description="Event-log polling period (s)."),
-    "check_step_health_interval_seconds": dg.Field(int, default_value=5),
+    "check_step_health_interval_seconds": dg.Field(
+        int, default_value=5,
+        description="Seconds between health checks of each running step's worker: a worker that ended without "
+                    "its step recording an outcome fails the step with the backend's state, exit code and log tail."),
 }
 
 

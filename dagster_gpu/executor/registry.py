@@ -39,6 +39,6 @@ def build_backend(name: str, config: Mapping[str, Any], default_log_dir: Path) -
     if section is None and not module.configured(None):
         raise BackendNotConfigured(
             f"the {name} backend is not configured: add a `{name}:` section to gpu_executor's config "
-            f"(execution: config: {name}: ...), see README.md"
+            f"(execution: config: {name}: ...), see docs/reference/configuration.md"
         )
     return module.build_backend(None if section is None else dict(section), config, default_log_dir)

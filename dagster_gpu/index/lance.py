@@ -50,7 +50,7 @@ DEFAULT_ANN_MIN_ROWS = 10_000
 DEFAULT_EF = 100
 #: ANN candidates re-ranked with the stored vectors, as a multiple of k: recall@10 0.964 -> 0.990 at 100,000 rows
 #: (nprobes 20 of 25 lists, +0.4 ms p50) and 0.913 -> 0.947 at 300,000 (nprobes 40 of 74) against refine 1
-#: (bench/RESULTS.md, "An ANN index that stays right after updates").
+#: (docs/benchmarks.md, "Recall after updates").
 DEFAULT_REFINE_FACTOR = 4
 ANN_KINDS = ("IVF_HNSW_SQ", "IVF_PQ")
 
@@ -381,17 +381,17 @@ class VectorIndex:
         lancedb 0.40.0 (Lance 13.0.0) it folded every IVF list of :data:`ROWS_PER_LIST` rows into *one* list and
         one HNSW graph (the index file after it: one HNSW graph of 50,500 rows where the build had 13; recall@10
         0.964 -> 0.837 at 50,000 rows, the same at 1 or 13 probes; 0.742 -> 0.367 at a million rows; the update
-        cost 1.2-2.8x a full build at 50,000-100,000 rows; ``tests/test_index_update.py``, bench/RESULTS.md). Lance
+        cost 1.2-2.8x a full build at 50,000-100,000 rows; ``tests/test_index_update.py``, docs/benchmarks.md). Lance
         sizes an ``IVF_HNSW_*`` list at 1,048,576 rows (``IndexType::target_partition_size``) and joins lists
         under 25 % of that (``MIN_PARTITION_SIZE_PERCENT``; lance ``rust/lance-index/src/lib.rs``,
         ``rust/lance/src/index/vector/builder.rs`` ``should_join``, read at v11.0.0-beta.19).
 
         ``num_partitions``: IVF lists (default :func:`ivf_partitions`). ``ef_construction``: the HNSW graphs'
         candidate list while building (LanceDB's default 300; 100 builds ~2.5x faster on 100,000 rows for
-        recall@10 0.95, bench/RESULTS.md). ``max_unindexed_fraction``: see ``"deferred"``; 0 rebuilds after any
+        recall@10 0.95, docs/benchmarks.md). ``max_unindexed_fraction``: see ``"deferred"``; 0 rebuilds after any
         change. ``max_unindexed_rows``: a cap in rows as well (None: none): each query scans the rows out of the
         index, so their number sets what that costs (1,000 of them added ~1 ms of p50 at 100,000 rows, 10,000 added
-        3.5-8 ms at a million). Measured at a million rows (bench/RESULTS.md): 1 % new rows -> ``"deferred"`` in
+        3.5-8 ms at a million). Measured at a million rows (docs/benchmarks.md): 1 % new rows -> ``"deferred"`` in
         under 0.005 s (0.0 of the 152 s build) with recall@10 0.822 -> 0.823; the rebuild 0.56 of a build.
         Retries lost commits. Raises ValueError for an unknown ``kind`` or a negative
         ``max_unindexed_fraction`` or ``max_unindexed_rows``."""

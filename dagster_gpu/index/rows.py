@@ -86,7 +86,7 @@ ROWS_PER_LIST = {"IVF_HNSW_SQ": 4096, "IVF_PQ": 256}
 def ivf_partitions(rows: int, kind: str = "IVF_HNSW_SQ") -> int:
     """IVF lists for ``rows`` vectors: ``rows / ROWS_PER_LIST[kind]`` rounded up, at least 1. An HNSW graph per
     list needs no fine partitioning: on the 15,217 fortunes (``bench/index_bench.py``) 123 lists (``sqrt(rows)``)
-    gave recall@10 0.86 at LanceDB's default nprobes (20) where 4 lists give the figure in bench/RESULTS.md;
+    gave recall@10 0.86 at LanceDB's default nprobes (20) where 4 lists give the figure in docs/benchmarks.md;
     IVF_PQ lists are scanned in full, so they are kept small (``sqrt(rows)``-like for 10^4–10^5 rows)."""
     return max(1, math.ceil(max(rows, 0) / ROWS_PER_LIST[kind]))
 
@@ -95,7 +95,7 @@ def ivf_partitions(rows: int, kind: str = "IVF_HNSW_SQ") -> int:
 #: default, 20, whatever the list count). At a million rows (247 lists of :data:`ROWS_PER_LIST` rows) 20 lists gave
 #: recall@10 0.873, 40 gave 0.922, 60 gave 0.943-0.946 and 80 gave 0.955 at 15.4 ms p50 on a 2-core host
 #: (refine_factor 4, ef 100; a larger ef changed nothing: the misses are in the lists not searched;
-#: bench/RESULTS.md, "The vector index at a million rows from 15,000 real embeddings"); up to 60 lists (~240,000
+#: docs/benchmarks.md, "A million rows"); up to 60 lists (~240,000
 #: rows) the floor of 20 applies, as before.
 PROBED_SHARE = 1 / 3
 MIN_NPROBES = 20
@@ -127,8 +127,8 @@ def ann_action(rows: int, min_rows: int, has_index: bool, indexed: int, unindexe
     * ``"rebuild"`` above: train the index again on every row.
 
     Never an incremental merge: LanceDB 0.40.0's ``optimize`` folds an ``IVF_HNSW_SQ`` index's IVF lists of
-    :data:`ROWS_PER_LIST` rows into one list and one HNSW graph (bench/RESULTS.md, "An ANN index that stays right
-    after updates"). Raises ValueError for a negative ``max_unindexed_fraction`` or ``max_unindexed_rows``."""
+    :data:`ROWS_PER_LIST` rows into one list and one HNSW graph (docs/benchmarks.md, "Recall after
+    updates"). Raises ValueError for a negative ``max_unindexed_fraction`` or ``max_unindexed_rows``."""
     if max_unindexed_fraction < 0:
         raise ValueError(f"max_unindexed_fraction must be >= 0, got {max_unindexed_fraction}")
     if max_unindexed_rows is not None and max_unindexed_rows < 0:

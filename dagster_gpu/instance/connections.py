@@ -10,7 +10,7 @@ one connection per storage held open for the unit's life, ``max_overflow`` more 
 The run worker of a ranged run does the same: its executor polls the run's events every ``sleep_seconds``
 and its settler reads and writes bills, for the whole unit. On the 1,000-partition benchmark
 (``bench/ranged_backfill.py``, 2 ranged runs) PostgreSQL saw 9,884 sessions in about 10 minutes before the
-run workers were pooled, each a forked backend and a password exchange (see bench/RESULTS.md for after).
+run workers were pooled, each a forked backend and a password exchange (see docs/benchmarks.md for after).
 """
 
 from __future__ import annotations

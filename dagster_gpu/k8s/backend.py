@@ -36,15 +36,8 @@ and its claims. Workers survive the orchestrator: a SIGTERM to the run worker le
 resumed run re-attaches by the handle (pod name + uid) recorded in the event log.
 
 Run config (``execution: config: kubernetes:``): every key, its default and its meaning are in
-:class:`~dagster_gpu.k8s.settings.KubernetesSettings` (the Dagster schema is
-generated from it). For example::
-
-    kubeconfig: /path/to/kubeconfig        # or in_cluster: true
-    namespace: dagster-gpu
-    image: registry/dagster-gpu:tag        # the step worker's image
-    postgres_password_secret: {name: dagster-postgresql-secret, key: postgresql-password}
-    container_context: {service_account_name: dagster-gpu-worker}
-    mig_profile: 1g.10gb                   # for mig-ok requests; null = whole GPUs only
+:class:`~dagster_gpu.k8s.settings.KubernetesSettings` (the Dagster schema is generated from it; the reference
+page docs/reference/configuration.md too).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ Fallback when there is no history (stated, not measured here):
   data-centre GPU (sbert.net's pretrained-model table lists about 14,200 sentences/s for that model on a
   V100; real corpora with longer texts and parquet I/O run far slower).
 - ``FALLBACK_CPU_TEXTS_PER_SECOND = 46.3``: measured, not stated: all-MiniLM-L6-v2 through the pipeline on
-  this project's 2-core shared CPU host (bench/RESULTS.md, "Throughput ratio on CPU"), the lowest of the
+  this project's 2-core shared CPU host (docs/benchmarks.md, "Throughput against SentenceTransformer.encode on CPU"), the lowest of the
   recorded CPU medians. The GPU figure ÷ 20 (100 texts/s) was 2.3–2.85× too fast for a newcomer's CPU run.
 - ``FALLBACK_BYTES_PER_ROW = 200``: a short text plus its parquet/JSONL framing.
 - ``FALLBACK_ROWS = 10000``: rows of a partition of unknown size (5 s at the fallback rate), so a step
@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Iterable
 
 FALLBACK_TEXTS_PER_SECOND = 2000.0
-#: texts/s on a CPU with no history: bench/RESULTS.md "Throughput ratio on CPU" (bench/embed_throughput.py
+#: texts/s on a CPU with no history: docs/benchmarks.md "Throughput against SentenceTransformer.encode on CPU" (bench/embed_throughput.py
 #: --device cpu --texts 3000 --batch-size 64 --reps 3): all-MiniLM-L6-v2, 2 torch threads on 2 shared cores,
 #: pipeline median 46.3 texts/s (reps 46.3, 53.2, 44.4; the same host quiet gave 127.4, loaded 51.7: the lowest
 #: recorded median is taken, as the GPU figure is a conservative one)
@@ -201,7 +201,7 @@ class RuntimeModel:
             if cpu or both:
                 if self.fallback_cpu_texts_per_second:
                     named.append(f"CPU {self.fallback_cpu_texts_per_second:g} texts/s (measured: all-MiniLM-L6-v2 on "
-                                 f"2 shared CPU cores, bench/RESULTS.md)")
+                                 f"2 shared CPU cores, docs/benchmarks.md)")
                 else:
                     named.append(f"CPU: the GPU figure ÷ {self.cpu_slowdown:g}")
             return f"fallback (no history): {', '.join(named)}, {1 / self.rows_per_byte:g} bytes/row"

@@ -463,14 +463,14 @@ class RestSlurmClient(SlurmClient):
                 for j in sorted({str(j).split("_")[0] for j in job_ids}, key=int)]
 
     def _acct_docs(self, job_ids: Iterable[int | str], attempts: int | None = None, steps: bool = False) -> list[dict]:
-        # without the steps (a third less JSON, measured: bench/RESULTS.md) unless their usage is what is read
+        # without the steps (a third less JSON, measured: docs/benchmarks.md) unless their usage is what is read
         q = {"show_duplicates": "true", "skip_steps": "true"} if not steps else {}
         return [self.request("GET", "slurmdb/jobs/", query={"step": str(j), **q}, attempts=attempts)
                 for j in sorted({str(j).split("_")[0] for j in job_ids}, key=int)]
 
     def squeue(self, job_ids: Iterable[int | str], *, attempts: int | None = None, cluster: str | None = None) -> list[P.QueueRow]:
         """``job/<array job id>`` per id: every task Slurm still holds (purged ids are absent). Empty -> [].
-        Not ``jobs/state``: it is 40x cheaper (bench/RESULTS.md) but has no state reason or start time, which the
+        Not ``jobs/state``: it is 40x cheaper (docs/benchmarks.md) but has no state reason or start time, which the
         state logic reads for every pending and running task, the only ones an active array has."""
         return [r for d in self._queue_docs(job_ids, attempts) for r in RP.queue_rows(d)]
 

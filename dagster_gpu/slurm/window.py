@@ -22,7 +22,7 @@ Rule 4 counts partitions, not launches: a ranged run's launch (``BackfillPolicy.
 that embeds its whole range, already an array's worth of work, and holding it for the next run costs
 that run's creation time (Dagster writes one planned event per partition: ~15 s for 500 on the
 benchmark host) of idle GPU. A one-partition launch counts one, as before.
-Figures: bench/RESULTS.md.
+Figures: docs/benchmarks.md.
 """
 
 from __future__ import annotations

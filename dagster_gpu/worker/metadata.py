@@ -1,4 +1,4 @@
-"""Materialization metadata of one partition step (pure). Keys and units: README.md, "Metadata on each materialization".
+"""Materialization metadata of one partition step (pure). Keys and units: docs/reference/metadata.md.
 
 Every measured figure is a plain finite float/int so the Dagster UI plots it across partitions, a float
 rounded to :data:`SIGNIFICANT_DIGITS` significant digits (what a clock or NVML sample means; the UI shows a
