@@ -35,13 +35,14 @@ from pathlib import Path
 from dagster_gpu.corpus.readers import TextFormat
 from dagster_gpu.embedding.model import load_model
 from dagster_gpu.embedding.pipeline import embed_partition
+from dagster_gpu.embedding.spec import EmbeddingSpec
 corpus, out, barrier, batch = sys.argv[2], sys.argv[3], Path(sys.argv[4]), int(sys.argv[5])
 lm = load_model("all-MiniLM-L6-v2", device="cpu")
 (barrier.parent / f"ready-{os.getpid()}").touch()
 while not barrier.exists():
     time.sleep(0.01)
 t0 = time.time(); c0 = time.process_time()
-res = embed_partition(corpus, out, lm, TextFormat(format="text", record_separator_line="%"), batch_size=batch)
+res = embed_partition(corpus, out, lm, TextFormat(format="text", record_separator_line="%"), spec=EmbeddingSpec(batch_size=batch))
 print(json.dumps({"rows": res.rows, "seconds": time.time() - t0, "cpu_seconds": time.process_time() - c0,
                   "start": t0, "end": time.time(), "torch_threads": res.torch_threads}))
 """

@@ -228,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     from dagster_gpu.embedding.model import load_model
     from dagster_gpu.embedding.encoder import Encoder
     from dagster_gpu.embedding.pipeline import embed_partition
+    from dagster_gpu.embedding.spec import EmbeddingSpec
 
     sampler_cls = None
     if args.nvml:
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         enc = Encoder(st, args.batch_size, tokenizer_threads=args.tokenizer_threads, prompt=prompt,
                       cpu_share=False if args.torch_threads else None)
         try:
-            res = embed_partition(str(path), str(out), lm, fmt, batch_size=args.batch_size,
+            res = embed_partition(str(path), str(out), lm, fmt, spec=EmbeddingSpec(batch_size=args.batch_size),
                                   read_batch_rows=args.read_batch_rows, encoder=enc)
         finally:
             enc.close()

@@ -32,6 +32,8 @@ from pathlib import Path
 import dagster as dg
 
 from dagster_gpu import CorpusSource, GpuRequest, TextFormat, asset_job, backfill_missing_schedule, embedding_asset, unit_bills_sensor
+from dagster_gpu.definitions.asset_options import ComputeSpec, OutputSpec
+from dagster_gpu.embedding.spec import EmbeddingSpec
 from dagster_gpu.executor.executor import gpu_executor_with
 from dagster_gpu.executor.step_handler import GpuStepHandler
 from tests import k8s_pipeline, slurm_pipeline  # the code location's working directory is the repository
@@ -46,13 +48,12 @@ DEADLINE_S = float(os.environ.get("FAULTS_DEADLINE_S", "0"))
 corpus = CorpusSource(url=os.environ.get("FAULTS_CORPUS", "/nonexistent"),
                       text_format=TextFormat(format="text", record_separator_line="%"))
 fault_embeddings = embedding_asset(
-    name="fault_embeddings",
+    "fault_embeddings",
     corpus=corpus,
-    output_url=os.environ.get("FAULTS_OUTPUT", "/nonexistent"),
-    device="cpu",
-    batch_size=64,
-    gpu=GpuRequest(count=1, memory_gib=79, deadline_s=DEADLINE_S or None),
-    max_partitions_per_run=int(os.environ.get("FAULTS_PER_RUN", "10")),
+    output=OutputSpec(url=os.environ.get("FAULTS_OUTPUT", "/nonexistent")),
+    spec=EmbeddingSpec(batch_size=64),
+    compute=ComputeSpec(device="cpu", gpu=GpuRequest(count=1, memory_gib=79, deadline_s=DEADLINE_S or None),
+                        max_partitions_per_run=int(os.environ.get("FAULTS_PER_RUN", "10"))),
     retry_policy=dg.RetryPolicy(max_retries=RETRIES) if RETRIES else None,
 )
 fault_job = asset_job(fault_embeddings)

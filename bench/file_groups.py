@@ -58,6 +58,7 @@ def _md(instance, asset_key, key) -> dict:
 def main() -> None:
     from dagster_gpu import CorpusSource, embedding_asset
     from dagster_gpu.corpus.group_reads import read_group_batches
+    from dagster_gpu.definitions.asset_options import ComputeSpec
     from dagster_gpu.corpus.readers import ReadStats, TextFormat
     from dagster_gpu.definitions.assets import output_uri_for
 
@@ -78,8 +79,8 @@ def main() -> None:
         records = sum(len(_texts(i)) for i in range(a.files))
         out["records"] = records
         grouped = CorpusSource(url=str(corpus_dir), group_buckets=a.buckets)
-        asset = embedding_asset(name="emb", corpus=grouped, output_url=str(root / "out"), device=a.device,
-                                max_partitions_per_run=a.buckets)
+        asset = embedding_asset("emb", corpus=grouped, output=str(root / "out"),
+                                compute=ComputeSpec(device=a.device, max_partitions_per_run=a.buckets))
         with dg.instance_for_test() as instance:
             groups = grouped.list_files()
             keys = [g.key for g in groups]
@@ -117,8 +118,8 @@ def main() -> None:
         for i in range(n):
             _write(per_dir, i, _texts(i))
         per_file = CorpusSource(url=str(per_dir))
-        asset2 = embedding_asset(name="emb_files", corpus=per_file, output_url=str(root / "out2"), device=a.device,
-                                 max_partitions_per_run=n)
+        asset2 = embedding_asset("emb_files", corpus=per_file, output=str(root / "out2"),
+                                 compute=ComputeSpec(device=a.device, max_partitions_per_run=n))
         with dg.instance_for_test() as instance:
             keys = [f.key for f in per_file.list_files()]
             instance.add_dynamic_partitions("emb_files_files", keys)

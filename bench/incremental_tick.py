@@ -89,9 +89,10 @@ def ticks(a, full: CorpusSource, incr: CorpusSource, res: dict, step) -> None:
     import dagster as dg
 
     from dagster_gpu import corpus_sensor, embedding_asset
+    from dagster_gpu.definitions.asset_options import ComputeSpec
     from sensor_scale import requested_keys
 
-    asset = embedding_asset(name="incr_emb", corpus=incr, output_url=str(a.root / "out"), device="cpu")
+    asset = embedding_asset("incr_emb", corpus=incr, output=str(a.root / "out"), compute=ComputeSpec(device="cpu"))
     sensors = {"incremental": corpus_sensor(asset, incr, bridge=False),
                "full": corpus_sensor(asset, full, bridge=False, name="incr_emb_full_sensor")}
     defs = {kind: dg.Definitions(assets=[asset], sensors=[sensor]) for kind, sensor in sensors.items()}  # one job each

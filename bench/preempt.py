@@ -63,6 +63,7 @@ def worker(source: str, output: str, progress: str, checkpoint: bool, read_batch
     after each read batch (JSON, replaced atomically), and the outcome at the end."""
     from dagster_gpu.embedding.model import load_model
     from dagster_gpu.embedding.pipeline import CheckpointPolicy, Preempted, embed_partition
+    from dagster_gpu.embedding.spec import EmbeddingSpec
     from dagster_gpu.corpus.readers import TextFormat
     from dagster_gpu.worker.preemption import GracefulStop, exit_preempted
 
@@ -88,7 +89,7 @@ def worker(source: str, output: str, progress: str, checkpoint: bool, read_batch
 
     write()
     try:
-        r = embed_partition(source, output, model, TextFormat(format="text"), batch_size=batch_size,
+        r = embed_partition(source, output, model, TextFormat(format="text"), spec=EmbeddingSpec(batch_size=batch_size),
                             read_batch_rows=read_batch_rows, partition_key=PARTITION_KEY, lineage=LINEAGE,
                             checkpoint=CheckpointPolicy(SOURCE_VERSION, 1) if checkpoint else None, stop=stop.event,
                             on_batch=on_batch)

@@ -28,6 +28,8 @@ import slurm_helpers as H  # noqa: E402
 from make_corpus import make_corpus  # noqa: E402
 
 from dagster_gpu import CorpusSource, TextFormat, embedding_asset  # noqa: E402
+from dagster_gpu.definitions.asset_options import ComputeSpec  # noqa: E402
+from dagster_gpu.embedding.spec import EmbeddingSpec  # noqa: E402
 
 
 def main() -> None:
@@ -40,9 +42,9 @@ def main() -> None:
     if mode == "pg":
         _, env = H.make_dagster_home()
         os.environ.update(env)
-    asset = embedding_asset(name="profiled", corpus=CorpusSource(url=str(corpus), text_format=TextFormat(
-        format="text", record_separator_line="%")), output_url=str(work / "out"), device="cpu", batch_size=64,
-        max_partitions_per_run=n)
+    asset = embedding_asset("profiled", corpus=CorpusSource(url=str(corpus), text_format=TextFormat(
+        format="text", record_separator_line="%")), output=str(work / "out"), spec=EmbeddingSpec(batch_size=64),
+        compute=ComputeSpec(device="cpu", max_partitions_per_run=n))
     job = dg.define_asset_job("profiled_job", selection=[asset], executor_def=dg.in_process_executor)
     defs = dg.Definitions(assets=[asset], jobs=[job])
     instance = dg.DagsterInstance.get() if mode == "pg" else dg.DagsterInstance.ephemeral()

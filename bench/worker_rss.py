@@ -91,6 +91,7 @@ def child(mode: str, corpus: str, out: str, batch_size: int, read_batch_rows: in
     from dagster_gpu.corpus.readers import RecordBatch, TextFormat
     from dagster_gpu.embedding.model import LoadedModel, load_model
     from dagster_gpu.embedding.pipeline import _to_table, embed_partition
+    from dagster_gpu.embedding.spec import EmbeddingSpec
     from dagster_gpu.embedding.truncation import count_truncated
     from dagster_gpu.embedding.writer import AtomicParquetWriter, output_schema
 
@@ -102,7 +103,7 @@ def child(mode: str, corpus: str, out: str, batch_size: int, read_batch_rows: in
     reset = _reset_peak()
     t0 = time.perf_counter()
     if mode == "stream":
-        res = embed_partition(corpus, out, model, fmt, batch_size=batch_size, read_batch_rows=read_batch_rows)
+        res = embed_partition(corpus, out, model, fmt, spec=EmbeddingSpec(batch_size=batch_size), read_batch_rows=read_batch_rows)
         rows, truncated = res.rows, res.truncated_rows
     elif mode == "inmemory":
         text = Path(corpus).read_text(encoding="utf-8")  # the whole file

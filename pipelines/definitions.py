@@ -26,6 +26,8 @@ from pathlib import Path
 import dagster as dg
 
 from dagster_gpu import CorpusSource, GpuRequest, TextFormat, corpus_source, embedding_asset, gpu_executor
+from dagster_gpu.definitions.asset_options import ComputeSpec, OutputSpec
+from dagster_gpu.embedding.spec import EmbeddingSpec
 from dagster_gpu.definitions.vector_index import index_automation_sensor, vector_index_asset
 from dagster_gpu.definitions.sensors import asset_job, backfill_missing_schedule, corpus_sensor
 
@@ -37,15 +39,14 @@ fortune_corpus = CorpusSource(url=CORPUS_URL, text_format=TextFormat(format="tex
 
 # the corpus as an external asset upstream of the embeddings, partition by partition (source versions)
 fortune_corpus_asset, fortune_embeddings = corpus_source(embedding_asset(
-    name="fortune_embeddings",
+    "fortune_embeddings",
     corpus=fortune_corpus,
-    output_url=OUTPUT_URL,
-    model="all-MiniLM-L6-v2",
-    batch_size=64,
-    device=os.environ.get("DAGSTER_GPU_DEVICE", "auto"),
-    gpu=GpuRequest(count=1, memory_gib=2, mig_ok=True, shared_ok=True),
+    output=OutputSpec(url=OUTPUT_URL),
+    spec=EmbeddingSpec(model="all-MiniLM-L6-v2", batch_size=64),
+    compute=ComputeSpec(device=os.environ.get("DAGSTER_GPU_DEVICE", "auto"),
+                        gpu=GpuRequest(count=1, memory_gib=2, mig_ok=True, shared_ok=True),
+                        max_partitions_per_run=int(os.environ.get("DAGSTER_GPU_DEMO_PER_RUN", "50"))),
     group_name="embeddings",
-    max_partitions_per_run=int(os.environ.get("DAGSTER_GPU_DEMO_PER_RUN", "50")),
 ), fortune_corpus)
 
 # the rows of each embedded partition in a LanceDB table (`dagster-gpu search -m pipelines.definitions -a fortune_embeddings "..."`);

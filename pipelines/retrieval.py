@@ -15,6 +15,8 @@ from pathlib import Path
 import dagster as dg
 
 from dagster_gpu import CorpusSource, GpuRequest, TextFormat, TokenChunks, embedding_asset, gpu_executor
+from dagster_gpu.definitions.asset_options import ComputeSpec, OutputSpec
+from dagster_gpu.embedding.spec import EmbeddingSpec
 from dagster_gpu.definitions.sensors import asset_job, corpus_sensor
 
 HOME = Path(os.environ.get("DAGSTER_GPU_RETRIEVAL_HOME", str(Path(__file__).resolve().parents[1] / ".retrieval")))
@@ -22,17 +24,19 @@ HOME = Path(os.environ.get("DAGSTER_GPU_RETRIEVAL_HOME", str(Path(__file__).reso
 license_corpus = CorpusSource(url=str(HOME / "corpus"), pattern="*.jsonl", text_format=TextFormat(format="jsonl"))
 
 license_chunks = embedding_asset(
-    name="license_chunks",
+    "license_chunks",
     corpus=license_corpus,
-    output_url=str(HOME / "embeddings"),
-    model=str(HOME / "model"),          # MiniLM with e5-style prompts; its default prompt is "passage: "
-    prompt_name="document",             # the passage side (queries use the model's "query" prompt)
-    chunking=TokenChunks(max_tokens=256, overlap=32, boundary="paragraph"),
-    id_column="id",
-    carry_columns=["title", "source"],
-    include_text=True,
-    device=os.environ.get("DAGSTER_GPU_DEVICE", "auto"),
-    gpu=GpuRequest(count=1, memory_gib=2, mig_ok=True, shared_ok=True),
+    output=OutputSpec(url=str(HOME / "embeddings")),
+    spec=EmbeddingSpec(
+        model=str(HOME / "model"),          # MiniLM with e5-style prompts; its default prompt is "passage: "
+        prompt_name="document",             # the passage side (queries use the model's "query" prompt)
+        chunking=TokenChunks(max_tokens=256, overlap=32, boundary="paragraph"),
+        id_column="id",
+        carry_columns=("title", "source"),
+        include_text=True,
+    ),
+    compute=ComputeSpec(device=os.environ.get("DAGSTER_GPU_DEVICE", "auto"),
+                        gpu=GpuRequest(count=1, memory_gib=2, mig_ok=True, shared_ok=True)),
     group_name="retrieval",
 )
 

@@ -53,8 +53,9 @@ def load_test_model():
 def embed(source: str, output: str, model, *, checkpoint: bool = True, stop=None, version: str = SOURCE_VERSION,
           lineage=None, storage_options=None, on_batch=None):
     from dagster_gpu.embedding.pipeline import CheckpointPolicy, embed_partition
+    from dagster_gpu.embedding.spec import EmbeddingSpec
 
-    return embed_partition(source, output, model, text_format(), batch_size=BATCH_SIZE, read_batch_rows=READ_BATCH_ROWS,
+    return embed_partition(source, output, model, text_format(), spec=EmbeddingSpec(batch_size=BATCH_SIZE), read_batch_rows=READ_BATCH_ROWS,
                            partition_key=PARTITION_KEY, lineage=dict(lineage or LINEAGE), storage_options=storage_options,
                            checkpoint=CheckpointPolicy(version, 1) if checkpoint else None, stop=stop, on_batch=on_batch)
 

@@ -11,6 +11,7 @@ import pytest
 from dagster_gpu.corpus.readers import CorpusReadError, TextFormat
 from dagster_gpu.embedding.model import load_model
 from dagster_gpu.embedding.pipeline import embed_partition
+from dagster_gpu.embedding.spec import EmbeddingSpec
 from dagster_gpu.embedding.writer import output_schema
 
 FORTUNE = TextFormat(format="text", record_separator_line="%")
@@ -58,7 +59,7 @@ def test_embed_fortune_file(tmp_path, model):
     out = tmp_path / "out" / "fortunes.parquet"
     progress = []
     res = embed_partition(
-        str(src), str(out), model, FORTUNE, batch_size=2, read_batch_rows=3, on_batch=progress.append
+        str(src), str(out), model, FORTUNE, spec=EmbeddingSpec(batch_size=2), read_batch_rows=3, on_batch=progress.append
     )
     assert res.rows == 7
     assert res.records == 9
@@ -201,7 +202,7 @@ def test_cuda_oom_halves_the_batch_and_the_final_size_is_in_the_metadata(tmp_pat
 
     hook = model.model.register_forward_pre_hook(small_device)
     try:
-        res = embed_partition(str(src), str(tmp_path / "long.parquet"), model, FORTUNE, batch_size=64)
+        res = embed_partition(str(src), str(tmp_path / "long.parquet"), model, FORTUNE, spec=EmbeddingSpec(batch_size=64))
     finally:
         hook.remove()
     assert (res.rows, res.truncated_rows) == (64, 64)

@@ -179,6 +179,7 @@ def test_a_stopped_bucket_continues_after_its_checkpoint_parts_into_the_clean_ou
 
     from dagster_gpu.corpus.group_reads import GroupPrefetcher
     from dagster_gpu.embedding.pipeline import CheckpointPolicy, Preempted, embed_partition
+    from dagster_gpu.embedding.spec import EmbeddingSpec
     from tests.checkpoint_child import LINEAGE, load_test_model, write_corpus
 
     d = tmp_path / "corpus"
@@ -193,7 +194,7 @@ def test_a_stopped_bucket_continues_after_its_checkpoint_parts_into_the_clean_ou
 
     def embed(out, stop=None, on_batch=None, checkpoint=True):
         reader = GroupPrefetcher(group, corpus.text_format, read_batch_rows=8)
-        return embed_partition(reader, str(out), model, batch_size=8, partition_key=group.key, lineage=dict(LINEAGE),
+        return embed_partition(reader, str(out), model, spec=EmbeddingSpec(batch_size=8), partition_key=group.key, lineage=dict(LINEAGE),
                                checkpoint=CheckpointPolicy(group.version, 1) if checkpoint else None, stop=stop,
                                on_batch=on_batch)
 

@@ -17,6 +17,7 @@ import pytest
 from dagster_gpu.corpus.readers import TextFormat
 from dagster_gpu.embedding.model import load_model
 from dagster_gpu.embedding.pipeline import embed_partition
+from dagster_gpu.embedding.spec import EmbeddingSpec
 from dagster_gpu.embedding.writer import read_lineage
 
 DOCS = [
@@ -36,7 +37,7 @@ def output(tmp_path_factory):
     out = d / "licenses.parquet"
     model = load_model("all-MiniLM-L6-v2", device="cpu")
     res = embed_partition(str(src), str(out), model, TextFormat(id_column="id", carry_columns=("title", "year")),
-                          partition_key="licenses", include_text=True, lineage=LINEAGE)
+                          partition_key="licenses", spec=EmbeddingSpec(include_text=True), lineage=LINEAGE)
     assert (res.rows, res.records, res.skipped_empty_rows, res.records_embedded) == (2, 3, 1, 2)
     return out
 

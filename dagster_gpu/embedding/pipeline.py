@@ -40,6 +40,7 @@ from dagster_gpu.embedding.checkpoint import CheckpointKey, Checkpoints, Resume
 from dagster_gpu.embedding.encoder import Encoder, PendingEncoded
 from dagster_gpu.embedding.model import LoadedModel
 from dagster_gpu.embedding.reuse import ReuseMap, load_previous, merge, plan
+from dagster_gpu.embedding.spec import EmbeddingSpec
 from dagster_gpu.embedding.writer import (AtomicParquetWriter, RECORD_HASH_COLUMN, lineage_metadata, output_schema,
                                           output_table)
 
@@ -230,19 +231,15 @@ def embed_partition(
     model: LoadedModel,
     text_format: TextFormat | None = None,
     *,
-    batch_size: int = 64,
+    spec: EmbeddingSpec = EmbeddingSpec(),
     read_batch_rows: int = 4096,
     prefetch: int = 2,
-    normalize: bool = True,
     storage_options: Mapping[str, Any] | None = None,
     on_batch: Callable[[int], None] | None = None,
     encoder: Encoder | None = None,
     output_storage_options: Mapping[str, Any] | None = None,
     partition_key: str | None = None,
-    include_text: bool = False,
-    output_dtype: str = "float32",
     lineage: Mapping[str, Any] | None = None,
-    encoder_options: Mapping[str, Any] | None = None,
     reuse: bool = True,
     checkpoint: CheckpointPolicy | None = None,
     stop: threading.Event | None = None,
@@ -254,15 +251,16 @@ def embed_partition(
     ``storage_options``) or a ``BatchPrefetcher`` (started or not; those four arguments are then its own,
     ``text_format`` may be None); it is closed on return. ``output_storage_options``: fsspec options for
     ``output_uri`` when the output lives on another store than the source (None = the source's:
-    ``storage_options``, else the prefetcher's own). ``encoder``: reuse one across calls (not closed
-    here; its batch size and options rule); None = ``make_encoder(model.model, batch_size, normalize=...,
-    output_dtype=..., **encoder_options)`` for this call only. ``batch_size`` is texts per forward pass.
+    ``storage_options``, else the prefetcher's own). ``spec``: the model's options, prompt, chunking, vectors and
+    columns (:class:`dagster_gpu.embedding.spec.EmbeddingSpec`; the model itself is ``model``, loaded by the
+    caller). ``encoder``: reuse one across calls (not closed here; its batch size and options rule, ``spec``'s
+    columns and ``output_dtype`` still apply); None = ``make_encoder(model.model, spec.batch_size, prompt=<the
+    spec's prompt for this model>, **spec.encoder_options())`` for this call only.
     ``on_batch(rows_done)`` is called after each I/O batch is encoded (records, not chunks).
 
     ``partition_key``: the ``doc_id`` prefix when the corpus has no id column (None = the source file's
     name), and the checkpoint parts' key. ``doc_id_prefix``: another ``doc_id`` prefix than ``partition_key`` (a
-    shard's: the whole file's key, so that its rows' ids are the file's). ``include_text``: keep each row's text. ``output_dtype``: the vector column's type (``float32`` |
-    ``float16``). ``lineage``: ``{"fingerprint", "model", "model_revision", ...}`` written as the file's
+    shard's: the whole file's key, so that its rows' ids are the file's). ``lineage``: ``{"fingerprint", "model", "model_revision", ...}`` written as the file's
     key-value metadata (:func:`dagster_gpu.embedding.writer.lineage_metadata`); None = none.
 
     ``reuse``: when the output at ``output_uri`` was written under ``lineage["fingerprint"]``, records whose text
@@ -282,6 +280,7 @@ def embed_partition(
     ``text_format``, EncoderOutOfMemory when one text does not fit the device; on any error no output
     appears and an earlier output at ``output_uri`` is kept.
     """
+    include_text, output_dtype = spec.include_text, spec.output_dtype
     if isinstance(source, BatchPrefetcher):
         reader = source
     else:
@@ -310,7 +309,7 @@ def embed_partition(
         if stop is not None and stop.is_set():  # asked to stop before anything was embedded
             raise Preempted(output_uri, 0, 0, 0, prefix)
         enc = encoder if encoder is not None else make_encoder(
-            model.model, batch_size, normalize=normalize, output_dtype=output_dtype, **dict(encoder_options or {}))
+            model.model, spec.batch_size, prompt=spec.resolve_prompt(model.model)[0], **spec.encoder_options())
         dim = int(enc.dim)
         retries_before = enc.oom_retries
         batch_size_initial = enc.batch_size

@@ -40,6 +40,7 @@ from dagster_gpu.embedding.devices import device_labels, unit_devices
 from dagster_gpu.embedding.fingerprint import fingerprint, pooling_description
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
 from dagster_gpu.embedding.pipeline import CheckpointPolicy, EmbeddingResult, Preempted, embed_partition, make_encoder
+from dagster_gpu.embedding.spec import EmbeddingSpec
 from dagster_gpu.instance.run_tags import add_cost
 from dagster_gpu.telemetry.nvml import NvmlSampler
 from dagster_gpu.worker.backend_env import backend_metadata
@@ -57,32 +58,24 @@ from dagster_gpu.partitions.source_versions import CONFIG_KEY, SOURCE_VERSION_KE
 
 @dataclass(frozen=True)
 class UnitSpec:
-    """What the asset asks of each unit (the embedding_asset arguments that matter in the worker).
+    """What the asset asks of each unit: what to embed and how (``embedding``, built once by ``embedding_asset``),
+    where to read and write, and how the unit runs.
 
-    The corpus is read with ``corpus.storage_options``; outputs are written and checked with
-    ``output_storage_options`` (fsspec options of the output store, which may be another store).
+    The corpus is read with ``corpus.storage_options`` (its ``TextFormat`` already carries ``embedding``'s id and
+    carried columns); outputs are written and checked with ``output_storage_options`` (fsspec options of the output
+    store, which may be another store).
     """
 
     corpus: CorpusSource
     output_uri_for: Callable[[str], str]
-    model: str
-    device: str
-    max_seq_length: int | None
-    batch_size: int
-    read_batch_rows: int
-    telemetry_interval_s: float
-    dtype: str | None = None
+    embedding: EmbeddingSpec = EmbeddingSpec()
+    #: ``auto`` (CUDA when present, else CPU), ``cpu``, ``cuda``, ``cuda:1``…
+    device: str = "auto"
+    #: records per I/O batch (bounds worker memory)
+    read_batch_rows: int = 4096
+    #: NVML sampling period, seconds
+    telemetry_interval_s: float = 0.5
     output_storage_options: Mapping[str, Any] = field(default_factory=dict)
-    prompt_name: str | None = None
-    prompt: str | None = None
-    chunking: Any = None  # dagster_gpu.embedding.chunking.TokenChunks | None
-    include_text: bool = False
-    normalize: bool = True
-    truncate_dim: int | None = None
-    output_dtype: str = "float32"
-    revision: str | None = None
-    cache_folder: str | None = None
-    trust_remote_code: bool = False
     #: the asset's code version (:func:`dagster_gpu.embedding.fingerprint.config_fingerprint`), tagged on each
     #: materialization so Dagster compares it with the definition's; "" = none.
     code_version: str = ""
@@ -254,10 +247,8 @@ def _resolve(corpus: CorpusSource, keys: list[str], outcome: UnitOutcome) -> dic
 def _load(spec: UnitSpec, keys: list[str], outcome: UnitOutcome) -> LoadedModel | None:
     if not keys:
         return None
-    extra = {k: v for k, v in (("revision", spec.revision), ("cache_folder", spec.cache_folder),
-                                ("trust_remote_code", spec.trust_remote_code)) if v}
     try:
-        return load_model(spec.model, device=spec.device, max_seq_length=spec.max_seq_length, dtype=spec.dtype, **extra)
+        return load_model(spec.embedding.model, device=spec.device, **spec.embedding.load_options())
     except ModelNotFound as e:
         for k in keys:
             outcome.failed[k] = f"partition {k!r}: {e}"
@@ -278,13 +269,12 @@ def _embed_all(
 ) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation]:
     n = len(files)
     try:  # the prompt and the chunk window are the unit's: one that cannot be used fails every partition
-        prompt_text, prompt_name = resolve_unit_prompt(loaded, spec)
+        prompt_text, prompt_name = spec.embedding.resolve_prompt(loaded.model)
         # every device of the unit ("cuda" = each GPU torch sees), a model replica on each but the first
         devices = unit_devices(loaded.device)
         # tokenizer threads and CUDA stream: once per unit
-        encoder = make_encoder(loaded.model, spec.batch_size, normalize=spec.normalize, prompt=prompt_text,
-                               truncate_dim=spec.truncate_dim, output_dtype=spec.output_dtype, chunking=spec.chunking,
-                               devices=devices if len(devices) > 1 else None)
+        encoder = make_encoder(loaded.model, spec.embedding.batch_size, prompt=prompt_text,
+                               **spec.embedding.encoder_options(), devices=devices if len(devices) > 1 else None)
     except ValueError as e:
         for k, f in files.items():
             outcome.failed[k] = f"partition {k!r} ({f.uri}): {e}"
@@ -309,8 +299,7 @@ def _embed_all(
                           if spec.checkpoint_every_batches > 0 else None)
             result = embed_partition(reader, spec.output_uri_for(key), loaded, encoder=encoder,
                                      output_storage_options=dict(spec.output_storage_options), partition_key=key,
-                                     include_text=spec.include_text, output_dtype=spec.output_dtype,
-                                     lineage=partition_lineage,
+                                     spec=spec.embedding, lineage=partition_lineage,
                                      reuse=spec.reuse, checkpoint=checkpoint,
                                      stop=stop.event if stop is not None else None,
                                      doc_id_prefix=source.doc_key)  # a shard's rows carry the whole file's ids
@@ -400,22 +389,14 @@ def _prefetcher(spec: UnitSpec, source: CorpusFile) -> BatchPrefetcher:
                            dict(spec.corpus.storage_options), shard=source.shard).start()
 
 
-def resolve_unit_prompt(loaded: LoadedModel, spec: UnitSpec) -> tuple[str, str | None]:
-    """(prompt text, prompt name or None) by sentence-transformers' rule (``prompt`` beats ``prompt_name``, else
-    the model's ``default_prompt_name``); ValueError for a name the model does not have."""
-    from dagster_gpu.embedding.prompts import resolve_prompt
-
-    return resolve_prompt(loaded.model, spec.prompt_name, spec.prompt)
-
-
 def unit_lineage(loaded: LoadedModel, spec: UnitSpec, prompt_text: str, prompt_name: str | None, dim: int) -> dict:
     """Everything that changes a vector, and its fingerprint (:func:`dagster_gpu.embedding.fingerprint.fingerprint`):
     written into each output's key-value metadata and onto each materialization."""
-    chunking = spec.chunking.describe() if spec.chunking is not None else None
+    e = spec.embedding
     revision = str(getattr(loaded, "revision", "") or "")
-    fields = dict(model_revision=revision, model=spec.model, prompt=prompt_text, normalize=spec.normalize,
-                  truncate_dim=spec.truncate_dim, output_dtype=spec.output_dtype,
-                  max_seq_length=int(loaded.max_seq_length), chunking=chunking)
+    fields = dict(model_revision=revision, model=e.model, prompt=prompt_text, normalize=e.normalize,
+                  truncate_dim=e.truncate_dim, output_dtype=e.output_dtype,
+                  max_seq_length=int(loaded.max_seq_length), chunking=e.chunking_description())
     pooling = pooling_description(loaded.model)
     return {"fingerprint": fingerprint(pooling=pooling, **fields), **fields, "pooling": pooling,
             "prompt_name": prompt_name, "dim": dim, "weights_dtype": loaded.dtype,
@@ -460,7 +441,7 @@ def _metadata(step, loaded, spec, source, result: EmbeddingResult, telemetry, wa
     }
     return build_metadata(
         result=result,
-        model_name=spec.model,
+        model_name=spec.embedding.model,
         model_device=loaded.device,
         telemetry=telemetry,
         billing=billing,

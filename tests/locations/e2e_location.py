@@ -7,16 +7,17 @@ import time
 import dagster as dg
 
 from dagster_gpu import CorpusSource, GpuRequest, TextFormat, asset_job, embedding_asset, gpu_executor
+from dagster_gpu.definitions.asset_options import ComputeSpec, OutputSpec
+from dagster_gpu.embedding.spec import EmbeddingSpec
 
 corpus = CorpusSource(url=os.environ["DAGSTER_GPU_TEST_CORPUS"], text_format=TextFormat(format="text", record_separator_line="%"))
 embeddings = embedding_asset(
-    name="e2e_embeddings",
+    "e2e_embeddings",
     corpus=corpus,
-    output_url=os.environ["DAGSTER_GPU_TEST_OUTPUT"],
-    device="cpu",
-    batch_size=32,
-    gpu=GpuRequest(count=1),
-    max_partitions_per_run=int(os.environ.get("DAGSTER_GPU_TEST_PER_RUN", "4")),
+    output=OutputSpec(url=os.environ["DAGSTER_GPU_TEST_OUTPUT"]),
+    spec=EmbeddingSpec(batch_size=32),
+    compute=ComputeSpec(device="cpu", gpu=GpuRequest(count=1),
+                        max_partitions_per_run=int(os.environ.get("DAGSTER_GPU_TEST_PER_RUN", "4"))),
 )
 
 sleepy_parts = dg.StaticPartitionsDefinition(["a", "b"])
