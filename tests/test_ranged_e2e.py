@@ -66,7 +66,7 @@ class Killer(threading.Thread):
     """SIGKILLs the step worker of the backfill's run over range ``KILL_RANGE`` once it materialized 2 partitions:
     as the instance has them, or with ``relay_dir`` (``events: relay``) as the unit's channel under
     ``<relay_dir>/<run id>/`` has them: the instance learns of a relayed materialization only when the run worker
-    reads the channel, up to ``executor.relay.MAX_READ_INTERVAL_S`` after a quiet spell (the model loading), by
+    reads the channel, up to ``relay.pump.MAX_READ_INTERVAL_S`` after a quiet spell (the model loading), by
     which time a unit of small files may have finished its range."""
 
     def __init__(self, instance, backfill_id: str, asset_key, first_key: str, relay_dir: Path | None = None):
