@@ -52,6 +52,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from dagster_gpu.contracts import WorkerState, WorkerStatus
+from dagster_gpu.k8s.kueue import eviction as kueue_eviction
 
 #: Kubelet waiting reasons that mean the container will not start without intervention.
 STUCK_REASONS = frozenset({"CreateContainerConfigError", "CreateContainerError", "ErrImagePull", "ImagePullBackOff",
@@ -113,11 +114,13 @@ def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def disruption(pod: Mapping[str, Any]) -> str | None:
-    """``"<reason>: <message>"`` of the pod's ``DisruptionTarget=True`` condition, or None without one."""
+    """``"<reason>: <message>"`` of the pod's ``DisruptionTarget=True`` condition, else of Kueue's eviction
+    (``TerminationTarget`` with reason ``WorkloadEvicted...``: :func:`dagster_gpu.k8s.kueue.eviction`, a
+    requeue like a preemption), or None without either."""
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == DISRUPTION_TARGET and c.get("status") == "True":
             return ": ".join(x for x in (c.get("reason") or "Disrupted", (c.get("message") or "").strip()) if x)
-    return None
+    return kueue_eviction(pod)
 
 
 def preempted_event(events: Sequence[Mapping[str, Any]], pod_uid: str) -> str | None:
