@@ -210,10 +210,15 @@ class KubernetesBackend(Backend):
             device = (pod.get("metadata", {}).get("annotations") or {}).get(m.ANNOTATION_PLACEMENT_DEVICE)
             if device:
                 waiting[device] = waiting.get(device, 0) + 1
-        return KubernetesState(pools=device_groups(slices, claims, waiting), namespace=self.kube.namespace,
+        pools = device_groups(slices, claims, waiting)
+        queue = None
+        if self.settings.queue_name:  # behind Kueue the wait is the queue's (dagster_gpu.k8s.kueue.queue_state)
+            queue = kueue.queue_state(self.kube.read_local_queue(self.settings.queue_name),
+                                      self.kube.list_cluster_queues(), self.settings.queue_name, pools)
+        return KubernetesState(pools=pools, namespace=self.kube.namespace,
                                no_sharing=tuple(sorted(self.sharing_failures.blocked())),
                                preemptions_per_gpu_hour=self.preemptions_per_gpu_hour,
-                               preemption_pool=self.preemption_pool)
+                               preemption_pool=self.preemption_pool, queue=queue)
 
     # -- launch -------------------------------------------------------------------------------------
     def launch(self, launch: StepLaunch) -> Handle:

@@ -137,6 +137,12 @@ class KubeClient:
         """The ClusterQueue ``name`` (API dict), None when it does not exist."""
         return self._read_custom(client.CustomObjectsApi(self.api).get_cluster_custom_object, "clusterqueues", name)
 
+    def list_cluster_queues(self) -> list[dict]:
+        """Every ClusterQueue (API dicts): a queue's cohort lends the others' unused quota."""
+        out = self._read(client.CustomObjectsApi(self.api).list_cluster_custom_object, "kueue.x-k8s.io", "v1beta2",
+                         "clusterqueues")
+        return list(out.get("items") or [])
+
     def _read_custom(self, fn: Callable[..., Any], *args: Any) -> dict | None:
         try:
             return self._read(fn, "kueue.x-k8s.io", "v1beta2", *args)

@@ -18,6 +18,8 @@ the ``kueue.x-k8s.io/v1beta2`` objects as API JSON (dicts), sigs.k8s.io/kueue v0
   ``ClusterQueueStopped``...; ``pkg/controller/jobframework/reconciler.go``) and the Evicted condition's message,
   then is deleted. A preemption's message names the preemptor ("Preempted to accommodate a workload (UID: u,
   JobUID: j) due to reclamation within the cohort; ...", ``pkg/scheduler/preemption/preemption.go``).
+* a queue's backlog and quota for the policy (:func:`queue_state`): the LocalQueue's ``status.pendingWorkloads``
+  / ``admittedWorkloads``, the ClusterQueues' ``spec.resourceGroups`` quotas and ``status.flavorsReservation``.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ import datetime as dt
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
+
+from kubernetes.utils import parse_quantity
+
+from dagster_gpu.policy.snapshot import DeviceGroup, QueueState
 
 API_GROUP = "kueue.x-k8s.io"
 API_VERSION = "v1beta2"
@@ -164,3 +170,79 @@ def eviction(pod: Mapping[str, Any]) -> str | None:
                 and (c.get("reason") or "").startswith(EVICTED_STOP_REASON):
             return ": ".join(x for x in (f"Kueue {c.get('reason')}", (c.get("message") or "").strip()) if x)
     return None
+
+
+def resource_name(mig_profile: str | None) -> str:
+    """The Kueue resource a pool's devices are quota'd as: ``nvidia.com/mig-<profile>`` for a MIG slice,
+    ``nvidia.com/gpu`` for a whole GPU (NVIDIA's extended-resource names, which the site's
+    ``resources.deviceClassMappings`` give the DeviceClasses: resources/k8s/kueue/config.yaml)."""
+    return f"nvidia.com/mig-{mig_profile}" if mig_profile else "nvidia.com/gpu"
+
+
+def _qty(v: Any) -> float:
+    return float(parse_quantity(str(v))) if v is not None else 0.0
+
+
+def _quota(cq: Mapping[str, Any], resource: str, key: str) -> float | None:
+    """Sum of ``key`` (nominalQuota, borrowingLimit, lendingLimit) of ``resource`` over the ClusterQueue's
+    flavors; None when no flavor sets it."""
+    vals = [r.get(key) for g in (cq.get("spec") or {}).get("resourceGroups") or [] for f in g.get("flavors") or []
+            for r in f.get("resources") or [] if r.get("name") == resource]
+    vals = [v for v in vals if v is not None]
+    return sum(_qty(v) for v in vals) if vals else None
+
+
+def _used(cq: Mapping[str, Any], resource: str) -> float:
+    """What admitted (quota-reserving) workloads hold of ``resource`` (``status.flavorsReservation``)."""
+    return sum(_qty(r.get("total")) for f in (cq.get("status") or {}).get("flavorsReservation") or []
+               for r in f.get("resources") or [] if r.get("name") == resource)
+
+
+def quota_room(cq: Mapping[str, Any], cohort: Iterable[Mapping[str, Any]], resource: str) -> tuple[float, float]:
+    """``(free, total)`` of ``resource`` for ClusterQueue ``cq``: free = its unused nominal quota plus what it may
+    borrow now (the other ClusterQueues of its cohort's unused quota, each up to its ``lendingLimit``, less what
+    ``cq`` already borrows, capped by ``cq``'s ``borrowingLimit``); total = nominal plus the most it may borrow
+    (Kueue v0.17.0 ``apis/kueue/v1beta2/clusterqueue_types.go``: nominalQuota, borrowingLimit, lendingLimit;
+    a flat cohort, no Cohort object quotas)."""
+    nominal = _quota(cq, resource, "nominalQuota") or 0.0
+    used = _used(cq, resource)
+    borrowed = max(0.0, used - nominal)
+    limit = _quota(cq, resource, "borrowingLimit")
+    lendable = lend_total = 0.0
+    for o in cohort:
+        o_nominal = _quota(o, resource, "nominalQuota") or 0.0
+        o_lend = _quota(o, resource, "lendingLimit")
+        o_lend = o_nominal if o_lend is None else min(o_lend, o_nominal)
+        lend_total += o_lend
+        lendable += max(0.0, min(o_lend, o_nominal - _used(o, resource)))
+    borrowable = max(0.0, lendable - borrowed)
+    if limit is not None:
+        borrowable = min(borrowable, max(0.0, limit - borrowed))
+    total = nominal + (lend_total if limit is None else min(limit, lend_total))
+    return max(0.0, nominal - used) + borrowable, total
+
+
+def queue_state(local_queue: Mapping[str, Any] | None, cluster_queues: Iterable[Mapping[str, Any]], queue_name: str,
+                pools: Iterable[DeviceGroup]) -> QueueState:
+    """The policy's :class:`~dagster_gpu.policy.snapshot.QueueState` of LocalQueue ``queue_name`` (its API JSON, None
+    when it does not exist: an inactive queue with no ClusterQueue) from every ClusterQueue (API JSON): pending
+    and admitted workloads from the LocalQueue's status, each pool's quota from :func:`quota_room` with the
+    pool's :func:`resource_name`."""
+    pools = list(pools)
+    if local_queue is None:
+        return QueueState(local_queue=queue_name, active=False)
+    cqs = list(cluster_queues)
+    name = (local_queue.get("spec") or {}).get("clusterQueue", "")
+    cq = next((c for c in cqs if (c.get("metadata") or {}).get("name") == name), None)
+    lq_status = local_queue.get("status") or {}
+    base = dict(local_queue=queue_name, pending=int(lq_status.get("pendingWorkloads") or 0),
+                admitted=int(lq_status.get("admittedWorkloads") or 0))
+    if cq is None:
+        return QueueState(cluster_queue="", active=False, **base)
+    cohort_name = (cq.get("spec") or {}).get("cohortName")
+    cohort = [c for c in cqs if cohort_name and c is not cq and (c.get("spec") or {}).get("cohortName") == cohort_name]
+    free, total = {}, {}
+    for p in pools:
+        free[p.device], total[p.device] = quota_room(cq, cohort, resource_name(p.mig_profile))
+    active = _true(_cond(cq, "Active")) if _cond(cq, "Active") is not None else True
+    return QueueState(cluster_queue=name, quota_free=free, quota_total=total, active=active, **base)
