@@ -238,6 +238,8 @@ class KubernetesBackend(Backend):
         self.claims.start()
         self.claims.wait_synced(10)
         where = describe_partitions(launch.partition_keys)
+        if self.settings.queue_name:
+            self._refuse_if_queue_unusable(name, where)
         if template is not None:
             try:
                 self.kube.create_claim_template(m.to_dict(template))
@@ -291,6 +293,20 @@ class KubernetesBackend(Backend):
         if before is None or (before.phase, before.reason, before.message) != (st.phase, st.reason, st.message):
             log.info("pod uid %s: %s", uid, st.describe())
         return st
+
+    def _refuse_if_queue_unusable(self, name: str, where: str) -> None:
+        """Raise RuntimeError (nothing created) when the LocalQueue does not exist or is not active: Kueue v0.17.0
+        then leaves the pod's Workload without any condition (``pkg/cache/queue/manager.go``
+        ``ErrLocalQueueDoesNotExistOrInactive``, retried by the workload reconciler), so it would wait forever."""
+        queue = self.settings.queue_name
+        lq = self.kube.read_local_queue(queue)
+        if lq is None:
+            raise RuntimeError(f"Kueue cannot admit pod {self.settings.namespace}/{name} for {where}: Kueue LocalQueue "
+                               f"{self.settings.namespace}/{queue} does not exist (kubernetes.queue_name)")
+        active = kueue.local_queue_inactive(lq)
+        if active:
+            raise RuntimeError(f"Kueue cannot admit pod {self.settings.namespace}/{name} for {where}: Kueue LocalQueue "
+                               f"{self.settings.namespace}/{queue} is not active ({active})")
 
     def _refuse_if_never_admitted(self, handle: Handle, where: str) -> None:
         """Wait up to ``kueue_verdict_wait_s`` for Kueue's first decision about the new pod's Workload; when it

@@ -172,6 +172,15 @@ def eviction(pod: Mapping[str, Any]) -> str | None:
     return None
 
 
+def local_queue_inactive(lq: Mapping[str, Any]) -> str:
+    """``"<reason>: <message>"`` of a LocalQueue's ``Active=False`` condition (its ClusterQueue missing or inactive,
+    the queue stopped: ``pkg/controller/core/localqueue_controller.go``), "" when active or not yet reported."""
+    c = _cond(lq, "Active")
+    if c is None or _true(c):
+        return ""
+    return ": ".join(x for x in (c.get("reason") or "Inactive", (c.get("message") or "").strip()) if x)
+
+
 def resource_name(mig_profile: str | None) -> str:
     """The Kueue resource a pool's devices are quota'd as: ``nvidia.com/mig-<profile>`` for a MIG slice,
     ``nvidia.com/gpu`` for a whole GPU (NVIDIA's extended-resource names, which the site's
