@@ -66,7 +66,7 @@ from dagster_gpu.contracts import Backend, Handle, StepLaunch, UnitBill, WorkerS
 from dagster_gpu.k8s.billing import pod_interval_metadata
 from dagster_gpu.k8s.handle import PodHandle
 from dagster_gpu.k8s.pod_state import (
-    FAILED_PREPARE, PodTimeouts, disruption, needs_events, pod_state, preempted_event, terminated,
+    FAILED_PREPARE, PodTimeouts, disruption, epoch, needs_events, pod_state, preempted_event, terminated,
 )
 from dagster_gpu.k8s.settings import KubernetesSettings, config_field  # noqa: F401  (config_field: the registry reads it here)
 from dagster_gpu.k8s import kueue
@@ -116,13 +116,6 @@ def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any]
 
 def _ts(t: dt.datetime | None) -> float | None:
     return t.timestamp() if t is not None else None
-
-
-def _epoch(ts: str | None) -> float | None:
-    """Unix seconds of an RFC 3339 timestamp as the API serialises it (``2026-11-30T15:32:50+00:00``)."""
-    if not ts:
-        return None
-    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 def worker_device_fraction(choice: m.DeviceChoice) -> float:
@@ -560,7 +553,7 @@ class KubernetesBackend(Backend):
             if pod.status.phase not in ("Succeeded", "Failed"):
                 continue
             term = terminated(m.to_dict(pod))
-            ended = _epoch(term.get("finishedAt")) if term is not None else None
+            ended = epoch(term.get("finishedAt")) if term is not None else None
             if ended is not None and now - ended < self.sweep_grace_s:
                 continue
             with self._lock:

@@ -24,13 +24,14 @@ the ``kueue.x-k8s.io/v1beta2`` objects as API JSON (dicts), sigs.k8s.io/kueue v0
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from kubernetes.utils import parse_quantity
 
+from dagster_gpu.k8s.pod_state import epoch
+from dagster_gpu.k8s.pod_state import kueue_eviction as eviction  # noqa: F401  (re-exported: Kueue's eviction of a pod)
 from dagster_gpu.policy.snapshot import DeviceGroup, QueueState
 
 API_GROUP = "kueue.x-k8s.io"
@@ -38,8 +39,6 @@ API_VERSION = "v1beta2"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"
-TERMINATION_TARGET = "TerminationTarget"
-EVICTED_STOP_REASON = "WorkloadEvicted"
 
 PENDING, ADMITTED, INADMISSIBLE, EVICTED, FINISHED = "pending", "admitted", "inadmissible", "evicted", "finished"
 
@@ -54,15 +53,6 @@ def _cond(obj: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
 
 def _true(c: Mapping[str, Any] | None) -> bool:
     return c is not None and c.get("status") == "True"
-
-
-def _epoch(ts: str | None) -> float | None:
-    if not ts:
-        return None
-    try:
-        return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-    except ValueError:
-        return None
 
 
 @dataclass(frozen=True)
@@ -134,7 +124,7 @@ def workload_state(wl: Mapping[str, Any]) -> WorkloadState:
     finished, evicted, admitted = _cond(wl, "Finished"), _cond(wl, "Evicted"), _cond(wl, "Admitted")
     reserved, preempted = _cond(wl, "QuotaReserved"), _cond(wl, "Preempted")
     pre_reason = preempted.get("reason") if _true(preempted) else None
-    base = dict(name=meta.get("name", ""), queue=spec.get("queueName", ""), created_at=_epoch(meta.get("creationTimestamp")),
+    base = dict(name=meta.get("name", ""), queue=spec.get("queueName", ""), created_at=epoch(meta.get("creationTimestamp")),
                 cluster_queue=admission.get("clusterQueue"), flavors=flavors, preempted_reason=pre_reason)
     if _true(finished):
         return WorkloadState(phase=FINISHED, reason=finished.get("reason", ""), message=finished.get("message", ""), **base)
@@ -144,7 +134,7 @@ def workload_state(wl: Mapping[str, Any]) -> WorkloadState:
                              preemptor=preemptor(msg) or preemptor((preempted or {}).get("message", "")), **base)
     if _true(admitted):
         return WorkloadState(phase=ADMITTED, reason=admitted.get("reason", ""), message=admitted.get("message", ""),
-                             admitted_at=_epoch(admitted.get("lastTransitionTime")), **base)
+                             admitted_at=epoch(admitted.get("lastTransitionTime")), **base)
     if reserved is not None and not _true(reserved):
         phase = INADMISSIBLE if reserved.get("reason") == "Inadmissible" else PENDING
         return WorkloadState(phase=phase, reason=reserved.get("reason", ""), message=reserved.get("message", ""), **base)
@@ -162,14 +152,6 @@ def gated(pod: Mapping[str, Any]) -> bool:
     return any(g.get("name") == ADMISSION_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
 
 
-def eviction(pod: Mapping[str, Any]) -> str | None:
-    """``"Kueue <reason>: <message>"`` of the pod's ``TerminationTarget=True`` condition when Kueue stopped it
-    because its Workload was evicted (reason ``WorkloadEvicted...``), else None."""
-    for c in (pod.get("status") or {}).get("conditions") or []:
-        if c.get("type") == TERMINATION_TARGET and c.get("status") == "True" \
-                and (c.get("reason") or "").startswith(EVICTED_STOP_REASON):
-            return ": ".join(x for x in (f"Kueue {c.get('reason')}", (c.get("message") or "").strip()) if x)
-    return None
 
 
 def local_queue_inactive(lq: Mapping[str, Any]) -> str:
