@@ -91,3 +91,12 @@ def test_a_pool_without_quota_or_an_inactive_queue_is_infeasible():
     with pytest.raises(NoFeasiblePlacement, match="ClusterQueue \\(none\\): 0 pending, 0 admitted, inactive, quota for "
                                                   "NVIDIA A100-SXM4-80GB 0 free of 0: never admitted \\(the ClusterQueue is inactive\\)"):
         _decide(kueue.queue_state(None, [], "batch", POOLS), GpuRequest())
+
+
+def test_the_queue_travels_in_a_saved_snapshot():
+    q = kueue.queue_state(_lq(pending=1), [_cq("online", 2, 2), _cq("batch", 0, 0)], "batch", POOLS)
+    snap = Snapshot(rate_card=RateCard.load(), kubernetes=KubernetesState(pools=POOLS, queue=q))
+    back = Snapshot.loads(__import__("json").dumps(snap.to_json()))
+    assert back.kubernetes.queue == q
+    assert "Kueue LocalQueue batch -> ClusterQueue batch: 1 pending" in decide(GpuRequest(mig_ok=True), StepSize(rows=1000),
+                                                                                back, model=MODEL).reason
