@@ -5,7 +5,8 @@ Settings come from the environment so every process (test, daemon, run workers, 
 ``DAGSTER_PG_HOST/PORT/USER`` (handed to pods as plain env; the password only as a Secret reference),
 ``K8S_TEST_PENDING_TIMEOUT`` / ``K8S_TEST_CREATE_TIMEOUT`` (s), ``K8S_TEST_IMAGE`` (the node agent pulls
 ``*slow-pull*`` images slowly and fails ``*does-not-exist*`` ones), ``K8S_TEST_SHARING`` (the sharing strategy of
-shared-ok steps; the node's driver refuses it: its feature gates are off). Each asset sleeps ``test/sleep`` seconds (a run tag) and returns its
+shared-ok steps; the node's driver refuses it: its feature gates are off), ``K8S_TEST_QUEUE_NAME`` (a Kueue
+LocalQueue: step pods are Kueue workloads). Each asset sleeps ``test/sleep`` seconds (a run tag) and returns its
 partition key plus the Kubernetes metadata the worker can see (``k8s/namespace``, ``k8s/pod``) and the
 devices the node made visible (``NVIDIA_VISIBLE_DEVICES``).
 
@@ -52,6 +53,7 @@ def executor_config() -> dict:
             "cpu_request": os.environ.get("K8S_TEST_CPU_REQUEST") or None,
             "priority_class_name": os.environ.get("K8S_TEST_PRIORITY_CLASS") or None,
             "max_preemptions": int(os.environ.get("K8S_TEST_MAX_PREEMPTIONS", "3")),
+            "queue_name": os.environ.get("K8S_TEST_QUEUE_NAME") or None,
         },
         "retries": {"disabled": {}},
         "sleep_seconds": float(os.environ.get("K8S_TEST_SLEEP_SECONDS", "0.5")),

@@ -103,3 +103,37 @@ def test_every_recorded_total_satisfies_its_marketed_size_and_not_the_next(marke
 def test_mig_profile_pattern_is_public():
     assert dra.is_mig_profile("1g.10gb") and not dra.is_mig_profile("1g10gb")
     assert dra.MIG_PROFILE.match("3g.40gb").groups() == ("3", "40")
+
+
+# Kueue v0.17.0 pkg/dra/claims.go (countDevicesPerClass) refuses a claim with firstAvailable ("FirstAvailable
+# device selection is not supported"), CEL selectors ("CEL selectors are not supported") or device config
+# ("device config is not supported"): a queued step's template has one `exactly` request, a class and a count.
+def _queued_request(request, placement, **settings):
+    choice = dra.device_choice(request, placement, PodSettings(queue_name="batch", **settings))
+    t = _template(choice)
+    (req,) = t["spec"]["spec"]["devices"]["requests"]
+    assert "firstAvailable" not in req and "config" not in t["spec"]["spec"]["devices"]
+    return choice, req
+
+
+def test_a_queued_mig_ok_request_without_placement_asks_exactly_for_its_profiles_class():
+    choice, req = _queued_request(GpuRequest(count=1, mig_ok=True, memory_gib=10, shared_ok=True), None,
+                                  sharing_strategy="MPS")
+    assert req == {"name": "gpu", "exactly": {"deviceClassName": "1g.10gb.mig.nvidia.com",
+                                              "allocationMode": "ExactCount", "count": 1}}
+    assert choice.device_type == "mig-1g.10gb" and choice.device_fraction == pytest.approx(1 / 7)
+    assert choice.sharing is None and "firstAvailable" not in choice.to_json()
+
+
+def test_a_queued_placement_keeps_its_flavor_mig_slice_or_whole_gpu():
+    _, mig = _queued_request(GpuRequest(count=1, mig_ok=True), "mig-1g.10gb")
+    assert mig["exactly"] == {"deviceClassName": "1g.10gb.mig.nvidia.com", "allocationMode": "ExactCount", "count": 1}
+    choice, gpu = _queued_request(GpuRequest(count=2, mig_ok=True, memory_gib=80), "NVIDIA A100-SXM4-80GB")
+    assert gpu["exactly"] == {"deviceClassName": "gpu.nvidia.com", "allocationMode": "ExactCount", "count": 2}
+    assert choice.device_type == "NVIDIA A100-SXM4-80GB" and choice.device_fraction == 2.0
+
+
+def test_mig_device_class_refuses_a_malformed_profile():
+    assert dra.mig_device_class("3g.40gb") == "3g.40gb.mig.nvidia.com"
+    with pytest.raises(dra.ManifestError, match="'3g40gb' is not a MIG profile"):
+        dra.mig_device_class("3g40gb")

@@ -59,10 +59,12 @@ from dagster_gpu.contracts import Backend, Handle, StepLaunch, UnitBill, WorkerS
 from dagster_gpu.k8s.billing import pod_interval_metadata
 from dagster_gpu.k8s.handle import PodHandle
 from dagster_gpu.k8s.pod_state import (
-    FAILED_PREPARE, PodTimeouts, disruption, needs_events, pod_state, preempted_event, terminated,
+    FAILED_PREPARE, PodTimeouts, disruption, epoch, needs_events, pod_state, preempted_event, terminated,
 )
 from dagster_gpu.k8s.settings import KubernetesSettings, config_field  # noqa: F401  (config_field: the registry reads it here)
+from dagster_gpu.k8s import kueue
 from dagster_gpu.k8s import manifests as m
+from dagster_gpu.k8s.kueue import WorkloadState
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, PodWatcher, load_api_client
 from dagster_gpu.k8s.inventory import device_groups
 from dagster_gpu.k8s.sharing_failures import SharingFailures, default_path
@@ -101,18 +103,12 @@ def build_backend(section: Mapping[str, Any], executor_config: Mapping[str, Any]
         settle_wait_s=s.settle_wait_seconds,
         max_preemptions=s.max_preemptions,
         preemptions_per_gpu_hour=s.preemptions_per_gpu_hour,
+        queue_timeout_s=s.queue_timeout_seconds,
     )
 
 
 def _ts(t: dt.datetime | None) -> float | None:
     return t.timestamp() if t is not None else None
-
-
-def _epoch(ts: str | None) -> float | None:
-    """Unix seconds of an RFC 3339 timestamp as the API serialises it (``2026-11-30T15:32:50+00:00``)."""
-    if not ts:
-        return None
-    return dt.datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
 
 
 def worker_device_fraction(choice: m.DeviceChoice) -> float:
@@ -164,7 +160,8 @@ class KubernetesBackend(Backend):
                  settle_wait_s: float = KubernetesSettings.settle_wait_seconds, sweep_grace_s: float = 10.0,
                  sharing_failures: SharingFailures | None = None,
                  max_preemptions: int = KubernetesSettings.max_preemptions,
-                 preemptions_per_gpu_hour: float = KubernetesSettings.preemptions_per_gpu_hour):
+                 preemptions_per_gpu_hour: float = KubernetesSettings.preemptions_per_gpu_hour,
+                 queue_timeout_s: float = KubernetesSettings.queue_timeout_seconds, kueue_verdict_wait_s: float = 10.0):
         self.kube = kube
         self.max_preemptions = int(max_preemptions)
         self.preemptions_per_gpu_hour = float(preemptions_per_gpu_hour)
@@ -184,6 +181,9 @@ class KubernetesBackend(Backend):
         self.pods = PodWatcher(kube, f"{m.LABEL_MANAGED_BY}={m.MANAGED_BY}", self._observe)
         self.settle_wait_s = settle_wait_s
         self.sweep_grace_s = sweep_grace_s
+        self.queue_timeout_s = float(queue_timeout_s)
+        self.kueue_verdict_wait_s = float(kueue_verdict_wait_s)
+        self._kueue: dict[str, WorkloadState] = {}  # pod uid -> the last Kueue decision read about its Workload
 
     # -- live state for the cost policy ---------------------------------------------------------------
     def policy_state(self) -> KubernetesState:
@@ -196,10 +196,15 @@ class KubernetesBackend(Backend):
             device = (pod.get("metadata", {}).get("annotations") or {}).get(m.ANNOTATION_PLACEMENT_DEVICE)
             if device:
                 waiting[device] = waiting.get(device, 0) + 1
-        return KubernetesState(pools=device_groups(slices, claims, waiting), namespace=self.kube.namespace,
+        pools = device_groups(slices, claims, waiting)
+        queue = None
+        if self.settings.queue_name:  # behind Kueue the wait is the queue's (dagster_gpu.k8s.kueue.queue_state)
+            queue = kueue.queue_state(self.kube.read_local_queue(self.settings.queue_name),
+                                      self.kube.list_cluster_queues(), self.settings.queue_name, pools)
+        return KubernetesState(pools=pools, namespace=self.kube.namespace,
                                no_sharing=tuple(sorted(self.sharing_failures.blocked())),
                                preemptions_per_gpu_hour=self.preemptions_per_gpu_hour,
-                               preemption_pool=self.preemption_pool)
+                               preemption_pool=self.preemption_pool, queue=queue)
 
     # -- launch -------------------------------------------------------------------------------------
     def launch(self, launch: StepLaunch) -> Handle:
@@ -219,6 +224,8 @@ class KubernetesBackend(Backend):
         self.claims.start()
         self.claims.wait_synced(10)
         where = describe_partitions(launch.partition_keys)
+        if self.settings.queue_name:
+            self._refuse_if_queue_unusable(name, where)
         if template is not None:
             try:
                 self.kube.create_claim_template(m.to_dict(template))
@@ -241,7 +248,7 @@ class KubernetesBackend(Backend):
                 self.kube.set_template_owner(name, m.owner_reference(name, created.metadata.uid))
             except ApiException as e:  # the pod still runs; the template is cleaned up on terminate
                 log.warning("could not make template %s owned by its pod: %s %s", name, e.status, e.reason)
-        return PodHandle(
+        handle = PodHandle(
             namespace=self.settings.namespace, pod=name, pod_uid=created.metadata.uid,
             template=name if template is not None else "",
             device_class=choice.device_class if choice else "",
@@ -254,6 +261,69 @@ class KubernetesBackend(Backend):
             launched_at=time.time(),
             partition_key=launch.partition_keys[0] if len(launch.partition_keys) == 1 else "",
         ).to_handle()
+        if self.settings.queue_name:
+            self._refuse_if_never_admitted(handle, where)
+        return handle
+
+    # -- Kueue ------------------------------------------------------------------------------------------
+    def _workload(self, uid: str) -> WorkloadState | None:
+        """Kueue's decision about the pod's Workload (:mod:`dagster_gpu.k8s.kueue`), remembered and logged when
+        it changes; None before Kueue made the Workload."""
+        wl = kueue.pod_workload(self.kube.pod_workloads(uid), uid)
+        if wl is None:
+            return None
+        st = kueue.workload_state(wl)
+        with self._lock:
+            before = self._kueue.get(uid)
+            self._kueue[uid] = st
+        if before is None or (before.phase, before.reason, before.message) != (st.phase, st.reason, st.message):
+            log.info("pod uid %s: %s", uid, st.describe())
+        return st
+
+    def _refuse_if_queue_unusable(self, name: str, where: str) -> None:
+        """Raise RuntimeError (nothing created) when the LocalQueue does not exist or is not active: Kueue v0.17.0
+        then leaves the pod's Workload without any condition (``pkg/cache/queue/manager.go``
+        ``ErrLocalQueueDoesNotExistOrInactive``, retried by the workload reconciler), so it would wait forever."""
+        queue = self.settings.queue_name
+        lq = self.kube.read_local_queue(queue)
+        if lq is None:
+            raise RuntimeError(f"Kueue cannot admit pod {self.settings.namespace}/{name} for {where}: Kueue LocalQueue "
+                               f"{self.settings.namespace}/{queue} does not exist (kubernetes.queue_name)")
+        active = kueue.local_queue_inactive(lq)
+        if active:
+            raise RuntimeError(f"Kueue cannot admit pod {self.settings.namespace}/{name} for {where}: Kueue LocalQueue "
+                               f"{self.settings.namespace}/{queue} is not active ({active})")
+
+    def _refuse_if_never_admitted(self, handle: Handle, where: str) -> None:
+        """Wait up to ``kueue_verdict_wait_s`` for Kueue's first decision about the new pod's Workload; when it
+        can never be admitted (:attr:`~dagster_gpu.k8s.kueue.WorkloadState.never_fits`) delete the pod and
+        raise RuntimeError with Kueue's reason, naming the LocalQueue and the partitions."""
+        h = PodHandle.from_handle(handle)
+        deadline = time.monotonic() + self.kueue_verdict_wait_s
+        while True:
+            st = self._workload(h.pod_uid)
+            if st is not None and (st.reason or st.phase != kueue.PENDING):
+                break
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.5)
+        if st.never_fits:
+            self.terminate(handle)
+            raise RuntimeError(f"Kueue cannot admit pod {h.namespace}/{h.pod} for {where}: {st.describe()}")
+
+    def _queued_state(self, handle: PodHandle, age: float) -> WorkerState:
+        """A pod Kueue still gates: PENDING with Kueue's reason, or FAILED (abandoned) when Kueue can never
+        admit it or it waited longer than ``queue_timeout_s``."""
+        st = self._workload(handle.pod_uid)
+        queue = self.settings.queue_name
+        what = st.describe() if st is not None else f"Kueue LocalQueue {queue}: no Workload yet"
+        if st is not None and st.never_fits:
+            return WorkerState(WorkerStatus.FAILED, message=f"pod {handle.namespace}/{handle.pod}: {what}", abandoned=True)
+        if age > self.queue_timeout_s:
+            return WorkerState(WorkerStatus.FAILED, abandoned=True, message=(
+                f"pod {handle.namespace}/{handle.pod} waited {age:.0f}s for Kueue LocalQueue {queue} to admit it "
+                f"(> queue_timeout_seconds={self.queue_timeout_s:g}): {what}"))
+        return WorkerState(WorkerStatus.PENDING, message=what)
 
     def _shared(self, launch: StepLaunch) -> bool:
         """Whether the step's claim may carry the sharing config: the placement's ``shared`` when the policy
@@ -302,6 +372,11 @@ class KubernetesBackend(Backend):
             return WorkerState(WorkerStatus.FAILED, message=(
                 f"pod {handle.namespace}/{name} (uid {uid}) does not exist (never created, or deleted outside the executor)"))
         body = m.to_dict(pod)
+        if self.settings.queue_name and kueue.gated(body) and not pod.metadata.deletion_timestamp:
+            st = self._queued_state(handle, age)
+            return self._remember(uid, st, None) if st.status == WorkerStatus.FAILED else st
+        if self.settings.queue_name and uid not in self._kueue_admitted():
+            self._workload(uid)  # its admission (ClusterQueue, flavors), recorded for the bill
         events = self.kube.pod_events(name) if needs_events(body) else []
         verdict = pod_state(body, age, self.timeouts, events, now=time.time())
         if verdict.action == "finish":
@@ -321,6 +396,20 @@ class KubernetesBackend(Backend):
             if claim is not None:
                 self.claims.record(claim)
         return verdict.state
+
+    def _kueue_metadata(self, uid: str) -> dict[str, str]:
+        """What Kueue decided about the pod, for its bill: ``kueue/local_queue``, ``kueue/cluster_queue``,
+        ``kueue/flavors`` (``resource=flavor`` pairs); empty for a pod that was not queued."""
+        with self._lock:
+            st = self._kueue.get(uid)
+        if st is None:
+            return {}
+        return {"kueue/local_queue": st.queue, "kueue/cluster_queue": st.cluster_queue or "",
+                "kueue/flavors": ",".join(f"{r}={f}" for r, f in sorted(st.flavors.items()))}
+
+    def _kueue_admitted(self) -> set[str]:
+        with self._lock:
+            return {u for u, st in self._kueue.items() if st.cluster_queue}
 
     def _note_disruption(self, uid: str, body: Mapping[str, Any]) -> None:
         """Remember the ``DisruptionTarget`` condition of a pod being deleted (read by :meth:`state` or the watch),
@@ -420,7 +509,7 @@ class KubernetesBackend(Backend):
             gpu_seconds=md[GPU_SECONDS],
             rate_usd_per_gpu_hour=md[RATE_USD_PER_GPU_HOUR],
             metadata={**{k: v for k, v in md.items() if k not in (GPU_SECONDS, COST_USD)},
-                      "dagster_gpu/backend": "kubernetes"},
+                      "dagster_gpu/backend": "kubernetes", **self._kueue_metadata(uid)},
             match=("k8s/pod", h.pod),
             env=facts["env"],
         )
@@ -457,7 +546,7 @@ class KubernetesBackend(Backend):
             if pod.status.phase not in ("Succeeded", "Failed"):
                 continue
             term = terminated(m.to_dict(pod))
-            ended = _epoch(term.get("finishedAt")) if term is not None else None
+            ended = epoch(term.get("finishedAt")) if term is not None else None
             if ended is not None and now - ended < self.sweep_grace_s:
                 continue
             with self._lock:

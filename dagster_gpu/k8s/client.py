@@ -120,6 +120,37 @@ class KubeClient:
         ]
         return slices, claims, pending
 
+    # -- Kueue (kueue.x-k8s.io/v1beta2; resources/k8s/manifests/40-executor-rbac.yaml, 42-executor-inventory.yaml)
+    def pod_workloads(self, pod_uid: str) -> list[dict]:
+        """The Workloads Kueue made for the pod with ``pod_uid`` (label ``kueue.x-k8s.io/job-uid``), API dicts."""
+        custom = client.CustomObjectsApi(self.api)
+        out = self._read(custom.list_namespaced_custom_object, "kueue.x-k8s.io", "v1beta2", self.namespace,
+                         "workloads", label_selector=f"kueue.x-k8s.io/job-uid={pod_uid}")
+        return list(out.get("items") or [])
+
+    def read_local_queue(self, name: str) -> dict | None:
+        """The LocalQueue ``name`` of the namespace (API dict), None when it does not exist."""
+        return self._read_custom(client.CustomObjectsApi(self.api).get_namespaced_custom_object, self.namespace,
+                                 "localqueues", name)
+
+    def read_cluster_queue(self, name: str) -> dict | None:
+        """The ClusterQueue ``name`` (API dict), None when it does not exist."""
+        return self._read_custom(client.CustomObjectsApi(self.api).get_cluster_custom_object, "clusterqueues", name)
+
+    def list_cluster_queues(self) -> list[dict]:
+        """Every ClusterQueue (API dicts): a queue's cohort lends the others' unused quota."""
+        out = self._read(client.CustomObjectsApi(self.api).list_cluster_custom_object, "kueue.x-k8s.io", "v1beta2",
+                         "clusterqueues")
+        return list(out.get("items") or [])
+
+    def _read_custom(self, fn: Callable[..., Any], *args: Any) -> dict | None:
+        try:
+            return self._read(fn, "kueue.x-k8s.io", "v1beta2", *args)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
     # -- pods --------------------------------------------------------------------------------------
     def create_pod(self, pod: dict | client.V1Pod) -> client.V1Pod:
         """Create the pod; raises ApiException (409 if it already exists)."""

@@ -65,11 +65,25 @@ def is_mig_profile(name: str) -> bool:
 
 class DeviceSettings(Protocol):
     """What :func:`device_choice` reads of the backend's settings (``dagster_gpu.k8s.pod.PodSettings``
-    has both): the MIG profile for ``mig_ok`` requests (None: whole GPUs only) and the sharing strategy
-    (``TimeSlicing``/``MPS``, None: no sharing config)."""
+    has them): the MIG profile for ``mig_ok`` requests (None: whole GPUs only), the sharing strategy
+    (``TimeSlicing``/``MPS``, None: no sharing config) and the Kueue LocalQueue (None: not queued)."""
 
     mig_profile: str | None
     sharing_strategy: str | None
+    queue_name: str | None
+
+
+def mig_device_class(profile: str) -> str:
+    """The DeviceClass of one MIG profile, for a claim Kueue admits: ``1g.10gb`` -> ``1g.10gb.mig.nvidia.com``.
+
+    Kueue v0.17.0 quotas DRA devices by DeviceClass only (``pkg/dra/claims.go`` ``countDevicesPerClass``: a
+    claim with CEL selectors is refused, "CEL selectors are not supported"), so the profile is chosen by the
+    class (its own selector, ``resources/k8s/manifests/21-deviceclass-mig-profiles.yaml``) and mapped to a
+    Kueue resource (``resources.deviceClassMappings``) that a ResourceFlavor's quota counts.
+    """
+    if not MIG_PROFILE.match(profile):
+        raise ManifestError(f"{profile!r} is not a MIG profile like '1g.10gb'")
+    return f"{profile}.{MIG_CLASS}"
 
 
 class ManifestError(ValueError):
@@ -174,10 +188,19 @@ def device_choice(request: GpuRequest, placement_device: str | None, settings: D
     :attr:`~dagster_gpu.policy.placement.Placement.shared`: False drops the sharing config (a shared claim
     failed to prepare on that pool); None or True leave it to ``request.shared_ok`` and
     ``settings.sharing_strategy``.
+    Queued (``settings.queue_name`` set, a Kueue workload): the request is one ``exactly`` request for
+    one DeviceClass and a count, nothing else, because Kueue v0.17.0 refuses a claim with ``firstAvailable``,
+    CEL selectors or device config (``pkg/dra/claims.go`` ``countDevicesPerClass``): a MIG slice is asked by
+    its profile's class (:func:`mig_device_class`), a whole GPU by ``gpu.nvidia.com``; without a placement
+    device a ``mig_ok`` request takes the slice (the first preference of the unqueued ``firstAvailable``);
+    no sharing config. Which product and memory the device has is then the queue's ResourceFlavor's
+    business (one flavor per placement); ``product`` still names what is billed.
     Raises ManifestError for a malformed MIG device name.
     """
     if request.count <= 0:
         return None
+    if settings.queue_name:
+        return _queued_choice(request, placement_device, settings, placement_product)
     placed = placement_device if placement_device not in (None, "", "cpu", "default") else None
     sharing = settings.sharing_strategy if request.shared_ok and shared is not False else None
     billed_product = placement_product if placement_product not in (None, "", "cpu", "default") else None
@@ -195,6 +218,25 @@ def device_choice(request: GpuRequest, placement_device: str | None, settings: D
         return gpu  # the slice cannot hold it: no point offering it
     mig = replace(_mig_choice(request, profile, sharing, billed_product), subrequest=MIG_SUBREQUEST)
     return replace(mig, subrequest=None, alternatives=(mig, replace(gpu, subrequest=GPU_SUBREQUEST)))
+
+
+def _queued_choice(request: GpuRequest, placement_device: str | None, settings: DeviceSettings,
+                   placement_product: str | None) -> DeviceChoice:
+    """The ``exactly`` request of a Kueue workload (:func:`device_choice`): a class and a count only."""
+    choice = device_choice(request, placement_device, _Unqueued(settings.mig_profile), placement_product, shared=False)
+    if choice.alternatives:
+        choice = choice.alternatives[0]
+    device_class = mig_device_class(choice.mig_profile) if choice.mig_profile else choice.device_class
+    return replace(choice, device_class=device_class, selectors=(), sharing=None, subrequest=None, alternatives=())
+
+
+@dataclass(frozen=True)
+class _Unqueued:
+    """The :class:`DeviceSettings` of the same request without a queue and without sharing."""
+
+    mig_profile: str | None
+    sharing_strategy: str | None = None
+    queue_name: str | None = None
 
 
 def _selectors(request: GpuRequest, product: str | None, profile: str | None = None) -> tuple[str, ...]:

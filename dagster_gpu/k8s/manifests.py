@@ -12,7 +12,7 @@ from dagster_gpu.k8s.dra import (  # noqa: F401
     DRIVER, GPU_CLASS, MIG_CLASS, MIG_PROFILE, REQUEST_NAME, RESOURCE_API_VERSIONS, SHARING_STRATEGIES, AllocatedDevice,
     DeviceChoice, ManifestError, allocated_devices, allocated_requests, allocation, choice_from_json, claim_template,
     claim_template_for_version, device_choice, device_request, generated_claim_name, is_mig_profile, memory_selector,
-    newest_slices, product_selector, profile_selector, served_version, to_dict,
+    mig_device_class, newest_slices, product_selector, profile_selector, served_version, to_dict,
 )
 from dagster_gpu.k8s.names import (  # noqa: F401
     ANNOTATION_DEVICE_REQUEST, ANNOTATION_PARTITION_KEY, ANNOTATION_PLACEMENT_DEVICE, ANNOTATION_STEP_KEY, ENV_NAMESPACE,

@@ -16,7 +16,9 @@ name left its own). Rules:
 * A ``DisruptionTarget=True`` condition (:func:`disruption`: the scheduler's preemption, the eviction API, a
   node drain, the taint manager, the kubelet's node shutdown set it right before they delete the pod) on a
   ``Failed`` pod -> PREEMPTED with the condition's reason and message, action ``finish``: the worker was
-  stopped to make room, not broken, and the executor launches the unit again (``max_preemptions``).
+  stopped to make room, not broken, and the executor launches the unit again (``max_preemptions``). Kueue's
+  eviction of a queued pod counts the same: its ``TerminationTarget=True`` condition with reason
+  ``WorkloadEvictedDueTo<reason>`` (:func:`kueue_eviction`), which it sets before deleting the pod.
 * ``deletionTimestamp`` set -> RUNNING ("pod is terminating", with the disruption when there is one).
 * ``Running`` -> RUNNING.
 * Pending, not bound to a node (no ``spec.nodeName``): PENDING with the scheduler's message (the
@@ -113,10 +115,29 @@ def terminated(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
 
 
 def disruption(pod: Mapping[str, Any]) -> str | None:
-    """``"<reason>: <message>"`` of the pod's ``DisruptionTarget=True`` condition, or None without one."""
+    """``"<reason>: <message>"`` of the pod's ``DisruptionTarget=True`` condition, else of Kueue's eviction
+    (``TerminationTarget`` with reason ``WorkloadEvicted...``: :func:`dagster_gpu.k8s.kueue.eviction`, a
+    requeue like a preemption), or None without either."""
     for c in (pod.get("status") or {}).get("conditions") or []:
         if c.get("type") == DISRUPTION_TARGET and c.get("status") == "True":
             return ": ".join(x for x in (c.get("reason") or "Disrupted", (c.get("message") or "").strip()) if x)
+    return kueue_eviction(pod)
+
+
+#: Kueue's condition on a pod it stops (sigs.k8s.io/kueue v0.17.0 ``pkg/controller/jobs/pod/pod_controller.go``
+#: ``ConditionTypeTerminationTarget``) and the stop reason's prefix when its Workload was evicted
+#: (``pkg/controller/jobframework/reconciler.go``: ``WorkloadEvictedDueTo<Evicted reason>``).
+KUEUE_TERMINATION_TARGET = "TerminationTarget"
+KUEUE_EVICTED_STOP_REASON = "WorkloadEvicted"
+
+
+def kueue_eviction(pod: Mapping[str, Any]) -> str | None:
+    """``"Kueue <reason>: <message>"`` of the pod's ``TerminationTarget=True`` condition when Kueue stopped it
+    because its Workload was evicted (reason ``WorkloadEvicted...``), else None."""
+    for c in (pod.get("status") or {}).get("conditions") or []:
+        if c.get("type") == KUEUE_TERMINATION_TARGET and c.get("status") == "True" \
+                and (c.get("reason") or "").startswith(KUEUE_EVICTED_STOP_REASON):
+            return ": ".join(x for x in (f"Kueue {c.get('reason')}", (c.get("message") or "").strip()) if x)
     return None
 
 
@@ -153,7 +174,9 @@ def needs_scheduler_events(pod: Mapping[str, Any]) -> bool:
     return needs_events(pod) and not (pod.get("spec") or {}).get("nodeName")
 
 
-def _epoch(s: str | None) -> float | None:
+def epoch(s: str | None) -> float | None:
+    """Unix seconds of an RFC 3339 timestamp as the API serialises it (``2026-11-30T15:32:50Z``), None when
+    absent or unparsable."""
     if not s:
         return None
     try:
@@ -167,7 +190,7 @@ def event_time(ev: Mapping[str, Any]) -> float:
     ``firstTimestamp``, ``metadata.creationTimestamp``; 0.0 when none parses)."""
     for t in (ev.get("lastTimestamp"), ev.get("eventTime"), ev.get("firstTimestamp"),
               (ev.get("metadata") or {}).get("creationTimestamp")):
-        e = _epoch(t)
+        e = epoch(t)
         if e is not None:
             return e
     return 0.0

@@ -83,6 +83,10 @@ class KubernetesSettings:
               "Default: the namespace's default priority.")
     queue_name: str | None = setting(
         None, "A Kueue LocalQueue: step pods get the label kueue.x-k8s.io/queue-name with it. Default: no label.")
+    queue_timeout_seconds: float = setting(
+        3600.0, "Seconds a queued step pod (queue_name set) may wait for Kueue to admit it before its step fails, "
+                "naming the LocalQueue and Kueue's reason; a request Kueue can never admit (inadmissible, no "
+                "flavor fits) fails at launch instead.")
     preemptions_per_gpu_hour: float = setting(
         0.0, "The cost policy's prior for how often step pods of this priority class are preempted, per GPU-hour; "
              "blended with the preemptions the instance observed there (dagster_gpu/policy/preemption.py). "

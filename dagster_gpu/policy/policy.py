@@ -51,7 +51,9 @@ from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.preemption import Rework, expected_rework, preemption_fields, preemption_note, preemption_reason
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
-from dagster_gpu.policy.snapshot import BackendState, DeviceGroup, LocalState, SlurmState, Snapshot
+from dagster_gpu.policy.snapshot import (
+    BackendState, DeviceGroup, KubernetesState, LocalState, QueueState, SlurmState, Snapshot,
+)
 from dagster_gpu.core.request import BACKENDS, GpuRequest
 
 ORDER = BACKENDS  # ("local", "slurm", "kubernetes"): tie order, and the order of alternatives
@@ -103,6 +105,9 @@ def _wait(state: BackendState, pool: DeviceGroup, count: int, runtime_s: float) 
     """Seconds until allocation (excluding launch latency) and how it was estimated."""
     avail = pool.free - pool.pending  # negative: that many of ours queue ahead of a new request
     capacity = pool.total
+    queue = state.queue if isinstance(state, KubernetesState) else None
+    if queue is not None:
+        return _queue_wait(queue, pool, count, runtime_s, avail, capacity)
     if isinstance(state, SlurmState) and state.array_throttle is not None:
         avail = min(avail, state.array_throttle - state.running_tasks - state.pending)
         capacity = min(capacity, state.array_throttle)
@@ -112,6 +117,33 @@ def _wait(state: BackendState, pool: DeviceGroup, count: int, runtime_s: float) 
         return max(0.0, pool.start_estimate_s), f"start estimate {pool.start_estimate_s:.0f} s"
     waves = math.ceil((count - avail) / max(1, capacity))
     return waves * runtime_s, f"queue estimate: {pool.pending} pending, {pool.free} free, {waves} wave(s)"
+
+
+def _queue_wait(queue: QueueState, pool: DeviceGroup, count: int, runtime_s: float, avail: int,
+                capacity: int) -> tuple[float, str]:
+    """The wait behind a Kueue LocalQueue: what its ClusterQueue may admit now (own unused quota plus what it may
+    borrow) less the workloads pending ahead, bounded by the pool's free devices; else waves of ``runtime_s``
+    over the quota it can ever hold (:func:`_never_admitted` rules out a pool it cannot hold at all)."""
+    what = queue.describe(pool.device)
+    total = queue.quota_total.get(pool.device, 0)
+    avail = min(avail, int(queue.quota_free.get(pool.device, 0)) - queue.pending)
+    if avail >= count:
+        return 0.0, what
+    waves = math.ceil((count - avail) / max(1, min(capacity, int(total))))
+    return waves * runtime_s, f"{what}: queue estimate {waves} wave(s)"
+
+
+def _never_admitted(state: BackendState, pool: DeviceGroup, count: int) -> str:
+    """Why Kueue can never admit ``count`` devices of ``pool`` for a queued Kubernetes step ("" when it can): the
+    ClusterQueue is inactive, or holds less quota for the pool than asked, even borrowing."""
+    queue = state.queue if isinstance(state, KubernetesState) else None
+    if queue is None:
+        return ""
+    if not queue.active:
+        return f"{queue.describe(pool.device)}: never admitted (the ClusterQueue is inactive)"
+    if queue.quota_total.get(pool.device, 0) < count:
+        return f"{queue.describe(pool.device)}: never admitted (less quota than {count} device(s))"
+    return ""
 
 
 def unit_runtime_s(state: BackendState, work_s: float, partition_overhead_s: float = 0.0, *, gpus: float = 1.0,
@@ -137,7 +169,7 @@ def _evaluate(
     name: str, state: BackendState, pool: DeviceGroup, request: GpuRequest, size: StepSize, model: RuntimeModel,
     snapshot: Snapshot,
 ) -> Alternative:
-    why = _fit(request, pool)
+    why = _fit(request, pool) or _never_admitted(state, pool, max(1, request.count))
     base = dict(backend=name, device=pool.device, product=pool.product, device_fraction=pool.fraction)
     if why:
         return Alternative(feasible=False, note=why, **base)
@@ -309,6 +341,9 @@ def decide(
         reason += f"; {preemption_reason(best)}"
     if how:
         reason += f"; {how.reason}"
+    queue = snapshot.kubernetes.queue if best.backend == "kubernetes" and snapshot.kubernetes is not None else None
+    if queue is not None:
+        reason += f"; {queue.describe(best.device)}"
     shared, why_unshared = placement_shared(request, snapshot, best.backend, best.device)
     if why_unshared:
         reason += f"; {why_unshared}"

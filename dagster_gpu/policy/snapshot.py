@@ -43,7 +43,7 @@ billed device time on top of the work (worker start, model load, pod teardown).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 from dagster_gpu.billing.ratecard import RateCard, mig_fraction
@@ -156,6 +156,41 @@ class SlurmState(BackendState):
 
 
 @dataclass(frozen=True)
+class QueueState:
+    """A Kueue LocalQueue our step pods wait in, and its ClusterQueue's quota (filled by
+    :func:`dagster_gpu.k8s.kueue.queue_state`).
+
+    Attributes:
+        local_queue, cluster_queue: their names (cluster_queue "" when the LocalQueue names none that exists).
+        pending: workloads pending in the LocalQueue (ahead of a new one), >= 0.
+        admitted: workloads the LocalQueue has admitted now.
+        quota_free: per pool device (``DeviceGroup.device``): devices the ClusterQueue could admit now, its own
+            unused nominal quota plus what it may borrow from its cohort's unused quota; a pool absent here has
+            no quota in the ClusterQueue (0).
+        quota_total: per pool device: the most the ClusterQueue can ever hold (nominal + borrowing limit,
+            bounded by the cohort).
+        active: the ClusterQueue's ``Active`` condition; False: nothing is admitted until it is.
+    """
+
+    local_queue: str
+    cluster_queue: str = ""
+    pending: int = 0
+    admitted: int = 0
+    quota_free: Mapping[str, float] = field(default_factory=dict)
+    quota_total: Mapping[str, float] = field(default_factory=dict)
+    active: bool = True
+
+    def describe(self, device: str | None = None) -> str:
+        """``Kueue LocalQueue batch -> ClusterQueue batch: 2 pending, 1 admitted, quota for mig-1g.10gb 0 free
+        of 2`` (the quota of ``device``'s pool when given)."""
+        head = f"Kueue LocalQueue {self.local_queue} -> ClusterQueue {self.cluster_queue or '(none)'}"
+        out = f"{head}: {self.pending} pending, {self.admitted} admitted" + ("" if self.active else ", inactive")
+        if device is not None:
+            out += f", quota for {device} {self.quota_free.get(device, 0):g} free of {self.quota_total.get(device, 0):g}"
+        return out
+
+
+@dataclass(frozen=True)
 class KubernetesState(BackendState):
     """Kubernetes with DRA: devices in ResourceSlices not allocated to any claim, our pending pods.
 
@@ -164,10 +199,13 @@ class KubernetesState(BackendState):
         no_sharing: device types of pools where a shared (TimeSlicing/MPS) claim failed to prepare (``*``:
             every pool), from :class:`dagster_gpu.k8s.sharing_failures.SharingFailures`; a ``shared_ok``
             step placed there gets an unshared device (``Placement.shared`` False).
+        queue: the Kueue LocalQueue step pods are queued in (``kubernetes.queue_name``), None when not queued:
+            the wait is then the queue's (:func:`dagster_gpu.policy.policy` ``_wait``).
     """
 
     namespace: str = "default"
     no_sharing: tuple[str, ...] = ()
+    queue: QueueState | None = None
     launch_latency_s: float = 10.0
     billed_overhead_s: float = 30.0
 
@@ -235,6 +273,8 @@ class Snapshot:
             d["pools"] = tuple(DeviceGroup(**p) for p in d.get("pools", ()))
             if "no_sharing" in d:  # JSON has lists; the state holds a tuple
                 d["no_sharing"] = tuple(d["no_sharing"])
+            if d.get("queue") is not None:
+                d["queue"] = QueueState(**d["queue"])
             states[name] = typ(**d)
         return cls(rate_card=rate_card, taken_at=float(doc.get("taken_at", 0.0)), **states)
 

