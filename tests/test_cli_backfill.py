@@ -179,7 +179,7 @@ def test_failed_partitions_are_listed_below_the_summary(setup, tmp_path):
         assert "reused" in table
         done = next(ln for ln in table.splitlines() if "done.txt" in ln)
         edited = next(ln for ln in table.splitlines() if "edited.txt" in ln)
-        assert [c.strip() for c in done.split("│")[1:6]] == ["done.txt", "3", "3", "0.00", "–"]
+        assert [c.strip() for c in done.split("│")[1:6]] == ["done.txt", "3", "3", "0.00", "all reused"]
         assert [c.strip() for c in edited.split("│")[1:6]] == ["edited.txt", "4", "1", "0.50", "6.0"]
 
 

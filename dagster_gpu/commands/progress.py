@@ -44,7 +44,7 @@ def useful_fraction(rows: Sequence[PartitionSummary]) -> float | None:
 
 def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition summary") -> Table:
     """Columns: partition, rows, reused (rows whose vector was reused from the previous output; shown when a
-    partition reused any), seconds (embedding), texts/s (texts that reached the model; "–" when every row was
+    partition reused any), seconds (embedding), texts/s (texts that reached the model; "all reused" when every row was
     reused), backend, measured
     GPU-seconds and measured cost (USD): the step worker's own measurement; useful fraction (embedding ÷
     measured seconds; its footer the ratio of sums, as in the HTML report); scheduler's bill (USD): the
@@ -74,7 +74,7 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
             all_reused = bool(r.rows) and r.reused_rows == r.rows  # nothing reached the model: no throughput
             t.add_row(
                 r.partition_key, str(r.rows), *reused, f"{r.seconds or 0:.2f}",
-                "–" if all_reused else f"{r.texts_per_second or 0:.1f}", r.backend or "",
+                "all reused" if all_reused else f"{r.texts_per_second or 0:.1f}", r.backend or "",
                 f"{r.gpu_seconds or 0:.2f}", f"{r.cost_usd or 0:.6f}",
                 "" if r.useful_fraction is None else f"{r.useful_fraction:.2f}", billed,
             )
