@@ -30,7 +30,8 @@ from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
 from dagster_gpu.billing.keys import COST_USD
 from dagster_gpu.billing.metering import useful_fraction
 from dagster_gpu.instance.checks import (
-    check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, verify_output,
+    check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, partition_failure_observation,
+    verify_output,
 )
 from dagster_gpu.corpus.group_reads import GroupPrefetcher
 from dagster_gpu.corpus.groups import FileChanges, file_changes
@@ -226,10 +227,14 @@ def _short(keys: Sequence[str], n: int = 5) -> str:
 
 def _failed_checks(context: dg.AssetExecutionContext, outcome: UnitOutcome) -> Iterator[dg.AssetCheckEvaluation]:
     """A failed evaluation of each check of every partition that failed since the last call (the reason in
-    its metadata): its planned check rows would otherwise read "in progress" until the run ends."""
+    its metadata): its planned check rows would otherwise read "in progress" until the run ends. Each such
+    partition also gets an ``AssetObservation`` with the reason (:func:`partition_failure_observation`),
+    logged first: the partition's own page shows it (open-source storage records no asset-failure event)."""
     for key, why in outcome.failed.items():
         if key not in outcome.checks_failed:
             outcome.checks_failed.add(key)
+            context.log_event(partition_failure_observation(context.asset_key, key, why,
+                                                            outcome.failed_versions.get(key)))
             yield from partition_failed_evaluations(
                 context.asset_key, key, why, materialization_target(context.instance, context.asset_key, key),
                 source_version=outcome.failed_versions.get(key))
