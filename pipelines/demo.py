@@ -202,15 +202,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def record_corpus(instance, files) -> int:
     """Record the corpus asset's events for each file that is new or whose source version changed (as a corpus
-    sensor tick does: :func:`dagster_gpu.instance.source_versions.corpus_updates`); returns how many events."""
-    from dagster_gpu.instance.source_versions import corpus_asset_key, corpus_updates, corpus_versions
+    sensor tick does: :func:`dagster_gpu.instance.source_versions.record_corpus_versions`); returns how many events."""
+    from dagster_gpu.instance.source_versions import record_corpus_versions
     from pipelines.definitions import fortune_embeddings
 
-    key = corpus_asset_key(fortune_embeddings.key)
-    events = corpus_updates(key, files, corpus_versions(instance, key))
-    for ev in events:
-        instance.report_runless_asset_event(ev)
-    return len(events)
+    return record_corpus_versions(instance, fortune_embeddings, files)
 
 
 def index_backfill(instance, defs, index_asset, keys, args, run_config, console) -> int:

@@ -126,6 +126,28 @@ def test_cli_registers_and_reports_nothing_to_do(setup, monkeypatch, capsys):
         assert err.startswith("dagster-gpu backfill: ") and "DAGSTER_HOME" in err and "Traceback" not in err
 
 
+def test_cli_records_the_corpus_files_versions_as_the_sensor_does(setup, monkeypatch, capsys):
+    """With its corpus as a source asset (``corpus_source``), ``backfill`` records each file's source version on
+    it (an observation and a runless materialization, as a corpus sensor tick: the UI counts the files filled at
+    once), and a second run records nothing new."""
+    from dagster_gpu.instance.source_versions import corpus_asset_key, corpus_source, corpus_versions
+
+    corpus, asset, _defs, module = setup
+    spec, linked = corpus_source(asset, corpus)
+    module.defs = dg.Definitions(assets=[spec, linked])
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    with dg.instance_for_test() as instance:
+        for f in corpus.list_files():  # every file materialized: --missing has nothing to run
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition=f.key))
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--missing"]) == 0
+        assert "5 file version(s) recorded on c_embeddings_corpus" in capsys.readouterr().out
+        key = corpus_asset_key(asset.key)
+        assert corpus_versions(instance, key) == {f.key: f.version for f in corpus.list_files()}
+        assert instance.get_materialized_partitions(key) == {f.key for f in corpus.list_files()}
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--missing"]) == 0
+        assert "recorded" not in capsys.readouterr().out  # nothing changed
+
+
 def test_log_location_and_first_line():
     assert log_location({"local/log_file": dg.MetadataValue.text("/var/log/w.log")}, "r1") == "/var/log/w.log"
     assert log_location({"slurm/log_file": dg.MetadataValue.path("/spool/12_3.log")}, "r1") == "/spool/12_3.log"

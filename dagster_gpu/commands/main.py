@@ -2,7 +2,8 @@
 
     dagster-gpu backfill -m pipelines.definitions -a fortune_embeddings [--missing] [--failed] [--stale]
             [--partitions a,b] [--no-register] [--prune] [-w workspace.yaml]
-        register the asset's corpus files as partitions (those not yet registered), submit an asset
+        register the asset's corpus files as partitions (those not yet registered) and record their source
+        versions on its corpus asset (as a corpus sensor tick does: the UI counts the files), submit an asset
         backfill of the selected partitions (all registered by default; --missing: never materialized;
         --failed: latest run failed or canceled; --stale: file or fingerprint changed, as `stale` lists them;
         --prune first deletes the partitions of files no longer in the corpus, their output parquet files
@@ -75,6 +76,7 @@ def _backfill(argv: list[str]) -> int:
         register_corpus_files, select_partitions,
     )
     from dagster_gpu.commands.progress import BackfillAbandoned, BackfillFailed, run_backfill_with_progress
+    from dagster_gpu.instance.source_versions import record_corpus_versions
 
     console = make_console()
     loaded = load_definitions(args.module, args.attribute, "dagster-gpu backfill")
@@ -127,6 +129,7 @@ def _backfill(argv: list[str]) -> int:
                                     indexes=indexes_following(defs.resolve_asset_graph().assets_defs, source.key)) if args.prune else []
             pruned = [p.partition_key for p in done if p.error is None]
             added = [] if args.no_register else register_corpus_files(instance, source, corpus, files=files)
+            recorded = 0 if args.no_register else record_corpus_versions(instance, source, files)
             gone = set(gone_partitions(instance, source, files))
         except (NoCorpus, CorpusNotFound, CorpusUnreadable, TypeError, ValueError) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
@@ -137,7 +140,9 @@ def _backfill(argv: list[str]) -> int:
             for p in done:
                 console.print(f"  {p.describe()}", soft_wrap=True, markup=False)
         if not args.no_register:
-            console.print(f"Corpus {corpus.url}: {len(added)} new partition(s) registered", soft_wrap=True)
+            console.print(f"Corpus {corpus.url}: {len(added)} new partition(s) registered"
+                          + (f", {recorded // 2} file version(s) recorded on {source.key.to_user_string()}_corpus"
+                             if recorded else ""), soft_wrap=True)
     if args.partitions:
         keys = [k.strip() for k in args.partitions.split(",") if k.strip()]
         unknown = sorted(set(keys) - set(instance.get_dynamic_partitions(asset.partitions_def.name)))
