@@ -148,6 +148,26 @@ def test_cli_records_the_corpus_files_versions_as_the_sensor_does(setup, monkeyp
         assert "recorded" not in capsys.readouterr().out  # nothing changed
 
 
+def test_cli_refuses_columns_on_text_files_before_any_unit_starts(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "status.jsonl").write_text('{"text": "a", "id": "1", "package": "p"}\n')
+    for name in ("copyright", "changelog", "README"):
+        (d / name).write_text("plain text\n")
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(id_column="id", carry_columns=["package"]))
+    asset = embedding_asset(name="t_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+    module = types.ModuleType("cli_text_defs")
+    module.defs, module.corpus = dg.Definitions(assets=[asset]), corpus
+    monkeypatch.setitem(sys.modules, "cli_text_defs", module)
+    with dg.instance_for_test() as instance:
+        assert main(["backfill", "-m", "cli_text_defs", "-a", "t_embeddings"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"dagster-gpu backfill: 3 of 4 files of corpus {d} (pattern '*') are read as text, which "
+                              f"has no columns: id_column / carry_columns need parquet or JSON Lines files")
+        assert err.rstrip().endswith("README, changelog, copyright")
+        assert instance.get_dynamic_partitions("t_embeddings_files") == [] and not instance.get_backfills()
+
+
 def test_log_location_and_first_line():
     assert log_location({"local/log_file": dg.MetadataValue.text("/var/log/w.log")}, "r1") == "/var/log/w.log"
     assert log_location({"slurm/log_file": dg.MetadataValue.path("/spool/12_3.log")}, "r1") == "/spool/12_3.log"
@@ -203,6 +223,23 @@ def test_failed_partitions_are_listed_below_the_summary(setup, tmp_path):
         edited = next(ln for ln in table.splitlines() if "edited.txt" in ln)
         assert [c.strip() for c in done.split("│")[1:6]] == ["done.txt", "3", "3", "0.00", "all reused"]
         assert [c.strip() for c in edited.split("│")[1:6]] == ["edited.txt", "4", "1", "0.50", "6.0"]
+
+
+def test_identical_failures_are_one_row_naming_how_many_partitions():
+    from dagster_gpu.instance.failures import FailureDetail
+
+    why = "id_column / carry_columns need a JSON Lines or CSV corpus (TextFormat format 'text' has no columns)"
+    same = [FailureDetail(f"f{i:03d}.txt", "run1", f"partition 'f{i:03d}.txt': {why}", "/logs/u1.log") for i in range(275)]
+    other = FailureDetail("data.jsonl", "run2", "partition 'data.jsonl': line 3 is not valid JSON", "/logs/u2.log")
+    con = Console(record=True, width=300)
+    con.print(failures_table([*same[:100], other, *same[100:]]))
+    text = con.export_text()
+    assert "276 failed partition(s), 2 distinct error(s)" in text
+    assert text.count(why) == 1  # once, not 275 times
+    rows = [ln for ln in text.splitlines() if "│" in ln and ("partition" in ln)]
+    assert "275 partitions: f000.txt, f001.txt, f002.txt … (+272)" in rows[0] and f"partition <partition>: {why}" in rows[0]
+    assert "run1" in rows[0] and "/logs/u1.log" in rows[0]
+    assert "data.jsonl" in rows[1] and "partition 'data.jsonl': line 3 is not valid JSON" in rows[1]
 
 
 def test_a_partitions_billed_share_is_the_bill_of_the_unit_that_ran_it(setup):

@@ -125,6 +125,14 @@ def _backfill(argv: list[str]) -> int:
         try:
             corpus = corpus_of(source, module)
             files = corpus.list_files(members=False)
+            columnless = [] if corpus.group_buckets else corpus.text_format.columnless([f.uri for f in files])
+            if columnless:  # each would fail its partition, after its unit loaded the model
+                names = ", ".join(Path(u).name for u in columnless[:5]) + (" …" if len(columnless) > 5 else "")
+                print(f"dagster-gpu backfill: {len(columnless)} of {len(files)} files of corpus {corpus.url} (pattern "
+                      f"{corpus.pattern!r}) are read as text, which has no columns: id_column / carry_columns need "
+                      f"parquet or JSON Lines files (narrow the pattern, e.g. '*.jsonl', or set TextFormat(format=...)): "
+                      f"{names}", file=sys.stderr)
+                return 2
             done = prune_partitions(instance, source, corpus, delete_outputs=True, files=files,
                                     indexes=indexes_following(defs.resolve_asset_graph().assets_defs, source.key)) if args.prune else []
             pruned = [p.partition_key for p in done if p.error is None]

@@ -113,15 +113,50 @@ def index_summary_table(rows: Sequence[PartitionSummary], title: str) -> Table:
     return t
 
 
+#: Partitions named in a group's row of the failures table; the rest are counted.
+GROUP_NAMES_SHOWN = 3
+
+
+def _same_error(d: FailureDetail) -> str:
+    """``d.error`` with the partition's own key (as written, or quoted as ``describe_partitions`` quotes it)
+    replaced by ``<partition>``, so that partitions that failed for the same reason compare equal. Pure."""
+    text = d.error
+    for form in (repr(d.partition_key), d.partition_key):
+        text = text.replace(form, "<partition>")
+    return text
+
+
+def group_failures(details: Sequence[FailureDetail]) -> list[list[FailureDetail]]:
+    """``details`` grouped by their error with the partition's own key left out (:func:`_same_error`), the
+    largest group first, then in the order first seen. Pure."""
+    groups: dict[str, list[FailureDetail]] = {}
+    for d in details:
+        groups.setdefault(_same_error(d), []).append(d)
+    return sorted(groups.values(), key=lambda g: -len(g))
+
+
 def failures_table(details: Sequence[FailureDetail]) -> Table:
-    """Below the summary: each failed partition's key, run id, first line of the error, where the full log is."""
-    t = Table(title=f"{len(details)} failed partition(s)", title_style="bold red", show_lines=True)
-    t.add_column("partition", style="red", no_wrap=True)
+    """Below the summary: each failed partition's key, run id, first line of the error, where the full log is;
+    partitions that failed for the same reason (:func:`group_failures`) share one row: ``N partitions: a, b,
+    c … (+k)``, the number of runs, the error once (the first partition's key as ``<partition>``) and the first
+    partition's log."""
+    groups = group_failures(details)
+    title = f"{len(details)} failed partition(s)" + (f", {len(groups)} distinct error(s)" if len(groups) < len(details) else "")
+    t = Table(title=title, title_style="bold red", show_lines=True)
+    t.add_column("partition", style="red", overflow="fold")
     t.add_column("run id", no_wrap=True)
     t.add_column("error (first line)", overflow="fold")
     t.add_column("full log", overflow="fold")
-    for d in details:
-        t.add_row(d.partition_key, d.run_id or "–", d.error, d.log)
+    for g in groups:
+        d = g[0]
+        if len(g) == 1:
+            t.add_row(d.partition_key, d.run_id or "–", d.error, d.log)
+            continue
+        names = ", ".join(x.partition_key for x in g[:GROUP_NAMES_SHOWN])
+        more = f" … (+{len(g) - GROUP_NAMES_SHOWN})" if len(g) > GROUP_NAMES_SHOWN else ""
+        runs = {x.run_id for x in g if x.run_id}
+        t.add_row(f"{len(g)} partitions: {names}{more}", d.run_id if len(runs) == 1 else f"{len(runs)} runs",
+                  _same_error(d), d.log)
     return t
 
 
