@@ -79,7 +79,7 @@ def _backfill(argv: list[str]) -> int:
     from dagster_gpu.instance.source_versions import record_corpus_versions
 
     console = make_console()
-    loaded = load_definitions(args.module, args.attribute, "dagster-gpu backfill")
+    loaded = load_definitions(args.module, args.attribute, "dagster-gpu backfill", args.workspace)
     if loaded is None:
         return 2
     module, defs = loaded
