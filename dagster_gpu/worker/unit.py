@@ -40,6 +40,7 @@ from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.embedding.devices import device_labels, unit_devices
 from dagster_gpu.embedding.fingerprint import fingerprint, pooling_description
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
+from dagster_gpu.worker.unit_log import PartitionWatch
 from dagster_gpu.embedding.pipeline import CheckpointPolicy, EmbeddingResult, Preempted, embed_partition, make_encoder
 from dagster_gpu.instance.run_tags import add_cost
 from dagster_gpu.telemetry.nvml import NvmlSampler
@@ -301,6 +302,8 @@ def _embed_all(
     if len(used) > 1:
         context.log.info(f"embedding on {len(used)} devices: {devices_md['embedding/device_names']}")
 
+    order = {k: i for i, k in enumerate(files)}  # each partition's place in the unit, for its log lines
+
     def embed_one(key: str, source: CorpusFile, reader: BatchPrefetcher):
         partition_lineage = lineage
         if source.group is not None:  # which files the output holds, at which versions: the next run's "changed"
@@ -308,8 +311,8 @@ def _embed_all(
             changes[key] = file_changes(before, source.member_versions)
             partition_lineage = {**lineage, "files": source.member_versions}
         # a DRA pod: the claim's devices (the NVIDIA driver sets no CUDA_VISIBLE_DEVICES)
-        with NvmlSampler(spec.telemetry_interval_s,
-                         device_uuids=allocated_device_uuids if step.backend == "kubernetes" else None) as sampler:
+        with PartitionWatch(key, order[key], n, source) as watch, NvmlSampler(
+                spec.telemetry_interval_s, device_uuids=allocated_device_uuids if step.backend == "kubernetes" else None) as sampler:
             checkpoint = (CheckpointPolicy(read_versions.get(key, source.version), spec.checkpoint_every_batches)
                           if spec.checkpoint_every_batches > 0 else None)
             result = embed_partition(reader, spec.output_uri_for(key), loaded, encoder=encoder,
@@ -318,6 +321,7 @@ def _embed_all(
                                      lineage=partition_lineage,
                                      reuse=spec.reuse, checkpoint=checkpoint,
                                      stop=stop.event if stop is not None else None,
+                                     on_batch=watch.on_batch,
                                      doc_id_prefix=source.doc_key)  # a shard's rows carry the whole file's ids
         return result, sampler.summary()
 
