@@ -483,6 +483,43 @@ def test_the_runs_a_daemons_sensors_started_are_waited_for_before_it_stops(capsy
         assert "1 run(s) still in flight will be interrupted and fail: index" in out
 
 
+def test_the_runs_waited_for_that_failed_are_reported_with_their_failure(capsys):
+    """The index runs the daemon's sensors started while the embeddings ran: one failed on its partitions
+    (IndexSchemaError); the command names it, its partitions and why, instead of ending with its normal summary."""
+    from dagster._core.execution.plan.objects import StepFailureData, UserFailureData
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    from dagster_gpu.commands.backfill import failed_other_runs
+    from dagster_gpu.commands.common import console as make_console
+    from dagster_gpu.commands.progress import report_failed_other_runs
+
+    with dg.instance_for_test() as instance:
+        since = time.time() - 1
+        S = dg.DagsterRunStatus
+        idx = dg.AssetKey(["c_embeddings_index"])
+        for run_id, status, tags in (("mine", S.FAILURE, {"dagster/backfill": "b1"}), ("ok_index", S.SUCCESS, {}),
+                                     ("bad_index", S.FAILURE, {"dagster/asset_partition_range_start": "a.txt",
+                                                               "dagster/asset_partition_range_end": "c.txt"}),
+                                     ("lost", S.FAILURE, {"dagster/partition": "d.txt"})):
+            instance.add_run(DagsterRun(job_name="index_job", run_id=run_id, status=status, tags=tags,
+                                        asset_selection=frozenset({idx})))
+        why = "2 of 3 partition(s) failed\na.txt: IndexSchemaError: column 'package' missing\nb.txt: IndexSchemaError: column 'package' missing"
+        instance.report_dagster_event(dg.DagsterEvent(
+            event_type_value="STEP_FAILURE", job_name="index_job", step_key="c_embeddings_index",
+            event_specific_data=StepFailureData(error=None, user_failure_data=UserFailureData(label="failed", description=why))),
+            "bad_index")
+        got = failed_other_runs(instance, since, "b1")
+        assert [(f.run_id, f.assets, f.partitions) for f in got] == [
+            ("bad_index", "c_embeddings_index", "a.txt … c.txt"), ("lost", "c_embeddings_index", "d.txt")]
+        assert got[0].error == why and got[1].error == "run failed (no step failure recorded)"
+        assert failed_other_runs(instance, time.time() + 5, "b1") == []  # created before the daemon: not its
+        assert report_failed_other_runs(instance, since, "b1", make_console()) == 2
+        out = capsys.readouterr().out
+        assert "2 run(s) the daemon's sensors started meanwhile failed" in out
+        assert "run bad_index (c_embeddings_index, partitions a.txt … c.txt): 2 of 3 partition(s) failed" in out
+        assert "a.txt: IndexSchemaError: column 'package' missing" in out
+
+
 def _fake_running_daemon(instance):
     """A fresh BACKFILL heartbeat: the command takes it for a daemon already serving the instance and starts none."""
     from dagster._daemon.types import DaemonHeartbeat

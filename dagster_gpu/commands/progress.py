@@ -11,7 +11,7 @@ from rich.table import Table
 
 from dagster_gpu.commands.backfill import (
     BackfillProgress, BackfillTimeout, DaemonDied, DaemonProcess, PartitionSummary, RunningDaemon, abandon_backfill,
-    backfill_error, other_work, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_work,
+    backfill_error, failed_other_runs, other_work, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_work,
 )
 from dagster_gpu.instance.bills import billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
@@ -295,6 +295,20 @@ def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console:
     return len(others.running)
 
 
+def report_failed_other_runs(instance, since: float, backfill_id: str, console: Console) -> int:
+    """Print the runs the daemon's sensors started since ``since`` (epoch s) that failed
+    (:func:`dagster_gpu.commands.backfill.failed_other_runs`: the index runs following the embeddings), each with
+    its assets, partitions and the first lines of its failure; returns how many."""
+    failed = failed_other_runs(instance, since, backfill_id)
+    if failed:
+        console.print(f"[bold red]{len(failed)} run(s) the daemon's sensors started meanwhile failed[/bold red] "
+                      "(e.g. the index following these embeddings):", soft_wrap=True)
+        for f in failed:
+            head = f"  run {f.run_id} ({f.assets}" + (f", partitions {f.partitions}" if f.partitions else "") + "): "
+            console.print(head + f.error.replace("\n", "\n    "), soft_wrap=True, markup=False, highlight=False)
+    return len(failed)
+
+
 def run_backfill_with_progress(
     instance,
     defs,
@@ -330,7 +344,8 @@ def run_backfill_with_progress(
     whose daemon this command started (or whose daemon is gone) is canceled first
     (:func:`dagster_gpu.commands.backfill.abandon_backfill`), so that no later daemon runs it unasked.
     Raises BackfillFailed, after the summary, when the backfill ended with an error stored on it (printed in
-    red before the summary).
+    red before the summary), or when a run the daemon this command started ran for its sensors meanwhile (the
+    index following the embeddings) failed (each named with its failure: :func:`report_failed_other_runs`).
     """
     from contextlib import nullcontext
 
@@ -355,9 +370,12 @@ def run_backfill_with_progress(
                 console.print(f"Waiting up to {bills_wait_s:.0f} s (--bills-wait) for the schedulers' bills of "
                               f"{pending} partition(s)", soft_wrap=True)
             rows = wait_for_bills(instance, asset_key, rows, timeout_s=bills_wait_s)
+            others_failed = 0
             if running_daemon is None:
                 drain_other_runs(instance, daemon, backfill_id, console, runs_wait_s, code_location)
                 console.print(f"Stopping the dagster-daemon this command started (up to {DaemonProcess.STOP_S} s)")
+        if running_daemon is None:  # the runs it waited for: their failures are this command's to report
+            others_failed = report_failed_other_runs(instance, daemon.started_at, backfill_id, console)
     except (DaemonDied, BackfillTimeout, KeyboardInterrupt) as e:
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
         if running_daemon is not None and not isinstance(e, DaemonDied):
@@ -376,4 +394,7 @@ def run_backfill_with_progress(
         console.print(f"Useful fraction (Σ embedding seconds ÷ Σ measured seconds, materialized partitions): {uf:.3f}")
     if error is not None:
         raise BackfillFailed(f"backfill {backfill_id} {final.status.lower()}: {error.splitlines()[0]}", rows)
+    if others_failed:
+        raise BackfillFailed(f"{others_failed} run(s) the daemon's sensors started meanwhile failed (listed above the "
+                             f"summary)", rows)
     return rows
