@@ -13,7 +13,7 @@ from dagster_gpu.commands.backfill import (
     BackfillProgress, BackfillTimeout, DaemonDied, DaemonProcess, PartitionSummary, RunningDaemon, abandon_backfill,
     backfill_error, failed_other_runs, other_work, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_work,
 )
-from dagster_gpu.instance.bills import billed_total
+from dagster_gpu.instance.bills import SCHEDULERS_BILL, billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
 
 
@@ -163,6 +163,7 @@ def failures_table(details: Sequence[FailureDetail]) -> Table:
 def print_summary(console: Console, instance, rows: Sequence[PartitionSummary], title: str) -> None:
     """The summary table, then the failed partitions (if any) with their run, error and log."""
     console.print(summary_table(rows, title=title))
+    console.print(f"{SCHEDULERS_BILL[0].upper()}{SCHEDULERS_BILL[1:]}: {billed_total(rows)} USD", soft_wrap=True)
     failed = [failure_detail(instance, r.partition_key, r.run_id, r.error) for r in rows if not r.ok]
     if failed:
         console.print(failures_table(failed))

@@ -63,6 +63,11 @@ class PendingBill:
         return self.unit is not None and self.bill is None
 
 
+#: What :func:`billed_total` adds up, in the words the HTML report and the CLI summary both print beside it.
+SCHEDULERS_BILL = ("the scheduler's bill (every partition's share of the bill of the work unit that ran it, "
+                   "the failed partitions' included)")
+
+
 def billed_total(rows: Iterable[PendingBill]) -> str:
     """The rows' billed USD added up (6 decimals), and ``" (N pending)"`` when N rows' bills have not landed."""
     rows = list(rows)
