@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dagster_gpu.worker.unit_log import PartitionWatch, unit_logger
+from dagster_gpu.worker.unit_log import HANDLER_NAME, PartitionWatch, unit_logger
 
 
 class Lines(logging.Handler):
@@ -59,4 +59,5 @@ def test_a_failed_partition_says_why_and_stops_its_heartbeat(log):
 
 def test_the_lines_go_to_stderr_once():
     a, b = unit_logger(), unit_logger()
-    assert a is b and len(a.handlers) == 1 and not a.propagate and a.level == logging.INFO
+    ours = [h for h in a.handlers if h.get_name() == HANDLER_NAME]
+    assert a is b and len(ours) == 1 and type(ours[0]) is logging.StreamHandler and not a.propagate and a.level == logging.INFO

@@ -20,14 +20,16 @@ from typing import Any
 HEARTBEAT_S = 30.0
 
 LOGGER_NAME = "dagster_gpu.unit"
+HANDLER_NAME = "dagster_gpu.unit.stderr"
 
 
 def unit_logger() -> logging.Logger:
     """The logger of these lines: INFO and above on stderr (one handler, added once), not propagated (the
     worker's root logger is Dagster's)."""
     log = logging.getLogger(LOGGER_NAME)
-    if not log.handlers:
+    if not any(h.get_name() == HANDLER_NAME for h in log.handlers):  # others may be there (a test's log capture)
         handler = logging.StreamHandler(sys.stderr)
+        handler.set_name(HANDLER_NAME)
         handler.setFormatter(logging.Formatter("%(asctime)s dagster-gpu unit: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)
