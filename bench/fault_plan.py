@@ -251,7 +251,7 @@ def preempt_fault_outcome(
         at_backfill_end: as for :func:`run_fault_outcome`.
         materializations: ``(partition key, run id)`` of every materialization event of the asset.
         launches: the pod of each launch of the run's step, in launch order (``STEP_WORKER_STARTING``).
-        billed: every pod with a scheduler bill (``billing/source`` pod-interval).
+        billed: every pod with a scheduler bill (``bill/source`` pod-interval).
         disruption: the preempted pod's ``DisruptionTarget`` reason as read while it terminated, if it was.
 
     Returns a dict: ``partitions`` (of that run), ``launches``, ``unbilled_launches`` (launched pods without a bill:

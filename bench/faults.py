@@ -47,6 +47,7 @@ import dagster as dg  # noqa: E402
 import psutil  # noqa: E402
 from dagster._core.execution.backfill import BulkActionStatus  # noqa: E402
 
+from dagster_gpu.billing.keys import SOURCE, bill_value  # noqa: E402
 from dagster_gpu.commands.backfill import BackfillRuns, DaemonProcess, backfill_progress, submit_asset_backfill  # noqa: E402
 import k8s_backfill  # noqa: E402
 from fault_inject import InjectContext, Injector  # noqa: E402
@@ -255,13 +256,13 @@ def units_launched(instance) -> dict[str, dict]:
 
 
 def billed_units(instance, asset_key) -> dict[str, str]:
-    """unit id (``<array job id>_<array task id>``, or the pod name) -> billing/source of the scheduler-bill
+    """unit id (``<array job id>_<array task id>``, or the pod name) -> bill/source of the scheduler-bill
     observations (sacct, pod-interval)."""
     out = {}
     recs = instance.fetch_observations(dg.AssetRecordsFilter(asset_key=asset_key), limit=10000).records
     for r in recs:
         md = {k: v.value for k, v in r.asset_observation.metadata.items()}
-        src = md.get("billing/source")
+        src = bill_value(md, SOURCE)
         if src == "sacct":
             uid = f"{md.get('slurm/array_job_id')}_{md.get('slurm/array_task_id')}"
         else:

@@ -37,6 +37,7 @@ import dagster as dg  # noqa: E402
 import slurm_helpers as H  # noqa: E402
 from make_corpus import make_corpus  # noqa: E402
 
+from dagster_gpu.billing.keys import GPU_SECONDS, bill_value  # noqa: E402
 from dagster_gpu.instance.connections import hold_storage_connections  # noqa: E402
 from slurm_backfill import tree_rss  # noqa: E402
 from summary import merge_summary  # noqa: E402
@@ -150,7 +151,7 @@ def run_backfill(variant: str, corpus: Path, keys: list[str], per_run: int, max_
         makespan = max(ends) - t0 if ends else marked_done
         recs = all_records(instance.fetch_materializations, dg.AssetRecordsFilter(asset_key=asset.key))
         mds = [{k: v.value for k, v in r.asset_materialization.metadata.items()} for r in recs]
-        sched = [r.asset_observation.metadata.get("billing/gpu_seconds") for r in obs]
+        sched = [bill_value(r.asset_observation.metadata, GPU_SECONDS) for r in obs]
     # what the scheduler billed (sacct, split over each unit's partitions by the observation writer)
     sacct_billed = sum(float(v.value) for v in sched if v is not None)
     embed = sum(m["embedding/seconds"] for m in mds)

@@ -24,7 +24,7 @@ fraction of its partitions (:data:`FAULTS`; a fraction, not a time, so a slow ho
 
 Counted after the backfill and its bills: partitions materialized exactly once, lost (no materialization) and
 duplicated (more than one), steps that failed (STEP_FAILURE events), runs not successful, partitions without a
-scheduler bill (an observation with ``billing/source`` ``sacct``), runs resumed by run monitoring, the run workers'
+scheduler bill (an observation with ``bill/source`` ``sacct``), runs resumed by run monitoring, the run workers'
 failed polls by cause (what the outage looked like to them), the relay's torn/refused lines and delays, and for
 ``ssh`` the TCP connections sshd accepted (a killed master is re-made: 2). Writes bench/results/remote_faults.json (``--out``) and, at the
 default size, ``faults.remote.*`` to bench/results/summary.json.
@@ -57,6 +57,7 @@ from process_launcher import PID_TAG  # noqa: E402
 from ranged_backfill import all_records, run_backfill  # noqa: E402
 from remote_backfill import relay_figures, transport_env  # noqa: E402
 from summary import merge_summary  # noqa: E402
+from dagster_gpu.billing.keys import SOURCE, bill_value  # noqa: E402
 
 #: the faults of each transport and the fraction of the backfill's partitions materialized when each fires
 FAULTS: dict[str, dict[str, float]] = {
@@ -177,7 +178,7 @@ def outcome(home: str, keys: list[str]) -> dict:
     with dg.DagsterInstance.from_config(home) as instance:
         mats = Counter(r.partition_key for r in all_records(instance.fetch_materializations, dg.AssetRecordsFilter(asset_key=ASSET)))
         billed = {r.partition_key for r in all_records(instance.fetch_observations, dg.AssetRecordsFilter(asset_key=ASSET))
-                  if (v := r.asset_observation.metadata.get("billing/source")) is not None and v.value == "sacct"}
+                  if (v := bill_value(r.asset_observation.metadata, SOURCE)) is not None and v.value == "sacct"}
         runs = instance.get_runs()
         failures = sum(len(instance.get_records_for_run(r.run_id, of_type=dg.DagsterEventType.STEP_FAILURE).records) for r in runs)
         not_ok = [f"{r.run_id}: {r.status.value}" for r in runs if r.status != dg.DagsterRunStatus.SUCCESS]

@@ -57,14 +57,26 @@ def prepare_corpus(dest: Path, source: Path = FORTUNES_DIR, limit: int | None = 
     return [dest / p.name for p in files]
 
 
-def where_table(instance, asset_key, rows):
+#: How the run worker reached Slurm, by ``--transport``, in the demo's summary.
+TRANSPORT_WORDS = {"local": "slurm commands on this host", "ssh": "over ssh to the login node", "rest": "through slurmrestd"}
+
+
+def target(backend: str, slurm_version: str, transport: str) -> str:
+    """Where the demo runs, in words for its summary: the backend, and for ``slurm``/``auto`` the Slurm
+    version and how it is reached (``--transport``), e.g. ``slurm (Slurm 22.05, over ssh to the login node)``."""
+    if backend not in ("slurm", "auto"):
+        return backend
+    return f"{backend} (Slurm {slurm_version}, {TRANSPORT_WORDS[transport]})"
+
+
+def where_table(instance, asset_key, rows, title: str = "Where each partition ran"):
     """Where each materialized partition of ``rows`` (the backfill's summary) ran (backend, scheduler id or
     process, device type) and what it cost (USD): its share of its unit's scheduler bill once that has
     landed, else the cost its step measured."""
     import dagster as dg
     from rich.table import Table
 
-    t = Table(title="Where each partition ran")
+    t = Table(title=title)
     for col in ("partition", "backend", "where", "device type", "GPU-seconds", "cost (USD)", "billing source"):
         t.add_column(col, justify="right" if col in ("GPU-seconds", "cost (USD)") else "left")
     for row in (r for r in rows if r.ok):
@@ -162,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     known = set(instance.get_dynamic_partitions(pdef_name))
     instance.add_dynamic_partitions(pdef_name, [k for k in keys if k not in known])
     record_corpus(instance, listed)
-    on = f"{args.backend} (Slurm {args.slurm_version})" if args.backend in ("slurm", "auto") else args.backend
+    on = target(args.backend, args.slurm_version, args.transport)
     console.print(f"Embedding {len(keys)} fortune files through gpu_executor on {on} (DAGSTER_HOME={args.home})")
     t0 = time.time()
     try:
@@ -185,8 +197,9 @@ def main(argv: list[str] | None = None) -> int:
             "billed_usd": sum(r.billed_cost_usd or 0 for r in rows),
             "bills_pending": sum(1 for r in rows if r.bill_pending),
             "useful_fraction": useful_fraction(rows), "per_run": fortune_embeddings.backfill_policy.max_partitions_per_run,
+            "backend": args.backend, "transport": args.transport,
         }) + "\n")
-    console.print(where_table(instance, fortune_embeddings.key, rows))
+    console.print(where_table(instance, fortune_embeddings.key, rows, title=f"Where each partition ran: {on}"))
     failed = [r for r in rows if not r.ok]
     if failed:
         console.print(f"[red]{len(failed)} partition(s) failed[/red]: see the list above, or the runs in the UI "
@@ -202,15 +215,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def record_corpus(instance, files) -> int:
     """Record the corpus asset's events for each file that is new or whose source version changed (as a corpus
-    sensor tick does: :func:`dagster_gpu.partitions.source_versions.corpus_updates`); returns how many events."""
-    from dagster_gpu.partitions.source_versions import corpus_asset_key, corpus_updates, corpus_versions
+    sensor tick does: :func:`dagster_gpu.partitions.source_versions.record_corpus_versions`); returns how many events."""
+    from dagster_gpu.partitions.source_versions import record_corpus_versions
     from pipelines.definitions import fortune_embeddings
 
-    key = corpus_asset_key(fortune_embeddings.key)
-    events = corpus_updates(key, files, corpus_versions(instance, key))
-    for ev in events:
-        instance.report_runless_asset_event(ev)
-    return len(events)
+    return record_corpus_versions(instance, fortune_embeddings, files)
 
 
 def index_backfill(instance, defs, index_asset, keys, args, run_config, console) -> int:

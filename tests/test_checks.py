@@ -291,3 +291,10 @@ def test_failed_partitions_record_failed_checks_with_the_reason(tmp_path):
             dg.AssetRecordsFilter(asset_key=asset.key, asset_partitions=["b"]), limit=1).records[0]
         assert failed[("b", VECTOR_DIM)].target_materialization_data.storage_id == b_mat.storage_id
         assert b_mat.run_id == first.run_id and failed[("c", VECTOR_DIM)].target_materialization_data is None
+        # each failed partition's page lists an observation with the reason (OSS storage records no asset-failure
+        # event: reference/adoption-kueue-fleet-notes.md); the partition that succeeded gets none
+        obs = {rec.partition_key: rec.asset_observation.metadata for rec in instance.fetch_observations(
+            dg.AssetRecordsFilter(asset_key=asset.key), limit=10).records}
+        assert sorted(obs) == ["b", "c"]
+        assert obs["c"][PARTITION_FAILURE].value == reason
+        assert obs["b"][PARTITION_FAILURE].value.startswith("partition 'b': no file in corpus")

@@ -126,6 +126,48 @@ def test_cli_registers_and_reports_nothing_to_do(setup, monkeypatch, capsys):
         assert err.startswith("dagster-gpu backfill: ") and "DAGSTER_HOME" in err and "Traceback" not in err
 
 
+def test_cli_records_the_corpus_files_versions_as_the_sensor_does(setup, monkeypatch, capsys):
+    """With its corpus as a source asset (``corpus_source``), ``backfill`` records each file's source version on
+    it (an observation and a runless materialization, as a corpus sensor tick: the UI counts the files filled at
+    once), and a second run records nothing new."""
+    from dagster_gpu.partitions.source_versions import corpus_asset_key, corpus_source, corpus_versions
+
+    corpus, asset, _defs, module = setup
+    spec, linked = corpus_source(asset, corpus)
+    module.defs = dg.Definitions(assets=[spec, linked])
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    with dg.instance_for_test() as instance:
+        for f in corpus.list_files():  # every file materialized: --missing has nothing to run
+            instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition=f.key))
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--missing"]) == 0
+        assert "5 file version(s) recorded on c_embeddings_corpus" in capsys.readouterr().out
+        key = corpus_asset_key(asset.key)
+        assert corpus_versions(instance, key) == {f.key: f.version for f in corpus.list_files()}
+        assert instance.get_materialized_partitions(key) == {f.key for f in corpus.list_files()}
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--missing"]) == 0
+        assert "recorded" not in capsys.readouterr().out  # nothing changed
+
+
+def test_cli_refuses_columns_on_text_files_before_any_unit_starts(tmp_path, monkeypatch, capsys):
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "status.jsonl").write_text('{"text": "a", "id": "1", "package": "p"}\n')
+    for name in ("copyright", "changelog", "README"):
+        (d / name).write_text("plain text\n")
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(id_column="id", carry_columns=["package"]))
+    asset = embedding_asset(name="t_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+    module = types.ModuleType("cli_text_defs")
+    module.defs, module.corpus = dg.Definitions(assets=[asset]), corpus
+    monkeypatch.setitem(sys.modules, "cli_text_defs", module)
+    with dg.instance_for_test() as instance:
+        assert main(["backfill", "-m", "cli_text_defs", "-a", "t_embeddings"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"dagster-gpu backfill: 3 of 4 files of corpus {d} (pattern '*') are read as text, which "
+                              f"has no columns: id_column / carry_columns need parquet or JSON Lines files")
+        assert err.rstrip().endswith("README, changelog, copyright")
+        assert instance.get_dynamic_partitions("t_embeddings_files") == [] and not instance.get_backfills()
+
+
 def test_log_location_and_first_line():
     assert log_location({"local/log_file": dg.MetadataValue.text("/var/log/w.log")}, "r1") == "/var/log/w.log"
     assert log_location({"slurm/log_file": dg.MetadataValue.path("/spool/12_3.log")}, "r1") == "/spool/12_3.log"
@@ -179,8 +221,25 @@ def test_failed_partitions_are_listed_below_the_summary(setup, tmp_path):
         assert "reused" in table
         done = next(ln for ln in table.splitlines() if "done.txt" in ln)
         edited = next(ln for ln in table.splitlines() if "edited.txt" in ln)
-        assert [c.strip() for c in done.split("│")[1:6]] == ["done.txt", "3", "3", "0.00", "–"]
+        assert [c.strip() for c in done.split("│")[1:6]] == ["done.txt", "3", "3", "0.00", "all reused"]
         assert [c.strip() for c in edited.split("│")[1:6]] == ["edited.txt", "4", "1", "0.50", "6.0"]
+
+
+def test_identical_failures_are_one_row_naming_how_many_partitions():
+    from dagster_gpu.instance.failures import FailureDetail
+
+    why = "id_column / carry_columns need a JSON Lines or CSV corpus (TextFormat format 'text' has no columns)"
+    same = [FailureDetail(f"f{i:03d}.txt", "run1", f"partition 'f{i:03d}.txt': {why}", "/logs/u1.log") for i in range(275)]
+    other = FailureDetail("data.jsonl", "run2", "partition 'data.jsonl': line 3 is not valid JSON", "/logs/u2.log")
+    con = Console(record=True, width=300)
+    con.print(failures_table([*same[:100], other, *same[100:]]))
+    text = con.export_text()
+    assert "276 failed partition(s), 2 distinct error(s)" in text
+    assert text.count(why) == 1  # once, not 275 times
+    rows = [ln for ln in text.splitlines() if "│" in ln and ("partition" in ln)]
+    assert "275 partitions: f000.txt, f001.txt, f002.txt … (+272)" in rows[0] and f"partition <partition>: {why}" in rows[0]
+    assert "run1" in rows[0] and "/logs/u1.log" in rows[0]
+    assert "data.jsonl" in rows[1] and "partition 'data.jsonl': line 3 is not valid JSON" in rows[1]
 
 
 def test_a_partitions_billed_share_is_the_bill_of_the_unit_that_ran_it(setup):
@@ -422,6 +481,43 @@ def test_the_runs_a_daemons_sensors_started_are_waited_for_before_it_stops(capsy
         out = capsys.readouterr().out
         assert "Waiting up to 0 s for 1 run(s) the daemon's sensors started meanwhile (job_index;" in out
         assert "1 run(s) still in flight will be interrupted and fail: index" in out
+
+
+def test_the_runs_waited_for_that_failed_are_reported_with_their_failure(capsys):
+    """The index runs the daemon's sensors started while the embeddings ran: one failed on its partitions
+    (IndexSchemaError); the command names it, its partitions and why, instead of ending with its normal summary."""
+    from dagster._core.execution.plan.objects import StepFailureData, UserFailureData
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    from dagster_gpu.commands.backfill import failed_other_runs
+    from dagster_gpu.commands.common import console as make_console
+    from dagster_gpu.commands.progress import report_failed_other_runs
+
+    with dg.instance_for_test() as instance:
+        since = time.time() - 1
+        S = dg.DagsterRunStatus
+        idx = dg.AssetKey(["c_embeddings_index"])
+        for run_id, status, tags in (("mine", S.FAILURE, {"dagster/backfill": "b1"}), ("ok_index", S.SUCCESS, {}),
+                                     ("bad_index", S.FAILURE, {"dagster/asset_partition_range_start": "a.txt",
+                                                               "dagster/asset_partition_range_end": "c.txt"}),
+                                     ("lost", S.FAILURE, {"dagster/partition": "d.txt"})):
+            instance.add_run(DagsterRun(job_name="index_job", run_id=run_id, status=status, tags=tags,
+                                        asset_selection=frozenset({idx})))
+        why = "2 of 3 partition(s) failed\na.txt: IndexSchemaError: column 'package' missing\nb.txt: IndexSchemaError: column 'package' missing"
+        instance.report_dagster_event(dg.DagsterEvent(
+            event_type_value="STEP_FAILURE", job_name="index_job", step_key="c_embeddings_index",
+            event_specific_data=StepFailureData(error=None, user_failure_data=UserFailureData(label="failed", description=why))),
+            "bad_index")
+        got = failed_other_runs(instance, since, "b1")
+        assert [(f.run_id, f.assets, f.partitions) for f in got] == [
+            ("bad_index", "c_embeddings_index", "a.txt … c.txt"), ("lost", "c_embeddings_index", "d.txt")]
+        assert got[0].error == why and got[1].error == "run failed (no step failure recorded)"
+        assert failed_other_runs(instance, time.time() + 5, "b1") == []  # created before the daemon: not its
+        assert report_failed_other_runs(instance, since, "b1", make_console()) == 2
+        out = capsys.readouterr().out
+        assert "2 run(s) the daemon's sensors started meanwhile failed" in out
+        assert "run bad_index (c_embeddings_index, partitions a.txt … c.txt): 2 of 3 partition(s) failed" in out
+        assert "a.txt: IndexSchemaError: column 'package' missing" in out
 
 
 def _fake_running_daemon(instance):

@@ -127,3 +127,10 @@ def test_the_ssh_transport_config_names_the_clusters_slurm_conf_for_the_login_no
     cfg = executor_config("slurm", tmp_path, None, "ssh")["slurm"]
     assert cfg["transport"] == "ssh" and cfg["slurm_conf"] == "/tmp/dagster-gpu-slurm/etc/slurm.conf"
     assert "slurm_conf" not in executor_config("slurm", tmp_path)["slurm"]
+
+
+def test_the_demos_summary_says_which_transport_reached_slurm():
+    assert demo.target("slurm", "22.05", "ssh") == "slurm (Slurm 22.05, over ssh to the login node)"
+    assert demo.target("auto", "24.11", "rest") == "auto (Slurm 24.11, through slurmrestd)"
+    assert demo.target("slurm", "22.05", "local") == "slurm (Slurm 22.05, slurm commands on this host)"
+    assert demo.target("kubernetes", "22.05", "local") == "kubernetes"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 
 import dagster as dg
 import pytest
@@ -181,3 +182,35 @@ def test_all_reused_partition_shows_no_throughput():
     assert (gone.texts_per_second, some.texts_per_second) == (None, 300.0)
     page = render_html([gone, some], [], "t")
     assert "<td>40</td><td>–</td>" in page and "<td>40</td><td>300.0</td>" in page and "<td>0.0</td>" not in page
+
+
+def test_hundreds_of_partitions_are_histograms_and_the_schedulers_bill_is_one_total_with_the_cli():
+    """273 partitions: each per-partition chart is a histogram (20 bins, stacked by backend; 273 bars were 20-px
+    strips with unreadable labels). The scheduler's bill is one total, the failed partitions' shares included, in
+    the report and in the CLI summary alike."""
+    from dagster_gpu.commands.backfill import PartitionSummary
+    from dagster_gpu.commands.progress import print_summary
+    from dagster_gpu.commands.report import MAX_BARS, FailedBill
+    from dagster_gpu.instance.bills import SCHEDULERS_BILL, BilledShare
+    from rich.console import Console
+
+    keys = [f"file-{i:03d}" for i in range(273)]
+    unit = ("local/unit", "u1")
+    rows = [replace(row_from(k, "r1", _md(1.0 + i % 7, 10.0), None), unit=unit, bill=BilledShare(0.001, 1.0, "process"))
+            for i, k in enumerate(keys)]
+    failed = [("bad-1", "r1", "x"), ("bad-2", "r1", "x")]
+    bills = [FailedBill(k, unit, BilledShare(0.0005, 0.5, "process")) for k, _, _ in failed]
+    page = render_html(rows, failed, "t", failed_bills=bills)
+    assert len(rows) > MAX_BARS
+    assert page.count("<svg ") == 5  # the four per-partition charts and texts/s against rows (no estimates)
+    first = page[page.index("<svg "):page.index("</svg>")]
+    assert 20 <= first.count('<g id="patch_') < 30  # 20 bins (and the axes' frame), not 273 bars
+    assert page.count("(273 partitions") == 4  # each histogram's title says how many
+    total = f"{273 * 0.001 + 2 * 0.0005:.6f}"
+    assert f"{SCHEDULERS_BILL}: <b>{total} USD</b>" in page.replace("&#x27;", "'")
+    cli = [PartitionSummary(k, ok=True, rows=10, bill=BilledShare(0.001, 1.0, "process"), unit=unit) for k in keys]
+    cli += [PartitionSummary(k, ok=False, error="x", bill=BilledShare(0.0005, 0.5, "process"), unit=unit) for k, _, _ in failed]
+    con = Console(record=True, width=400)
+    with dg.instance_for_test() as instance:
+        print_summary(con, instance, cli, title="Backfill x")
+    assert f"{SCHEDULERS_BILL[0].upper()}{SCHEDULERS_BILL[1:]}: {total} USD" in con.export_text()

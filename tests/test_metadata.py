@@ -384,3 +384,17 @@ def test_chunk_and_lineage_metadata():
     assert "embedding/truncate_dim" not in text_only and "embedding/chunking" not in text_only
     assert "embedding/fingerprint" not in cpu_metadata()
     assert cpu_metadata()["embedding/token_coverage"] == 1.0  # 0 of 0 tokens
+
+
+def test_only_configured_backend_placement_says_why_once():
+    md = placement_markdown(forced_backend(GpuRequest(), "auto", ["local"]).placement())
+    assert md == "**local**: auto: local is the only configured backend"
+    md = placement_markdown(forced_backend(GpuRequest(backend="slurm"), "auto", ["local", "slurm"]).placement())
+    assert md == "**slurm**: forced by tag dagster-gpu/backend=slurm"
+
+
+def test_a_fully_reused_partition_shows_no_throughput():
+    md = cpu_metadata(result=result(rows=10, seconds=0.0, reused_rows=10))
+    assert "embedding/texts_per_second" not in md  # nothing reached the model: no "texts_per_second 0" on its page
+    assert md["embedding/reused_rows"] == 10
+    assert cpu_metadata(result=result(rows=10, seconds=2.0, reused_rows=4))["embedding/texts_per_second"] == 3.0  # the 6 texts that reached the model in 2 s

@@ -134,3 +134,11 @@ def test_history_learns_only_from_full_embeds():
     m = RuntimeModel.from_history(pts)
     assert m.n_history == 2 and m.texts_per_second == pytest.approx(90.0)  # median of 100 and 80
     assert m.rows_per_byte == pytest.approx(0.01)
+
+
+def test_cpu_only_history_does_not_name_the_gpu_fallback_for_a_cpu_plan():
+    m = RuntimeModel.from_history([HistoryPoint(1000, 50.0, product="cpu")])
+    # a CPU-only host's plan: only the learned CPU figure, no "GPU 2000 texts/s (fallback)"
+    assert m.describe(gpu=False, cpu=True) == "history of 1 materialization(s): CPU median 50.0 texts/s (1 on the CPU); 200 bytes/row"
+    # a plan that places on a GPU still says where its GPU figure comes from
+    assert "GPU 2000 texts/s (fallback: no GPU history)" in m.describe(gpu=True, cpu=True)

@@ -159,6 +159,26 @@ def test_text_files_have_no_columns(tmp_path):
         read_all(p, TextFormat(id_column="id"))
 
 
+def test_columns_on_text_files_are_refused_at_definition_time():
+    """What can be known before any file is read: a format or a pattern that reads text, with columns asked for."""
+    from dagster_gpu import CorpusSource
+
+    with pytest.raises(ValueError, match=r"TextFormat: id_column / carry_columns need a parquet or JSON Lines corpus, "
+                                         r"and format 'text' has no columns"):
+        TextFormat(format="text", carry_columns=["package"])
+    cols = TextFormat(id_column="id", carry_columns=["package"])
+    with pytest.raises(ValueError, match=r"CorpusSource\('/c'\): pattern '\*.txt' matches text files .* need parquet or JSON Lines"):
+        CorpusSource(url="/c", pattern="*.txt", text_format=cols)
+    with pytest.raises(ValueError, match=r"pattern 'docs/\*changelog.gz' matches text files"):
+        CorpusSource(url="/c", pattern="docs/*changelog.gz", text_format=cols)  # compression suffix, then text
+    for ok in ("*", "*.jsonl", "*.json*", "*.parquet", "*.jsonl.gz"):  # JSON Lines, parquet, or not known before listing
+        CorpusSource(url="/c", pattern=ok, text_format=cols)
+    CorpusSource(url="/c", pattern="*.txt", text_format=TextFormat())  # no columns: text is fine
+    # a listing: the files that would be read as text, for the backfill to refuse before any unit starts
+    assert cols.columnless(["/c/a.jsonl", "/c/copyright", "/c/b.txt.gz", "/c/d.parquet"]) == ["/c/copyright", "/c/b.txt.gz"]
+    assert TextFormat().columnless(["/c/copyright"]) == []
+
+
 @pytest.mark.parametrize("kw,match", [
     ({"carry_columns": "title"}, "must be a list of column names"),
     ({"carry_columns": ["vector"]}, r"collide with output columns"),

@@ -491,13 +491,58 @@ def test_a_process_bill_is_priced_at_the_units_devices_and_split_over_its_partit
         assert write_unit_bill(instance, run.run_id, "emb", "p", bill) == 3
         got = {r.asset_observation.partition: {k: v.value for k, v in r.asset_observation.metadata.items()}
                for r in instance.fetch_observations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("emb")), limit=10).records}
-    assert {k: o["billing/gpu_seconds"] for k, o in got.items()} == pytest.approx({"a": 6.0, "b": 2.0, "c": 2.0})  # 5 s x 2
-    assert {o["billing/unit_gpu_seconds"] for o in got.values()} == {10.0}
-    assert {o["billing/rate_usd_per_gpu_hour"] for o in got.values()} == {3.6}  # the materializations' device type
-    assert "not materialized" in got["c"]["billing/note"]
+    assert {k: o["bill/gpu_seconds"] for k, o in got.items()} == pytest.approx({"a": 6.0, "b": 2.0, "c": 2.0})  # 5 s x 2
+    assert {o["bill/unit_gpu_seconds"] for o in got.values()} == {10.0}
+    assert {o["bill/rate_usd_per_gpu_hour"] for o in got.values()} == {3.6}  # the materializations' device type
+    assert "not materialized" in got["c"]["bill/note"]
     # the partition page tells the scheduler's bill from the worker's measurement, in words
-    assert {o["billing/what"] for o in got.values()} == {what_billed(got["a"]["billing/source"])}
-    assert got["a"]["billing/what"].startswith(f"the scheduler's bill ({got['a']['billing/source']})")
+    assert {o["bill/what"] for o in got.values()} == {what_billed(got["a"]["bill/source"])}
+    assert got["a"]["bill/what"].startswith(f"the scheduler's bill ({got['a']['bill/source']})")
+    # the bill's keys are its own: none replaces the materialization's measured billing/* on the partition page
+    assert not [k for o in got.values() for k in o if k.startswith("billing/")]
+
+
+def test_a_bill_is_rounded_as_the_materialization_and_a_cpu_step_is_billed_in_cpu_seconds():
+    """write_unit_bill on a real instance: 4 significant digits (as the worker's metadata), unit-wide figures
+    named unit; a step that asked for no GPU (the vector index, ``GpuRequest(count=0)``) in CPU-seconds."""
+    import dagster as dg
+    from dagster._core.instance_for_test import instance_for_test
+
+    from dagster_gpu.worker.context import StepContext
+    from dagster_gpu.executor.bill_writer import write_unit_bill
+    from dagster_gpu.instance.bills import billed_share
+    from dagster_gpu.policy.placement import Placement
+
+    @dg.asset(partitions_def=dg.DynamicPartitionsDefinition(name="p"), backfill_policy=dg.BackfillPolicy.single_run())
+    def idx(context) -> None:
+        for pk in ("a", "b", "c"):
+            context.log_event(dg.AssetMaterialization("idx", partition=pk, metadata={"local/unit": "u1"}))
+
+    def bills(gpu_count):
+        env = StepContext(backend="local", placement=Placement("local", "forced"), rates={"cpu": 0.05, "default": 1.0},
+                          gpu_count=gpu_count).to_env()
+        bill = UnitBill(gpu_seconds=0.0, rate_usd_per_gpu_hour=None, rates={"cpu": 0.05, "default": 1.0}, env=env,
+                        metadata={"billing/source": "process", "local/unit": "u1", "local/unit_wall_seconds": 1042.0829971957237},
+                        match=("local/unit", "u1"), wall_seconds=1042.0829971957237, device_type="cpu")
+        with instance_for_test() as instance:
+            instance.add_dynamic_partitions("p", ["a", "b", "c"])
+            run = dg.materialize([idx], instance=instance, tags={"dagster/asset_partition_range_start": "a",
+                                                                 "dagster/asset_partition_range_end": "c"})
+            assert write_unit_bill(instance, run.run_id, "idx", "p", bill) == 3
+            share = billed_share(instance, dg.AssetKey("idx"), "a", ("local/unit", "u1"))
+            return share, {r.asset_observation.partition: {k: v.value for k, v in r.asset_observation.metadata.items()}
+                           for r in instance.fetch_observations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("idx")),
+                                                                limit=10).records}
+
+    share, cpu = bills(0)
+    a = cpu["a"]
+    assert a["bill/unit_cpu_seconds"] == 1042.0 and a["local/unit_wall_seconds"] == 1042.0  # 4 significant digits
+    assert a["bill/cpu_seconds"] == 347.4 and a["bill/rate_usd_per_cpu_hour"] == 0.05  # 1042.08 / 3
+    assert a["bill/cost_usd"] == 0.004824  # 347.36 s x 0.05 USD/h
+    assert not [k for k in a if "gpu" in k]
+    assert (share.gpu_seconds, share.cost_usd, share.source) == (347.4, 0.004824, "process")  # read back
+    _, gpu = bills(1)
+    assert gpu["a"]["bill/gpu_seconds"] == 347.4 and "bill/cpu_seconds" not in gpu["a"]
 
 
 @pytest.mark.parametrize("empty", [True, False])

@@ -149,8 +149,8 @@ def test_eight_concurrent_runs_share_one_sbatch(home):
     obs = _wait_for(lambda: _all_observed(keys), 60, what="sacct observations")
     for k in keys:
         o = obs[k][0]
-        assert o["billing/source"] == "sacct" and o["slurm/state"] == "COMPLETED"
-        assert o["billing/gpu_seconds"] == o["slurm/elapsed_seconds"] * 1.0 and "gres/gpu=1" in o["slurm/alloc_tres"]
+        assert o["bill/source"] == "sacct" and o["slurm/state"] == "COMPLETED"
+        assert o["bill/gpu_seconds"] == o["slurm/elapsed_seconds"] * 1.0 and "gres/gpu=1" in o["slurm/alloc_tres"]
 
 
 H_WEIRD = "p it's \"$(touch /tmp/pwned)\"; `x` & y"
@@ -304,7 +304,7 @@ def test_preempted_task_is_requeued_and_materializes_once(home):
     attempts = [r for r in client.sacct(ids) if (r.id.job_id, r.id.task_id) == (victim.job_id, victim.task_id) and r.start and r.end]
     elapsed = sum((r.end - r.start).total_seconds() for r in attempts)
     assert len(attempts) == 2 and elapsed >= 60, [(r.id.raw, str(r.state), r.start, r.end) for r in attempts]
-    assert abs(o["billing/gpu_seconds"] - elapsed) <= 1, (o, elapsed)
+    assert abs(o["bill/gpu_seconds"] - elapsed) <= 1, (o, elapsed)
 
 
 @ON_2205
@@ -479,7 +479,7 @@ def test_killed_run_worker_is_resumed_and_reattaches_to_its_task(home, events, m
     mats = _materializations([key])[key]
     assert len(mats) == 1 and f"{mats[0]['slurm/array_job_id']}_{mats[0]['slurm/array_task_id']}" == job_id
     obs = _wait_for(lambda: _all_observed([key]), 60, what="the sacct observation from the resumed process")[key]
-    assert obs[0]["billing/source"] == "sacct" and obs[0]["slurm/state"] == "COMPLETED"
+    assert obs[0]["bill/source"] == "sacct" and obs[0]["slurm/state"] == "COMPLETED"
     assert obs[0]["slurm/elapsed_seconds"] >= 25
     if events == "relay":
         from dagster_gpu.relay.channel import event_key

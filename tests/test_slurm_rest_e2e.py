@@ -75,8 +75,8 @@ def test_eight_runs_over_slurmrestd_share_one_submit(rest_home):
     obs = _wait_for(lambda: _all_observed(keys), 90, what="sacct observations")
     for k in keys:
         o = obs[k][0]
-        assert o["billing/source"] == "sacct" and o["slurm/state"] == "COMPLETED"
-        assert o["billing/gpu_seconds"] == o["slurm/elapsed_seconds"] * 1.0 and "gres/gpu=1" in o["slurm/alloc_tres"]
+        assert o["bill/source"] == "sacct" and o["slurm/state"] == "COMPLETED"
+        assert o["bill/gpu_seconds"] == o["slurm/elapsed_seconds"] * 1.0 and "gres/gpu=1" in o["slurm/alloc_tres"]
     # the same tasks as slurmrestd reports them
     client = RestSlurmClient(url=R.URL, user="root", tokens=TokenSource(file=str(token)))
     acct = client.sacct([b["array_job_id"] for b in batches])
@@ -163,7 +163,7 @@ def test_relayed_events_over_slurmrestd_the_tasks_never_open_the_instance(rest_h
     spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
     assert {r["dagster_gpu/relay_channel"] for r in reports} == {str(p) for p in (spool / "relay").rglob("*.jsonl")}
     obs = _wait_for(lambda: _all_observed(keys), 90, what="sacct observations")
-    assert all(obs[k][0]["billing/source"] == "sacct" for k in keys)
+    assert all(obs[k][0]["bill/source"] == "sacct" for k in keys)
 
 
 @H.on_slurm("24.11")
@@ -238,4 +238,4 @@ def test_relayed_events_through_an_object_store_channel_over_slurmrestd(rest_hom
           "tasks wrote them")
     assert delays[-1] < 10.0, delays  # the run worker's slowest read gap is 8 s; a part lands within 0.2 s
     obs = _wait_for(lambda: _all_observed(keys), 90, what="sacct observations")
-    assert all(obs[k][0]["billing/source"] == "sacct" for k in keys)
+    assert all(obs[k][0]["bill/source"] == "sacct" for k in keys)

@@ -78,7 +78,7 @@ def test_eight_runs_over_ssh_share_one_sbatch_and_one_connection(ssh_home):
     assert {oct(d.stat().st_mode & 0o777) for d in (remote, remote / "batches", remote / "runner")} == {"0o700"}
     # the bills came from sacct over the same connection
     obs = _wait_for(lambda: _all_observed(keys), 60, what="sacct observations")
-    assert all(obs[k][0]["billing/source"] == "sacct" and obs[k][0]["slurm/state"] == "COMPLETED" for k in keys)
+    assert all(obs[k][0]["bill/source"] == "sacct" and obs[k][0]["slurm/state"] == "COMPLETED" for k in keys)
     connections = SSH.logins(sshd) - before
     print(f"ssh transport: 8 runs, {len(batches)} sbatch, {connections} TCP connection(s) to the login node")
     assert connections == 1
@@ -127,7 +127,7 @@ def test_relayed_events_come_back_over_the_same_connection_and_the_tasks_never_o
     assert all(r["dagster_gpu/relay_materializations"] == 1 and r["dagster_gpu/relay_bad_lines"] == 0 for r in reports)
     assert {r["dagster_gpu/relay_channel"] for r in reports} == {str(p) for p in channels}
     obs = _wait_for(lambda: _all_observed(keys), 60, what="sacct observations")
-    assert all(obs[k][0]["billing/source"] == "sacct" for k in keys)
+    assert all(obs[k][0]["bill/source"] == "sacct" for k in keys)
     delays = sorted(r["dagster_gpu/relay_delay_p50_s"] for r in reports)
     connections = SSH.logins(sshd) - before
     print(f"relay over ssh: {len(keys)} runs, delays {delays} s, {connections} TCP connection(s)")

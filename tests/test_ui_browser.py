@@ -4,7 +4,9 @@
 Two partitions materialized with metadata from the real builder (``worker.metadata.build_metadata``):
 one on a GPU (utilization, memory), one CPU-only whose GPU figures are unavailable. The Plots view must
 draw the key figures and no plot of a setting (dimension, devices, rate), a partition's metadata must show
-measured floats rounded (the UI prints a float's full repr), the corpus node in the lineage must count its
+measured floats rounded (the UI prints a float's full repr), a partition's page must show the scheduler's
+bill (rounded, under ``bill/*`` beside the measured ``billing/*``) and a failed partition's reason
+(``dagster_gpu/partition_failure``), the corpus node in the lineage must count its
 recorded files as filled, and the page must raise no page error. Under ``CI=true`` a missing Chromium is a
 failure, not a skip (``scripts/setup.sh`` installs it).
 """
@@ -124,6 +126,39 @@ def test_asset_page_plots_key_figures_in_chromium(tmp_path, monkeypatch):
             # 60 s at 0.05 USD/h = 0.000833333... USD: shown with 4 significant digits, not as a 17-digit repr
             assert page.get_by_text("0.0008333", exact=True).count() >= 1
             assert page.get_by_text("0.00083333333", exact=False).count() == 0
+            # then cpu_part's scheduler bill lands, as the bill writer stores it (a 50-partition unit's process
+            # interval), and a later run of gpu_part fails, as the unit records it
+            from dagster_gpu.executor.bill_writer import observation_metadata
+            from dagster_gpu.instance.checks import partition_failure_observation
+
+            with dg.DagsterInstance.get() as instance:
+                instance.report_runless_asset_event(dg.AssetObservation("ui_embeddings", partition="cpu_part", metadata=observation_metadata({
+                    "billing/source": "process", "billing/gpu_seconds": 1042.0829971957237, "billing/cost_usd": 0.01447337496105172,
+                    "billing/unit_gpu_seconds": 52104.14985978619, "local/unit": "u1", "local/unit_wall_seconds": 52104.14985978619},
+                    cpu=False)))
+                instance.report_runless_asset_event(partition_failure_observation(
+                    dg.AssetKey("ui_embeddings"), "gpu_part", "partition 'gpu_part': line 3 is not valid JSON"))
+            # a partition's page: the scheduler's bill under its own keys, rounded, beside the measured figures
+            # (bill/gpu_seconds does not replace billing/gpu_seconds); a failed partition's reason
+            page.goto(f"http://127.0.0.1:{port}/assets/ui_embeddings?view=partitions&partition=cpu_part",
+                      wait_until="networkidle", timeout=120_000)
+            try:
+                page.get_by_text("bill/gpu_seconds", exact=True).first.wait_for(timeout=60_000)
+                assert page.get_by_text("billing/gpu_seconds", exact=True).count() >= 1
+                assert page.get_by_text("bill/unit_gpu_seconds", exact=True).count() >= 1
+                assert page.get_by_text("local/unit_wall_seconds", exact=True).count() >= 1
+                assert page.get_by_text("1042", exact=True).count() >= 1 and page.get_by_text("0.01447", exact=True).count() >= 1
+                assert page.get_by_text("1042.0829", exact=False).count() == 0
+                assert page.get_by_text("0.0144733", exact=False).count() == 0
+            finally:
+                page.screenshot(path=str(shot.with_name("bill.png")), full_page=True)
+            page.goto(f"http://127.0.0.1:{port}/assets/ui_embeddings?view=partitions&partition=gpu_part",
+                      wait_until="networkidle", timeout=120_000)
+            try:
+                page.get_by_text("dagster_gpu/partition_failure", exact=True).first.wait_for(timeout=60_000)
+                assert page.get_by_text("partition 'gpu_part': line 3 is not valid JSON", exact=False).count() >= 1
+            finally:
+                page.screenshot(path=str(shot.with_name("failure.png")), full_page=True)
             # the lineage: the corpus node counts its files filled, as the embeddings node does (the node's
             # Partitions facet, "<n>% filled", counts materializations only)
             page.goto(f"http://127.0.0.1:{port}/asset-groups", wait_until="networkidle", timeout=120_000)

@@ -626,6 +626,45 @@ def other_work(instance: dg.DagsterInstance, since: float, backfill_id: str) -> 
                      requested=tuple(b for b in backfills if b.backfill_id != backfill_id))
 
 
+@dataclass(frozen=True)
+class FailedOtherRun:
+    """A run a daemon's sensors started meanwhile (:func:`other_work`) that failed.
+
+    Attributes:
+        run_id: its id. assets: the assets it materialized, '/'-separated. partitions: ``a`` (one partition),
+        ``a … b`` (a ranged run) or ``""``. error: the first lines of its step failure (the unit's failure names
+        each failed partition, ``key: why``), else its status.
+    """
+
+    run_id: str
+    assets: str
+    partitions: str
+    error: str
+
+
+def failed_other_runs(instance: dg.DagsterInstance, since: float, backfill_id: str, lines: int = 3) -> list[FailedOtherRun]:
+    """The runs created since ``since`` (epoch s), other than backfill ``backfill_id``'s, that ended FAILURE: what a
+    daemon's sensors started meanwhile and failed (the index following the embeddings), oldest first, each with
+    the first ``lines`` lines of its step failure (:func:`dagster_gpu.instance.failures.step_failure_message`)."""
+    import datetime as dt
+
+    from dagster_gpu.instance.failures import step_failure_message
+
+    after = dt.datetime.fromtimestamp(since, dt.timezone.utc)
+    recs = instance.get_run_records(RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], created_after=after))
+    out = []
+    for rec in sorted(recs, key=lambda r: r.create_timestamp):
+        run = rec.dagster_run
+        if run.tags.get("dagster/backfill") == backfill_id:
+            continue
+        rng = range_tags(run.tags)
+        part = run.tags.get("dagster/partition") or (f"{rng[0]} … {rng[1]}" if rng else "")
+        message = step_failure_message(instance, run.run_id) or "run failed (no step failure recorded)"
+        out.append(FailedOtherRun(run.run_id, ", ".join(sorted(k.to_user_string() for k in run.asset_selection or ())),
+                                  part, "\n".join(message.strip().splitlines()[:lines])))
+    return out
+
+
 def sensors_ticked_since(instance: dg.DagsterInstance, daemon_started: float, since: float) -> bool:
     """True when every sensor that ticked under a daemon started at ``daemon_started`` (epoch s) has finished a tick
     that began at or after ``since`` (epoch s): whatever such a sensor requests for the work that ended before

@@ -2,7 +2,8 @@
 
     dagster-gpu backfill -m pipelines.definitions -a fortune_embeddings [--missing] [--failed] [--stale]
             [--partitions a,b] [--no-register] [--prune] [-w workspace.yaml]
-        register the asset's corpus files as partitions (those not yet registered), submit an asset
+        register the asset's corpus files as partitions (those not yet registered) and record their source
+        versions on its corpus asset (as a corpus sensor tick does: the UI counts the files), submit an asset
         backfill of the selected partitions (all registered by default; --missing: never materialized;
         --failed: latest run failed or canceled; --stale: file or fingerprint changed, as `stale` lists them;
         --prune first deletes the partitions of files no longer in the corpus, their output parquet files
@@ -75,9 +76,10 @@ def _backfill(argv: list[str]) -> int:
         register_corpus_files, select_partitions,
     )
     from dagster_gpu.commands.progress import BackfillAbandoned, BackfillFailed, run_backfill_with_progress
+    from dagster_gpu.partitions.source_versions import record_corpus_versions
 
     console = make_console()
-    loaded = load_definitions(args.module, args.attribute, "dagster-gpu backfill")
+    loaded = load_definitions(args.module, args.attribute, "dagster-gpu backfill", args.workspace)
     if loaded is None:
         return 2
     module, defs = loaded
@@ -123,10 +125,19 @@ def _backfill(argv: list[str]) -> int:
         try:
             corpus = corpus_of(source, module)
             files = corpus.list_files(members=False)
+            columnless = [] if corpus.group_buckets else corpus.text_format.columnless([f.uri for f in files])
+            if columnless:  # each would fail its partition, after its unit loaded the model
+                names = ", ".join(Path(u).name for u in columnless[:5]) + (" …" if len(columnless) > 5 else "")
+                print(f"dagster-gpu backfill: {len(columnless)} of {len(files)} files of corpus {corpus.url} (pattern "
+                      f"{corpus.pattern!r}) are read as text, which has no columns: id_column / carry_columns need "
+                      f"parquet or JSON Lines files (narrow the pattern, e.g. '*.jsonl', or set TextFormat(format=...)): "
+                      f"{names}", file=sys.stderr)
+                return 2
             done = prune_partitions(instance, source, corpus, delete_outputs=True, files=files,
                                     indexes=indexes_following(defs.resolve_asset_graph().assets_defs, source.key)) if args.prune else []
             pruned = [p.partition_key for p in done if p.error is None]
             added = [] if args.no_register else register_corpus_files(instance, source, corpus, files=files)
+            recorded = 0 if args.no_register else record_corpus_versions(instance, source, files)
             gone = set(gone_partitions(instance, source, files))
         except (NoCorpus, CorpusNotFound, CorpusUnreadable, TypeError, ValueError) as e:
             print(f"dagster-gpu backfill: {e}", file=sys.stderr)
@@ -137,7 +148,9 @@ def _backfill(argv: list[str]) -> int:
             for p in done:
                 console.print(f"  {p.describe()}", soft_wrap=True, markup=False)
         if not args.no_register:
-            console.print(f"Corpus {corpus.url}: {len(added)} new partition(s) registered", soft_wrap=True)
+            console.print(f"Corpus {corpus.url}: {len(added)} new partition(s) registered"
+                          + (f", {recorded // 2} file version(s) recorded on {source.key.to_user_string()}_corpus"
+                             if recorded else ""), soft_wrap=True)
     if args.partitions:
         keys = [k.strip() for k in args.partitions.split(",") if k.strip()]
         unknown = sorted(set(keys) - set(instance.get_dynamic_partitions(asset.partitions_def.name)))

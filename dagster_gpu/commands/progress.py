@@ -11,9 +11,9 @@ from rich.table import Table
 
 from dagster_gpu.commands.backfill import (
     BackfillProgress, BackfillTimeout, DaemonDied, DaemonProcess, PartitionSummary, RunningDaemon, abandon_backfill,
-    backfill_error, other_work, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_work,
+    backfill_error, failed_other_runs, other_work, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_work,
 )
-from dagster_gpu.instance.bills import billed_total
+from dagster_gpu.instance.bills import SCHEDULERS_BILL, billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
 
 
@@ -44,7 +44,7 @@ def useful_fraction(rows: Sequence[PartitionSummary]) -> float | None:
 
 def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition summary") -> Table:
     """Columns: partition, rows, reused (rows whose vector was reused from the previous output; shown when a
-    partition reused any), seconds (embedding), texts/s (texts that reached the model; "–" when every row was
+    partition reused any), seconds (embedding), texts/s (texts that reached the model; "all reused" when every row was
     reused), backend, measured
     GPU-seconds and measured cost (USD): the step worker's own measurement; useful fraction (embedding ÷
     measured seconds; its footer the ratio of sums, as in the HTML report); scheduler's bill (USD): the
@@ -74,7 +74,7 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
             all_reused = bool(r.rows) and r.reused_rows == r.rows  # nothing reached the model: no throughput
             t.add_row(
                 r.partition_key, str(r.rows), *reused, f"{r.seconds or 0:.2f}",
-                "–" if all_reused else f"{r.texts_per_second or 0:.1f}", r.backend or "",
+                "all reused" if all_reused else f"{r.texts_per_second or 0:.1f}", r.backend or "",
                 f"{r.gpu_seconds or 0:.2f}", f"{r.cost_usd or 0:.6f}",
                 "" if r.useful_fraction is None else f"{r.useful_fraction:.2f}", billed,
             )
@@ -113,21 +113,57 @@ def index_summary_table(rows: Sequence[PartitionSummary], title: str) -> Table:
     return t
 
 
+#: Partitions named in a group's row of the failures table; the rest are counted.
+GROUP_NAMES_SHOWN = 3
+
+
+def _same_error(d: FailureDetail) -> str:
+    """``d.error`` with the partition's own key (as written, or quoted as ``describe_partitions`` quotes it)
+    replaced by ``<partition>``, so that partitions that failed for the same reason compare equal. Pure."""
+    text = d.error
+    for form in (repr(d.partition_key), d.partition_key):
+        text = text.replace(form, "<partition>")
+    return text
+
+
+def group_failures(details: Sequence[FailureDetail]) -> list[list[FailureDetail]]:
+    """``details`` grouped by their error with the partition's own key left out (:func:`_same_error`), the
+    largest group first, then in the order first seen. Pure."""
+    groups: dict[str, list[FailureDetail]] = {}
+    for d in details:
+        groups.setdefault(_same_error(d), []).append(d)
+    return sorted(groups.values(), key=lambda g: -len(g))
+
+
 def failures_table(details: Sequence[FailureDetail]) -> Table:
-    """Below the summary: each failed partition's key, run id, first line of the error, where the full log is."""
-    t = Table(title=f"{len(details)} failed partition(s)", title_style="bold red", show_lines=True)
-    t.add_column("partition", style="red", no_wrap=True)
+    """Below the summary: each failed partition's key, run id, first line of the error, where the full log is;
+    partitions that failed for the same reason (:func:`group_failures`) share one row: ``N partitions: a, b,
+    c … (+k)``, the number of runs, the error once (the first partition's key as ``<partition>``) and the first
+    partition's log."""
+    groups = group_failures(details)
+    title = f"{len(details)} failed partition(s)" + (f", {len(groups)} distinct error(s)" if len(groups) < len(details) else "")
+    t = Table(title=title, title_style="bold red", show_lines=True)
+    t.add_column("partition", style="red", overflow="fold")
     t.add_column("run id", no_wrap=True)
     t.add_column("error (first line)", overflow="fold")
     t.add_column("full log", overflow="fold")
-    for d in details:
-        t.add_row(d.partition_key, d.run_id or "–", d.error, d.log)
+    for g in groups:
+        d = g[0]
+        if len(g) == 1:
+            t.add_row(d.partition_key, d.run_id or "–", d.error, d.log)
+            continue
+        names = ", ".join(x.partition_key for x in g[:GROUP_NAMES_SHOWN])
+        more = f" … (+{len(g) - GROUP_NAMES_SHOWN})" if len(g) > GROUP_NAMES_SHOWN else ""
+        runs = {x.run_id for x in g if x.run_id}
+        t.add_row(f"{len(g)} partitions: {names}{more}", d.run_id if len(runs) == 1 else f"{len(runs)} runs",
+                  _same_error(d), d.log)
     return t
 
 
 def print_summary(console: Console, instance, rows: Sequence[PartitionSummary], title: str) -> None:
     """The summary table, then the failed partitions (if any) with their run, error and log."""
     console.print(summary_table(rows, title=title))
+    console.print(f"{SCHEDULERS_BILL[0].upper()}{SCHEDULERS_BILL[1:]}: {billed_total(rows)} USD", soft_wrap=True)
     failed = [failure_detail(instance, r.partition_key, r.run_id, r.error) for r in rows if not r.ok]
     if failed:
         console.print(failures_table(failed))
@@ -260,6 +296,20 @@ def drain_other_runs(instance, daemon: DaemonProcess, backfill_id: str, console:
     return len(others.running)
 
 
+def report_failed_other_runs(instance, since: float, backfill_id: str, console: Console) -> int:
+    """Print the runs the daemon's sensors started since ``since`` (epoch s) that failed
+    (:func:`dagster_gpu.commands.backfill.failed_other_runs`: the index runs following the embeddings), each with
+    its assets, partitions and the first lines of its failure; returns how many."""
+    failed = failed_other_runs(instance, since, backfill_id)
+    if failed:
+        console.print(f"[bold red]{len(failed)} run(s) the daemon's sensors started meanwhile failed[/bold red] "
+                      "(e.g. the index following these embeddings):", soft_wrap=True)
+        for f in failed:
+            head = f"  run {f.run_id} ({f.assets}" + (f", partitions {f.partitions}" if f.partitions else "") + "): "
+            console.print(head + f.error.replace("\n", "\n    "), soft_wrap=True, markup=False, highlight=False)
+    return len(failed)
+
+
 def run_backfill_with_progress(
     instance,
     defs,
@@ -295,7 +345,8 @@ def run_backfill_with_progress(
     whose daemon this command started (or whose daemon is gone) is canceled first
     (:func:`dagster_gpu.commands.backfill.abandon_backfill`), so that no later daemon runs it unasked.
     Raises BackfillFailed, after the summary, when the backfill ended with an error stored on it (printed in
-    red before the summary).
+    red before the summary), or when a run the daemon this command started ran for its sensors meanwhile (the
+    index following the embeddings) failed (each named with its failure: :func:`report_failed_other_runs`).
     """
     from contextlib import nullcontext
 
@@ -320,9 +371,12 @@ def run_backfill_with_progress(
                 console.print(f"Waiting up to {bills_wait_s:.0f} s (--bills-wait) for the schedulers' bills of "
                               f"{pending} partition(s)", soft_wrap=True)
             rows = wait_for_bills(instance, asset_key, rows, timeout_s=bills_wait_s)
+            others_failed = 0
             if running_daemon is None:
                 drain_other_runs(instance, daemon, backfill_id, console, runs_wait_s, code_location)
                 console.print(f"Stopping the dagster-daemon this command started (up to {DaemonProcess.STOP_S} s)")
+        if running_daemon is None:  # the runs it waited for: their failures are this command's to report
+            others_failed = report_failed_other_runs(instance, daemon.started_at, backfill_id, console)
     except (DaemonDied, BackfillTimeout, KeyboardInterrupt) as e:
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
         if running_daemon is not None and not isinstance(e, DaemonDied):
@@ -341,4 +395,7 @@ def run_backfill_with_progress(
         console.print(f"Useful fraction (Σ embedding seconds ÷ Σ measured seconds, materialized partitions): {uf:.3f}")
     if error is not None:
         raise BackfillFailed(f"backfill {backfill_id} {final.status.lower()}: {error.splitlines()[0]}", rows)
+    if others_failed:
+        raise BackfillFailed(f"{others_failed} run(s) the daemon's sensors started meanwhile failed (listed above the "
+                             f"summary)", rows)
     return rows

@@ -35,7 +35,7 @@ import dagster as dg
 
 from dagster_gpu.billing.keys import COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS, WALL_SECONDS
 from dagster_gpu.commands.common import instance_or_none
-from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, billed_total, unit_of
+from dagster_gpu.instance.bills import SCHEDULERS_BILL, BilledShare, PendingBill, billed_share, billed_total, unit_of
 from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.partitions.run_ranges import PartitionRangeError, run_partition_keys
 from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
@@ -223,7 +223,37 @@ def _svg(fig) -> str:
     return text[:a] + text[b + len("</metadata>"):] if a >= 0 and b > a else text
 
 
+#: Above this many rows a per-partition chart is a histogram of the partitions' values (one bar per partition
+#: would be a few pixels wide, its label unreadable).
+MAX_BARS = 40
+
+
+def _histogram(rows: Sequence[ReportRow], attr: str, title: str, ylabel: str, missing: str) -> str:
+    """How many partitions fall in each of 20 bins of ``attr`` (x axis: ``ylabel``), stacked by backend;
+    the title says how many partitions and how many have no value (``missing``)."""
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    known = [r for r in rows if getattr(r, attr) is not None]
+    backends = [b for b in _COLORS if any(r.backend == b for r in known)]
+    backends += sorted({r.backend for r in known} - set(backends))
+    if known:
+        ax.hist([[getattr(r, attr) for r in known if r.backend == b] for b in backends], bins=20, stacked=True,
+                color=[_COLORS.get(b, "#9467bd") for b in backends], label=backends,
+                range=(0, 100) if ylabel == "percent" else None)
+        ax.legend(fontsize=7)
+    none = len(rows) - len(known)
+    ax.set_title(f"{title}\n({len(rows)} partitions" + (f"; {none} {missing}" if none else "") + ")", fontsize=10)
+    ax.set_xlabel(ylabel)
+    ax.set_ylabel("partitions")
+    return _svg(fig)
+
+
 def _bars(rows: Sequence[ReportRow], attr: str, title: str, ylabel: str, missing: str) -> str:
+    """One bar per row (partition), coloured by backend, ``missing`` written where a row has no value; a
+    :func:`_histogram` instead above :data:`MAX_BARS` rows."""
+    if len(rows) > MAX_BARS:
+        return _histogram(rows, attr, title, ylabel, missing)
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(max(6, 0.35 * len(rows) + 2), 3))
@@ -271,11 +301,36 @@ def no_estimates(rows: Sequence[ReportRow]) -> str:
             "estimated cost of every alternative.")
 
 
+@dataclass(frozen=True)
+class FailedBill(PendingBill):
+    """A failed partition's share of the scheduler's bill of the unit that ran it (:func:`failed_bills`)."""
+
+    partition: str
+    unit: tuple[str, str] | None
+    bill: BilledShare | None
+
+
+def failed_bills(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
+                 failed: Sequence[tuple[str, str, str]]) -> list[FailedBill]:
+    """Each failed partition's (as :func:`collect` gives them) share of its unit's bill: the unit named by its
+    run's launch event, the share as for a materialized partition (:func:`dagster_gpu.instance.bills.billed_share`)."""
+    units: dict[str, tuple[str, str] | None] = {}
+    out = []
+    for key, run_id, _ in failed:
+        if run_id not in units:
+            units[run_id] = unit_of(launch_metadata(instance, run_id))
+        unit = units[run_id]
+        out.append(FailedBill(key, unit, billed_share(instance, asset_key, key, unit)))
+    return out
+
+
 def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]], title: str,
-                registered: set[str] | None = None) -> str:
-    """The whole page: totals, per-backend table, charts (inline SVG), placements, failed partitions
-    ((partition key, run id, why) as :func:`collect` gives them). ``registered``: the partition keys the
-    asset has now; a row's partition not among them is marked pruned (None: nothing is marked)."""
+                registered: set[str] | None = None, failed_bills: Sequence[PendingBill] = ()) -> str:
+    """The whole page: totals, per-backend table, charts (inline SVG; a histogram above :data:`MAX_BARS`
+    partitions), placements, failed partitions ((partition key, run id, why) as :func:`collect` gives them).
+    ``registered``: the partition keys the asset has now; a row's partition not among them is marked pruned
+    (None: nothing is marked). ``failed_bills``: the failed partitions' shares (:func:`failed_bills`), added to
+    the total of :data:`SCHEDULERS_BILL` as the CLI summary adds them."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -294,8 +349,7 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
              + f", {len(set(k for k, _, _ in failed))} failed; measured cost "
              f"<b>{total:.6f} USD</b>, {sum(r.gpu_seconds or 0 for r in rows):.1f} GPU-seconds"
              + (f", useful fraction <b>{uf:.3f}</b> (Σ embedding ÷ Σ measured seconds)" if uf is not None else "")
-             + f"; the scheduler's bill (the materialized partitions' shares of their units' bills): "
-             f"<b>{billed_total(rows)} USD</b>.</p>"]
+             + f"; {e(SCHEDULERS_BILL)}: <b>{billed_total([*rows, *failed_bills])} USD</b>.</p>"]
     parts.append("<h2>Per backend</h2><table><tr><th>backend</th><th>partitions</th><th>materializations</th><th>rows</th>"
                  "<th>measured GPU-seconds</th><th>measured (USD)</th><th>scheduler's bill (USD)</th><th>estimated (USD)</th>"
                  "<th>useful fraction</th></tr>")
@@ -386,7 +440,8 @@ def report_main(argv: Sequence[str] | None = None) -> int:
     what = f"backfill {args.backfill}" if args.backfill else f"last {args.last} materializations"
     pdef = args.partitions_def or f"{key.path[-1]}_files"
     registered = set(instance.get_dynamic_partitions(pdef)) or None  # None: no such dynamic partitions: mark nothing
-    out.write_text(render_html(rows, failed, f"{args.asset}: {what}", registered=registered))
+    out.write_text(render_html(rows, failed, f"{args.asset}: {what}", registered=registered,
+                               failed_bills=failed_bills(instance, key, failed)))
     runs = len({rid for _, rid, _ in failed})
     n = len({r.partition for r in rows})
     print(f"{args.output}: {len(rows)} materialization(s) of {n} partition(s), {len({k for k, _, _ in failed})} "

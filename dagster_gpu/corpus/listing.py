@@ -141,7 +141,8 @@ class CorpusSource:
             ``full_listing_interval_seconds`` later. A version-aware filesystem is always listed in full.
 
     Raises:
-        ValueError: ``shard_bytes`` below 1, ``group_buckets`` not an integer >= 1, or both set (a bucket of whole
+        ValueError: ``pattern`` ends in a suffix read as text (``*.txt``) while ``text_format`` has
+            ``id_column`` / ``carry_columns``; ``shard_bytes`` below 1, ``group_buckets`` not an integer >= 1, or both set (a bucket of whole
             files and a file cut into shards are opposite mappings: choose one per corpus),
             ``group_plan_max_age_seconds`` not above 0, ``full_listing_interval_seconds`` set without
             ``group_buckets``, on a corpus that is neither a local directory nor S3 with ``append_only_keys``, not
@@ -163,6 +164,12 @@ class CorpusSource:
     append_only_keys: bool = False
 
     def __post_init__(self) -> None:
+        name = self.pattern.rsplit("/", 1)[-1]
+        suffix = name.rsplit(".", 1)[-1] if "." in name else None
+        if suffix is not None and not set("*?[") & set(suffix) and self.text_format.columnless([name]):
+            raise ValueError(f"CorpusSource({self.url!r}): pattern {self.pattern!r} matches text files (by their suffix), "
+                             f"which have no columns: id_column / carry_columns need parquet or JSON Lines files "
+                             f"(a pattern such as '*.jsonl', or TextFormat(format='jsonl'))")
         if self.group_plan_max_age_seconds is not None and not float(self.group_plan_max_age_seconds) > 0:
             raise ValueError(f"CorpusSource({self.url!r}).group_plan_max_age_seconds must be > 0 (or None), "
                              f"got {self.group_plan_max_age_seconds}")

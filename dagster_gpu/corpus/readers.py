@@ -44,7 +44,7 @@ import io
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import fsspec
 import pyarrow as pa
@@ -89,7 +89,8 @@ class TextFormat:
             ``ReadStats.replaced_rows``) or ``skip`` (counted in ``ReadStats.skipped_undecodable_rows``).
 
     Raises:
-        ValueError: ``decode_errors`` is not one of those three.
+        ValueError: ``decode_errors`` is not one of those three; ``id_column`` / ``carry_columns`` with format
+            ``text``.
     """
 
     format: str = "auto"
@@ -113,6 +114,22 @@ class TextFormat:
             raise ValueError(f"TextFormat.carry_columns {sorted(reserved)} collide with output columns {RESERVED_COLUMNS}")
         if len(set(self.carry_columns)) != len(self.carry_columns):
             raise ValueError(f"TextFormat.carry_columns has duplicates: {list(self.carry_columns)}")
+        if self.format == "text" and self.has_columns:
+            raise ValueError(f"TextFormat: id_column / carry_columns need a parquet or JSON Lines corpus, and format "
+                             f"'text' has no columns (format='jsonl' or 'parquet', or 'auto' to go by each file's suffix)")
+
+    @property
+    def has_columns(self) -> bool:
+        """Whether ``id_column`` or ``carry_columns`` is set (only parquet and JSON Lines files have columns)."""
+        return bool(self.id_column or self.carry_columns)
+
+    def columnless(self, uris: Sequence[str]) -> list[str]:
+        """Those of ``uris`` read as text (:meth:`resolved`) although :attr:`has_columns`: each would fail its
+        partition (a text file has no columns); [] without columns. Pure; raises CorpusReadError for an unknown
+        format."""
+        if not self.has_columns:
+            return []
+        return [u for u in uris if self.resolved(u) == "text"]
 
     def resolved(self, uri: str) -> str:
         """``text``, ``parquet`` or ``jsonl`` for ``uri``. Raises CorpusReadError for an unknown format."""

@@ -8,7 +8,11 @@ scheduler bills into Dagster. :func:`write_unit_bill` splits that bill over the 
 partitions with :func:`dagster_gpu.billing.apportion.apportion_unit_bill` (materialized partitions in
 proportion to their measured GPU-seconds, what is left over to the partitions the unit did not finish)
 and writes one ``AssetObservation`` per partition into the Dagster instance named by the step's own
-arguments. The parts add up to the scheduler's figure.
+arguments. The parts add up to the scheduler's figure (each rounded to 4 significant digits, as the
+materialization's figures are). Its keys are the ``bill/*`` names of :func:`dagster_gpu.billing.keys.billed`
+(``bill/gpu_seconds``, ``bill/cost_usd``, ``bill/unit_gpu_seconds`` …), apart from the materialization's
+measured ``billing/*``; a step that asked for no GPU (the vector index) is billed in CPU-seconds
+(``bill/cpu_seconds``, ``bill/unit_cpu_seconds``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from dagster._serdes import serialize_value
 from dagster_gpu.billing.apportion import apportion_unit_bill
 from dagster_gpu.billing.keys import (
     COST_USD, DEVICE_TYPE, DEVICES, DIFFERENCE_GPU_SECONDS, GPU_SECONDS, MEASURED_GPU_SECONDS, NOTE, RATE_USD_PER_GPU_HOUR,
-    SOURCE, UNIT_GPU_SECONDS, UNIT_PARTITIONS, WHAT, what_billed,
+    PREFIX, SOURCE, UNIT_GPU_SECONDS, UNIT_PARTITIONS, WHAT, billed, what_billed,
 )
 from dagster_gpu.billing.metering import cost_usd
 from dagster_gpu.billing.ratecard import gpu_hour_rate
@@ -33,6 +37,7 @@ from dagster_gpu.instance.step_args import step_args_from_env
 from dagster_gpu.partitions.run_ranges import run_partition_keys
 from dagster_gpu.billing.measured import billed_device
 from dagster_gpu.instance.events import metadata_get, metadata_number
+from dagster_gpu.worker.metadata import rounded
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +141,7 @@ def write_unit_bill(
     # a partition the unit did not materialize belongs to the run's asset (a run without an asset selection:
     # the asset its other partitions materialized)
     fallback = assets[0] if assets else next((ak for ak, _ in materialized.values()), None)
+    cpu = read_step_context(bill.env).get("gpu_count") == 0  # a step that asked for no GPU (the vector index)
     observations: list[dg.AssetObservation] = []
     for key, share in parts:
         asset_key, mat_md = materialized.get(key, (fallback, {}))
@@ -156,10 +162,24 @@ def write_unit_bill(
             md[DIFFERENCE_GPU_SECONDS] = float(share) - float(m)
         if key not in materialized:
             md[NOTE] = "not materialized by this unit: its share of the unit's time not accounted to materialized partitions"
-        observations.append(dg.AssetObservation(asset_key=asset_key, partition=key or None, metadata=md))
+        observations.append(dg.AssetObservation(asset_key=asset_key, partition=key or None,
+                                                metadata=observation_metadata(md, cpu)))
     store_observations(instance, observations)
     log.info("run %s step %s: %d observation(s) of %s", run_id, step_key, len(observations), bill.metadata.get(SOURCE))
     return len(observations)
+
+
+def observation_metadata(md: Mapping[str, Any], cpu: bool) -> dict[str, Any]:
+    """``md`` as a bill observation stores it: each ``billing/*`` key under its bill name
+    (:func:`dagster_gpu.billing.keys.billed`: ``bill/gpu_seconds``, or ``bill/cpu_seconds`` when ``cpu``),
+    every float rounded as the materialization rounds its measured figures
+    (:func:`dagster_gpu.worker.metadata.rounded`, 4 significant digits); other keys and values as they are."""
+    out: dict[str, Any] = {}
+    for k, v in md.items():
+        if isinstance(v, float):
+            v = rounded(v)
+        out[billed(k, cpu) if k.startswith(PREFIX) else k] = v
+    return out
 
 
 def store_observations(instance: dg.DagsterInstance, observations: list[dg.AssetObservation]) -> None:

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Mapping
 
 import dagster as dg
 
-from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, SOURCE
+from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, SOURCE, bill_value
 from dagster_gpu.instance.events import metadata_values
 
 #: The metadata keys naming a work unit, one per backend (``UnitBill.match`` of the Slurm, Kubernetes and
@@ -32,7 +32,7 @@ class BilledShare:
     """A partition's share of its unit's scheduler bill.
 
     Attributes:
-        cost_usd: USD. gpu_seconds: GPU-seconds. source: ``billing/source`` (``sacct``, ``pod-interval``,
+        cost_usd: USD. gpu_seconds: GPU-seconds (CPU-seconds for a CPU step). source: ``bill/source`` (``sacct``, ``pod-interval``,
         ``process``).
     """
 
@@ -63,6 +63,11 @@ class PendingBill:
         return self.unit is not None and self.bill is None
 
 
+#: What :func:`billed_total` adds up, in the words the HTML report and the CLI summary both print beside it.
+SCHEDULERS_BILL = ("the scheduler's bill (every partition's share of the bill of the work unit that ran it, "
+                   "the failed partitions' included)")
+
+
 def billed_total(rows: Iterable[PendingBill]) -> str:
     """The rows' billed USD added up (6 decimals), and ``" (N pending)"`` when N rows' bills have not landed."""
     rows = list(rows)
@@ -89,7 +94,7 @@ def billed_share(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition
     for rec in recs:  # newest first
         obs = rec.asset_observation
         md = metadata_values(obs.metadata) if obs is not None else {}
-        if md.get(SOURCE) and md.get(COST_USD) is not None and unit_of(md) == unit:
-            return BilledShare(float(md[COST_USD]), float(md.get(GPU_SECONDS) or 0.0),
-                               str(md[SOURCE]))
+        source, cost = bill_value(md, SOURCE), bill_value(md, COST_USD)
+        if source and cost is not None and unit_of(md) == unit:
+            return BilledShare(float(cost), float(bill_value(md, GPU_SECONDS) or 0.0), str(source))
     return None

@@ -304,6 +304,18 @@ def partition_failed_evaluations(
     return check_evaluations(asset_key, partition_key, failed_partition_outcomes(reason, source_version), target)
 
 
+def partition_failure_observation(asset_key: dg.AssetKey, partition_key: str, reason: str,
+                                  source_version: str | None = None) -> dg.AssetObservation:
+    """An observation of a partition that failed, with ``reason`` under :data:`PARTITION_FAILURE` (and the
+    file's version the attempt read under :data:`FAILED_SOURCE_VERSION`, when it read one): the partition's
+    page in the Dagster UI lists the latest observation's metadata, and open-source event-log storage cannot
+    store an asset-failure event (``ASSET_FAILED_TO_MATERIALIZE`` needs ``can_store_asset_failure_events``)."""
+    md: dict[str, Any] = {PARTITION_FAILURE: reason}
+    if source_version:
+        md[FAILED_SOURCE_VERSION] = source_version
+    return dg.AssetObservation(asset_key=asset_key, partition=partition_key, metadata=md)
+
+
 def materialization_target(
     instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition_key: str
 ) -> AssetCheckEvaluationTargetMaterializationData | None:

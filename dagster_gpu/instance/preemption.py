@@ -31,7 +31,7 @@ from typing import Any, Iterable, Mapping
 import dagster as dg
 from dagster import DagsterEventType, EventRecordsFilter
 
-from dagster_gpu.billing.keys import GPU_SECONDS, SOURCE, UNIT_GPU_SECONDS
+from dagster_gpu.billing.keys import GPU_SECONDS, SOURCE, UNIT_GPU_SECONDS, billed
 from dagster_gpu.instance.bills import unit_of
 from dagster_gpu.instance.events import (
     PREEMPTED_PARTITION_KEY, PREEMPTION_POOL_KEY, PREEMPTIONS_KEY, metadata_get, metadata_number,
@@ -68,9 +68,13 @@ def launch_seen(run_id: str, step_key: str | None, md: Mapping[str, Any]) -> Lau
 
 
 def bill_figures(md: Mapping[str, Any]) -> tuple[float, int]:
-    """``(unit GPU-seconds, preempted attempts)`` of one bill observation's metadata: ``billing/unit_gpu_seconds``
-    (else the partition's ``billing/gpu_seconds``) and the PREEMPTED entries of ``slurm/attempt_states``."""
-    secs = metadata_number(md, UNIT_GPU_SECONDS)
+    """``(unit GPU-seconds, preempted attempts)`` of one bill observation's metadata: ``bill/unit_gpu_seconds``
+    (else the partition's ``bill/gpu_seconds``; ``billing/*`` on an observation written before bills had their
+    own keys) and the PREEMPTED entries of ``slurm/attempt_states``."""
+    secs = metadata_number(md, billed(UNIT_GPU_SECONDS))
+    secs = metadata_number(md, UNIT_GPU_SECONDS) if secs is None else secs  # an observation written under billing/*
+    if secs is None:
+        secs = metadata_number(md, billed(GPU_SECONDS))
     if secs is None:
         secs = metadata_number(md, GPU_SECONDS) or 0.0
     states = metadata_get(md, ATTEMPT_STATES_KEY)
@@ -135,7 +139,7 @@ def fetch_observations(instance: Any, limit: int = DEFAULT_LAUNCHES) -> list[Pre
         for r in result.records:
             obs = r.asset_observation
             md = obs.metadata if obs is not None else {}
-            if metadata_get(md, SOURCE) is None:
+            if metadata_get(md, billed(SOURCE)) is None and metadata_get(md, SOURCE) is None:
                 continue
             unit = unit_of(md)
             if unit in wanted and unit not in bills:  # newest first: a unit's newest bill

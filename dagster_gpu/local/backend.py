@@ -288,7 +288,7 @@ class LocalBackend(Backend):
             gpu_seconds=0.0, wall_seconds=wall, rate_usd_per_gpu_hour=None, rates=rates,
             device_type=self._device_type(),
             metadata={SOURCE: "process", "dagster_gpu/backend": "local", "local/unit": h.unit,
-                      "local/pid": h.pid, "local/host": h.host, "local/wall_seconds": wall,
+                      "local/pid": h.pid, "local/host": h.host, "local/unit_wall_seconds": wall,
                       "local/exit_code": int(status.get("exit_code", -1))},
             match=("local/unit", h.unit), env=env,
         )

@@ -204,6 +204,21 @@ def corpus_updates(corpus_key: dg.AssetKey, files: Sequence[CorpusFile],
     return events
 
 
+def record_corpus_versions(instance: dg.DagsterInstance, asset: dg.AssetsDefinition,
+                           files: Sequence[CorpusFile]) -> int:
+    """Record, as a ``corpus_sensor`` tick does, the corpus asset's events (:func:`corpus_updates`) for each of
+    ``files`` that is new or whose source version changed, when ``asset`` depends on its corpus source asset
+    (:func:`depends_on_corpus`; else nothing). Returns how many events were stored. Raises what the instance
+    raises."""
+    if not depends_on_corpus(asset):
+        return 0
+    key = corpus_asset_key(asset.key)
+    events = corpus_updates(key, files, corpus_versions(instance, key))
+    for ev in events:
+        instance.report_runless_asset_event(ev)
+    return len(events)
+
+
 def _text(v) -> str | None:
     if v is None:
         return None

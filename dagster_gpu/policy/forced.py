@@ -43,9 +43,9 @@ class ForcedBackend:
         return f"auto: {self.backend} is the only configured backend"
 
     def placement(self) -> Placement:
-        """The placement without estimates (the executor's forced step)."""
-        note = "only configured backend" if self.by == "only" else "forced"
-        return Placement(backend=self.backend, reason=self.reason, alternatives=(Alternative(backend=self.backend, note=note),))
+        """The placement without estimates (the executor's forced step): its one alternative has no note, since
+        :attr:`reason` already says why (a note would repeat it on the materialization's placement line)."""
+        return Placement(backend=self.backend, reason=self.reason, alternatives=(Alternative(backend=self.backend),))
 
 
 def forced_backend(request: GpuRequest, configured: str | None = "auto", candidates: Sequence[str] = ()) -> ForcedBackend | None:

@@ -191,9 +191,10 @@ class RuntimeModel:
     def describe(self, gpu: bool = True, cpu: bool = True) -> str:
         """Where each figure comes from, in words. Without history, only the devices asked for are named
         (``gpu``: a GPU placement, ``cpu``: a CPU one; neither: both), each with its texts/s and where that
-        figure comes from; with history, every figure learned or assumed."""
+        figure comes from; with history, every figure learned, and an assumed one only for a device asked for
+        (a CPU-only host's plan does not name the GPU fallback)."""
+        both = not (gpu or cpu)
         if self.n_history == 0:
-            both = not (gpu or cpu)
             named = []
             if gpu or both:
                 named.append(f"GPU {self.texts_per_second:g} texts/s (stated: conservative for all-MiniLM-L6-v2 on "
@@ -207,10 +208,14 @@ class RuntimeModel:
             return f"fallback (no history): {', '.join(named)}, {1 / self.rows_per_byte:g} bytes/row"
         n_gpu = self.n_history if self.n_gpu_history is None else self.n_gpu_history
         n_cpu = self.n_history - n_gpu
-        gpu = (f"GPU median {self.texts_per_second:.0f} texts/s ({n_gpu} on a GPU)" if n_gpu
-               else f"GPU {self.texts_per_second:g} texts/s (fallback: no GPU history)")
-        cpu = f"CPU median {self.cpu_texts_per_second:.1f} texts/s ({n_cpu} on the CPU)" if self.cpu_texts_per_second else ""
-        return (f"history of {self.n_history} materialization(s): {gpu}" + (f"; {cpu}" if cpu else "")
+        parts = []
+        if n_gpu:
+            parts.append(f"GPU median {self.texts_per_second:.0f} texts/s ({n_gpu} on a GPU)")
+        elif gpu or both:
+            parts.append(f"GPU {self.texts_per_second:g} texts/s (fallback: no GPU history)")
+        if self.cpu_texts_per_second:
+            parts.append(f"CPU median {self.cpu_texts_per_second:.1f} texts/s ({n_cpu} on the CPU)")
+        return (f"history of {self.n_history} materialization(s): " + "; ".join(parts)
                 + f"; {1 / self.rows_per_byte:.0f} bytes/row")
 
     @classmethod

@@ -166,7 +166,6 @@ def build_metadata(
         "embedding/model": model_name,
         "embedding/device": model_device,
         "embedding/seconds": _num("embedding/seconds", result.seconds),
-        "embedding/texts_per_second": _num("embedding/texts_per_second", result.texts_per_second),
         "embedding/truncated_rows": int(result.truncated_rows),
         "embedding/chunks": int(result.rows),
         "embedding/records_embedded": int(result.records_embedded),
@@ -190,6 +189,9 @@ def build_metadata(
         WHAT: what_measured(),
         "gpu/samples": int(telemetry.samples),
     }
+    reused_all = int(result.rows) > 0 and int(getattr(result, "reused_rows", 0)) == int(result.rows)
+    if not reused_all:  # every row reused: nothing reached the model, so there is no throughput to show
+        md["embedding/texts_per_second"] = _num("embedding/texts_per_second", result.texts_per_second)
     if telemetry.device_uuids:
         md["gpu/device_uuids"] = ",".join(telemetry.device_uuids)
     if telemetry.product_name:

@@ -30,7 +30,8 @@ from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
 from dagster_gpu.billing.keys import COST_USD
 from dagster_gpu.billing.metering import useful_fraction
 from dagster_gpu.instance.checks import (
-    check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, verify_output,
+    check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, partition_failure_observation,
+    verify_output,
 )
 from dagster_gpu.corpus.group_reads import GroupPrefetcher
 from dagster_gpu.corpus.groups import FileChanges, file_changes
@@ -39,6 +40,7 @@ from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.embedding.devices import device_labels, unit_devices
 from dagster_gpu.embedding.fingerprint import fingerprint, pooling_description
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
+from dagster_gpu.worker.unit_log import PartitionWatch
 from dagster_gpu.embedding.pipeline import CheckpointPolicy, EmbeddingResult, Preempted, embed_partition, make_encoder
 from dagster_gpu.embedding.spec import EmbeddingSpec
 from dagster_gpu.instance.run_tags import add_cost
@@ -219,10 +221,14 @@ def _short(keys: Sequence[str], n: int = 5) -> str:
 
 def _failed_checks(context: dg.AssetExecutionContext, outcome: UnitOutcome) -> Iterator[dg.AssetCheckEvaluation]:
     """A failed evaluation of each check of every partition that failed since the last call (the reason in
-    its metadata): its planned check rows would otherwise read "in progress" until the run ends."""
+    its metadata): its planned check rows would otherwise read "in progress" until the run ends. Each such
+    partition also gets an ``AssetObservation`` with the reason (:func:`partition_failure_observation`),
+    logged first: the partition's own page shows it (open-source storage records no asset-failure event)."""
     for key, why in outcome.failed.items():
         if key not in outcome.checks_failed:
             outcome.checks_failed.add(key)
+            context.log_event(partition_failure_observation(context.asset_key, key, why,
+                                                            outcome.failed_versions.get(key)))
             yield from partition_failed_evaluations(
                 context.asset_key, key, why, materialization_target(context.instance, context.asset_key, key),
                 source_version=outcome.failed_versions.get(key))
@@ -286,6 +292,8 @@ def _embed_all(
     if len(used) > 1:
         context.log.info(f"embedding on {len(used)} devices: {devices_md['embedding/device_names']}")
 
+    order = {k: i for i, k in enumerate(files)}  # each partition's place in the unit, for its log lines
+
     def embed_one(key: str, source: CorpusFile, reader: BatchPrefetcher):
         partition_lineage = lineage
         if source.group is not None:  # which files the output holds, at which versions: the next run's "changed"
@@ -293,8 +301,8 @@ def _embed_all(
             changes[key] = file_changes(before, source.member_versions)
             partition_lineage = {**lineage, "files": source.member_versions}
         # a DRA pod: the claim's devices (the NVIDIA driver sets no CUDA_VISIBLE_DEVICES)
-        with NvmlSampler(spec.telemetry_interval_s,
-                         device_uuids=allocated_device_uuids if step.backend == "kubernetes" else None) as sampler:
+        with PartitionWatch(key, order[key], n, source) as watch, NvmlSampler(
+                spec.telemetry_interval_s, device_uuids=allocated_device_uuids if step.backend == "kubernetes" else None) as sampler:
             checkpoint = (CheckpointPolicy(read_versions.get(key, source.version), spec.checkpoint_every_batches)
                           if spec.checkpoint_every_batches > 0 else None)
             result = embed_partition(reader, spec.output_uri_for(key), loaded, encoder=encoder,
@@ -302,6 +310,7 @@ def _embed_all(
                                      spec=spec.embedding, lineage=partition_lineage,
                                      reuse=spec.reuse, checkpoint=checkpoint,
                                      stop=stop.event if stop is not None else None,
+                                     on_batch=watch.on_batch,
                                      doc_id_prefix=source.doc_key)  # a shard's rows carry the whole file's ids
         return result, sampler.summary()
 
