@@ -10,7 +10,7 @@ import dagster as dg
 
 from dagster_gpu.instance.checks import check_specs
 from dagster_gpu.corpus.listing import CorpusSource
-from dagster_gpu.embedding.fingerprint import config_fields, config_fingerprint
+from dagster_gpu.embedding.fingerprint import config_fields, config_fingerprint, output_columns
 from dagster_gpu.core.request import (
     TAG_ASSET_KEY, TAG_CHECKPOINT_RECORDS, TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_PARTITIONS_DEF, TAG_SHARD_BYTES,
     GpuRequest,
@@ -148,7 +148,9 @@ def embedding_asset(
     options = dict(
         model=model, revision=revision, prompt_name=prompt_name, prompt=prompt, normalize=normalize,
         truncate_dim=truncate_dim, output_dtype=output_dtype, max_seq_length=max_seq_length,
-        chunking=chunking.describe() if chunking is not None else None)
+        chunking=chunking.describe() if chunking is not None else None,
+        columns=output_columns(id_column=corpus.text_format.id_column, carry_columns=corpus.text_format.carry_columns,
+                               include_text=include_text))
     code_version = config_fingerprint(**options)
     config = config_fields(**options)
     spec = UnitSpec(

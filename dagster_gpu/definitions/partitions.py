@@ -256,12 +256,39 @@ def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
     keys = list(instance.get_dynamic_partitions(pdef.name))
     current = {f.key: f.version for f in (corpus.list_files(members=False) if files is None else files)}
     recorded = recorded_versions(instance, asset.key)
-    in_progress = partition_status(instance, asset)[2]
+    _, failed, in_progress = partition_status(instance, asset)
     from dagster_gpu.definitions.assets import CONFIG_METADATA_KEY
 
     config = metadata_get(asset.metadata_by_key.get(asset.key, {}), CONFIG_METADATA_KEY)
+    config = dict(config) if isinstance(config, Mapping) else None
+    older = {k: r.output_uri for k, r in recorded.items()  # outputs whose materialization recorded no columns
+             if config and "columns" in config and r.config is not None and "columns" not in r.config and r.output_uri}
     return find_stale(keys, current, recorded, asset.code_versions_by_key.get(asset.key), in_progress,
-                      config=dict(config) if isinstance(config, Mapping) else None)
+                      config=config, file_columns=output_file_columns(older),
+                      failed=failed - set(recorded))
+
+
+def output_file_columns(uris: Mapping[str, str]) -> dict[str, dict]:
+    """Partition key -> :func:`dagster_gpu.embedding.fingerprint.columns_of_schema` of its output file at ``uris[key]``
+    (the parquet footer only, through fsspec without options); a file that cannot be read is left out (its
+    columns are then not compared)."""
+    import fsspec
+    import pyarrow.parquet as pq
+
+    from dagster_gpu.embedding import writer as w
+    from dagster_gpu.embedding.fingerprint import columns_of_schema
+
+    fixed = {w.DOC_ID_COLUMN, w.ID_COLUMN, w.CHUNK_COLUMN, w.CHAR_START_COLUMN, w.CHAR_END_COLUMN, w.TOKENS_COLUMN,
+             w.HASH_COLUMN, w.RECORD_HASH_COLUMN, w.TEXT_COLUMN, w.VECTOR_COLUMN}
+    out: dict[str, dict] = {}
+    for key, uri in uris.items():
+        try:
+            fs, path = fsspec.core.url_to_fs(uri)
+            with fs.open(path, "rb") as f:
+                out[key] = columns_of_schema(pq.ParquetFile(f).schema_arrow.names, fixed)
+        except Exception as e:  # noqa: BLE001 - unknown columns are not compared; say why in the log
+            log.info("stale: columns of %s not read (%s: %s)", uri, type(e).__name__, e)
+    return out
 
 
 def select_partitions(
