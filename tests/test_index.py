@@ -86,9 +86,36 @@ def test_replace_partition_is_one_commit_and_leaves_other_partitions(tmp_path):
 def test_replace_partition_refuses_another_schema(tmp_path):
     ix = VectorIndex(str(tmp_path / "db"), "emb")
     ix.replace_partition("a", index_rows(output_rows(3, 8, pk="a", fingerprint="f")[0], "a", "f"))
-    with pytest.raises(IndexSchemaError, match=r"partition 'b' does not fit index table 'emb'.*column 'vector' is fixed_size_list<item: float>\[4\]"):
+    with pytest.raises(IndexSchemaError, match=r"partition 'b' does not fit index table 'emb'.*column 'vector' is "
+                       r"fixed_size_list<item: float>\[4\].*rebuild the index from the current outputs: dagster-gpu index "
+                       r"-m MODULE -a INDEX_ASSET --rebuild"):
         ix.replace_partition("b", index_rows(output_rows(3, 4, pk="b", fingerprint="f")[0], "b", "f"))
     assert ix.count_rows() == 3
+
+
+def test_the_table_follows_a_change_of_the_outputs_carried_and_text_columns(tmp_path):
+    """Outputs first written with ``text`` and a carried ``package`` column, then with neither, then with another
+    carried column: every partition loads (once: IndexSchemaError "column 'package' missing"); the old rows keep
+    their values, the new ones are null where they lack a column."""
+    import pyarrow as pa
+
+    from dagster_gpu.index.rows import column_migration
+
+    ix = VectorIndex(str(tmp_path / "db"), "emb")
+    old = output_rows(2, 8, pk="a", fingerprint="f", texts=["x", "y"], carried={"package": pa.array(["p1", "p2"])})[0]
+    ix.write_partition("a", index_rows(old, "a", "f"))
+    assert not ix.open().schema.field("text").nullable  # as in the outputs
+    plain = index_rows(output_rows(1, 8, pk="b", fingerprint="f")[0], "b", "f")
+    plan = column_migration(ix.open().schema, plain.schema)
+    assert (plan.add, plan.make_nullable, plan.conflicts) == ((), ("text",), ())
+    assert ix.write_partition("b", plain).inserted == 1
+    assert ix.open().schema.field("text").nullable
+    other = output_rows(1, 8, pk="c", fingerprint="f", carried={"section": pa.array(["s"])})[0]
+    assert ix.replace_partition("c", index_rows(other, "c", "f")).inserted == 1
+    got = {(r["partition_key"], r["index_row"]): (r["package"], r["text"], r["section"])
+           for r in ix.open().to_arrow().to_pylist()}
+    assert got == {("a", 0): ("p1", "x", None), ("a", 1): ("p2", "y", None), ("b", 0): (None, None, None),
+                   ("c", 0): (None, None, "s")}
 
 
 def test_search_exact_and_ann_agree_and_fingerprints_listed(tmp_path):

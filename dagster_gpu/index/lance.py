@@ -33,7 +33,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_rand
 
 from dagster_gpu.index.rows import (
     DEFAULT_MAX_UNINDEXED_FRACTION, FINGERPRINT_COLUMN, KEY_COLUMNS, PARTITION_COLUMN, IndexSchemaError, ann_action,
-    default_nprobes, ivf_partitions, partition_filter, schema_difference, sql_string,
+    column_migration, default_nprobes, ivf_partitions, partition_filter, sql_string,
 )
 
 log = logging.getLogger(__name__)
@@ -215,11 +215,37 @@ class VectorIndex:
                              retries=retries, mode="append", checked_version=checked)
 
     def _fit(self, tbl, partition_key: str, rows: pa.Table) -> pa.Table:
-        diff = schema_difference(tbl.schema, rows.schema)
-        if diff:
-            raise IndexSchemaError(f"partition {partition_key!r} does not fit index table {self.table_name!r} at "
-                                   f"{self.uri}: {'; '.join(diff)}")
-        return rows.cast(tbl.schema) if rows.schema != tbl.schema else rows
+        """``rows`` in the table's columns, the table following a change of the outputs' columns first
+        (:func:`dagster_gpu.index.rows.column_migration`): a column the rows bring and the table lacks is added to
+        the table (null in its other rows; one commit), a table column the rows lack is null in them (made
+        nullable first when it was not; one commit). A column whose type changed (e.g. another vector
+        dimension) cannot follow: IndexSchemaError naming the partition and how to rebuild."""
+        for attempt in range(3):  # another writer may migrate the same columns at once: look again
+            tbl.checkout_latest()
+            plan = column_migration(tbl.schema, rows.schema)
+            if plan.conflicts:
+                raise IndexSchemaError(
+                    f"partition {partition_key!r} does not fit index table {self.table_name!r} at {self.uri}: "
+                    f"{'; '.join(plan.conflicts)}; rebuild the index from the current outputs: "
+                    f"dagster-gpu index -m MODULE -a INDEX_ASSET --rebuild")
+            try:
+                if plan.add:
+                    tbl.add_columns([pa.field(f.name, f.type, nullable=True) for f in plan.add])
+                    log.info("index %s: columns %s added for partition %r", self.table_name,
+                             [f.name for f in plan.add], partition_key)
+                if plan.make_nullable:
+                    tbl.alter_columns(*({"path": n, "nullable": True} for n in plan.make_nullable))
+                break
+            except Exception:  # noqa: BLE001 - a concurrent migration won: the next look sees its columns
+                if attempt == 2:
+                    raise
+        tbl.checkout_latest()
+        schema = tbl.schema
+        missing = [f for f in schema if f.name not in rows.column_names]
+        for f in missing:
+            rows = rows.append_column(f, pa.nulls(rows.num_rows, f.type))
+        rows = rows.select(schema.names)
+        return rows.cast(schema) if rows.schema != schema else rows
 
     def delete_partition(self, partition_key: str) -> int:
         """Delete the partition's rows (one commit); returns how many there were (0 when no table)."""
