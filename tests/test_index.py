@@ -118,6 +118,40 @@ def test_the_table_follows_a_change_of_the_outputs_carried_and_text_columns(tmp_
                    ("c", 0): (None, None, "s")}
 
 
+def test_upkeep_compacts_and_deletes_old_versions_on_the_policy(tmp_path):
+    """A flat table is compacted once it has ``compact_min_fragments`` fragments, its older versions deleted with the
+    files only they used (folder size measured); an indexed one is left to its rebuild, forced by ``max_versions``."""
+    from datetime import timedelta
+
+    soon = timedelta(milliseconds=1)  # every version but the latest is older than this by the time it runs
+    ix = VectorIndex(str(tmp_path / "db"), "emb")
+    for i in range(6):
+        pk = f"p{i % 3}"  # three partitions, each replaced once: six commits
+        ix.write_partition(pk, index_rows(output_rows(40, 16, pk=pk, fingerprint="f", seed=i)[0], pk, "f"))
+    assert ix.maintain(None, soon) == "below" and ix.maintain(50, soon) == "below"
+    before = (ix.versions(), ix.fragments(), ix.disk_bytes())
+    assert before[0] == 7 and before[1] >= 3
+    content = ix.open().to_arrow().sort_by([("partition_key", "ascending"), ("index_row", "ascending")])
+    assert ix.maintain(3, soon) == "compacted"
+    after = (ix.versions(), ix.fragments(), ix.disk_bytes())
+    assert after[0] == 1 and after[1] == 1 and after[2] < before[2], (before, after)
+    assert ix.open().to_arrow().sort_by([("partition_key", "ascending"), ("index_row", "ascending")]).equals(content)
+    # with an ANN index the upkeep leaves the table to the index's rebuild (optimize would fold the index)
+    big = VectorIndex(str(tmp_path / "db2"), "emb")
+    for pk in ("a", "b"):
+        big.write_partition(pk, index_rows(output_rows(600, 16, pk=pk, fingerprint="f")[0], pk, "f"))
+    assert big.ensure_ann_index(min_rows=1000, cleanup_older_than=soon) == "created"
+    for seed in (1, 2):  # a small partition loaded, then replaced: 10 rows out of the index
+        big.write_partition("c", index_rows(output_rows(10, 16, pk="c", fingerprint="f", seed=seed)[0], "c", "f"))
+    assert big.maintain(1, soon) == "indexed"
+    assert big.ensure_ann_index(min_rows=1000, cleanup_older_than=soon) == "deferred"
+    versions = big.versions()
+    assert versions == 5  # the build's compaction (older versions deleted), its two indices, the two loads of "c"
+    assert big.ensure_ann_index(min_rows=1000, cleanup_older_than=soon, max_versions=5) == "rebuilt"
+    # what is left: the versions the rebuild itself committed after its compaction deleted the older ones
+    assert big.versions() <= 4 < versions and big.count_rows() == 1210
+
+
 def test_search_exact_and_ann_agree_and_fingerprints_listed(tmp_path):
     ix = VectorIndex(str(tmp_path / "db"), "emb")
     rng = np.random.default_rng(1)
@@ -246,11 +280,11 @@ def test_demo_code_location_has_the_index_and_search_finds_it(monkeypatch, tmp_p
     monkeypatch.setenv("DAGSTER_GPU_INDEX_URI", str(tmp_path / "lance"))
     monkeypatch.delitem(sys.modules, "pipelines.definitions", raising=False)
     import pipelines.definitions as d
-    from dagster_gpu.commands.search import _index_of
+    from dagster_gpu.commands.search import index_of
 
     assert d.fortune_index.partitions_def == d.fortune_embeddings.partitions_def
     assert d.fortune_index.op.tags["dagster-gpu/gpu-count"] == "0"
     for asset in ("fortune_embeddings", "fortune_embeddings_index"):
-        ix, key, emb = _index_of(d.defs, asset)
+        ix, key, emb = index_of(d.defs, asset)
         assert (ix.uri, ix.table_name, key.to_user_string(), emb) == (
             str(tmp_path / "lance"), "fortune_embeddings", "fortune_embeddings_index", "fortune_embeddings")

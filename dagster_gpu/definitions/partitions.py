@@ -72,17 +72,40 @@ def index_staleness(instance: dg.DagsterInstance, index: dg.AssetsDefinition, em
     emb = instance.get_latest_storage_id_by_partition(embeddings_key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     ix = instance.get_latest_storage_id_by_partition(index.key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     in_progress = partition_status(instance, index)[2]
+    load_failed = index_load_failures(instance, index.key, ix)
     name = embeddings_key.to_user_string()
     stale, missing, busy = [], [], []
     for k in instance.get_dynamic_partitions(pdef.name):
         if k in in_progress:
             busy.append(k)
         elif k in emb and emb[k] > ix.get(k, -1):
-            why = f"{name} materialized again after it was indexed" if k in ix else f"{name} materialized, never indexed"
+            why = (f"load failed: {load_failed[k]}" if k in load_failed
+                   else f"{name} materialized again after it was indexed" if k in ix else f"{name} materialized, never indexed")
             stale.append(StalePartition(k, (why,)))
         elif k not in emb and k not in ix:
             missing.append(k)
     return Staleness(tuple(stale), tuple(missing), (), tuple(busy))
+
+
+def index_load_failures(instance: dg.DagsterInstance, index_key: dg.AssetKey,
+                        materialized: Mapping[str, int]) -> dict[str, str]:
+    """Partition key -> the error of its latest load (the index asset's ``index/load_failed`` observation), for the
+    partitions whose latest load failed after their latest materialization (``materialized``: partition key ->
+    its storage id). Two event-log queries (one per 500 failures)."""
+    from dagster_gpu.definitions.vector_index import LOAD_FAILED_KEY
+
+    latest = instance.get_latest_storage_id_by_partition(index_key, dg.DagsterEventType.ASSET_OBSERVATION)
+    ids = sorted(i for k, i in latest.items() if i > materialized.get(k, -1))
+    out: dict[str, str] = {}
+    for n in range(0, len(ids), 500):
+        chunk = ids[n:n + 500]
+        for rec in instance.fetch_observations(dg.AssetRecordsFilter(asset_key=index_key, storage_ids=chunk),
+                                               limit=len(chunk)).records:
+            obs = rec.event_log_entry.asset_observation
+            why = metadata_get(obs.metadata, LOAD_FAILED_KEY) if obs is not None and obs.partition else None
+            if why is not None:
+                out[obs.partition] = str(metadata_value(why))
+    return out
 
 
 def stale_index_partitions(instance: dg.DagsterInstance, index: dg.AssetsDefinition, embeddings_key: dg.AssetKey) -> list[str]:
