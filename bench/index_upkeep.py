@@ -58,7 +58,7 @@ def run(policy: str, files: dict[str, list[str]], work: Path, updates: int, clea
     )
 
     keys = sorted(files)
-    outs = {k: _write(work / "out" / f"{k}.parquet", len(files[k]), i) for i, k in enumerate(keys)}
+    outs = {k: _write(work / "out" / f"{k}.parquet", k, len(files[k]), i) for i, k in enumerate(keys)}
     ix = VectorIndex(str(work / f"lance-{policy}"), "fortunes")
     upkeep = policy == "upkeep"
 
@@ -76,7 +76,7 @@ def run(policy: str, files: dict[str, list[str]], work: Path, updates: int, clea
     t0 = time.perf_counter()
     for u in range(updates):
         k = keys[u % len(keys)]
-        outs[k] = _write(work / "out" / f"{k}.parquet", len(files[k]), 1000 + u)
+        outs[k] = _write(work / "out" / f"{k}.parquet", k, len(files[k]), 1000 + u)
         index_run([k])
     return {"after_load": loaded, "after_updates": {**_state(ix), "seconds": round(time.perf_counter() - t0, 2)}}
 
