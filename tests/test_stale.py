@@ -92,3 +92,18 @@ def test_failed_partitions_are_not_counted_missing():
                    {"ok": Recorded("etag:1", FP_NEW)}, FP_NEW, failed={"bad"})
     assert (s.missing, s.failed, s.stale) == (("never",), ("bad",), ())
     assert s.to_json()["failed"] == ["bad"]
+
+
+def test_the_columns_of_an_output_file_are_read_from_its_footer(tmp_path):
+    import pyarrow as pa
+
+    from dagster_gpu.definitions.partitions import output_file_columns
+    from tests.index_helpers import write_output
+
+    carried = write_output(tmp_path / "a.parquet", 2, 8, pk="a", fingerprint="f", texts=["x", "y"],
+                           carried={"package": pa.array(["p", "q"])})
+    plain = write_output(tmp_path / "b.parquet", 2, 8, pk="b", fingerprint="f")
+    got = output_file_columns({"a": (str(carried), 1.0), "b": (str(plain), 1.0),
+                               "gone": (str(tmp_path / "none.parquet"), 1.0)})
+    assert got == {"a": {"carry_columns": ["package"], "include_text": True},
+                   "b": {"carry_columns": [], "include_text": False}}  # an unreadable file: not compared

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from types import ModuleType
@@ -284,17 +285,29 @@ def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
 
     config = metadata_get(asset.metadata_by_key.get(asset.key, {}), CONFIG_METADATA_KEY)
     config = dict(config) if isinstance(config, Mapping) else None
-    older = {k: r.output_uri for k, r in recorded.items()  # outputs whose materialization recorded no columns
+    older = {k: (r.output_uri, r.timestamp) for k, r in recorded.items()  # outputs that recorded no columns
              if config and "columns" in config and r.config is not None and "columns" not in r.config and r.output_uri}
     return find_stale(keys, current, recorded, asset.code_versions_by_key.get(asset.key), in_progress,
                       config=config, file_columns=output_file_columns(older),
                       failed=failed - set(recorded))
 
 
-def output_file_columns(uris: Mapping[str, str]) -> dict[str, dict]:
-    """Partition key -> :func:`dagster_gpu.embedding.fingerprint.columns_of_schema` of its output file at ``uris[key]``
-    (the parquet footer only, through fsspec without options); a file that cannot be read is left out (its
-    columns are then not compared)."""
+def output_file_columns(uris: Mapping[str, tuple[str, float | None]]) -> dict[str, dict]:
+    """Partition key -> :func:`dagster_gpu.embedding.fingerprint.columns_of_schema` of its output file
+    (``uris[key]``: its URI and its materialization's timestamp; the parquet footer only, through fsspec without
+    options); a file that cannot be read is left out (its columns are then not compared). Each (URI, timestamp)
+    is read once per process: a sensor asking every tick reads an output again only once it was rewritten."""
+    out: dict[str, dict] = {}
+    for key, (uri, stamp) in uris.items():
+        try:
+            out[key] = _columns_at(uri, stamp)
+        except Exception as e:  # noqa: BLE001 - unknown columns are not compared (a failed read is not cached)
+            log.info("stale: columns of %s not read (%s: %s)", uri, type(e).__name__, e)
+    return out
+
+
+@functools.lru_cache(maxsize=65536)
+def _columns_at(uri: str, stamp: float | None) -> dict:
     import fsspec
     import pyarrow.parquet as pq
 
@@ -303,15 +316,9 @@ def output_file_columns(uris: Mapping[str, str]) -> dict[str, dict]:
 
     fixed = {w.DOC_ID_COLUMN, w.ID_COLUMN, w.CHUNK_COLUMN, w.CHAR_START_COLUMN, w.CHAR_END_COLUMN, w.TOKENS_COLUMN,
              w.HASH_COLUMN, w.RECORD_HASH_COLUMN, w.TEXT_COLUMN, w.VECTOR_COLUMN}
-    out: dict[str, dict] = {}
-    for key, uri in uris.items():
-        try:
-            fs, path = fsspec.core.url_to_fs(uri)
-            with fs.open(path, "rb") as f:
-                out[key] = columns_of_schema(pq.ParquetFile(f).schema_arrow.names, fixed)
-        except Exception as e:  # noqa: BLE001 - unknown columns are not compared; say why in the log
-            log.info("stale: columns of %s not read (%s: %s)", uri, type(e).__name__, e)
-    return out
+    fs, path = fsspec.core.url_to_fs(uri)
+    with fs.open(path, "rb") as f:
+        return columns_of_schema(pq.ParquetFile(f).schema_arrow.names, fixed)
 
 
 def select_partitions(
