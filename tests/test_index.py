@@ -132,9 +132,11 @@ def test_upkeep_compacts_and_deletes_old_versions_on_the_policy(tmp_path):
     before = (ix.versions(), ix.fragments(), ix.disk_bytes())
     assert before[0] == 7 and before[1] >= 3
     content = ix.open().to_arrow().sort_by([("partition_key", "ascending"), ("index_row", "ascending")])
+    time.sleep(0.1)  # the six loads' versions are all older than ``soon`` now
     assert ix.maintain(3, soon) == "compacted"
     after = (ix.versions(), ix.fragments(), ix.disk_bytes())
-    assert after[0] == 1 and after[1] == 1 and after[2] < before[2], (before, after)
+    # left: the compaction's version (and, on a loaded host, at most the one Lance stamped within ``soon`` of it)
+    assert after[0] <= 2 and after[1] == 1 and after[2] < before[2], (before, after)
     assert ix.open().to_arrow().sort_by([("partition_key", "ascending"), ("index_row", "ascending")]).equals(content)
     # with an ANN index the upkeep leaves the table to the index's rebuild (optimize would fold the index)
     big = VectorIndex(str(tmp_path / "db2"), "emb")
