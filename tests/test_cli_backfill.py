@@ -406,6 +406,10 @@ def test_backfill_accepts_the_index_asset_and_its_stale_partitions(setup, monkey
         out = capsys.readouterr()
         assert "5 new partition(s) registered" in out.out
         assert "no stale partitions of c_embeddings_index to backfill" in out.err
+        # nothing stale: `stale` says so and suggests no `--stale` backfill
+        assert main(["stale", "-m", "cli_test_defs", "-a", "c_embeddings_index"]) == 0
+        text = capsys.readouterr().out
+        assert "no stale partitions of c_embeddings_index" in text and "--stale" not in text
         for pk in ("done.txt", "failed.txt", "never.txt"):
             instance.report_runless_asset_event(dg.AssetMaterialization(asset.key, partition=pk))
         for pk in ("done.txt", "failed.txt"):

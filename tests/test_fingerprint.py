@@ -52,3 +52,30 @@ def test_pooling_description(tmp_path):
     ex = SentenceTransformer(str(make_prompt_model(tmp_path / "m", include_prompt=False)), device="cpu")
     assert pooling_description(ex)["include_prompt"] is False
     json.dumps(pooling_description(ex))
+
+
+def test_output_columns_change_the_config_fingerprint_and_default_columns_keep_the_old_one():
+    from dagster_gpu.embedding.fingerprint import DEFAULT_COLUMNS, changed_options, config_fields, output_columns
+
+    base = config_fingerprint(model="m")  # an asset defined before columns were hashed
+    assert config_fingerprint(model="m", columns=DEFAULT_COLUMNS) == base  # its outputs stay current
+    carried = output_columns(carry_columns=["package"], id_column="id")
+    assert carried == {"id_column": "id", "carry_columns": ["package"], "include_text": False}
+    assert config_fingerprint(model="m", columns=carried) != base
+    assert config_fingerprint(model="m", columns=output_columns(carry_columns=["package"])) != \
+        config_fingerprint(model="m", columns=carried)  # the id column alone changes it too
+    assert config_fingerprint(model="m", columns=output_columns(include_text=True)) != base
+    # the change is named
+    old, new = config_fields(model="m", columns=carried), config_fields(model="m", columns=DEFAULT_COLUMNS)
+    assert changed_options(old, new) == [
+        'columns {"carry_columns": ["package"], "id_column": "id", "include_text": false} → '
+        '{"carry_columns": [], "id_column": null, "include_text": false}']
+
+
+def test_changed_options_prints_chunking_keys_in_one_order_on_both_sides():
+    from dagster_gpu.embedding.fingerprint import changed_options
+
+    old = {"chunking": {"overlap": 0, "max_tokens": 256, "boundary": "token"}}
+    new = {"chunking": {"boundary": "token", "max_tokens": 128, "overlap": 0}}
+    assert changed_options(old, new) == ['chunking {"boundary": "token", "max_tokens": 256, "overlap": 0} → '
+                                         '{"boundary": "token", "max_tokens": 128, "overlap": 0}']

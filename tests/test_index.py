@@ -86,9 +86,72 @@ def test_replace_partition_is_one_commit_and_leaves_other_partitions(tmp_path):
 def test_replace_partition_refuses_another_schema(tmp_path):
     ix = VectorIndex(str(tmp_path / "db"), "emb")
     ix.replace_partition("a", index_rows(output_rows(3, 8, pk="a", fingerprint="f")[0], "a", "f"))
-    with pytest.raises(IndexSchemaError, match=r"partition 'b' does not fit index table 'emb'.*column 'vector' is fixed_size_list<item: float>\[4\]"):
+    with pytest.raises(IndexSchemaError, match=r"partition 'b' does not fit index table 'emb'.*column 'vector' is "
+                       r"fixed_size_list<item: float>\[4\].*rebuild the index from the current outputs: dagster-gpu index "
+                       r"-m MODULE -a INDEX_ASSET --rebuild"):
         ix.replace_partition("b", index_rows(output_rows(3, 4, pk="b", fingerprint="f")[0], "b", "f"))
     assert ix.count_rows() == 3
+
+
+def test_the_table_follows_a_change_of_the_outputs_carried_and_text_columns(tmp_path):
+    """Outputs first written with ``text`` and a carried ``package`` column, then with neither, then with another
+    carried column: every partition loads (once: IndexSchemaError "column 'package' missing"); the old rows keep
+    their values, the new ones are null where they lack a column."""
+    import pyarrow as pa
+
+    from dagster_gpu.index.rows import column_migration
+
+    ix = VectorIndex(str(tmp_path / "db"), "emb")
+    old = output_rows(2, 8, pk="a", fingerprint="f", texts=["x", "y"], carried={"package": pa.array(["p1", "p2"])})[0]
+    ix.write_partition("a", index_rows(old, "a", "f"))
+    assert not ix.open().schema.field("text").nullable  # as in the outputs
+    plain = index_rows(output_rows(1, 8, pk="b", fingerprint="f")[0], "b", "f")
+    plan = column_migration(ix.open().schema, plain.schema)
+    assert (plan.add, plan.make_nullable, plan.conflicts) == ((), ("text",), ())
+    assert ix.write_partition("b", plain).inserted == 1
+    assert ix.open().schema.field("text").nullable
+    other = output_rows(1, 8, pk="c", fingerprint="f", carried={"section": pa.array(["s"])})[0]
+    assert ix.replace_partition("c", index_rows(other, "c", "f")).inserted == 1
+    got = {(r["partition_key"], r["index_row"]): (r["package"], r["text"], r["section"])
+           for r in ix.open().to_arrow().to_pylist()}
+    assert got == {("a", 0): ("p1", "x", None), ("a", 1): ("p2", "y", None), ("b", 0): (None, None, None),
+                   ("c", 0): (None, None, "s")}
+
+
+def test_upkeep_compacts_and_deletes_old_versions_on_the_policy(tmp_path):
+    """A flat table is compacted once it has ``compact_min_fragments`` fragments, its older versions deleted with the
+    files only they used (folder size measured); an indexed one is left to its rebuild, forced by ``max_versions``."""
+    from datetime import timedelta
+
+    soon = timedelta(milliseconds=1)  # every version but the latest is older than this by the time it runs
+    ix = VectorIndex(str(tmp_path / "db"), "emb")
+    for i in range(6):
+        pk = f"p{i % 3}"  # three partitions, each replaced once: six commits
+        ix.write_partition(pk, index_rows(output_rows(40, 16, pk=pk, fingerprint="f", seed=i)[0], pk, "f"))
+    assert ix.maintain(None, soon) == "below" and ix.maintain(50, soon) == "below"
+    before = (ix.versions(), ix.fragments(), ix.disk_bytes())
+    assert before[0] == 7 and before[1] >= 3
+    content = ix.open().to_arrow().sort_by([("partition_key", "ascending"), ("index_row", "ascending")])
+    time.sleep(0.1)  # the six loads' versions are all older than ``soon`` now
+    assert ix.maintain(3, soon) == "compacted"
+    after = (ix.versions(), ix.fragments(), ix.disk_bytes())
+    # left: the compaction's version (and, on a loaded host, at most the one Lance stamped within ``soon`` of it)
+    assert after[0] <= 2 and after[1] == 1 and after[2] < before[2], (before, after)
+    assert ix.open().to_arrow().sort_by([("partition_key", "ascending"), ("index_row", "ascending")]).equals(content)
+    # with an ANN index the upkeep leaves the table to the index's rebuild (optimize would fold the index)
+    big = VectorIndex(str(tmp_path / "db2"), "emb")
+    for pk in ("a", "b"):
+        big.write_partition(pk, index_rows(output_rows(600, 16, pk=pk, fingerprint="f")[0], pk, "f"))
+    assert big.ensure_ann_index(min_rows=1000, cleanup_older_than=soon) == "created"
+    for seed in (1, 2):  # a small partition loaded, then replaced: 10 rows out of the index
+        big.write_partition("c", index_rows(output_rows(10, 16, pk="c", fingerprint="f", seed=seed)[0], "c", "f"))
+    assert big.maintain(1, soon) == "indexed"
+    assert big.ensure_ann_index(min_rows=1000, cleanup_older_than=soon) == "deferred"
+    versions = big.versions()
+    assert versions == 5  # the build's compaction (older versions deleted), its two indices, the two loads of "c"
+    assert big.ensure_ann_index(min_rows=1000, cleanup_older_than=soon, max_versions=5) == "rebuilt"
+    # what is left: the versions the rebuild itself committed after its compaction deleted the older ones
+    assert big.versions() <= 4 < versions and big.count_rows() == 1210
 
 
 def test_search_exact_and_ann_agree_and_fingerprints_listed(tmp_path):
@@ -219,11 +282,11 @@ def test_demo_code_location_has_the_index_and_search_finds_it(monkeypatch, tmp_p
     monkeypatch.setenv("DAGSTER_GPU_INDEX_URI", str(tmp_path / "lance"))
     monkeypatch.delitem(sys.modules, "pipelines.definitions", raising=False)
     import pipelines.definitions as d
-    from dagster_gpu.commands.search import _index_of
+    from dagster_gpu.commands.search import index_of
 
     assert d.fortune_index.partitions_def == d.fortune_embeddings.partitions_def
     assert d.fortune_index.op.tags["dagster-gpu/gpu-count"] == "0"
     for asset in ("fortune_embeddings", "fortune_embeddings_index"):
-        ix, key, emb = _index_of(d.defs, asset)
+        ix, key, emb = index_of(d.defs, asset)
         assert (ix.uri, ix.table_name, key.to_user_string(), emb) == (
             str(tmp_path / "lance"), "fortune_embeddings", "fortune_embeddings_index", "fortune_embeddings")

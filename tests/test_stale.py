@@ -57,3 +57,53 @@ def test_a_fingerprint_change_names_the_options_that_changed():
         "a": (f'fingerprint changed (prompt_name null → "query"; max_seq_length 256 → 128): {fp_old} → {fp_new}',),
         "b": (f"fingerprint changed (options not recorded by that materialization): {fp_old} → {fp_new}",),
     }
+
+
+def test_output_columns_are_compared_with_the_file_when_the_materialization_recorded_none():
+    from dagster_gpu.embedding.fingerprint import DEFAULT_COLUMNS, config_fields, config_fingerprint, output_columns
+
+    legacy = config_fields(model="m")  # recorded before columns were part of the options
+    legacy_fp = config_fingerprint(model="m")
+    keys = ["kept", "had_package", "unknown"]
+    current = dict.fromkeys(keys, "etag:1")
+    recorded = {k: Recorded("etag:1", legacy_fp, config=legacy) for k in keys}
+    files = {"kept": {"carry_columns": [], "include_text": False},
+             "had_package": {"carry_columns": ["package"], "include_text": False}}
+    # the asset dropped carry_columns (default columns: the same code version as before)
+    s = find_stale(keys, current, recorded, config_fingerprint(model="m", columns=DEFAULT_COLUMNS),
+                   config=config_fields(model="m", columns=DEFAULT_COLUMNS), file_columns=files)
+    assert [(p.partition_key, p.reasons) for p in s.stale] == [
+        ("had_package", ('output columns changed (columns {"carry_columns": ["package"], "include_text": false} → '
+                         '{"carry_columns": [], "include_text": false})',))]
+    # the asset carries "package" now (a new code version): only the outputs without it are stale
+    cols = output_columns(carry_columns=["package"])
+    fp = config_fingerprint(model="m", columns=cols)
+    s = find_stale(keys, current, recorded, fp, config=config_fields(model="m", columns=cols), file_columns=files)
+    assert [(p.partition_key, p.reasons) for p in s.stale] == [
+        ("kept", ('fingerprint changed (columns {"carry_columns": [], "include_text": false} → '
+                  f'{{"carry_columns": ["package"], "include_text": false}}): {legacy_fp} → {fp}',)),
+        # its file's columns unknown: the recorded options say
+        ("unknown", ('fingerprint changed (columns null → {"carry_columns": ["package"], "id_column": null, '
+                     f'"include_text": false}}): {legacy_fp} → {fp}',))]
+
+
+def test_failed_partitions_are_not_counted_missing():
+    s = find_stale(["ok", "bad", "never"], dict.fromkeys(["ok", "bad", "never"], "etag:1"),
+                   {"ok": Recorded("etag:1", FP_NEW)}, FP_NEW, failed={"bad"})
+    assert (s.missing, s.failed, s.stale) == (("never",), ("bad",), ())
+    assert s.to_json()["failed"] == ["bad"]
+
+
+def test_the_columns_of_an_output_file_are_read_from_its_footer(tmp_path):
+    import pyarrow as pa
+
+    from dagster_gpu.definitions.partitions import output_file_columns
+    from tests.index_helpers import write_output
+
+    carried = write_output(tmp_path / "a.parquet", 2, 8, pk="a", fingerprint="f", texts=["x", "y"],
+                           carried={"package": pa.array(["p", "q"])})
+    plain = write_output(tmp_path / "b.parquet", 2, 8, pk="b", fingerprint="f")
+    got = output_file_columns({"a": (str(carried), 1.0), "b": (str(plain), 1.0),
+                               "gone": (str(tmp_path / "none.parquet"), 1.0)})
+    assert got == {"a": {"carry_columns": ["package"], "include_text": True},
+                   "b": {"carry_columns": [], "include_text": False}}  # an unreadable file: not compared

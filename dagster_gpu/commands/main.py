@@ -236,6 +236,8 @@ def main(argv: list[str] | None = None) -> int:
         from dagster_gpu.commands.search import search_main
 
         return search_main(rest)
+    if cmd == "index":  # dagster-gpu index -m MODULE -a INDEX_ASSET --rebuild: dagster_gpu.commands.index
+        return __import__("dagster_gpu.commands.index", fromlist=["index_main"]).index_main(rest)
     print(f"dagster-gpu: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
     return 2
 

@@ -100,7 +100,7 @@ def embed_query(text: str, opts: QueryOptions, device: str = "cpu"):
     return vec, prompt
 
 
-def _index_of(defs, asset: str):
+def index_of(defs, asset: str):
     """``(VectorIndex, index asset key, embeddings asset key string)`` for ``-a``; SearchError when it is neither
     an index asset nor an embedding asset with one."""
     import dagster as dg
@@ -127,6 +127,39 @@ def _index_of(defs, asset: str):
                               f"({', '.join(k.to_user_string() for k in found)}): name the index asset")
         key, md = found[0], meta(found[0])
     return VectorIndex(md[META_URI], md[META_TABLE]), key, md.get(META_EMBEDDINGS)
+
+
+def lacking_partitions(materialized, indexed) -> list[str]:
+    """The ``materialized`` partition keys (the embeddings', in their order) that ``indexed`` lacks (pure)."""
+    have = set(indexed)
+    return [k for k in materialized if k not in have]
+
+
+def coverage_warning(defs, key, emb: str | None, index, module: str) -> str | None:
+    """A sentence naming how many of the embeddings' materialized (and still registered) partitions the index
+    lacks, a few of them, and how to fix it; None when it lacks none, or when $DAGSTER_HOME's instance cannot be
+    opened (nothing known to compare with)."""
+    import dagster as dg
+
+    if not emb:
+        return None
+    try:
+        instance = dg.DagsterInstance.get()
+    except Exception:  # noqa: BLE001 - no instance here: search answers without the comparison
+        return None
+    emb_key = dg.AssetKey.from_user_string(emb)
+    pdef = defs.get_assets_def(emb_key).partitions_def
+    registered = instance.get_dynamic_partitions(pdef.name) if isinstance(pdef, dg.DynamicPartitionsDefinition) else []
+    done = instance.get_latest_storage_id_by_partition(emb_key, dg.DagsterEventType.ASSET_MATERIALIZATION)
+    materialized = [k for k in registered if k in done]
+    lacking = lacking_partitions(materialized, index.partition_keys())
+    if not lacking:
+        return None
+    ix = key.to_user_string()
+    return (f"the index lacks {len(lacking)} of the {len(materialized)} materialized partitions of {emb} "
+            f"({', '.join(lacking[:3])}{', …' if len(lacking) > 3 else ''}): these results leave them out. "
+            f"Why: dagster-gpu stale -m {module} -a {ix}; load them: dagster-gpu backfill -m {module} -a {ix} --stale "
+            f"(or rebuild the table: dagster-gpu index -m {module} -a {ix} --rebuild)")
 
 
 #: Index columns that are bookkeeping, not content: never shown by ``search`` (the vector, hashes, token counts,
@@ -179,7 +212,7 @@ def search_main(argv: list[str]) -> int:
         return 2
     _, defs = loaded
     try:
-        index, key, _ = _index_of(defs, args.asset)
+        index, key, emb = index_of(defs, args.asset)
         where = f"index {key.to_user_string()} ({index.uri}, table {index.table_name!r})"
         found = index.fingerprints()
         fp = choose_fingerprint(found, args.fingerprint, where)
@@ -190,6 +223,9 @@ def search_main(argv: list[str]) -> int:
     except (SearchError, ModelNotFound, LookupError) as e:
         print(f"dagster-gpu search: {e}", file=sys.stderr)
         return 2
+    warning = coverage_warning(defs, key, emb, index, args.module)
+    if warning:
+        print(f"dagster-gpu search: warning: {warning}", file=sys.stderr)
     have = [c for c in cols if c in res.column_names]
     shown = shown_columns(res.column_names)  # the text (include_text) and the carried columns
     rows = [{**{c: r[c] for c in have}, **{c: _plain(r[c]) for c in shown}, "distance": float(r["_distance"])}

@@ -67,11 +67,22 @@ def stale_main(argv: list[str]) -> int:
         console.print(table)
     else:
         console.print(f"no stale partitions of {key.to_user_string()}")
+    failed = _failed_line(found)
     if follows is not None:
-        console.print(f"{len(found.missing)} missing (not embedded yet), {len(found.in_progress)} in progress; "
-                      f"load the stale ones: dagster-gpu backfill -m {args.module} -a {key.to_user_string()} --stale",
-                      soft_wrap=True, markup=False)
+        console.print(f"{len(found.missing)} missing (not embedded yet), {failed}{len(found.in_progress)} in progress"
+                      + (f"; load the stale ones: dagster-gpu backfill -m {args.module} -a {key.to_user_string()} --stale"
+                         if found.stale else ""), soft_wrap=True, markup=False)
         return 0
-    console.print(f"{len(found.missing)} missing (never materialized), {len(found.gone)} gone (file deleted: "
-                  f"backfill --prune), {len(found.in_progress)} in progress", soft_wrap=True)
+    console.print(f"{len(found.missing)} missing (never materialized), {failed}{len(found.gone)} gone (file deleted: "
+                  f"backfill --prune), {len(found.in_progress)} in progress"
+                  + (f"; embed the stale ones: dagster-gpu backfill -m {args.module} -a {key.to_user_string()} --stale"
+                     if found.stale else ""), soft_wrap=True, markup=False)
     return 0
+
+
+def _failed_line(found) -> str:
+    """``"N failed (backfill --failed; a: why, b: why), "``, or ``""`` when none failed (reasons where known)."""
+    if not found.failed:
+        return ""
+    why = [f"{k}: {found.failed_why[k]}" for k in found.failed if k in found.failed_why]
+    return f"{len(found.failed)} failed (latest run failed: backfill --failed{'; ' + '; '.join(why) if why else ''}), "

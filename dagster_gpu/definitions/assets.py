@@ -13,7 +13,7 @@ from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.definitions.asset_options import (  # noqa: F401 - DEFAULT_PARTITIONS_PER_RUN: its name here too
     DEFAULT_PARTITIONS_PER_RUN, ComputeSpec, OutputSpec, grouped_from_flat,
 )
-from dagster_gpu.embedding.fingerprint import config_fields, config_fingerprint
+from dagster_gpu.embedding.fingerprint import config_fields, config_fingerprint, output_columns
 from dagster_gpu.embedding.spec import EmbeddingSpec
 from dagster_gpu.core.request import (
     TAG_ASSET_KEY, TAG_CHECKPOINT_RECORDS, TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_PARTITIONS_DEF, TAG_SHARD_BYTES,
@@ -106,6 +106,8 @@ def embedding_asset(
             fmt, id_column=spec.id_column if spec.id_column is not None else fmt.id_column,
             carry_columns=spec.carry_columns if spec.carry_columns is not None else fmt.carry_columns))
     options = spec.fingerprint_options()
+    options["columns"] = output_columns(id_column=corpus.text_format.id_column,
+                                        carry_columns=corpus.text_format.carry_columns, include_text=spec.include_text)
     code_version = config_fingerprint(**options)
     config = config_fields(**options)
     unit = UnitSpec(

@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from types import ModuleType
@@ -75,17 +76,40 @@ def index_staleness(instance: dg.DagsterInstance, index: dg.AssetsDefinition, em
     emb = instance.get_latest_storage_id_by_partition(embeddings_key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     ix = instance.get_latest_storage_id_by_partition(index.key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     in_progress = partition_status(instance, index)[2]
+    load_failed = index_load_failures(instance, index.key, ix)
     name = embeddings_key.to_user_string()
     stale, missing, busy = [], [], []
     for k in instance.get_dynamic_partitions(pdef.name):
         if k in in_progress:
             busy.append(k)
         elif k in emb and emb[k] > ix.get(k, -1):
-            why = f"{name} materialized again after it was indexed" if k in ix else f"{name} materialized, never indexed"
+            why = (f"load failed: {load_failed[k]}" if k in load_failed
+                   else f"{name} materialized again after it was indexed" if k in ix else f"{name} materialized, never indexed")
             stale.append(StalePartition(k, (why,)))
         elif k not in emb and k not in ix:
             missing.append(k)
     return Staleness(tuple(stale), tuple(missing), (), tuple(busy))
+
+
+def index_load_failures(instance: dg.DagsterInstance, index_key: dg.AssetKey,
+                        materialized: Mapping[str, int]) -> dict[str, str]:
+    """Partition key -> the error of its latest load (the index asset's ``index/load_failed`` observation), for the
+    partitions whose latest load failed after their latest materialization (``materialized``: partition key ->
+    its storage id). Two event-log queries (one per 500 failures)."""
+    from dagster_gpu.definitions.vector_index import LOAD_FAILED_KEY
+
+    latest = instance.get_latest_storage_id_by_partition(index_key, dg.DagsterEventType.ASSET_OBSERVATION)
+    ids = sorted(i for k, i in latest.items() if i > materialized.get(k, -1))
+    out: dict[str, str] = {}
+    for n in range(0, len(ids), 500):
+        chunk = ids[n:n + 500]
+        for rec in instance.fetch_observations(dg.AssetRecordsFilter(asset_key=index_key, storage_ids=chunk),
+                                               limit=len(chunk)).records:
+            obs = rec.event_log_entry.asset_observation
+            why = metadata_get(obs.metadata, LOAD_FAILED_KEY) if obs is not None and obs.partition else None
+            if why is not None:
+                out[obs.partition] = str(metadata_value(why))
+    return out
 
 
 def stale_index_partitions(instance: dg.DagsterInstance, index: dg.AssetsDefinition, embeddings_key: dg.AssetKey) -> list[str]:
@@ -259,12 +283,45 @@ def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
     keys = list(instance.get_dynamic_partitions(pdef.name))
     current = {f.key: f.version for f in (corpus.list_files(members=False) if files is None else files)}
     recorded = recorded_versions(instance, asset.key)
-    in_progress = partition_status(instance, asset)[2]
+    _, failed, in_progress = partition_status(instance, asset)
     from dagster_gpu.definitions.assets import CONFIG_METADATA_KEY
 
     config = metadata_get(asset.metadata_by_key.get(asset.key, {}), CONFIG_METADATA_KEY)
+    config = dict(config) if isinstance(config, Mapping) else None
+    older = {k: (r.output_uri, r.timestamp) for k, r in recorded.items()  # outputs that recorded no columns
+             if config and "columns" in config and r.config is not None and "columns" not in r.config and r.output_uri}
     return find_stale(keys, current, recorded, asset.code_versions_by_key.get(asset.key), in_progress,
-                      config=dict(config) if isinstance(config, Mapping) else None)
+                      config=config, file_columns=output_file_columns(older),
+                      failed=failed - set(recorded))
+
+
+def output_file_columns(uris: Mapping[str, tuple[str, float | None]]) -> dict[str, dict]:
+    """Partition key -> :func:`dagster_gpu.embedding.fingerprint.columns_of_schema` of its output file
+    (``uris[key]``: its URI and its materialization's timestamp; the parquet footer only, through fsspec without
+    options); a file that cannot be read is left out (its columns are then not compared). Each (URI, timestamp)
+    is read once per process: a sensor asking every tick reads an output again only once it was rewritten."""
+    out: dict[str, dict] = {}
+    for key, (uri, stamp) in uris.items():
+        try:
+            out[key] = _columns_at(uri, stamp)
+        except Exception as e:  # noqa: BLE001 - unknown columns are not compared (a failed read is not cached)
+            log.info("stale: columns of %s not read (%s: %s)", uri, type(e).__name__, e)
+    return out
+
+
+@functools.lru_cache(maxsize=65536)
+def _columns_at(uri: str, stamp: float | None) -> dict:
+    import fsspec
+    import pyarrow.parquet as pq
+
+    from dagster_gpu.embedding import writer as w
+    from dagster_gpu.embedding.fingerprint import columns_of_schema
+
+    fixed = {w.DOC_ID_COLUMN, w.ID_COLUMN, w.CHUNK_COLUMN, w.CHAR_START_COLUMN, w.CHAR_END_COLUMN, w.TOKENS_COLUMN,
+             w.HASH_COLUMN, w.RECORD_HASH_COLUMN, w.TEXT_COLUMN, w.VECTOR_COLUMN}
+    fs, path = fsspec.core.url_to_fs(uri)
+    with fs.open(path, "rb") as f:
+        return columns_of_schema(pq.ParquetFile(f).schema_arrow.names, fixed)
 
 
 def select_partitions(

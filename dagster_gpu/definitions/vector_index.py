@@ -4,6 +4,7 @@ parquet output into a LanceDB table (:class:`dagster_gpu.index.lance.VectorIndex
 
 import time
 import warnings
+from datetime import timedelta
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Sequence
@@ -11,7 +12,10 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 import dagster as dg
 
 from dagster_gpu.definitions.assets import beta_parameters_of_ours
-from dagster_gpu.index.lance import DEFAULT_ANN_MIN_ROWS, DEFAULT_MAX_UNINDEXED_FRACTION, VectorIndex
+from dagster_gpu.index.lance import (
+    DEFAULT_ANN_MIN_ROWS, DEFAULT_CLEANUP_OLDER_THAN, DEFAULT_COMPACT_MIN_FRAGMENTS, DEFAULT_MAX_UNINDEXED_FRACTION,
+    DEFAULT_REBUILD_AFTER_VERSIONS, VectorIndex,
+)
 from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.instance.events import metadata_value
 
@@ -19,6 +23,20 @@ from dagster_gpu.instance.events import metadata_value
 ROWS_CHECK = "index_rows_match_output"
 #: Metadata keys the query side reads from the index asset's definition.
 META_URI, META_TABLE, META_EMBEDDINGS = "dagster_gpu/index_uri", "dagster_gpu/index_table", "dagster_gpu/embeddings_asset"
+#: The index asset's load settings (JSON: ``output_url``, ``ann_*``, ``compact_min_fragments``,
+#: ``cleanup_older_than_s``), for a rebuild outside a run (:func:`rebuild_index`).
+META_SETTINGS = "dagster_gpu/index_settings"
+#: Observation metadata of an index partition whose load failed: ``"Type: message"`` (``dagster-gpu stale`` shows it).
+LOAD_FAILED_KEY = "index/load_failed"
+
+
+def table_size(index: VectorIndex) -> dict[str, Any]:
+    """The table's footprint as materialization metadata: ``index/disk_bytes`` (every version's files:
+    :meth:`VectorIndex.disk_bytes`; left out where the store cannot be listed), ``index/versions`` and
+    ``index/fragments`` (the latest version's)."""
+    size = index.disk_bytes()
+    return {**({"index/disk_bytes": size} if size is not None else {}), "index/versions": index.versions(),
+            "index/fragments": index.fragments()}
 
 
 def _check_specs(key: dg.AssetKey, pdef) -> list[dg.AssetCheckSpec]:
@@ -123,6 +141,40 @@ def load_partitions(index: VectorIndex, partition_keys: Sequence[str], locate: C
                 yield Loaded(pk, src, facts, None, seconds)
 
 
+def partition_materialization(key: dg.AssetKey, index: VectorIndex, done: Loaded,
+                              extra: Mapping[str, Any] | None = None) -> dg.AssetMaterialization:
+    """The index asset's materialization of a partition :func:`load_partitions` loaded (``done.facts`` set), with
+    ``extra`` metadata."""
+    facts = done.facts
+    return dg.AssetMaterialization(asset_key=key, partition=done.partition_key, metadata={
+        "index/rows": facts["index_rows"], "index/version": facts["version"], "index/mode": facts["mode"],
+        "index/deleted": facts["deleted"], "index/seconds": round(done.seconds, 4),
+        "index/retries": facts["retries"], "index/fingerprint": facts["fingerprint"],
+        "index/output_uri": dg.MetadataValue.path(done.source), "index/uri": index.uri, "index/table": index.table_name,
+        **dict(extra or {}),
+    })
+
+
+def rows_check(key: dg.AssetKey, done: Loaded, target=None) -> dg.AssetCheckEvaluation:
+    """The blocking ``index_rows_match_output`` evaluation of a loaded partition (``target``: the materialization
+    it evaluates, :func:`dagster_gpu.instance.checks.materialization_target`)."""
+    facts = done.facts
+    ok = facts["index_rows"] == facts["output_rows"]
+    return dg.AssetCheckEvaluation(
+        asset_key=key, check_name=ROWS_CHECK, passed=ok, partition=done.partition_key, blocking=True,
+        severity=dg.AssetCheckSeverity.ERROR,
+        description=None if ok else f"{facts['index_rows']} rows in the index, {facts['output_rows']} in {done.source}",
+        metadata={"index_rows": facts["index_rows"], "output_rows": facts["output_rows"]},
+        target_materialization_data=target,
+    )
+
+
+def load_failure(key: dg.AssetKey, done: Loaded) -> dg.AssetObservation:
+    """The observation recording that ``done``'s load failed (``index/load_failed``: its error)."""
+    return dg.AssetObservation(asset_key=key, partition=done.partition_key,
+                               metadata={LOAD_FAILED_KEY: done.error, "index/output_uri": done.source or ""})
+
+
 def vector_index_asset(
     embeddings: dg.AssetsDefinition,
     *,
@@ -136,6 +188,9 @@ def vector_index_asset(
     ann_kind: str = "IVF_HNSW_SQ",
     ann_max_unindexed_fraction: float = DEFAULT_MAX_UNINDEXED_FRACTION,
     ann_max_unindexed_rows: int | None = None,
+    compact_min_fragments: int | None = DEFAULT_COMPACT_MIN_FRAGMENTS,
+    cleanup_older_than: timedelta = DEFAULT_CLEANUP_OLDER_THAN,
+    rebuild_after_versions: int | None = DEFAULT_REBUILD_AFTER_VERSIONS,
     group_name: str | None = None,
     max_partitions_per_run: int | None = None,
     automation_condition: dg.AutomationCondition | None | str = "eager",
@@ -157,6 +212,14 @@ def vector_index_asset(
             built again on every row (:meth:`VectorIndex.ensure_ann_index`: it is never merged in place).
         ann_max_unindexed_rows: a cap in rows on the same (default None: none); every query scans those rows, so
             this bounds what they add to its time.
+        compact_min_fragments, cleanup_older_than: the table's upkeep at the end of each run
+            (:meth:`VectorIndex.maintain`): without an ANN index, once the table has ``compact_min_fragments``
+            fragments (default 32; each partition's commit adds one or more; None: never) it is compacted and its
+            versions older than ``cleanup_older_than`` (default 10 minutes) deleted with the files only they used;
+            with one, its rebuild compacts and deletes them the same way, and a table with at least
+            ``rebuild_after_versions`` versions on storage (default 200; None: never) is rebuilt for that. Every
+            commit otherwise keeps a version on storage for good. A search or load reading a version older than
+            ``cleanup_older_than`` fails.
         max_partitions_per_run: a backfill's runs cover at most this many partitions (default: ``embeddings``').
         automation_condition: how the index follows ``embeddings`` by itself: ``"eager"`` (default:
             ``AutomationCondition.eager()``: a partition is requested once its embeddings partition was
@@ -170,9 +233,12 @@ def vector_index_asset(
     one materialization (``index/rows``, ``index/version``, ``index/mode``, ``index/deleted``, ``index/seconds``
     (wall seconds: the wait for the output's read, which runs ahead during the previous partition's commit
     (:func:`load_partitions`), the commit and the count back), ``index/retries``, ``index/fingerprint``,
-    ``index/output_uri``) and the blocking check
+    ``index/output_uri``; the run's last partition also ``index/disk_bytes``, ``index/versions`` and
+    ``index/fragments`` after the upkeep: :func:`table_size`) and the blocking check
     ``index_rows_match_output`` are recorded. A partition whose output is missing or does not fit the table
-    fails alone (dagster.Failure at the end names each); the table's other partitions are never touched.
+    fails alone (an observation with ``index/load_failed``: the error; dagster.Failure at the end names each);
+    the table's other partitions are never touched. The table follows a change of the outputs' columns
+    (:meth:`VectorIndex.write_partition`); a type change is refused, naming ``dagster-gpu index --rebuild``.
     """
     from dagster_gpu.embedding.outputs import locate_output
 
@@ -190,6 +256,10 @@ def vector_index_asset(
     per_run = max_partitions_per_run or (embeddings.backfill_policy.max_partitions_per_run
                                          if embeddings.backfill_policy else None) or 50
     index = VectorIndex(uri, table, storage_options)
+    settings = {"output_url": src_url, "ann_min_rows": int(ann_min_rows), "ann_kind": ann_kind,
+                "ann_max_unindexed_fraction": float(ann_max_unindexed_fraction),
+                "ann_max_unindexed_rows": ann_max_unindexed_rows, "compact_min_fragments": compact_min_fragments,
+                "cleanup_older_than_s": cleanup_older_than.total_seconds(), "rebuild_after_versions": rebuild_after_versions}
     if automation_condition == "eager":
         automation_condition = dg.AutomationCondition.eager()
     elif isinstance(automation_condition, str):
@@ -204,7 +274,8 @@ def vector_index_asset(
             op_tags={**GpuRequest(count=0).to_tags(), TAG_PARTITIONS_DEF: pdef.name or ""},
             backfill_policy=dg.BackfillPolicy.multi_run(per_run),
             description=f"LanceDB table {table!r} at {uri}: the rows of {emb_key.to_user_string()}, each partition replaced in one commit.",
-            metadata={META_URI: uri, META_TABLE: table, META_EMBEDDINGS: emb_key.to_user_string()},
+            metadata={META_URI: uri, META_TABLE: table, META_EMBEDDINGS: emb_key.to_user_string(),
+                      META_SETTINGS: dg.MetadataValue.json(settings)},
             check_specs=_check_specs(key, pdef),
             automation_condition=automation_condition,
         )
@@ -218,33 +289,37 @@ def vector_index_asset(
                 raise FileNotFoundError(f"no output of {emb_key.to_user_string()} for partition {pk!r} under {src_url}")
             return src
 
+        def emit(done: Loaded, extra: Mapping[str, Any]) -> Iterator:
+            """The partition's materialization (with ``extra`` metadata) and its check."""
+            yield partition_materialization(key, index, done, extra)
+            yield rows_check(key, done, materialization_target(context.instance, key, done.partition_key))
+
         failed: dict[str, str] = {}
+        last: Loaded | None = None  # held back: its materialization carries the table's size after the upkeep
         for done in load_partitions(index, context.partition_keys, locate, output_storage_options):
-            pk, facts, src = done.partition_key, done.facts, done.source
-            if facts is None:
-                failed[pk] = done.error
-                context.log.error(f"index partition {pk!r}: {failed[pk]}")
+            if done.facts is None:
+                failed[done.partition_key] = done.error
+                context.log.error(f"index partition {done.partition_key!r}: {done.error}")
+                yield load_failure(key, done)
                 continue
-            yield dg.AssetMaterialization(asset_key=key, partition=pk, metadata={
-                "index/rows": facts["index_rows"], "index/version": facts["version"], "index/mode": facts["mode"],
-                "index/deleted": facts["deleted"], "index/seconds": round(done.seconds, 4),
-                "index/retries": facts["retries"], "index/fingerprint": facts["fingerprint"],
-                "index/output_uri": dg.MetadataValue.path(src), "index/uri": uri, "index/table": table,
-            })
-            ok = facts["index_rows"] == facts["output_rows"]
-            yield dg.AssetCheckEvaluation(
-                asset_key=key, check_name=ROWS_CHECK, passed=ok, partition=pk, blocking=True,
-                severity=dg.AssetCheckSeverity.ERROR,
-                description=None if ok else f"{facts['index_rows']} rows in the index, {facts['output_rows']} in {src}",
-                metadata={"index_rows": facts["index_rows"], "output_rows": facts["output_rows"]},
-                target_materialization_data=materialization_target(context.instance, key, pk),
-            )
+            if last is not None:
+                yield from emit(last, {})
+            last = done
         try:
             state = index.ensure_ann_index(ann_min_rows, ann_kind, max_unindexed_fraction=ann_max_unindexed_fraction,
-                                           max_unindexed_rows=ann_max_unindexed_rows)
-            context.log.info(f"index {table!r}: ANN index {state} ({index.count_rows()} rows)")
+                                           max_unindexed_rows=ann_max_unindexed_rows,
+                                           cleanup_older_than=cleanup_older_than, max_versions=rebuild_after_versions)
+            upkeep = index.maintain(compact_min_fragments, cleanup_older_than)
+            context.log.info(f"index {table!r}: ANN index {state}, upkeep {upkeep} ({index.count_rows()} rows)")
         except Exception as e:
             failed["(ANN index)"] = f"{type(e).__name__}: {e}"
+        if last is not None:  # its rows are committed: only its record waited for the ANN index and the upkeep
+            try:
+                size = table_size(index)
+            except Exception as e:  # noqa: BLE001 - a figure for the metadata: the partition is loaded all the same
+                context.log.warning(f"index {table!r}: size not read ({type(e).__name__}: {e})")
+                size = {}
+            yield from emit(last, size)
         for spec in _check_specs(key, None):
             yield dg.Output(None, output_name=spec.get_python_identifier())
         if failed:

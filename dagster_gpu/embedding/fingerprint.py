@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping, Sequence
 
 
 def _canonical(fields: dict[str, Any]) -> str:
@@ -44,33 +44,67 @@ def fingerprint(*, model_revision: str, model: str, prompt: str, pooling: dict, 
         "max_seq_length": int(max_seq_length), "chunking": _chunking(chunking)})
 
 
+#: The output columns of :func:`output_columns` that the output file's schema shows (``id_column`` changes the
+#: ``doc_id`` values only, so a file cannot tell it).
+SCHEMA_COLUMN_FIELDS = ("carry_columns", "include_text")
+
+
+def output_columns(*, id_column: str | None = None, carry_columns: Sequence[str] = (),
+                   include_text: bool = False) -> dict[str, Any]:
+    """The options that shape an output's columns, JSON-able: ``{"id_column": str | None, "carry_columns":
+    [names, in order], "include_text": bool}`` (``TextFormat.id_column`` / ``carry_columns``, the asset's
+    ``include_text``)."""
+    return {"id_column": None if id_column is None else str(id_column),
+            "carry_columns": [str(c) for c in carry_columns], "include_text": bool(include_text)}
+
+
+#: :func:`output_columns` of an asset that keeps neither a corpus id, carried columns nor the text.
+DEFAULT_COLUMNS = output_columns()
+
+
+def columns_of_schema(names: Sequence[str], fixed: Collection[str]) -> dict[str, Any]:
+    """The :data:`SCHEMA_COLUMN_FIELDS` of :func:`output_columns` that an output file's column ``names`` show:
+    ``carry_columns`` = the names not in ``fixed`` (the writer's own columns, ``text`` included) in the file's
+    order, ``include_text`` = whether ``text`` is there."""
+    return {"carry_columns": [n for n in names if n not in fixed], "include_text": "text" in names}
+
+
 def config_fields(*, model: str, revision: str | None = None, prompt_name: str | None = None,
                   prompt: str | None = None, normalize: bool = True, truncate_dim: int | None = None,
                   output_dtype: str = "float32", max_seq_length: int | None = None,
-                  chunking: Any = None) -> dict[str, Any]:
+                  chunking: Any = None, columns: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The embedding options as the user gave them (None = the model's default), JSON-able: what
     :func:`config_fingerprint` hashes, recorded on each materialization (``embedding/config``) so that
-    ``dagster-gpu stale`` can name the option that changed."""
+    ``dagster-gpu stale`` can name the option that changed. ``columns``: :func:`output_columns` (key
+    ``columns``, present only when given)."""
     return {
         "v": 1, "model": str(model), "revision": revision, "prompt_name": prompt_name, "prompt": prompt,
         "normalize": bool(normalize), "truncate_dim": None if truncate_dim is None else int(truncate_dim),
         "output_dtype": str(output_dtype), "max_seq_length": None if max_seq_length is None else int(max_seq_length),
-        "chunking": _chunking(chunking)}
+        "chunking": _chunking(chunking), **({"columns": dict(columns)} if columns is not None else {})}
 
 
 def config_fingerprint(**options: Any) -> str:
     """``"cfg1-<16 hex>"`` of :func:`config_fields` (same keyword arguments), for the asset's ``code_version``:
-    another model, revision, prompt, output option or chunking -> another string."""
-    return _digest("cfg1", config_fields(**options))
+    another model, revision, prompt, output option, chunking or output columns -> another string. Columns equal
+    to :data:`DEFAULT_COLUMNS` are left out of the hash, so an asset with the default columns keeps the code
+    version it had before columns were hashed (its outputs are not re-embedded for nothing)."""
+    fields = config_fields(**options)
+    if fields.get("columns") == DEFAULT_COLUMNS:
+        del fields["columns"]
+    return _digest("cfg1", fields)
 
 
 def changed_options(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
     """``"name old → new"`` for each option of :func:`config_fields` that differs between ``old`` and ``new``
-    (the version key ``v`` left out), in the fields' order; values as JSON."""
-    import json
-
+    (the version key ``v`` left out), in the fields' order; values as JSON with their keys sorted (a mapping
+    such as ``chunking`` reads the same on both sides)."""
     keys = [k for k in dict.fromkeys([*new, *old]) if k != "v"]
-    return [f"{k} {json.dumps(old.get(k))} → {json.dumps(new.get(k))}" for k in keys if old.get(k) != new.get(k)]
+    return [f"{k} {_json(old.get(k))} → {_json(new.get(k))}" for k in keys if old.get(k) != new.get(k)]
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def pooling_description(st) -> dict:

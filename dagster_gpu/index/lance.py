@@ -33,7 +33,7 @@ from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_rand
 
 from dagster_gpu.index.rows import (
     DEFAULT_MAX_UNINDEXED_FRACTION, FINGERPRINT_COLUMN, KEY_COLUMNS, PARTITION_COLUMN, IndexSchemaError, ann_action,
-    default_nprobes, ivf_partitions, partition_filter, schema_difference, sql_string,
+    column_migration, default_nprobes, ivf_partitions, partition_filter, sql_string,
 )
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,13 @@ DEFAULT_EF = 100
 #: (docs/benchmarks.md, "Recall after updates").
 DEFAULT_REFINE_FACTOR = 4
 ANN_KINDS = ("IVF_HNSW_SQ", "IVF_PQ")
+#: :meth:`VectorIndex.maintain`'s defaults: compact a table without an ANN index once it has this many fragments
+#: (a load's commit adds at least one), deleting the versions older than :data:`DEFAULT_CLEANUP_OLDER_THAN` (a
+#: search or load still reading such a version fails, so it is kept well above one's duration).
+DEFAULT_COMPACT_MIN_FRAGMENTS = 32
+DEFAULT_CLEANUP_OLDER_THAN = timedelta(minutes=10)
+#: An indexed table with this many versions on storage is rebuilt at the end of a run (its compaction deletes them).
+DEFAULT_REBUILD_AFTER_VERSIONS = 200
 
 
 def is_commit_conflict(exc: BaseException) -> bool:
@@ -215,11 +222,37 @@ class VectorIndex:
                              retries=retries, mode="append", checked_version=checked)
 
     def _fit(self, tbl, partition_key: str, rows: pa.Table) -> pa.Table:
-        diff = schema_difference(tbl.schema, rows.schema)
-        if diff:
-            raise IndexSchemaError(f"partition {partition_key!r} does not fit index table {self.table_name!r} at "
-                                   f"{self.uri}: {'; '.join(diff)}")
-        return rows.cast(tbl.schema) if rows.schema != tbl.schema else rows
+        """``rows`` in the table's columns, the table following a change of the outputs' columns first
+        (:func:`dagster_gpu.index.rows.column_migration`): a column the rows bring and the table lacks is added to
+        the table (null in its other rows; one commit), a table column the rows lack is null in them (made
+        nullable first when it was not; one commit). A column whose type changed (e.g. another vector
+        dimension) cannot follow: IndexSchemaError naming the partition and how to rebuild."""
+        for attempt in range(3):  # another writer may migrate the same columns at once: look again
+            tbl.checkout_latest()
+            plan = column_migration(tbl.schema, rows.schema)
+            if plan.conflicts:
+                raise IndexSchemaError(
+                    f"partition {partition_key!r} does not fit index table {self.table_name!r} at {self.uri}: "
+                    f"{'; '.join(plan.conflicts)}; rebuild the index from the current outputs: "
+                    f"dagster-gpu index -m MODULE -a INDEX_ASSET --rebuild")
+            try:
+                if plan.add:
+                    tbl.add_columns([pa.field(f.name, f.type, nullable=True) for f in plan.add])
+                    log.info("index %s: columns %s added for partition %r", self.table_name,
+                             [f.name for f in plan.add], partition_key)
+                if plan.make_nullable:
+                    tbl.alter_columns(*({"path": n, "nullable": True} for n in plan.make_nullable))
+                break
+            except Exception:  # noqa: BLE001 - a concurrent migration won: the next look sees its columns
+                if attempt == 2:
+                    raise
+        tbl.checkout_latest()
+        schema = tbl.schema
+        missing = [f for f in schema if f.name not in rows.column_names]
+        for f in missing:
+            rows = rows.append_column(f, pa.nulls(rows.num_rows, f.type))
+        rows = rows.select(schema.names)
+        return rows.cast(schema) if rows.schema != schema else rows
 
     def delete_partition(self, partition_key: str) -> int:
         """Delete the partition's rows (one commit); returns how many there were (0 when no table)."""
@@ -257,6 +290,17 @@ class VectorIndex:
             tbl.checkout(r.checked_version)
             return after - int(tbl.count_rows())
         return int(tbl.count_rows(partition_filter(partition_key)))
+
+    def partition_keys(self) -> set[str]:
+        """The partition keys the latest version holds rows of (a scan of the ``partition_key`` column; empty
+        without a table)."""
+        tbl = self.open()
+        if tbl is None:
+            return set()
+        import pyarrow.compute as pc
+
+        col = tbl.search().select([PARTITION_COLUMN]).limit(None).to_arrow().column(PARTITION_COLUMN)
+        return set(pc.unique(col).to_pylist())
 
     def count_rows(self) -> int:
         tbl = self.open()
@@ -357,7 +401,8 @@ class VectorIndex:
     def ensure_ann_index(self, min_rows: int = DEFAULT_ANN_MIN_ROWS, kind: str = "IVF_HNSW_SQ",
                          num_partitions: int | None = None, ef_construction: int = 300,
                          max_unindexed_fraction: float = DEFAULT_MAX_UNINDEXED_FRACTION,
-                         max_unindexed_rows: int | None = None) -> str:
+                         max_unindexed_rows: int | None = None, cleanup_older_than: timedelta | None = None,
+                         max_versions: int | None = None) -> str:
         """Build the table's indices when they are missing or stale: the ANN index on ``vector`` (cosine) and a
         BTREE on ``partition_key`` (so that a partition's rows are found without a scan: :meth:`write_partition`'s
         "is it new" count, the merge's filtered delete, the check's count back). The decision is
@@ -389,7 +434,11 @@ class VectorIndex:
         ``num_partitions``: IVF lists (default :func:`ivf_partitions`). ``ef_construction``: the HNSW graphs'
         candidate list while building (LanceDB's default 300; 100 builds ~2.5x faster on 100,000 rows for
         recall@10 0.95, docs/benchmarks.md). ``max_unindexed_fraction``: see ``"deferred"``; 0 rebuilds after any
-        change. ``max_unindexed_rows``: a cap in rows as well (None: none): each query scans the rows out of the
+        change. ``max_versions``: an indexed table with at least this many versions on storage is rebuilt as well
+        (None: never), since only that compaction deletes its old versions (:meth:`maintain`).
+        ``cleanup_older_than``: the compaction before a build also deletes the versions older than this (and
+        the data and index files only they use; None: LanceDB's default, 7 days). ``max_unindexed_rows``: a cap in
+        rows as well (None: none): each query scans the rows out of the
         index, so their number sets what that costs (1,000 of them added ~1 ms of p50 at 100,000 rows, 10,000 added
         3.5-8 ms at a million). Measured at a million rows (docs/benchmarks.md): 1 % new rows -> ``"deferred"`` in
         under 0.005 s (0.0 of the 152 s build) with recall@10 0.822 -> 0.823; the rebuild 0.56 of a build.
@@ -414,10 +463,14 @@ class VectorIndex:
                                     max_unindexed_rows)
                 if action == "flat":
                     return "flat"
+                if action in ("current", "defer") and max_versions is not None and self.versions() >= max_versions:
+                    action = "rebuild"  # the rebuild's compaction is what deletes the old versions of an indexed table
                 if action in ("create", "rebuild"):
                     if ix is not None:  # compaction would otherwise remap (and may fold) the old index's lists
                         tbl.drop_index(ix.name)
-                    tbl.optimize()  # compaction first: the index then covers few large fragments
+                    # compaction first: the index then covers few large fragments; versions older than
+                    # cleanup_older_than (None: LanceDB's 7 days) pruned, with the files only they used
+                    tbl.optimize(cleanup_older_than=cleanup_older_than)
                     lists = num_partitions or ivf_partitions(rows, kind)
                     cfg = (HnswSq(distance_type="cosine", num_partitions=lists, ef_construction=ef_construction)
                            if kind == "IVF_HNSW_SQ" else IvfPq(distance_type="cosine", num_partitions=lists))
@@ -428,6 +481,82 @@ class VectorIndex:
                     tbl.create_index(PARTITION_COLUMN, config=BTree(), replace=True)
                 return "current" if action == "current" else "deferred"
         raise AssertionError("unreachable")
+
+    # -- upkeep ---------------------------------------------------------------------------------------------
+    def maintain(self, compact_min_fragments: int | None = DEFAULT_COMPACT_MIN_FRAGMENTS,
+                 cleanup_older_than: timedelta = DEFAULT_CLEANUP_OLDER_THAN) -> str:
+        """Compact the table and delete its old versions when it has no ANN index and at least
+        ``compact_min_fragments`` fragments (each load's commit adds one or more; None: never): LanceDB's
+        ``optimize(cleanup_older_than=…)`` (one compaction commit; the versions older than ``cleanup_older_than``
+        removed with the data files only they referenced; the latest version is never removed). A table with an
+        ANN index is left alone: its ``optimize`` would also merge the rows loaded since the build into the index,
+        which folds an ``IVF_HNSW_SQ`` index's lists (:meth:`ensure_ann_index`), and its rebuild compacts and
+        cleans up instead. Returns ``"flat"`` (no table), ``"indexed"``, ``"below"`` (fewer fragments) or
+        ``"compacted"``. Retries lost commits; a reader of a version older than ``cleanup_older_than`` fails."""
+        tbl = self.open()
+        if tbl is None:
+            return "flat"
+        if self.ann_index() is not None:
+            return "indexed"
+        if compact_min_fragments is None or self.fragments() < int(compact_min_fragments):
+            return "below"
+        for attempt in self._retrying():
+            with attempt:
+                tbl.checkout_latest()
+                tbl.optimize(cleanup_older_than=cleanup_older_than)
+        return "compacted"
+
+    def fragments(self) -> int:
+        """The latest version's fragments (0 without a table)."""
+        tbl = self.open()
+        return 0 if tbl is None else int(_stats(tbl)["fragment_stats"]["num_fragments"])
+
+    def versions(self) -> int:
+        """Versions of the table on storage (0 without a table)."""
+        tbl = self.open()
+        return 0 if tbl is None else len(tbl.list_versions())
+
+    def disk_bytes(self) -> int | None:
+        """Bytes under the table's folder and its lineage sidecar's (every version's data, index, deletion and
+        manifest files), by a listing of the store; None where it cannot be listed (an object store whose options
+        fsspec cannot take from LanceDB's)."""
+        import fsspec
+
+        try:
+            fs, root = fsspec.core.url_to_fs(self.uri, **_fsspec_options(self.storage_options))
+            total = 0
+            for name in (self.table_name, f"{self.table_name}__fingerprints"):
+                path = f"{root.rstrip('/')}/{name}.lance"
+                if fs.exists(path):
+                    total += int(fs.du(path, total=True))
+            return total
+        except Exception as e:  # noqa: BLE001 - a figure for the metadata only
+            log.info("index %s: disk size not read (%s: %s)", self.table_name, type(e).__name__, e)
+            return None
+
+
+def _stats(tbl) -> dict:
+    """``tbl.stats()`` as a dict (lancedb 0.40.0 gives a TypedDict; other versions an object)."""
+    st = tbl.stats()
+    if isinstance(st, dict):
+        return st
+    frag = st.fragment_stats
+    return {"total_bytes": st.total_bytes, "num_rows": st.num_rows,
+            "fragment_stats": {"num_fragments": frag.num_fragments, "num_small_fragments": frag.num_small_fragments}}
+
+
+def _fsspec_options(lance: Mapping[str, str]) -> dict[str, Any]:
+    """fsspec (s3fs) options from LanceDB's object-store options: keys, secret, endpoint, region."""
+    out: dict[str, Any] = {}
+    if "aws_access_key_id" in lance:
+        out["key"] = lance["aws_access_key_id"]
+    if "aws_secret_access_key" in lance:
+        out["secret"] = lance["aws_secret_access_key"]
+    client = {k: v for k, v in (("endpoint_url", lance.get("aws_endpoint")),
+                                 ("region_name", lance.get("region") or lance.get("aws_region"))) if v}
+    if client:
+        out["client_kwargs"] = client
+    return out
 
 
 __all__ = ["VectorIndex", "ReplaceResult", "IndexSchemaError", "is_commit_conflict", "DEFAULT_ANN_MIN_ROWS",

@@ -16,6 +16,7 @@ An index row is an output row (:mod:`dagster_gpu.embedding.writer`: ``doc_id``, 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -77,6 +78,34 @@ def schema_difference(table_schema: pa.Schema, rows_schema: pa.Schema) -> list[s
     out += [f"extra column {n!r}" for n in new if n not in have]
     out += [f"column {n!r} is {new[n]}, the table's is {have[n]}" for n in new if n in have and new[n] != have[n]]
     return out
+
+
+@dataclass(frozen=True)
+class ColumnMigration:
+    """How an index table follows a partition's rows (:func:`column_migration`): fields to ``add`` to the table
+    (null in its other rows), table columns to make nullable (``make_nullable``: the rows lack them, so they are
+    null there), and ``conflicts`` (phrases: a column both have with another type, or a key column the rows lack)
+    that no migration can bridge."""
+
+    add: tuple[pa.Field, ...]
+    make_nullable: tuple[str, ...]
+    conflicts: tuple[str, ...]
+
+
+def column_migration(table_schema: pa.Schema, rows_schema: pa.Schema) -> ColumnMigration:
+    """What the table needs to take rows of ``rows_schema`` (pure): every column of either side is kept (a column
+    the outputs stopped carrying stays, null in the new rows, until the index is rebuilt); a type change, or rows
+    without the index's own columns or ``vector``, is a conflict."""
+    have = {f.name: f for f in table_schema}
+    new = {f.name: f for f in rows_schema}
+    fixed = set(INDEX_COLUMNS) | {"vector"}
+    conflicts = [f"column {n!r} missing" for n in have if n not in new and n in fixed]
+    conflicts += [f"column {n!r} is {new[n].type}, the table's is {have[n].type}"
+                  for n in new if n in have and new[n].type != have[n].type]
+    lacking = [n for n in have if n not in new and n not in fixed]
+    return ColumnMigration(add=tuple(f for n, f in new.items() if n not in have),
+                           make_nullable=tuple(n for n in lacking if not have[n].nullable),
+                           conflicts=tuple(conflicts))
 
 
 #: Rows per IVF list of an ``IVF_HNSW_SQ`` index (each list holds its own HNSW graph) and of an ``IVF_PQ`` one.
