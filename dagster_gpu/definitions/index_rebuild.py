@@ -23,7 +23,7 @@ from dagster_gpu.definitions.vector_index import (
 )
 from dagster_gpu.index.lance import DEFAULT_ANN_MIN_ROWS, DEFAULT_MAX_UNINDEXED_FRACTION, VectorIndex
 from dagster_gpu.instance.events import metadata_values
-from dagster_gpu.instance.partition_status import dynamic_partitions_def, partition_status
+from dagster_gpu.partitions.status import dynamic_partitions_def, partition_status
 
 
 class RebuildRefused(RuntimeError):
