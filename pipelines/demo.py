@@ -31,6 +31,7 @@ import sys
 import time
 from pathlib import Path
 
+from dagster_gpu.instance.run_queue import host_run_limit
 from pipelines.demo_backends import (BACKENDS, DEFAULT_SLURM_VERSION, SLURM_SCRIPTS, WORKER_PYTHON_ENV, ServiceError,
                                      browse_script, executor_config, instance_yaml, start_services)
 
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--corpus", type=Path, default=REPO / ".demo" / "corpus")
     ap.add_argument("--output", type=Path, default=REPO / ".demo" / "embeddings")
     ap.add_argument("--limit", type=int, default=None, help="only the first N fortune files")
-    ap.add_argument("--max-concurrent-runs", type=int, default=max(2, os.cpu_count() or 2))
+    ap.add_argument("--max-concurrent-runs", type=int, default=host_run_limit(),
+                    help="the run queue limit of the demo instance (default: the host's CPU count, at least 1)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds to wait for the backfill")
     ap.add_argument("--per-run", type=int, default=None,
                     help="partitions per run (the asset's max_partitions_per_run; default 50: one work unit embeds up to 50 files)")

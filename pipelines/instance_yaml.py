@@ -8,8 +8,7 @@ QueuedRunCoordinator (``max_runs`` at once, dequeued every second); telemetry is
 
 from __future__ import annotations
 
-#: The instance's run coordinator module and class (Dagster's own).
-RUN_COORDINATOR = "dagster._core.run_coordinator"
+from dagster_gpu.instance.run_queue import QUEUED_RUN_COORDINATOR, RUN_COORDINATOR
 
 NOOP_COMPUTE_LOGS = """compute_logs:
   module: dagster._core.storage.noop_compute_log_manager
@@ -35,7 +34,7 @@ def dagster_yaml(db: str | None, *, max_runs: int, user: str = "{env: DAGSTER_PG
 """
     return f"""{storage}run_coordinator:
   module: {RUN_COORDINATOR}
-  class: QueuedRunCoordinator
+  class: {QUEUED_RUN_COORDINATOR}
   config:
     max_concurrent_runs: {max_runs}
     dequeue_interval_seconds: 1

@@ -745,7 +745,8 @@ def test_the_index_backfill_its_daemons_automation_requested_is_run_before_the_d
     """The real dagster-daemon on a SQLite instance, its output to a file (not a terminal), no daemon running before:
     the index's automation sensor requests a backfill of the index after the embeddings; the command waits for it
     (it used to stop the daemon and leave it REQUESTED; one the sensor had not requested yet is its next tick's),
-    and the log shows plain progress lines."""
+    and the log shows plain progress lines. ``--max-concurrent-runs 1`` overrides the file's limit of 2 for that
+    daemon: no two runs were in progress at once, and dagster.yaml is left as it was."""
     import os
     import subprocess
 
@@ -771,14 +772,18 @@ def test_the_index_backfill_its_daemons_automation_requested_is_run_before_the_d
     with open(tmp_path / "log", "w") as log:
         cp = subprocess.run([sys.executable, "-m", "dagster_gpu.commands.main", "backfill", "-m",
                              "tests.locations.sensor_location", "-a", "sd_embeddings", "-w", str(ws), "--bills-wait", "0",
-                             "--runs-wait", "300"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=600)
+                             "--runs-wait", "300", "--max-concurrent-runs", "1"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=600)
     out = (tmp_path / "log").read_text()
     assert cp.returncode == 0, out
     assert "backfill: 0/3 partitions done, 0 failed" in out
     assert "backfill: 3/3 partitions done, 0 failed" in out and "[completed_success]" in out
     assert "stay for the next dagster-daemon" not in out and "will be interrupted" not in out
+    assert "runs at most 1 runs at once (--max-concurrent-runs)" in out
+    assert "max_concurrent_runs: 2\n" in (home / "dagster.yaml").read_text()
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     with dg.DagsterInstance.get() as instance:
+        spans = sorted((r.start_time, r.end_time) for r in instance.get_run_records())
+        assert all(later[0] >= earlier[1] for earlier, later in zip(spans, spans[1:])), spans
         # nothing stranded: no backfill left requested, no run left queued or cut off
         assert {b.status for b in instance.get_backfills()} == {BulkActionStatus.COMPLETED_SUCCESS}
         assert {r.status for r in instance.get_runs()} == {dg.DagsterRunStatus.SUCCESS}
@@ -786,3 +791,22 @@ def test_the_index_backfill_its_daemons_automation_requested_is_run_before_the_d
             ix = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("sd_embeddings_index")),
                                                  limit=10)
             assert sorted(r.partition_key for r in ix.records) == ["f1.txt", "f2.txt", "f3.txt"]
+
+
+def test_max_concurrent_runs_is_refused_under_one_and_beside_a_running_daemon(setup, monkeypatch, capsys):
+    """The limit applies to the daemon the command starts; one already running keeps its dagster.yaml's."""
+    from dagster._daemon.types import DaemonHeartbeat
+
+    corpus, asset, defs, module = setup
+    monkeypatch.setitem(sys.modules, "cli_test_defs", module)
+    with pytest.raises(SystemExit) as e:
+        main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--max-concurrent-runs", "0"])
+    assert e.value.code == 2
+    assert "--max-concurrent-runs must be at least 1, got 0" in capsys.readouterr().err
+    with dg.instance_for_test() as instance:
+        instance.add_daemon_heartbeat(DaemonHeartbeat(time.time(), "BACKFILL", "d-1", None))
+        assert main(["backfill", "-m", "cli_test_defs", "-a", "c_embeddings", "--max-concurrent-runs", "2"]) == 2
+        err = capsys.readouterr().err
+        assert "one already runs on this instance (id d-1)" in err
+        assert f"run_coordinator.config (or concurrency.runs) in {instance.root_directory}/dagster.yaml" in err
+        assert instance.get_dynamic_partitions("c_embeddings_files") == []  # refused before anything is stored

@@ -280,14 +280,17 @@ class DaemonProcess:
     Its output goes to ``log_file`` (a temporary file when None, kept when the daemon dies so that its path
     can be given). ``instance``: the instance it serves; when given, the heartbeats it wrote are deleted
     after it stopped (Dagster leaves them, and they would make the next ``dagster-gpu backfill`` take a
-    stopped daemon for a running one: :func:`live_backfill_daemon`)."""
+    stopped daemon for a running one: :func:`live_backfill_daemon`). ``instance_ref``: the daemon builds its
+    instance from it (``dagster-daemon run --instance-ref``) rather than from ``$DAGSTER_HOME/dagster.yaml``
+    (e.g. :func:`dagster_gpu.instance.run_queue.daemon_instance_ref`: the same instance, another run queue limit)."""
 
     #: Seconds :meth:`__exit__` may take at most: SIGTERM, 30 s for the daemon, then 10 s for its children.
     STOP_S = 40
 
     def __init__(self, workspace: str | Path, env: Mapping[str, str] | None = None, log_file: Path | None = None,
-                 instance: dg.DagsterInstance | None = None):
+                 instance: dg.DagsterInstance | None = None, instance_ref=None):
         self.workspace = str(workspace)
+        self.instance_ref = instance_ref
         self.env = {**os.environ, **(env or {})}
         self.log_file = log_file
         self.instance = instance
@@ -304,7 +307,7 @@ class DaemonProcess:
         self.started_at = time.time()
         with open(self.log_file, "ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "dagster._daemon", "run", "-w", self.workspace],
+                self.command(),
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -312,6 +315,13 @@ class DaemonProcess:
                 preexec_fn=_die_with_parent,
             )
         return self
+
+    def command(self) -> list[str]:
+        """The daemon's command line."""
+        from dagster._serdes import serialize_value
+
+        ref = [] if self.instance_ref is None else ["--instance-ref", serialize_value(self.instance_ref)]
+        return [sys.executable, "-m", "dagster._daemon", "run", *ref, "-w", self.workspace]
 
     def why_dead(self, lines: int = 12) -> str | None:
         """None while the daemon runs; once it exited, its exit code and the last ``lines`` lines of its log."""

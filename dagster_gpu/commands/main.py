@@ -1,7 +1,7 @@
 """``dagster-gpu``: command-line tools.
 
     dagster-gpu backfill -m pipelines.definitions -a fortune_embeddings [--missing] [--failed] [--stale]
-            [--partitions a,b] [--no-register] [--prune] [-w workspace.yaml]
+            [--partitions a,b] [--no-register] [--prune] [-w workspace.yaml] [--max-concurrent-runs N]
         register the asset's corpus files as partitions (those not yet registered) and record their source
         versions on its corpus asset (as a corpus sensor tick does: the UI counts the files), submit an asset
         backfill of the selected partitions (all registered by default; --missing: never materialized;
@@ -13,7 +13,9 @@
         its sensors started, queued or requested meanwhile, up to --runs-wait); show progress (plain lines when
         not on a terminal), the per-partition summary and the failed partitions. Partitions of files gone from
         the corpus are left out (named; --prune deletes them). A daemon that dies, the timeout or Ctrl-C cancels
-        the backfill; one ending with an error stored on it shows the error and exits 1.
+        the backfill; one ending with an error stored on it shows the error and exits 1. The daemon it starts
+        runs at most --max-concurrent-runs runs at once (default: the limit dagster.yaml sets, else the host's
+        CPU count), without rewriting dagster.yaml.
     dagster-gpu stale -m MODULE -a ASSET [--json]
         list the partitions whose file (source version) or embedding fingerprint (the asset's code version)
         changed since their latest materialization, with why; never materialized ones are "missing".
@@ -63,7 +65,15 @@ def _backfill(argv: list[str]) -> int:
                     help="seconds to keep the daemon this command started up for the runs its sensors started, "
                          "queued or requested as a backfill meanwhile (the index following the embeddings), which "
                          "stopping it would fail or leave queued (default 300)")
+    ap.add_argument("--max-concurrent-runs", type=int, default=None, metavar="N",
+                    help="runs the dagster-daemon this command starts runs at once (its QueuedRunCoordinator's "
+                         "max_concurrent_runs, for that daemon only: dagster.yaml is not rewritten); default: the "
+                         "limit $DAGSTER_HOME/dagster.yaml sets (concurrency.runs.max_concurrent_runs or "
+                         "run_coordinator.config.max_concurrent_runs), else os.cpu_count() (at least 1). Refused "
+                         "when a daemon already runs on the instance: its limit is its dagster.yaml's")
     args = ap.parse_args(argv)
+    if args.max_concurrent_runs is not None and args.max_concurrent_runs < 1:
+        ap.error(f"--max-concurrent-runs must be at least 1, got {args.max_concurrent_runs}")
     if args.partitions and (args.missing or args.failed or args.stale):
         ap.error("--partitions cannot be combined with --missing/--failed/--stale")
 
@@ -104,6 +114,12 @@ def _backfill(argv: list[str]) -> int:
     from dagster_gpu.commands.backfill import live_backfill_daemon
 
     running = live_backfill_daemon(instance)
+    if running is not None and args.max_concurrent_runs is not None:
+        print(f"dagster-gpu backfill: --max-concurrent-runs applies to the dagster-daemon this command starts, but one "
+              f"already runs on this instance (id {running.daemon_id}): its limit is max_concurrent_runs under "
+              f"run_coordinator.config (or concurrency.runs) in {instance.root_directory}/dagster.yaml; set it there "
+              f"and restart that daemon, or stop it and run this command without it", file=sys.stderr)
+        return 2
     if running is None and not Path(args.workspace).is_file():
         print(f"dagster-gpu backfill: workspace file {args.workspace} not found: no dagster-daemon runs on this "
               f"instance, and the one this command starts loads the code from it (-w PATH, e.g. the repository's "
@@ -185,11 +201,19 @@ def _backfill(argv: list[str]) -> int:
             console.print(f"{len(extra)} materialized partition(s) between them redone in the same unit "
                           f"(cheaper than another unit's start-up): {', '.join(extra[:10])}" + (" …" if len(extra) > 10 else ""),
                           soft_wrap=True, markup=False)
+    daemon_ref = None
+    if running is None:
+        from dagster_gpu.instance.run_queue import daemon_instance_ref
+
+        daemon_ref, limit, why = daemon_instance_ref(instance.root_directory, args.max_concurrent_runs)
+        console.print(f"The dagster-daemon this command starts runs at most {limit} runs at once ({why})",
+                      soft_wrap=True, markup=False)
     try:
         rows = run_backfill_with_progress(
             instance, defs, key, keys, args.workspace, title=f"dagster-gpu backfill of {args.asset}", timeout_s=args.timeout,
             partitions_def_name=asset.partitions_def.name,
             console=console, bills_wait_s=args.bills_wait, runs_wait_s=args.runs_wait, running_daemon=running,
+            daemon_instance_ref=None if running is not None else daemon_ref,
             code_location=f"-m {shlex.quote(args.module)}"
                           + ("" if args.attribute == "defs" else f" --attribute {shlex.quote(args.attribute)}"),
         )

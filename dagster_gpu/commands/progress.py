@@ -327,13 +327,15 @@ def run_backfill_with_progress(
     runs_wait_s: float = 300.0,
     running_daemon=None,
     code_location: str = "-m MODULE",
+    daemon_instance_ref=None,
 ) -> list[PartitionSummary]:
     """Submit an asset backfill, follow it with a progress bar until it ends, print the summary.
 
     ``running_daemon``: the heartbeat of a daemon already serving the instance
     (:func:`dagster_gpu.commands.backfill.live_backfill_daemon`): the backfill is left to it and followed in the
     instance, as the UI does. Without one a daemon is started on ``workspace`` (its output in ``daemon_log``,
-    else a temporary file) and stopped at the end.
+    else a temporary file; ``daemon_instance_ref``, when given, the instance it builds: see
+    :class:`dagster_gpu.commands.backfill.DaemonProcess`) and stopped at the end.
     ``run_config`` applies to every run (e.g. ``{"execution": {"config": {"backend": "slurm", ...}}}``).
     After the runs end the daemon keeps running up to ``bills_wait_s`` seconds, until every work unit's
     scheduler bill has landed (:func:`dagster_gpu.commands.backfill.wait_for_bills`); stopping it at once would stop
@@ -359,7 +361,7 @@ def run_backfill_with_progress(
                       soft_wrap=True)
         daemon_cm = nullcontext(RunningDaemon(instance, running_daemon))
     else:
-        daemon_cm = DaemonProcess(workspace, log_file=daemon_log, instance=instance)
+        daemon_cm = DaemonProcess(workspace, log_file=daemon_log, instance=instance, instance_ref=daemon_instance_ref)
     try:
         with daemon_cm as daemon:
             with BackfillFollower(console, len(partition_keys)) as follow:
