@@ -203,7 +203,9 @@ def test_failed_partitions_are_listed_below_the_summary(setup, tmp_path):
         assert "undecodable" not in summary  # the error is no longer squeezed into the cost column
         assert "1/3 ok" in summary and "0.000100" in summary
         # billed: done.txt's share of its unit's bill; failed.txt ran but its bill has not landed; never.txt never ran
-        assert "0.000150 (1 pending)" in summary and summary.count("pending") == 2
+        # the table's total row and the one sentence that states the scheduler's bill, as the report does
+        assert "0.000150 (1 pending)" in summary and summary.count("pending") == 3
+        assert "The scheduler's bill (every partition's share" in summary and "): 0.000150 (1 pending) USD" in summary
         lines = [ln for ln in failures.splitlines() if "failed.txt" in ln or "never.txt" in ln]
         assert run.run_id in lines[0] and "partition 'failed.txt': undecodable" in lines[0] and str(log) in lines[0]
         assert "not materialized" in lines[1] and "no run recorded" in lines[1]
