@@ -35,6 +35,7 @@ import dagster as dg
 
 from dagster_gpu.billing.keys import COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS, WALL_SECONDS
 from dagster_gpu.commands.common import instance_or_none
+from dagster_gpu.core.extras import require_extra
 from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, billed_total, unit_of
 from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.instance.run_ranges import PartitionRangeError, run_partition_keys
@@ -275,7 +276,9 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
                 registered: set[str] | None = None) -> str:
     """The whole page: totals, per-backend table, charts (inline SVG), placements, failed partitions
     ((partition key, run id, why) as :func:`collect` gives them). ``registered``: the partition keys the
-    asset has now; a row's partition not among them is marked pruned (None: nothing is marked)."""
+    asset has now; a row's partition not among them is marked pruned (None: nothing is marked). Raises
+    MissingExtra (one line) without the report extra (matplotlib)."""
+    require_extra("report", "dagster-gpu report")
     import matplotlib
 
     matplotlib.use("Agg")
