@@ -1,6 +1,6 @@
 """The base install is the orchestrator's: the demo code location loads, builds gpu_executor and its Slurm and
 Kubernetes backends, and `dagster definitions validate` passes with torch, sentence-transformers,
-huggingface_hub, lancedb, matplotlib and pynvml unimportable; what needs an extra fails with one line naming it.
+huggingface_hub, lancedb, matplotlib, pynvml and dagster_k8s unimportable; what needs an extra fails with one line naming it.
 
 The modules are blocked by a meta-path finder that a ``sitecustomize.py`` installs in every interpreter of the
 test (the dagster CLI's too), so an import anywhere in the code location's closure — at module level or when
@@ -20,7 +20,8 @@ import pytest
 from dagster_gpu.core.extras import EXTRA_MODULES, MissingExtra, require_extra
 
 REPO = Path(__file__).resolve().parents[1]
-BLOCKED = ("torch", "sentence_transformers", "huggingface_hub", "transformers", "lancedb", "matplotlib", "pynvml")
+BLOCKED = ("torch", "sentence_transformers", "huggingface_hub", "transformers", "lancedb", "matplotlib", "pynvml",
+           "dagster_k8s")
 
 SITECUSTOMIZE = textwrap.dedent(f"""
     import sys

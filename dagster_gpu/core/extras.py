@@ -1,6 +1,7 @@
 """The optional extras of the distribution, checked where their code starts: one line naming what to install.
 
-The base install is the orchestrator's (no torch); ``[embed]`` adds what a worker embeds with. A process that
+The base install is the orchestrator's (no torch, no dagster-k8s, whose releases pin one dagster patch release);
+``[embed]`` adds what a worker embeds with, ``[kubernetes]`` dagster-k8s for a pod's ``container_context``. A process that
 needs an extra and lacks it fails with :class:`MissingExtra`, whose message is one line, e.g.
 ``the local backend needs the embed extra: pip install 'dagster-gpu[embed]' (not installed: torch)``.
 """
@@ -13,6 +14,7 @@ from importlib.util import find_spec
 EXTRA_MODULES = {
     "embed": ("torch", "sentence_transformers", "huggingface_hub"),
     "index": ("lancedb",),
+    "kubernetes": ("dagster_k8s",),
     "report": ("matplotlib",),
 }
 
