@@ -6,7 +6,7 @@ one on a GPU (utilization, memory), one CPU-only whose GPU figures are unavailab
 draw the key figures and no plot of a setting (dimension, devices, rate), a partition's metadata must show
 measured floats rounded (the UI prints a float's full repr), the corpus node in the lineage must count its
 recorded files as filled, and the page must raise no page error. Under ``CI=true`` a missing Chromium is a
-failure, not a skip (``scripts/setup.sh`` installs it).
+failure, not a skip (``scripts/test.sh`` installs it).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ SETTINGS = ("embedding/dim", "billing/devices", "billing/rate_usd_per_gpu_hour",
 def _chromium() -> str:
     path = shutil.which("chromium") or shutil.which("chromium-browser")
     if path is None:
-        msg = "Debian's chromium is not installed (scripts/setup.sh installs it)"
+        msg = "Debian's chromium is not installed (scripts/test.sh installs it)"
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(msg)
         pytest.skip(msg)
