@@ -152,7 +152,7 @@ def collect(instance: dg.DagsterInstance, asset_key: dg.AssetKey, *, backfill_id
     partition of a failed run that it did not materialize (a range's keys resolved in the dynamic
     partitions ``partitions_def_name``; the range itself when it cannot be). Raises ValueError when
     neither ``backfill_id`` nor ``last`` is given or the backfill is unknown."""
-    from dagster._core.storage.dagster_run import RunsFilter
+    from dagster import RunsFilter
 
     bad = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
     if backfill_id:

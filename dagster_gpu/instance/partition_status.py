@@ -9,7 +9,7 @@ is in progress when Dagster's asset status cache says so or when an unfinished r
 from __future__ import annotations
 
 import dagster as dg
-from dagster._core.definitions.partitions.context import partition_loading_context
+from dagster import partition_loading_context
 
 from dagster_gpu.instance.run_ranges import PartitionRangeError, run_partition_keys
 

@@ -22,8 +22,8 @@ import logging
 import threading
 from typing import Any, Callable, Mapping
 
-from dagster._core.events.log import EventLogEntry
-from dagster._serdes import serialize_value
+from dagster import EventLogEntry
+from dagster import serialize_value
 
 from dagster_gpu.instance.relay_channel import ChannelWriter, decode, encode, read_from, step_outcome
 from dagster_gpu.instance.relay_parts import is_object_channel, next_sequence, part_name, part_sequence, parts_to_read

@@ -227,7 +227,7 @@ def failed_reads(instance: dg.DagsterInstance, asset_key: dg.AssetKey, partition
     """Partition key -> :class:`FailedRead` of its latest failed ``output_readable`` evaluation, for
     ``partitions`` (keys with none are absent). One event-log query per partition: pass the failed ones only
     (:func:`dagster_gpu.instance.partition_status.partition_status`)."""
-    from dagster._core.definitions.asset_checks.asset_check_spec import AssetCheckKey
+    from dagster import AssetCheckKey
     from dagster._core.event_api import PartitionKeyFilter
     from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
