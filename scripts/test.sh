@@ -51,6 +51,8 @@ bash resources/k8s/cluster.sh start
 dg_step "Slurm 24.11 cluster (resources/slurm/trixie.sh start, in the background since the Slurm 22.05 cluster)" "$TRIXIE_LOG"
 wait "$TRIXIE_PID"
 cat "$TRIXIE_LOG"
+dg_step "both ends of the dagster range from the built wheel (scripts/compat.sh)"
+bash scripts/compat.sh
 # pytest's own summary can scroll out of a log's tail (what its interpreter prints at exit comes after it), so the
 # failures, one line each (tests/failure_summary.py), are printed again as this script's last lines.
 DAGSTER_GPU_PYTEST_FAILURES=$(mktemp /tmp/dagster-gpu-pytest-failures.XXXXXX.txt)
