@@ -20,7 +20,8 @@ PIP=(--cache-dir "$CACHE/pip" -q)
 PY=${PYTHON:-python3}
 WORK=$(mktemp -d /tmp/dagster-gpu-compat.XXXXXX)
 SUBSET=(tests/test_policy.py tests/test_policy_ranges.py tests/test_embedding_asset.py tests/test_sensor.py
-        tests/test_worker_command.py tests/test_public_api.py tests/test_import_surface.py)
+        tests/test_worker_command.py tests/test_public_api.py tests/test_import_surface.py
+        --deselect tests/test_sensor.py::test_sensor_on_s3)  # moto's S3 server: the suite runs it, [s3] is not installed here
 T0=$(date +%s)
 elapsed() { echo "$(( $(date +%s) - $1 )) s"; }
 
@@ -72,7 +73,7 @@ assert dagster_gpu.__file__.startswith(sys.prefix), dagster_gpu.__file__; print(
   local qs=$!
   (cd "$WORK/tree" && DAGSTER_HOME="$d/home" "$d/venv/bin/python" -m pytest -q -p no:cacheprovider \
     -o cache_dir="$d/.pytest_cache" "${SUBSET[@]}" --basetemp "$d/pytest")
-  echo "[$v] compatibility subset (${#SUBSET[@]} files of tests/, against the installed wheel): $(elapsed "$t")"
+  echo "[$v] compatibility subset (${SUBSET[*]:0:7} of tests/, against the installed wheel): $(elapsed "$t")"
   t=$(date +%s)
   mkdir -p "$d/home"
   (cd "$WORK/tree" && DAGSTER_HOME="$d/home" "$d/venv/bin/dagster" definitions validate -m pipelines.definitions)
