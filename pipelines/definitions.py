@@ -25,11 +25,9 @@ from pathlib import Path
 
 import dagster as dg
 
-from dagster_gpu import CorpusSource, GpuRequest, TextFormat, corpus_source, embedding_asset, gpu_executor
-from dagster_gpu.definitions.asset_options import ComputeSpec, OutputSpec
-from dagster_gpu.embedding.spec import EmbeddingSpec
-from dagster_gpu.definitions.vector_index import index_automation_sensor, vector_index_asset
-from dagster_gpu.definitions.sensors import asset_job, backfill_missing_schedule, corpus_sensor
+from dagster_gpu import (ComputeSpec, CorpusSource, EmbeddingSpec, GpuRequest, OutputSpec, TextFormat, asset_job,
+                         backfill_missing_schedule, corpus_sensor, corpus_source, embedding_asset, gpu_executor,
+                         index_automation_sensor, vector_index_asset)
 
 REPO = Path(__file__).resolve().parents[1]
 CORPUS_URL = os.environ.get("DAGSTER_GPU_CORPUS_URL", str(REPO / ".demo" / "corpus"))

@@ -14,10 +14,8 @@ from pathlib import Path
 
 import dagster as dg
 
-from dagster_gpu import CorpusSource, GpuRequest, TextFormat, TokenChunks, embedding_asset, gpu_executor
-from dagster_gpu.definitions.asset_options import ComputeSpec, OutputSpec
-from dagster_gpu.embedding.spec import EmbeddingSpec
-from dagster_gpu.definitions.sensors import asset_job, corpus_sensor
+from dagster_gpu import (ComputeSpec, CorpusSource, EmbeddingSpec, GpuRequest, OutputSpec, TextFormat, TokenChunks,
+                         asset_job, corpus_sensor, embedding_asset, gpu_executor)
 
 HOME = Path(os.environ.get("DAGSTER_GPU_RETRIEVAL_HOME", str(Path(__file__).resolve().parents[1] / ".retrieval")))
 

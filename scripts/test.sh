@@ -19,8 +19,19 @@ export DAGSTER_GPU_REQUIRE_SERVICES=1
 K8S_BUILD_LOG=$(mktemp /tmp/dagster-gpu-k8s-build.XXXXXX.log)
 bash resources/k8s/build.sh >"$K8S_BUILD_LOG" 2>&1 &
 K8S_BUILD_PID=$!
-dg_step "set-up (scripts/setup.sh)"
-bash scripts/setup.sh
+# What only the tests use: the browser test's Chromium (tests/test_ui_browser.py), the Slurm ssh transport's login
+# node (openssh-server, resources/ssh/sshd.sh), the test extra; the demo's set-up installs none of them.
+test_pkgs=()
+command -v chromium >/dev/null 2>&1 || test_pkgs+=(chromium)
+[ -x /usr/sbin/sshd ] || test_pkgs+=(openssh-server)
+if [ ${#test_pkgs[@]} -gt 0 ]; then
+  dg_step "apt-get install ${test_pkgs[*]} (the tests' own)"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${test_pkgs[@]}" >/dev/null
+fi
+dg_step "set-up (scripts/setup.sh with the test and demo extras)"
+DAGSTER_GPU_EXTRAS=test,demo bash scripts/setup.sh
 dg_step "PostgreSQL (resources/postgres/postgres.sh start)" "${DAGSTER_GPU_PG_DIR:-/tmp/dagster-gpu-pg}/server.log" notail
 bash resources/postgres/postgres.sh start
 dg_step "OpenSSH login node for the Slurm ssh transport (resources/ssh/sshd.sh start)" "${DAGSTER_GPU_SSHD_DIR:-/tmp/dagster-gpu-sshd}/sshd.log" notail
@@ -40,6 +51,8 @@ bash resources/k8s/cluster.sh start
 dg_step "Slurm 24.11 cluster (resources/slurm/trixie.sh start, in the background since the Slurm 22.05 cluster)" "$TRIXIE_LOG"
 wait "$TRIXIE_PID"
 cat "$TRIXIE_LOG"
+dg_step "both ends of the dagster range from the built wheel (scripts/compat.sh)"
+bash scripts/compat.sh
 # pytest's own summary can scroll out of a log's tail (what its interpreter prints at exit comes after it), so the
 # failures, one line each (tests/failure_summary.py), are printed again as this script's last lines.
 DAGSTER_GPU_PYTEST_FAILURES=$(mktemp /tmp/dagster-gpu-pytest-failures.XXXXXX.txt)

@@ -38,10 +38,12 @@ def _pins() -> dict[str, str]:
 
 def test_the_image_installs_the_package_with_every_dependency_at_its_tested_pin():
     run = " ".join(_args("RUN"))
-    # pyproject's dependencies and the postgres extra (the step opens the instance on PostgreSQL), pinned
-    assert 'pip install --constraint constraints.txt ".[postgres]"' in run
+    # pyproject's dependencies, the embed extra (the step embeds) and the postgres extra (the step opens the
+    # instance on PostgreSQL), pinned
+    assert 'pip install --constraint constraints.txt ".[embed,postgres]"' in run
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    deps = [Requirement(d) for d in project["dependencies"] + project["optional-dependencies"]["postgres"]]
+    extras = project["optional-dependencies"]
+    deps = [Requirement(d) for d in project["dependencies"] + extras["embed"] + extras["postgres"]]
     pins = _pins()
     for req in deps:
         name = re.sub(r"[-_.]+", "-", req.name.lower())

@@ -36,7 +36,7 @@ def test_type_checking_block_and_lazy_table_agree_and_resolve():
 
 
 def test_version_is_the_distributions():
-    assert dagster_gpu.__version__ == importlib.metadata.version("dagster-gpu") == "0.1.0"
+    assert dagster_gpu.__version__ == importlib.metadata.version("dagster-gpu") == "0.2.0"
     assert "__version__" in dir(dagster_gpu)
 
 

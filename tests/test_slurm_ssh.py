@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 def sshd() -> dict[str, str]:
     env = SSH.sshd_env()
     if env is None:
-        pytest.skip("the test sshd did not start (resources/ssh/sshd.sh start; openssh-server from scripts/setup.sh)")
+        pytest.skip("the test sshd did not start (resources/ssh/sshd.sh start; openssh-server from scripts/test.sh)")
     return env
 
 

@@ -30,7 +30,7 @@ def ssh_home(slurm_cluster, monkeypatch):
         pytest.skip(reason)
     sshd = SSH.sshd_env()
     if sshd is None:
-        pytest.skip("the test sshd did not start (resources/ssh/sshd.sh start; openssh-server from scripts/setup.sh)")
+        pytest.skip("the test sshd did not start (resources/ssh/sshd.sh start; openssh-server from scripts/test.sh)")
     home, env = H.make_dagster_home()
     ctl = SSH.short_dir("dgs-ctl-")
     extra = {**sshd, "DGPU_TEST_SLURM_TRANSPORT": "ssh", "DGPU_TEST_SSH_CONTROL_DIR": ctl,

@@ -8,7 +8,7 @@ measured floats rounded (the UI prints a float's full repr), a partition's page 
 bill (rounded, under ``bill/*`` beside the measured ``billing/*``) and a failed partition's reason
 (``dagster_gpu/partition_failure``), the corpus node in the lineage must count its
 recorded files as filled, and the page must raise no page error. Under ``CI=true`` a missing Chromium is a
-failure, not a skip (``scripts/setup.sh`` installs it).
+failure, not a skip (``scripts/test.sh`` installs it).
 """
 
 from __future__ import annotations

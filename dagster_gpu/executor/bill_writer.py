@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import dagster as dg
 from dagster._grpc.types import ExecuteStepArgs
-from dagster._serdes import serialize_value
+from dagster import serialize_value
 
 from dagster_gpu.billing.apportion import apportion_unit_bill
 from dagster_gpu.billing.keys import (
@@ -186,8 +186,9 @@ def store_observations(instance: dg.DagsterInstance, observations: list[dg.Asset
     """Store runless ``observations`` as ``report_runless_asset_event`` would, but one storage batch per asset
     key (``EventLogStorage.store_event_batch``: on PostgreSQL a single INSERT, so a unit's bill lands
     whole or not at all, and 500 partitions cost one statement instead of 500 connections)."""
-    from dagster._core.events import AssetObservationData, DagsterEvent, DagsterEventType
-    from dagster._core.events.log import EventLogEntry
+    from dagster import DagsterEvent, DagsterEventType
+    from dagster._core.events import AssetObservationData
+    from dagster import EventLogEntry
     from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
     from dagster._time import get_current_timestamp
 

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 import dagster as dg
-from dagster._core.definitions.executor_definition import multiple_process_executor_requirements
+from dagster import multiple_process_executor_requirements
 from dagster._core.execution.retries import RetryMode, get_retries_config
 from dagster._core.execution.tags import get_tag_concurrency_limits_config
 from dagster_gpu.executor.registry import BACKENDS

@@ -29,7 +29,8 @@ from typing import Any, Iterator, Mapping
 
 from dagster import DagsterRunStatus, MetadataValue
 from dagster._record import copy
-from dagster._core.events import DagsterEvent, EngineEventData
+from dagster import DagsterEvent
+from dagster._core.events import EngineEventData
 from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHandler, StepHandlerContext
 
 from dagster_gpu.billing.ratecard import RateCard

@@ -18,8 +18,9 @@ holds a GPU and ends COMPLETED instead of CANCELLED.
 from __future__ import annotations
 
 from dagster import DagsterRunStatus, MetadataValue
-from dagster._core.errors import DagsterExecutionInterruptedError
-from dagster._core.events import DagsterEvent, EngineEventData
+from dagster import DagsterExecutionInterruptedError
+from dagster import DagsterEvent
+from dagster._core.events import EngineEventData
 from dagster._core.executor.step_delegating import StepDelegatingExecutor
 
 from dagster_gpu.instance.events import HANDLE_KEY, last_outcomes, launches

@@ -13,7 +13,7 @@ import zlib
 from typing import Mapping
 
 from dagster._grpc.types import ExecuteStepArgs
-from dagster._serdes import deserialize_value, serialize_value
+from dagster import deserialize_value, serialize_value
 
 ENV_VAR = "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS"
 

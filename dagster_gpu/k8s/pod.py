@@ -19,11 +19,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from dagster_k8s.container_context import K8sContainerContext
-from dagster_k8s.models import k8s_model_from_dict
 from kubernetes import client
 
 from dagster_gpu.contracts import StepLaunch
+from dagster_gpu.core.extras import require_extra
 from dagster_gpu.k8s.dra import (
     REQUEST_NAME, SHARING_STRATEGIES, DeviceChoice, ManifestError, claim_template, device_choice, is_mig_profile,
 )
@@ -152,9 +151,13 @@ def _container_context_config(settings: PodSettings) -> tuple[dict, dict, dict]:
     """(container config, pod spec config, pod template metadata) of the user's ``container_context``, read by
     dagster-k8s (``K8sContainerContext.create_from_config``: its config schema, then ``run_k8s_config``, whose
     env vars, secrets, volumes, resources... are already folded into snake_case dicts; deep copies).
-    Raises ManifestError naming what dagster-k8s rejected."""
+    Raises ManifestError naming what dagster-k8s rejected, MissingExtra (one line) without the kubernetes
+    extra (dagster-k8s, read only for a ``container_context``)."""
     if not settings.container_context:
         return {}, {}, {}
+    require_extra("kubernetes", "kubernetes.container_context")
+    from dagster_k8s.container_context import K8sContainerContext
+
     try:
         cc = K8sContainerContext.create_from_config({"k8s": dict(settings.container_context)})
     except Exception as e:  # DagsterInvalidConfigError lists every bad key
@@ -165,6 +168,9 @@ def _container_context_config(settings: PodSettings) -> tuple[dict, dict, dict]:
 
 
 def _model(klass: type, config: Mapping[str, Any], what: str) -> Any:
+    require_extra("kubernetes", "kubernetes.container_context")
+    from dagster_k8s.models import k8s_model_from_dict
+
     try:
         return k8s_model_from_dict(klass, config)
     except Exception as e:  # dagster-k8s raises on unknown keys and malformed values

@@ -32,6 +32,7 @@ from dagster_gpu.billing.keys import SOURCE
 from dagster_gpu.contracts import STEP_CONTEXT_ENV, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, read_step_context
 from dagster_gpu.instance.settings import config_field as settings_config_field
 from dagster_gpu.instance.settings import from_section, setting
+from dagster_gpu.core.extras import require_extra
 from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
 from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
@@ -156,6 +157,10 @@ class LocalBackend(Backend):
         self._forkserver_failed: set[str] = set()  # fork server keys that did not come up: launched cold
 
     def launch(self, launch: StepLaunch) -> Handle:
+        """Start the step's worker on this host. Raises MissingExtra (one line) for a step that embeds
+        (a GPU request of one device or more) where the embed extra is not installed."""
+        if launch.request.count > 0:
+            require_extra("embed", "the local backend")
         self.log_dir.mkdir(parents=True, exist_ok=True)
         stem = f"{launch.run_id}-{launch.step_key}-{launch.attempt}"
         stem = "".join(c if c.isalnum() or c in "-_." else "_" for c in stem)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
 import dagster as dg
-from dagster._core.definitions.asset_checks.asset_check_spec import AssetCheckKey
+from dagster import AssetCheckKey
 from dagster._core.event_api import PartitionKeyFilter
 from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.definitions.data_version import (

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Iterable
 
 import dagster as dg
-from dagster._core.definitions.partitions.context import partition_loading_context
+from dagster import partition_loading_context
 from dagster._core.storage.partition_status_cache import get_and_update_asset_status_cache_value
 
 from dagster_gpu.corpus.listing import CorpusFile

@@ -23,8 +23,7 @@ import threading
 from typing import Any, Callable, Mapping
 
 import fsspec
-from dagster._core.events.log import EventLogEntry
-from dagster._serdes import serialize_value
+from dagster import EventLogEntry, serialize_value
 
 from dagster_gpu.relay.channel import ChannelWriter, decode, encode, read_from, step_outcome
 from dagster_gpu.relay.parts import is_object_channel, next_sequence, part_name, part_sequence, parts_to_read

@@ -47,8 +47,8 @@ from typing import Callable
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 from dagster._core.definitions.data_version import INPUT_EVENT_POINTER_TAG_PREFIX
-from dagster._core.events import PIPELINE_EVENTS, DagsterEventType, EngineEventData
-from dagster._core.events.log import EventLogEntry
+from dagster import DagsterEventType, EventLogEntry
+from dagster._core.events import PIPELINE_EVENTS, EngineEventData
 from dagster._record import copy
 
 from dagster_gpu.billing.keys import COST_USD
