@@ -205,6 +205,12 @@ def fake_k8s_cache(root: Path, etcd_lines: int) -> Path:
         p = bin_dir / name
         p.write_text(f"#!/usr/bin/env bash\n{body}\n")
         p.chmod(p.stat().st_mode | stat.S_IXUSR)
+    # the Kueue manager as build.sh's warm check finds it: bin/kueue and the module's CRDs under src/
+    kueue = root / "kueue" / "v0.17.0"
+    (kueue / "src" / "config" / "components" / "crd" / "bases").mkdir(parents=True)
+    (kueue / "bin").mkdir()
+    (kueue / "bin" / "kueue").write_text("#!/usr/bin/env bash\ntrue\n")
+    (kueue / "bin" / "kueue").chmod(0o755)
     return bin_dir
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # A real Kubernetes 1.34 control plane with DRA on loopback, without Docker, for dagster-gpu's
 # kubernetes backend (tests, benchmark, and users trying it).
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/errtrap.sh"
 #
 #   resources/k8s/cluster.sh start    # build/reuse binaries (build.sh), start everything, apply manifests
 #   resources/k8s/cluster.sh status   # which of our processes run; exit 0 only if all run and apiserver is ready
@@ -39,7 +40,6 @@
 # ServiceAccount/Role/RoleBinding and the step pods' (dagster-gpu-worker: get pods and resourceclaims). Kubeconfigs written: $DIR/admin.kubeconfig (system:masters) and
 # $DIR/executor.kubeconfig (ServiceAccount dagster-gpu/dagster-gpu-executor, least privilege).
 # A failed start prints its step and the tail of that component's log ($DIR/logs/<component>.log).
-source "$(dirname "${BASH_SOURCE[0]}")/../lib/errtrap.sh"
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
