@@ -25,7 +25,12 @@ KEY_RE = re.compile(r"""["']((?:embedding|billing|gpu|dagster_gpu|corpus|index|s
 
 
 def _cell(text: Any) -> str:
-    return str(text).replace("``", "`").replace("|", "\\|").replace("\n", " ").strip()
+    """``text`` as one Markdown table cell: reST literals as code spans; outside them, ``<…>`` and ``~`` shown as
+    typed (not an HTML tag, not pymdownx's strike-through); no ``|`` or line break ends the cell."""
+    parts = str(text).replace("``", "`").replace("\n", " ").split("`")
+    for i in range(0, len(parts), 2):  # the even parts are outside code spans
+        parts[i] = parts[i].replace("<", "&lt;").replace(">", "&gt;").replace("~", "\\~")
+    return "`".join(parts).replace("|", "\\|").strip()
 
 
 def type_name(config_type: Any) -> str:
@@ -47,7 +52,7 @@ def type_name(config_type: Any) -> str:
     if kind == K.PERMISSIVE_SHAPE:
         return "mapping"
     if kind == K.SELECTOR:
-        return "one of {" + ", ".join(config_type.fields) + "}"
+        return "one of: " + ", ".join(config_type.fields)
     if kind == K.MAP:
         return "map"
     return config_type.given_name or str(kind.value).lower()
