@@ -167,7 +167,7 @@ cmd_start() {
   fi
   dg_step "PKI and kubeconfigs in $DIR"
   mkdir -p "$DIR"
-  # A fresh start (nothing of ours running) gets a fresh etcd: no pods or claims from an earlier session.
+  # A fresh start (nothing of ours running) gets a fresh etcd: no pods or claims from an earlier start.
   if ! pid_alive etcd; then rm -rf "$DIR/etcd"; fi
   make_pki
   kubeconfig admin dagster-gpu-admin "$DIR/admin.kubeconfig"
