@@ -578,3 +578,14 @@ def test_unit_bills_sensor_builds_the_configured_remote_backends(tmp_path):
     built = remote_backends({"slurm": {"spool_dir": str(tmp_path / "spool")}}, tmp_path)
     assert [b.name for b in built] == ["slurm"]  # local is on by default but bills nothing
     assert remote_backends({"local": {}}, tmp_path) == []
+
+
+def test_a_bills_settings_keep_their_value_and_its_measured_figures_are_rounded():
+    """observation_metadata rounds what was measured, as the materialization does, and leaves the step's settings
+    (worker.metadata.SETTING_KEYS) whole: a MIG 1g.10gb slice is 1/7 of its GPU on the bill as on the claim."""
+    from dagster_gpu.executor.bill_writer import observation_metadata
+
+    md = observation_metadata({"billing/gpu_seconds": 12.345678, "gpu/device_fraction": 1 / 7,
+                               "billing/rate_usd_per_gpu_hour": 1.23456789, "k8s/running_seconds": 86.41975}, cpu=False)
+    assert md == {"bill/gpu_seconds": 12.35, "gpu/device_fraction": 1 / 7, "bill/rate_usd_per_gpu_hour": 1.23456789,
+                  "k8s/running_seconds": 86.42}

@@ -37,7 +37,7 @@ from dagster_gpu.instance.step_args import step_args_from_env
 from dagster_gpu.partitions.run_ranges import run_partition_keys
 from dagster_gpu.billing.measured import billed_device
 from dagster_gpu.instance.events import metadata_get, metadata_number
-from dagster_gpu.worker.metadata import rounded
+from dagster_gpu.worker.metadata import SETTING_KEYS, rounded
 
 log = logging.getLogger(__name__)
 
@@ -172,11 +172,12 @@ def write_unit_bill(
 def observation_metadata(md: Mapping[str, Any], cpu: bool) -> dict[str, Any]:
     """``md`` as a bill observation stores it: each ``billing/*`` key under its bill name
     (:func:`dagster_gpu.billing.keys.billed`: ``bill/gpu_seconds``, or ``bill/cpu_seconds`` when ``cpu``),
-    every float rounded as the materialization rounds its measured figures
-    (:func:`dagster_gpu.worker.metadata.rounded`, 4 significant digits); other keys and values as they are."""
+    every measured float rounded as the materialization rounds it (:func:`dagster_gpu.worker.metadata.rounded`,
+    4 significant digits); a setting of the step (:data:`dagster_gpu.worker.metadata.SETTING_KEYS`: the device
+    fraction, the rate) and other keys and values as they are."""
     out: dict[str, Any] = {}
     for k, v in md.items():
-        if isinstance(v, float):
+        if isinstance(v, float) and k not in SETTING_KEYS:
             v = rounded(v)
         out[billed(k, cpu) if k.startswith(PREFIX) else k] = v
     return out
