@@ -59,11 +59,11 @@ DAGSTER_GPU_PYTEST_FAILURES=$(mktemp /tmp/dagster-gpu-pytest-failures.XXXXXX.txt
 export DAGSTER_GPU_PYTEST_FAILURES
 dg_step "pytest (the failures, one per line; the full reports are in the output above)" "$DAGSTER_GPU_PYTEST_FAILURES"
 DG_LOG_TAIL_LINES=60
-# DAGSTER_GPU_TEST_WORKERS=N (default 0: the tests in this one process) runs them on N pytest-xdist workers, a
+# DAGSTER_GPU_TEST_WORKERS=N (default 2; 0: the tests in this one process) runs them on N pytest-xdist workers, a
 # file's tests in one worker, the files in tests/host_locks.py's order; each cluster, the login node and the fork
 # server then serve one test at a time, and tests that time this host's CPU run alone (tests/host_locks.py).
 XDIST=()
-if (( ${DAGSTER_GPU_TEST_WORKERS:-0} > 0 )); then
-  XDIST=(-n "$DAGSTER_GPU_TEST_WORKERS" --dist loadfile --no-loadscope-reorder)
+if (( ${DAGSTER_GPU_TEST_WORKERS:-2} > 0 )); then
+  XDIST=(-n "${DAGSTER_GPU_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)
 fi
 .venv/bin/python -m pytest -q -ra --durations=40 "${XDIST[@]}" "$@"

@@ -17,7 +17,7 @@ exclusively where every other test holds it shared, behind a ``turnstile`` lock,
 test is not starved by the other worker's next tests. Locks are taken in one order (``host``, then the
 resources sorted by name), so two tests never wait on each other.
 
-With ``DAGSTER_GPU_TEST_WORKERS=2``, ``scripts/test.sh`` runs pytest-xdist with ``--dist loadfile``: a file's tests run in one worker, so module-scoped
+``scripts/test.sh`` runs pytest-xdist (``DAGSTER_GPU_TEST_WORKERS`` workers, default 2) with ``--dist loadfile``: a file's tests run in one worker, so module-scoped
 fixtures (a model, a zygote process, a token) are set up once and module state stays in one process. Without
 pytest-xdist the locks are taken all the same, never waited for.
 """

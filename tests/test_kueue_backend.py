@@ -65,7 +65,11 @@ def test_a_queued_pod_past_queue_timeout_fails_naming_the_queue_and_the_policy_s
     holders = [_launch(["sleep", "30"], GpuRequest(mig_ok=True), device="mig-1g.10gb", pk=f"p-{i}") for i in range(2)]
     handles = [b.launch(x) for x in holders]
     wait_for(lambda: all(b.state(h).status == WorkerStatus.RUNNING for h in handles), 120, what="two slices admitted")
-    assert b.policy_state().queue.quota_free["mig-1g.10gb"] == 0
+    # the ClusterQueue's status.flavorsReservation follows admissions asynchronously (Kueue's ClusterQueue
+    # reconciler updates the status after the workload cache: pkg/controller/core/clusterqueue_controller.go), so
+    # the policy sees the borrowed slices taken once that status has caught up, not at the pods' start
+    assert wait_for(lambda: b.policy_state().queue.quota_free["mig-1g.10gb"] == 0, 30,
+                    what="the ClusterQueue's status to count both slices reserved")
     waiting = _launch(["sleep", "1"], GpuRequest(mig_ok=True), device="mig-1g.10gb", pk="p-9")
     h = b.launch(waiting)
     st = wait_for(lambda: (lambda s: s if s.status == WorkerStatus.FAILED else None)(b.state(h)), 60,

@@ -40,8 +40,9 @@ def _wait_for(pred, timeout_s, poll_s, what):
 
 
 @pytest.mark.exclusive  # under CPU contention a terminated task ended COMPLETED before its scancel landed (two-worker run)
-def test_ui_terminate_with_resume_configured_cancels_every_array_task(monkeypatch):
-    reason = H.cluster_unavailable_reason() or H.postgres_unavailable_reason()
+@H.on_slurm("22.05")  # the fixture starts it on an idle cluster: tasks an earlier test left would hold its GPUs
+def test_ui_terminate_with_resume_configured_cancels_every_array_task(slurm_cluster, monkeypatch):
+    reason = H.postgres_unavailable_reason()
     if reason:
         pytest.skip(reason)
     import dagster as dg
