@@ -82,7 +82,8 @@ _EXPORTS = {
     "vector_index_asset": "dagster_gpu.definitions.vector_index",
 }
 
-#: Deprecated module path (documented by 0.1.0) -> the module its names live in now. Removed in 0.3.0.
+#: Deprecated module path (documented or imported by code locations of an earlier release) -> the module its names
+#: live in now. Removed in 0.3.0.
 _MOVED_MODULES = {
     "dagster_gpu.index.asset": "dagster_gpu.definitions.vector_index",
     "dagster_gpu.assets": "dagster_gpu.definitions.assets",
@@ -92,6 +93,7 @@ _MOVED_MODULES = {
     "dagster_gpu.request": "dagster_gpu.core.request",
     "dagster_gpu.keys": "dagster_gpu.core.partition_keys",
     "dagster_gpu.outputs": "dagster_gpu.embedding.outputs",
+    "dagster_gpu.instance.settings": "dagster_gpu.settings.schema",
 }
 _REMOVED_IN = "0.3.0"
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dagster_gpu.instance.settings import apply_renamed, config_field, renamed, setting
+from dagster_gpu.settings.schema import apply_renamed, config_field, renamed, setting
 from scripts.docs.reference import ROOT, _cell, command_names, documented_keys, request_tags, settings_rows
 
 

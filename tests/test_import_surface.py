@@ -56,6 +56,7 @@ OLD_PATHS = [  # (old module, name, the new path the warning names)
     ("dagster_gpu.bills_sensor", "unit_bills_sensor", "from dagster_gpu import unit_bills_sensor"),
     ("dagster_gpu.source_versions", "corpus_source", "from dagster_gpu import corpus_source"),
     ("dagster_gpu.request", "GpuRequest", "from dagster_gpu import GpuRequest"),
+    ("dagster_gpu.instance.settings", "config_field", "from dagster_gpu.settings.schema import config_field"),
 ]
 
 

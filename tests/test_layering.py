@@ -373,6 +373,18 @@ def test_the_cross_layer_folders_sit_where_the_map_says():
     assert not [x for x in files if x.rsplit(".", 1)[-1] in ("preempt", "preemptions")], "preemption's modules are named preemption"
 
 
+def test_the_settings_framework_sits_below_every_backend_and_instance_stays_small():
+    """settings/ (a settings class -> its config schema) imports no other layer, so every backend's settings
+    module, the executor and the definitions reach it downwards; instance/ keeps the instance read back alone."""
+    m, files = _map(), _files()
+    assert {x: m.layer_of[x] for x in files if x.startswith("dagster_gpu.settings")} == {
+        "dagster_gpu.settings": "settings", "dagster_gpu.settings.schema": "settings"}
+    assert m.layers["settings"].may_import == frozenset()
+    assert {"backends", "executor"} <= {n for n, lay in m.layers.items() if "settings" in lay.may_import}
+    lines = sum(len(p.read_text().splitlines()) for x, p in files.items() if x.startswith("dagster_gpu.instance"))
+    assert lines <= 1400, f"instance/ holds {lines} lines: move what is not the instance read back into its own folder"
+
+
 def test_compatibility_shims_only_forward_and_nothing_imports_them():
     shims = _map().shims
     assert shims, f"{MAP.name} lists the compatibility shims (old path -> new home)"

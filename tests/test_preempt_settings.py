@@ -32,7 +32,7 @@ def test_sbatch_gets_qos_requeue_and_the_signal_lead_time(tmp_path):
 
 
 def test_slurm_schema_generated_from_the_settings_has_the_new_keys():
-    from dagster_gpu.instance.settings import config_field
+    from dagster_gpu.settings.schema import config_field
 
     r = process_config(config_field(SlurmSettings, "slurm").config_type, {"requeue": False, "signal_lead_seconds": 90})
     assert r.success, r.errors
@@ -96,6 +96,6 @@ def test_each_backend_names_its_preemption_pool_and_reports_its_prior(tmp_path):
 
 
 def config_field_slurm():
-    from dagster_gpu.instance.settings import config_field
+    from dagster_gpu.settings.schema import config_field
 
     return config_field(SlurmSettings, "slurm")

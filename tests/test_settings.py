@@ -12,7 +12,7 @@ from dagster_gpu.local import backend as local
 from dagster_gpu.slurm import backend as slurm
 from dagster_gpu.k8s.settings import KubernetesSettings, config_field, settings_from_config
 from dagster_gpu.executor.executor import GPU_EXECUTOR_CONFIG
-from dagster_gpu.instance.settings import from_section, moved_keys
+from dagster_gpu.settings.schema import from_section, moved_keys
 from dagster_gpu.k8s import manifests as m
 
 
@@ -78,15 +78,15 @@ def test_slurm_section_lists_become_tuples_and_env_files_expand(monkeypatch):
 @pytest.fixture
 def fresh_warnings(monkeypatch, caplog):
     """The once-per-process warning set emptied, and the settings module's warnings captured."""
-    import dagster_gpu.instance.settings as settings_module
+    import dagster_gpu.settings.schema as settings_module
 
     monkeypatch.setattr(settings_module, "_warned", set())
-    caplog.set_level("WARNING", logger="dagster_gpu.instance.settings")
+    caplog.set_level("WARNING", logger="dagster_gpu.settings.schema")
     return caplog
 
 
 def _deprecation_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "dagster_gpu.instance.settings" and r.levelname == "WARNING"]
+    return [r.getMessage() for r in caplog.records if r.name == "dagster_gpu.settings.schema" and r.levelname == "WARNING"]
 
 
 @pytest.mark.parametrize("section,old,cls,field", [

@@ -1,7 +1,7 @@
 """``gpu_executor``: a step-delegating Dagster executor that places each step on local, Slurm or Kubernetes.
 
 Run config (``execution: config:``): :data:`GPU_EXECUTOR_CONFIG`; each backend's section is generated from its
-settings class (``dagster_gpu.instance.settings``). Every key with its type, default and description:
+settings class (``dagster_gpu.settings.schema``). Every key with its type, default and description:
 docs/reference/configuration.md, generated from this schema when the docs site is built.
 
 The per-step GPU request comes from the asset's op tags (``dagster_gpu.core.request``). Steps are verified

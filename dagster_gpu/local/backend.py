@@ -30,8 +30,8 @@ import psutil
 
 from dagster_gpu.billing.keys import SOURCE
 from dagster_gpu.contracts import STEP_CONTEXT_ENV, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, read_step_context
-from dagster_gpu.instance.settings import config_field as settings_config_field
-from dagster_gpu.instance.settings import from_section, setting
+from dagster_gpu.settings.schema import config_field as settings_config_field
+from dagster_gpu.settings.schema import from_section, setting
 from dagster_gpu.core.extras import require_extra
 from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.policy.snapshot import DeviceGroup, LocalState

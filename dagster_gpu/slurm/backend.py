@@ -58,7 +58,7 @@ from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage,
 from dagster_gpu.relay.channel import read_from as read_local_channel
 from dagster_gpu.relay.objects import read_object_channel
 from dagster_gpu.relay.parts import is_object_channel
-from dagster_gpu.instance.settings import config_field as settings_config_field
+from dagster_gpu.settings.schema import config_field as settings_config_field
 from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.policy.preemption import pool_key
 from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState

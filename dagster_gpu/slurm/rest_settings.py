@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dagster_gpu.instance.settings import setting
+from dagster_gpu.settings.schema import setting
 
 
 @dataclass(frozen=True)

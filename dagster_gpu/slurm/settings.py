@@ -2,7 +2,7 @@
 (:class:`~dagster_gpu.slurm.ssh_settings.SlurmSshSettings`) and ``rest:``
 (:class:`~dagster_gpu.slurm.rest_settings.SlurmRestSettings`) sections; the fields' descriptions are the
 settings' documentation and the generated Dagster schema's. The flat keys those sections replace
-(``ssh_host``, ``rest_url``, …: :func:`~dagster_gpu.instance.settings.moved_keys`) are still accepted, with
+(``ssh_host``, ``rest_url``, …: :func:`~dagster_gpu.settings.schema.moved_keys`) are still accepted, with
 a DeprecationWarning naming the new key."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any, Mapping
 import dagster as dg
 
 from dagster_gpu.relay.parts import check_relay_settings
-from dagster_gpu.instance.settings import apply_renamed, from_section, nest_sections, renamed, setting
+from dagster_gpu.settings.schema import apply_renamed, from_section, nest_sections, renamed, setting
 from dagster_gpu.slurm.gpu_types import from_settings as gpu_types_from_settings
 from dagster_gpu.slurm.rest_settings import SlurmRestSettings
 from dagster_gpu.slurm.ssh_settings import SlurmSshSettings

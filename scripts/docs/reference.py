@@ -1,7 +1,7 @@
 """Reference pages of the docs site, generated from the code (pure text out; imports dagster_gpu).
 
 - :func:`settings_page`: every key of gpu_executor's config (``execution: config:``), from its Dagster config
-  schema, which ``dagster_gpu.instance.settings`` generates from the backends' settings classes: name, type,
+  schema, which ``dagster_gpu.settings.schema`` generates from the backends' settings classes: name, type,
   default, description; nested sections (``slurm.ssh``, ...) become sections of their own, whatever their depth.
 - :func:`commands_page`: each ``dagster-gpu`` command's ``--help``, as its argparse parser prints it.
 - :func:`metadata_keys_page`: the documented key constants of ``dagster_gpu.billing.keys``, the op and run tags of
@@ -99,7 +99,7 @@ def settings_page() -> str:
     out = ["# Executor configuration", "",
            "Every key of `gpu_executor`'s config (`execution: config:` of a run, or "
            "`gpu_executor.configured({...})`), generated from the settings classes at build time "
-           "(`dagster_gpu/instance/settings.py` turns each backend's settings class into its section of the "
+           "(`dagster_gpu/settings/schema.py` turns each backend's settings class into its section of the "
            "config schema). A key not set takes its default; *none* means optional with no default.", ""]
     for path, fields in _sections(convert_potential_field(GPU_EXECUTOR_CONFIG).config_type, ""):
         out += [f"## `{path}`" if path else "## Top level", "",
