@@ -94,6 +94,7 @@ _MOVED_MODULES = {
     "dagster_gpu.keys": "dagster_gpu.core.partition_keys",
     "dagster_gpu.outputs": "dagster_gpu.embedding.outputs",
     "dagster_gpu.instance.settings": "dagster_gpu.settings.schema",
+    "dagster_gpu.instance.source_versions": "dagster_gpu.partitions.source_versions",
 }
 _REMOVED_IN = "0.3.0"
 

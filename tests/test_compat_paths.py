@@ -6,7 +6,7 @@ A Slurm array task submitted before an upgrade runs the manifest it was given, w
 ``dagster_gpu/partitions/``). The supervisor's earlier path ``dagster_gpu.worker.supervise`` is gone: the local
 backend runs the command it writes at once (a supervisor already running keeps the code it imported), so no
 command line of an earlier version reaches it after an upgrade, and running it by hand names the missing module.
-docs/architecture.md lists the compatibility shims these paths rely on.
+docs/architecture.md lists the moved modules (the package root's finder) these paths rely on.
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ def test_the_supervisors_earlier_path_ends_with_an_error_naming_it(tmp_path):
 
 
 def test_corpus_source_imported_from_its_earlier_module_is_the_same_function_and_warns():
-    with pytest.warns(DeprecationWarning, match=r"dagster_gpu.instance.source_versions is deprecated .*: from dagster_gpu import corpus_source"):
+    with pytest.warns(DeprecationWarning, match=r"dagster_gpu.instance.source_versions is deprecated .*: use `from dagster_gpu import corpus_source`"):
         from dagster_gpu.instance.source_versions import corpus_source
     assert corpus_source is source_versions.corpus_source
-    with pytest.warns(DeprecationWarning, match=r"from dagster_gpu.partitions.source_versions import corpus_asset_key"):
+    with pytest.warns(DeprecationWarning, match=r"use `from dagster_gpu.partitions.source_versions import corpus_asset_key`"):
         from dagster_gpu.instance.source_versions import corpus_asset_key
     assert corpus_asset_key(dg.AssetKey(["docs", "emb"])) == source_versions.corpus_asset_key(dg.AssetKey(["docs", "emb"]))
     with pytest.raises(ImportError):

@@ -57,6 +57,7 @@ OLD_PATHS = [  # (old module, name, the new path the warning names)
     ("dagster_gpu.source_versions", "corpus_source", "from dagster_gpu import corpus_source"),
     ("dagster_gpu.request", "GpuRequest", "from dagster_gpu import GpuRequest"),
     ("dagster_gpu.instance.settings", "config_field", "from dagster_gpu.settings.schema import config_field"),
+    ("dagster_gpu.instance.source_versions", "corpus_source", "from dagster_gpu import corpus_source"),
 ]
 
 

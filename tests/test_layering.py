@@ -118,7 +118,7 @@ class Map:
     layer_of: dict[str, str]  # dotted module name -> layer
     debts: dict[tuple[str, str], str]  # (importer, imported) -> the line's text
     duplicates: list[str]
-    shims: dict[str, str] = field(default_factory=dict)  # compatibility shim -> the module it forwards to
+    moved: dict[str, str] = field(default_factory=dict)  # old module path (no file) -> the module it forwards to
 
 
 def _dotted(cell_path: str) -> str:
@@ -178,14 +178,14 @@ def _parse(text: str) -> Map:
         ticks = _ticked(cells[0])
         assert len(ticks) == 2, f"{MAP}: a known debt names one import `importer` -> `imported`: {cells[0]!r}"
         debts[(_dotted(ticks[0]), _dotted(ticks[1]))] = " | ".join(cells)
-    shims = {}
-    if "Compatibility shims:" in text.split("### Layers")[0]:
-        section = text[text.index("Compatibility shims:"):text.index("### Layers")]
+    moved = {}
+    if "Moved modules:" in text.split("### Layers")[0]:
+        section = text[text.index("Moved modules:"):text.index("### Layers")]
         for line in section.splitlines():
             ticks = _ticked(line) if line.startswith("| `") else []
             if len(ticks) >= 2:
-                shims[_dotted(ticks[0])] = _dotted(ticks[1])
-    return Map(layers, layer_of, debts, duplicates, shims)
+                moved[_dotted(ticks[0])] = _dotted(ticks[1])
+    return Map(layers, layer_of, debts, duplicates, moved)
 
 
 @lru_cache(maxsize=1)
@@ -301,10 +301,7 @@ def test_no_module_cycle_outside_the_known_debts():
 def test_no_package_cycle_outside_the_known_debts():
     g: dict[str, set[str]] = defaultdict(set)
     why: dict[tuple[str, str], str] = {}
-    shims = _map().shims
     for src, deps in _edges_outside_debts().items():
-        if src in shims:
-            continue  # a shim's one import forwards to its new home; nothing imports a shim (test below)
         for dst, line in deps.items():
             a, b = _package(src), _package(dst)
             if a != b:
@@ -354,7 +351,6 @@ def test_the_cross_layer_folders_sit_where_the_map_says():
     the channel and the relayed worker's instance on ``instance`` and the run worker's pump on ``executor``;
     preemption has one name in every layer."""
     m, files = _map(), _files()
-    shims = set(m.shims)
     assert {x for x in files if x.startswith("dagster_gpu.partitions")} >= {
         "dagster_gpu.partitions.status", "dagster_gpu.partitions.run_ranges", "dagster_gpu.partitions.run_requests",
         "dagster_gpu.partitions.source_versions", "dagster_gpu.partitions.stale", "dagster_gpu.partitions.unit_cost"}
@@ -368,7 +364,7 @@ def test_the_cross_layer_folders_sit_where_the_map_says():
         "dagster_gpu.relay.pump": "executor"}
     ledger = ("partition_status", "run_ranges", "source_versions", "stale", "relay_channel", "relay_parts",
               "relay_objects", "relay_storage")
-    drawer = [x for x in files if x.startswith("dagster_gpu.instance.") and x.rsplit(".", 1)[1] in ledger and x not in shims]
+    drawer = [x for x in files if x.startswith("dagster_gpu.instance.") and x.rsplit(".", 1)[1] in ledger]
     assert not drawer, f"partition-ledger or relay modules back in instance/: {drawer}"
     assert not [x for x in files if x.rsplit(".", 1)[-1] in ("preempt", "preemptions")], "preemption's modules are named preemption"
 
@@ -385,16 +381,31 @@ def test_the_settings_framework_sits_below_every_backend_and_instance_stays_smal
     assert lines <= 1400, f"instance/ holds {lines} lines: move what is not the instance read back into its own folder"
 
 
-def test_compatibility_shims_only_forward_and_nothing_imports_them():
-    shims = _map().shims
-    assert shims, f"{MAP.name} lists the compatibility shims (old path -> new home)"
-    g, files = _graph(), _files()
-    for shim, target in shims.items():
-        assert shim in files and target in files, f"shim {shim} -> {target}: both must exist"
-        assert set(g[shim]) == {target}, f"{_rel(shim)} imports {sorted(g[shim])}, a shim imports only {_rel(target)}"
-        importers = [_rel(s) for s, ds in g.items() if shim in ds]
-        assert not importers, f"{_rel(shim)} is a compatibility shim, imported by nothing in the package: {importers}"
-        assert len(files[shim].read_text().splitlines()) <= 30, f"{_rel(shim)}: a shim holds nothing but its forward"
+def _raw_imports(path: Path) -> list[tuple[str, int]]:
+    """``(dotted name, line)`` of every absolute import of ``path``: ``import X`` gives ``X``, ``from X import n``
+    gives ``X`` and ``X.n``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out += [(a.name, node.lineno) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            out += [(node.module, node.lineno)] + [(f"{node.module}.{a.name}", node.lineno) for a in node.names]
+    return out
+
+
+def test_the_moved_modules_are_the_finders_entries_with_no_file_and_nothing_imports_them():
+    """An old module path lives only as an entry of the package root's finder (``_MOVED_MODULES``), never as a shim
+    file; the map's table lists exactly those entries; the package itself imports only the new paths."""
+    moved, files = _map().moved, _files()
+    assert moved == dagster_gpu._MOVED_MODULES, (
+        f"{MAP.name}'s 'Moved modules' table and dagster_gpu._MOVED_MODULES differ: "
+        f"only in the map {sorted(set(moved.items()) - set(dagster_gpu._MOVED_MODULES.items()))}, "
+        f"only in the finder {sorted(set(dagster_gpu._MOVED_MODULES.items()) - set(moved.items()))}")
+    for old, new in moved.items():
+        assert new in files, f"{old} forwards to {new}, which is not a module of the package"
+        assert old not in files, f"{_rel(old)}: a file at a moved module's old path would bypass the finder's warning"
+    importers = [f"{_rel(m)}:{ln} imports {name}" for m, p in files.items() for name, ln in _raw_imports(p) if name in moved]
+    assert not importers, "the package imports a moved module's old path (import the new one):\n" + "\n".join(importers)
 
 
 def test_the_root_holds_only_the_public_surface_and_the_contract():
