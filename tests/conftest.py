@@ -16,6 +16,7 @@ import pytest
 
 from pipelines.instance_yaml import dagster_yaml
 from tests import slurm_helpers as SH
+from tests.processes import end_processes_using
 from tests.ssh_helpers import short_dir
 
 # Under CI=true (and in scripts/test.sh) a skipped end-to-end test fails the session (tests/strict_e2e.py);
@@ -133,6 +134,12 @@ def fresh_pg_home(pg: dict[str, str], tmp_path: Path, monkeypatch, max_runs: int
     try:
         yield home
     finally:
+        # Every process on this instance ends first (a daemon, run or step worker left running would retry the
+        # dropped database until it is killed): the dagster-daemon of a test that failed mid-way, a run worker the
+        # daemon started, a step worker of the local backend in its own process group.
+        left = end_processes_using(home)
+        if left:
+            print(f"ended the processes still using {home} before dropping its database: {left}")
         # Only our own sessions: an autovacuum worker in the database has no role, and terminating it needs a
         # superuser (CI saw "must be a superuser to terminate superuser process"); DROP DATABASE stops those.
         conn.cursor().execute(
