@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 import dagster as dg
@@ -15,22 +14,13 @@ import psutil
 import pytest
 
 from tests.conftest import REPO
+from tests.waiting import wait_for
 
 RUN_CONFIG = {"execution": {"config": {"sleep_seconds": 0.2, "check_step_health_interval_seconds": 1, "retries": {"enabled": {}}}}}
 
 
 def _events(instance, run_id, kind):
     return [r.event_log_entry for r in instance.get_records_for_run(run_id, of_type=kind).records]
-
-
-def _wait(pred, timeout_s, what, poll=0.5):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.e2e
@@ -57,7 +47,7 @@ def test_local_sigkilled_worker_is_retried_for_its_partition_only(tmp_path, monk
             recs = instance.get_run_records(dg.RunsFilter(tags={"dagster/partition": "a"}))
             return recs[0].dagster_run.run_id if recs else None
 
-        run_id = _wait(run_a, 60, "run a")
+        run_id = wait_for(run_a, 60, poll_s=0.5, what="run a")
 
         def worker_of_attempt_0():
             if not _events(instance, run_id, dg.DagsterEventType.STEP_START):
@@ -65,7 +55,7 @@ def test_local_sigkilled_worker_is_retried_for_its_partition_only(tmp_path, monk
             starting = _events(instance, run_id, dg.DagsterEventType.STEP_WORKER_STARTING)
             return int(starting[0].dagster_event.engine_event_data.metadata["local/pid"].value) if starting else None
 
-        supervisor = _wait(worker_of_attempt_0, 90, "attempt 0 of partition a running")
+        supervisor = wait_for(worker_of_attempt_0, 90, poll_s=0.5, what="attempt 0 of partition a running")
         worker = psutil.Process(supervisor).children()[0]
         killed_pid = worker.pid
         worker.send_signal(signal.SIGKILL)
@@ -121,7 +111,7 @@ def test_slurm_sigkilled_step_worker_is_retried_as_a_new_task_for_its_partition_
     procs = H.start_runs(env, keys, sleep_s=2)
     try:
         pid_file = pid_dir / "p150.pid"
-        _wait(pid_file.exists, 240, "attempt 0 of p150 running in its array task")
+        wait_for(pid_file.exists, 240, poll_s=0.5, what="attempt 0 of p150 running in its array task")
         pid = int(pid_file.read_text())
         os.kill(pid, signal.SIGKILL)  # the step worker inside the array task (this host is the compute node)
         codes = H.wait_all(procs, 400)

@@ -24,6 +24,7 @@ from dagster._core.scheduler.instigation import InstigatorType, TickStatus
 from dagster_gpu.commands.backfill import DaemonProcess
 from dagster_gpu.partitions.run_ranges import range_tags
 from tests.conftest import REPO, fortune_records, fresh_pg_home, reimport
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.postgres]
 
@@ -47,14 +48,9 @@ def _ticks(instance: dg.DagsterInstance, name: str) -> list:
 
 
 def _wait(pred: Callable[[], object], timeout_s: float, what: str, log: Path):
-    deadline = time.monotonic() + timeout_s  # waiting for the daemon, not a speed assertion
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(1.0)
-    tail = log.read_text(errors="replace")[-4000:] if log.exists() else "(no daemon log)"
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what}; daemon log tail:\n{tail}")
+    """:func:`tests.waiting.wait_for` once a second, failing with the daemon log's tail."""
+    return wait_for(pred, timeout_s, what=what, why=lambda: "daemon log tail:\n" + (
+        log.read_text(errors="replace")[-4000:] if log.exists() else "(no daemon log)"))
 
 
 def _held_tick(instance, n_files: int):

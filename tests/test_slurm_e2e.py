@@ -23,6 +23,7 @@ import pytest
 
 from tests import slurm_helpers as H
 from tests.resume_helpers import launch_handle, resume_and_check_reattached
+from tests.waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.postgres]
 ON_2205, ON_2411 = H.on_slurm("22.05"), H.on_slurm("24.11")
@@ -94,18 +95,6 @@ def _max_concurrency(acct_rows) -> int:
         cur += d
         peak = max(peak, cur)
     return peak
-
-
-def _wait_for(pred, timeout_s, poll_s=1.0, what="condition", why=None):
-    """Poll ``pred`` until it returns something true; past ``timeout_s`` fail, with ``why()`` (the state
-    that explains the wait) in the message when given."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}" + (f"\n{why()}" if why else ""))
 
 
 def _cluster_state(client, spool: Path) -> str:

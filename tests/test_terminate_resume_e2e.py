@@ -9,12 +9,12 @@ tests/test_slurm_e2e.py::test_killed_run_worker_is_resumed_and_reattaches_to_its
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
 
 from tests import slurm_helpers as H
+from tests.waiting import wait_for as _wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.e2e, pytest.mark.postgres]
 
@@ -27,16 +27,6 @@ run_monitoring:
   max_resume_run_attempts: 2
   poll_interval_seconds: 5
 """
-
-
-def _wait_for(pred, timeout_s, poll_s, what):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.mark.exclusive  # under CPU contention a terminated task ended COMPLETED before its scancel landed (two-worker run)
