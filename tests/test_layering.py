@@ -13,10 +13,12 @@ worker never imports the executor, and the commands (the CLI) are imported by no
 from __future__ import annotations
 
 import ast
+import io
 import os
 import re
 import subprocess
 import sys
+import tokenize
 from collections import defaultdict
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -406,6 +408,82 @@ def test_the_moved_modules_are_the_finders_entries_with_no_file_and_nothing_impo
         assert old not in files, f"{_rel(old)}: a file at a moved module's old path would bypass the finder's warning"
     importers = [f"{_rel(m)}:{ln} imports {name}" for m, p in files.items() for name, ln in _raw_imports(p) if name in moved]
     assert not importers, "the package imports a moved module's old path (import the new one):\n" + "\n".join(importers)
+
+
+#: At most this many imports of the package inside functions, in the whole package.
+MAX_FUNCTION_IMPORTS = 25
+#: Files whose function-level imports of the package do not give their reason yet -> how many may lack it (each
+#: entry shrinks as they are moved to the top or given their reason, and goes at zero).
+FUNCTION_IMPORTS_WITHOUT_REASON = {"commands/whatif.py": 13, "k8s/claim.py": 3, "slurm/rest_parse.py": 1}
+
+
+def _function_imports(path: Path) -> list[tuple[int, str]]:
+    """``(line, text of that line)`` of each import of the package inside a function body of ``path``: an
+    ``import``/``from`` statement naming ``dagster_gpu`` (or relative), or ``import_module``/``__import__`` called
+    with a literal ``dagster_gpu`` module name."""
+    text = path.read_text()
+    lines = text.splitlines()
+    out = []
+
+    def ours(name: str | None) -> bool:
+        return bool(name) and (name == "dagster_gpu" or name.startswith("dagster_gpu."))
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and (
+                    (isinstance(child, ast.Import) and any(ours(a.name) for a in child.names))
+                    or (isinstance(child, ast.ImportFrom) and (child.level or ours(child.module)))
+                    or (isinstance(child, ast.Call) and getattr(child.func, "id", getattr(child.func, "attr", None))
+                        in ("import_module", "__import__") and child.args and isinstance(child.args[0], ast.Constant)
+                        and ours(str(child.args[0].value)))):
+                out.append((child.lineno, lines[child.lineno - 1]))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse(text, filename=str(path)), False)
+    return out
+
+
+def _reason(line: str) -> str:
+    """The comment of a source line (``# ...``), or ''."""
+    try:
+        comments = [t.string for t in tokenize.generate_tokens(io.StringIO(line.strip() + "\n").readline)
+                    if t.type == tokenize.COMMENT]
+    except (tokenize.TokenError, SyntaxError):  # the first line of a parenthesized import
+        comments = [line[line.index("#"):]] if "#" in line else []
+    return comments[0].lstrip("# ").strip() if comments else ""
+
+
+def test_imports_of_the_package_inside_functions_are_few_and_say_why():
+    """An import of the package belongs at the top of its module, where a reader sees what the module depends on.
+    One inside a function stays only with its reason as a comment on its line (a module that must run without the
+    package, an optional dependency, a measured start-up cost); there are at most MAX_FUNCTION_IMPORTS."""
+    found = {str(p.relative_to(PACKAGE)): _function_imports(p) for p in sorted(PACKAGE.rglob("*.py"))}
+    total = sum(len(v) for v in found.values())
+    listing = "\n".join(f"{f}:{ln}: {text.strip()}" for f, v in found.items() for ln, text in v)
+    assert total <= MAX_FUNCTION_IMPORTS, (
+        f"{total} imports of the package inside functions (at most {MAX_FUNCTION_IMPORTS}): move them to the top of "
+        f"their modules\n{listing}")
+    unexplained = {f: [(ln, t.strip()) for ln, t in v if len(_reason(t).split()) < 3] for f, v in found.items()}
+    over = {f: v for f, v in unexplained.items() if len(v) > FUNCTION_IMPORTS_WITHOUT_REASON.get(f, 0)}
+    assert not over, ("imports of the package inside functions without their reason (a comment of a few words on "
+                      f"the line; or move them to the top): {over}")
+    stale = [f for f, n in FUNCTION_IMPORTS_WITHOUT_REASON.items() if len(unexplained.get(f, [])) == 0]
+    assert not stale, f"FUNCTION_IMPORTS_WITHOUT_REASON lists files whose function-level imports are all explained: {stale}"
+
+
+def test_the_function_import_reader_sees_statements_relative_and_by_name_imports(tmp_path):
+    f = tmp_path / "x.py"
+    f.write_text(
+        "import os\nfrom dagster_gpu.core import jsonfile\n"
+        "def f():\n    import json\n    from dagster_gpu.slurm.ids import x  # a module run by path\n"
+        "    from . import y\n    return import_module('dagster_gpu.k8s.client'), importlib.import_module(name)\n"
+        "class C:\n    def g(self):\n        import dagster_gpu.policy as p\n        h = lambda: __import__('dagster_gpu.sim')\n"
+    )
+    assert [ln for ln, _ in _function_imports(f)] == [5, 6, 7, 10, 11]
+    assert _reason("    from dagster_gpu.slurm.ids import x  # a module run by path") == "a module run by path"
+    assert _reason("    from dagster_gpu.definitions.partitions import (  # cycle: it imports this module") == (
+        "cycle: it imports this module")
+    assert _reason("    x = '# not a comment'") == ""
 
 
 def test_the_root_holds_only_the_public_surface_and_the_contract():

@@ -20,12 +20,13 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import dagster as dg
-from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster import RunsFilter
+from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.utils import make_new_backfill_id
 
-from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, unit_of
 from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, WALL_SECONDS
+from dagster_gpu.core.log_tail import log_tail
+from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, unit_of
 from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.partitions.run_ranges import range_tags, run_partition_keys
 
@@ -60,8 +61,8 @@ def live_backfill_daemon(instance: dg.DagsterInstance, fresh_s: float = HEARTBEA
     when it is at most ``fresh_s`` seconds old (errors it reports do not matter: it runs), else None. A daemon writes a heartbeat per
     loop every 30 s (``dagster._daemon.daemon.DagsterDaemon._check_add_heartbeat``); with the instance setting
     ``daemon_skip_heartbeats_without_errors`` it writes none while healthy, so it cannot be seen here."""
-    from dagster._daemon.daemon import BackfillDaemon
     from dagster._daemon.controller import get_daemon_statuses
+    from dagster._daemon.daemon import BackfillDaemon
 
     daemon_type = BackfillDaemon.daemon_type()
     status = get_daemon_statuses(instance, [daemon_type], curr_time_seconds=now if now is not None else time.time(), ignore_errors=True,
@@ -325,7 +326,6 @@ class DaemonProcess:
 
     def why_dead(self, lines: int = 12) -> str | None:
         """None while the daemon runs; once it exited, its exit code and the last ``lines`` lines of its log."""
-        from dagster_gpu.core.log_tail import log_tail
 
         if not self.proc or self.proc.poll() is None:
             return None
@@ -657,8 +657,6 @@ def failed_other_runs(instance: dg.DagsterInstance, since: float, backfill_id: s
     daemon's sensors started meanwhile and failed (the index following the embeddings), oldest first, each with
     the first ``lines`` lines of its step failure (:func:`dagster_gpu.instance.failures.step_failure_message`)."""
     import datetime as dt
-
-    from dagster_gpu.instance.failures import step_failure_message
 
     after = dt.datetime.fromtimestamp(since, dt.timezone.utc)
     recs = instance.get_run_records(RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], created_after=after))

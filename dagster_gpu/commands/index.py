@@ -13,6 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from dagster_gpu.commands.code_module import load_definitions
+from dagster_gpu.commands.common import console as make_console
+from dagster_gpu.commands.common import instance_or_none
+from dagster_gpu.commands.search import SearchError, index_of
+from dagster_gpu.definitions.index_rebuild import RebuildRefused, rebuild_index
+
 
 def index_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="dagster-gpu index", description="maintain a vector index asset's LanceDB table")
@@ -26,11 +32,6 @@ def index_main(argv: list[str]) -> int:
         ap.error("say what to do: --rebuild")
 
     import dagster as dg
-
-    from dagster_gpu.commands.code_module import load_definitions
-    from dagster_gpu.commands.common import console as make_console, instance_or_none
-    from dagster_gpu.commands.search import SearchError, index_of
-    from dagster_gpu.definitions.index_rebuild import RebuildRefused, rebuild_index
 
     prog = "dagster-gpu index"
     loaded = load_definitions(args.module, args.attribute, prog)

@@ -9,12 +9,29 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
 from dagster_gpu.commands.backfill import (
-    BackfillProgress, BackfillTimeout, DaemonDied, DaemonProcess, PartitionSummary, RunningDaemon, abandon_backfill,
-    backfill_error, failed_other_runs, other_work, submit_asset_backfill, summarize_partitions, wait_for_backfill, wait_for_bills, wait_for_other_work,
+    BackfillProgress,
+    BackfillTimeout,
+    DaemonDied,
+    DaemonProcess,
+    PartitionSummary,
+    RunningDaemon,
+    abandon_backfill,
+    backfill_error,
+    failed_other_runs,
+    other_work,
+    submit_asset_backfill,
+    summarize_partitions,
+    wait_for_backfill,
+    wait_for_bills,
+    wait_for_other_work,
 )
 from dagster_gpu.instance.bills import SCHEDULERS_BILL, billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
+from dagster_gpu.k8s.settings import KubernetesSettings
+from dagster_gpu.local.backend import LocalSettings
+from dagster_gpu.slurm.backend import SlurmSettings
 
 
 def progress_bar(console: Console) -> Progress:
@@ -37,7 +54,6 @@ def useful_fraction(rows: Sequence[PartitionSummary]) -> float | None:
     """The materialized partitions' useful fraction: Σ embedding seconds ÷ Σ measured seconds
     (``billing/wall_seconds``), :func:`dagster_gpu.billing.metering.useful_fraction`; None when nothing was
     measured."""
-    from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
 
     return ratio_of_sums((r.seconds, r.billed_seconds) for r in rows if r.ok)
 
@@ -252,9 +268,6 @@ class BackfillFailed(RuntimeError):
 def settle_wait_note() -> str:
     """How long a run worker may stay up after its partitions are done, billing its work units: each backend's
     default ``settle_wait_seconds`` (its settings class), as one phrase."""
-    from dagster_gpu.k8s.settings import KubernetesSettings
-    from dagster_gpu.local.backend import LocalSettings
-    from dagster_gpu.slurm.backend import SlurmSettings
 
     waits = (("local", LocalSettings), ("slurm", SlurmSettings), ("kubernetes", KubernetesSettings))
     return ("each waits at most its backend's settle_wait_seconds (default "

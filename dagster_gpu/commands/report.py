@@ -33,17 +33,17 @@ from typing import Any, Mapping, Sequence
 
 import dagster as dg
 
-from dagster_gpu.billing.keys import COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS, WALL_SECONDS
+from dagster_gpu.billing.keys import COST_USD, DEVICE_TYPE, DEVICES, GPU_SECONDS, WALL_SECONDS
+from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
 from dagster_gpu.commands.common import instance_or_none
 from dagster_gpu.core.extras import require_extra
+from dagster_gpu.core.request import BACKENDS
 from dagster_gpu.instance.bills import SCHEDULERS_BILL, BilledShare, PendingBill, billed_share, billed_total, unit_of
+from dagster_gpu.instance.events import metadata_get, metadata_number
 from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
 from dagster_gpu.partitions.run_ranges import PartitionRangeError, run_partition_keys
-from dagster_gpu.billing.metering import useful_fraction as ratio_of_sums
-from dagster_gpu.worker.metadata import placement_from_metadata
-from dagster_gpu.instance.events import metadata_get, metadata_number
-from dagster_gpu.core.request import BACKENDS
 from dagster_gpu.policy.forced import ForcedBackend
+from dagster_gpu.worker.metadata import placement_from_metadata
 
 
 @dataclass(frozen=True)

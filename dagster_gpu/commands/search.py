@@ -20,6 +20,15 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dagster_gpu.commands.code_module import load_definitions
+from dagster_gpu.commands.common import console
+from dagster_gpu.definitions.vector_index import META_EMBEDDINGS, META_TABLE, META_URI
+from dagster_gpu.embedding.encoder import Encoder
+from dagster_gpu.embedding.model import ModelNotFound, load_model
+from dagster_gpu.embedding.prompts import query_prompt
+from dagster_gpu.index.lance import VectorIndex
+from dagster_gpu.instance.events import metadata_values
+
 
 class SearchError(Exception):
     """A query that cannot run as asked (message for the user)."""
@@ -76,10 +85,6 @@ def embed_query(text: str, opts: QueryOptions, device: str = "cpu"):
     SearchError when the weights found are not the rows' revision."""
     import numpy as np
 
-    from dagster_gpu.embedding.encoder import Encoder
-    from dagster_gpu.embedding.model import load_model
-    from dagster_gpu.embedding.prompts import query_prompt
-
     hub_revision = opts.revision if opts.revision and not opts.revision.startswith("sha256:") else None
     loaded = load_model(opts.model, device=device, max_seq_length=opts.max_seq_length, revision=hub_revision)
     found = getattr(loaded, "revision", None)
@@ -104,10 +109,6 @@ def index_of(defs, asset: str):
     """``(VectorIndex, index asset key, embeddings asset key string)`` for ``-a``; SearchError when it is neither
     an index asset nor an embedding asset with one."""
     import dagster as dg
-
-    from dagster_gpu.definitions.vector_index import META_EMBEDDINGS, META_TABLE, META_URI
-    from dagster_gpu.index.lance import VectorIndex
-    from dagster_gpu.instance.events import metadata_values
 
     key = dg.AssetKey.from_user_string(asset)
     keys = defs.resolve_all_asset_keys()
@@ -204,9 +205,6 @@ def search_main(argv: list[str]) -> int:
     if args.k < 1:
         ap.error("-k must be at least 1")
 
-    from dagster_gpu.commands.code_module import load_definitions
-    from dagster_gpu.embedding.model import ModelNotFound
-
     loaded = load_definitions(args.module, args.attribute, "dagster-gpu search")
     if loaded is None:
         return 2
@@ -235,8 +233,6 @@ def search_main(argv: list[str]) -> int:
             print(json.dumps(r))
         return 0
     from rich.table import Table
-
-    from dagster_gpu.commands.common import console
 
     t = Table(title=f"{len(rows)} nearest rows of {key.to_user_string()} (fingerprint {fp or '(none)'}, "
                     f"model {opts.model}, query prompt {prompt!r})")

@@ -13,6 +13,16 @@ import json
 import sys
 
 from dagster_gpu.commands.code_module import load_definitions
+from dagster_gpu.commands.common import console as make_console
+from dagster_gpu.commands.common import instance_or_none
+from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
+from dagster_gpu.definitions.partitions import (
+    NoCorpus,
+    corpus_of,
+    embeddings_followed,
+    index_staleness,
+    partition_staleness,
+)
 
 
 def stale_main(argv: list[str]) -> int:
@@ -24,12 +34,6 @@ def stale_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
 
     import dagster as dg
-
-    from dagster_gpu.commands.common import console as make_console, instance_or_none
-    from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
-    from dagster_gpu.definitions.partitions import (
-        NoCorpus, corpus_of, embeddings_followed, index_staleness, partition_staleness,
-    )
 
     prog = "dagster-gpu stale"
     loaded = load_definitions(args.module, args.attribute, prog)

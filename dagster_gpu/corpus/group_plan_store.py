@@ -50,8 +50,18 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
-from dagster_gpu.corpus.group_plans import (Member, PlanSource, next_pointer, plan_doc, plan_members, plan_name,
-                                            planned_version, pointer_age, pointer_name, prune)
+from dagster_gpu.corpus.group_plans import (
+    Member,
+    PlanSource,
+    next_pointer,
+    plan_doc,
+    plan_members,
+    plan_name,
+    planned_version,
+    pointer_age,
+    pointer_name,
+    prune,
+)
 from dagster_gpu.corpus.plan_dir import PlanDir
 
 log = logging.getLogger(__name__)

@@ -12,11 +12,23 @@ from typing import Any, Mapping, Sequence
 import fsspec
 from fsspec.core import strip_protocol
 
-from dagster_gpu.corpus.groups import Group, bucket_of, group_key, group_version, parse_group_key, validate_buckets
-from dagster_gpu.corpus.readers import TextFormat
-from dagster_gpu.corpus.shards import Shard, could_be_shard_key, shard_key, shardable
-from dagster_gpu.corpus.stream import fs_protocol
 from dagster_gpu.core.partition_keys import partition_key_for
+from dagster_gpu.corpus.bucket_spill import by_bucket
+from dagster_gpu.corpus.group_plan_store import (
+    STAT_THREADS,
+    current_infos,
+    default_group_plan_url,
+    load_group_plans,
+    store_group_plans,
+)
+from dagster_gpu.corpus.group_plans import Member, PlanSource
+from dagster_gpu.corpus.groups import Group, bucket_of, group_key, group_version, parse_group_key, validate_buckets
+from dagster_gpu.corpus.incremental import ListingReport, grouped_listing, state_path
+from dagster_gpu.corpus.plan_dir import PlanDir
+from dagster_gpu.corpus.readers import TextFormat
+from dagster_gpu.corpus.shard_plans import default_plan_url, file_shards
+from dagster_gpu.corpus.shards import Shard, could_be_shard_key, shard_key, shardable
+from dagster_gpu.corpus.stream import fs_protocol, iter_entries, iter_entries_after
 
 #: Our own temporary outputs, editor droppings and marker files (``_SUCCESS``) are never corpus files: a
 #: name starting with ``.`` or ``_`` (a file's or any directory's on its path) is not listed.
@@ -241,7 +253,6 @@ class CorpusSource:
         Incremental when ``full_listing_interval_seconds`` allows (see the class), else the streamed full listing
         (:meth:`_stream_groups`). Raises ValueError without ``group_buckets``, CorpusNotFound if the URL does not
         exist, CorpusUnreadable when the store answers with an error."""
-        from dagster_gpu.corpus.incremental import ListingReport, state_path
 
         if self.group_buckets is None:
             raise ValueError(f"CorpusSource({self.url!r}) has no group_buckets")
@@ -262,14 +273,12 @@ class CorpusSource:
 
     def _identity(self):
         """This corpus's :class:`dagster_gpu.corpus.group_plans.PlanSource` (what its buckets' membership depends on)."""
-        from dagster_gpu.corpus.group_plans import PlanSource
 
         return PlanSource(self.url, self.pattern, self.recursive, int(self.group_buckets))
 
     def _incremental_groups(self, path: str, started: float):
         """:meth:`list_buckets` through the snapshot at ``path`` (:func:`dagster_gpu.corpus.incremental.grouped_listing`).
         Raises UnicodeEncodeError for a file name SQLite cannot store (not UTF-8: the caller lists without a snapshot)."""
-        from dagster_gpu.corpus.incremental import grouped_listing
 
         n = int(self.group_buckets)
 
@@ -306,8 +315,6 @@ class CorpusSource:
         (:func:`dagster_gpu.corpus.stream.iter_entries`), the files spill to disk by bucket
         (:func:`dagster_gpu.corpus.bucket_spill.by_bucket`), and each spill file's buckets are assembled (one file per
         key, the later entry kept, as :meth:`_list` keeps it), their plans stored, then kept without members."""
-        from dagster_gpu.corpus.bucket_spill import by_bucket
-        from dagster_gpu.corpus.stream import iter_entries
 
         n = int(self.group_buckets)
         out: list[CorpusFile] = []
@@ -354,8 +361,6 @@ class CorpusSource:
 
     def _plan_source(self):
         """(plan directory, its PlanSource) of this corpus's file group plans, or None without a directory."""
-        from dagster_gpu.corpus.group_plan_store import default_group_plan_url
-        from dagster_gpu.corpus.plan_dir import PlanDir
 
         url = self.group_plan_url or default_group_plan_url()
         if not url:
@@ -365,7 +370,6 @@ class CorpusSource:
     def _store_group_plans(self, groups: Sequence[CorpusFile], listed_at: float) -> None:
         """Each of ``groups`` (the buckets of a full listing started at ``listed_at``, seconds since the epoch) as its
         stored plan (best effort)."""
-        from dagster_gpu.corpus.group_plan_store import store_group_plans
 
         where = self._plan_source()
         if where is None:
@@ -378,7 +382,6 @@ class CorpusSource:
         """Bucket index -> the bucket from its stored plan, for each of ``indexes`` whose plan is readable and
         whose every member still has the version listed (one ``info`` call per member); the others are left
         out (the caller lists them). Never raises for the plans or the members' stores."""
-        from dagster_gpu.corpus.group_plan_store import STAT_THREADS, current_infos, load_group_plans
 
         where = self._plan_source()
         if where is None or not indexes:
@@ -454,7 +457,6 @@ class CorpusSource:
         version, read or made once). Raises CorpusUnreadable naming the file when it cannot be read to plan."""
         if not self._cut(f):
             return [f]
-        from dagster_gpu.corpus.shard_plans import default_plan_url, file_shards
 
         if fs is None:
             fs, _root = self.filesystem()
@@ -573,7 +575,6 @@ class CorpusSource:
 def _s3_entries_after(fs, root: str, recursive: bool, after: str | None):
     """``(S3 key, path, info)`` of the objects under ``root``, all of them (``after`` None) or those whose key sorts
     after ``after`` (:mod:`dagster_gpu.corpus.stream`)."""
-    from dagster_gpu.corpus.stream import iter_entries, iter_entries_after
 
     entries = iter_entries(fs, root, recursive) if after is None else iter_entries_after(fs, root, recursive, after)
     return ((p.split("/", 1)[1], p, info) for p, info in entries)
@@ -634,7 +635,6 @@ def _followed(fs, path: str) -> dict:
 
 def _members(group: CorpusFile) -> list:
     """A bucket's files as its plan's members (:class:`dagster_gpu.corpus.group_plans.Member`)."""
-    from dagster_gpu.corpus.group_plans import Member
 
     return [Member(m.key, _path_of(m.uri), m.relative_name, m.size_bytes, m.mtime, m.version) for m in group.members]
 

@@ -13,6 +13,8 @@ import posixpath
 from pathlib import Path
 from typing import Any, Mapping
 
+from dagster_gpu.core.jsonfile import write_atomic
+
 
 class PlanDir:
     """The plan directory at ``url`` (a local path, or an fsspec URL read and written with ``storage_options``)."""
@@ -52,8 +54,6 @@ class PlanDir:
         for a ``doc`` JSON cannot hold, OSError (or the store's own error) when the directory cannot be written."""
         data = json.dumps(doc, separators=(",", ":"))
         if self.local:
-            from dagster_gpu.core.jsonfile import write_atomic
-
             write_atomic(Path(self.url, name), data, 0o644)
             return
         fs, root = self._remote()

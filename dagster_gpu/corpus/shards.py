@@ -27,6 +27,8 @@ import hashlib
 from dataclasses import dataclass
 from typing import BinaryIO, Sequence
 
+from dagster_gpu.core.partition_keys import validate_partition_key
+
 #: Encodings whose ``\n`` and separator bytes are their ASCII bytes (a byte scan finds every line).
 _ASCII_COMPATIBLE = {"utf-8", "ascii", "latin-1", "iso8859-1", "cp1252", "iso8859-15"}
 _COMPRESSED = (".gz", ".bz2", ".xz", ".zst", ".zstd", ".lz4", ".snappy")
@@ -137,7 +139,6 @@ def shard_key(file_key: str, source_version: str, shard: Shard) -> str:
     characters of :mod:`dagster_gpu.core.partition_keys`). A changed file (new source version) gets new keys, so its
     old shards' keys (and their outputs and index rows) can be pruned by key; the whole file key is hashed too, so two
     files whose keys share their first 40 characters and whose versions are equal (same size and mtime) differ."""
-    from dagster_gpu.core.partition_keys import validate_partition_key
 
     head = file_key[:40].rstrip("._-") or "file"
     return validate_partition_key(f"{head}-s{shard.index:04d}of{shard.count:04d}-{_digest(file_key, source_version)}")

@@ -8,16 +8,25 @@ from typing import Any, Sequence
 
 import dagster as dg
 
-from dagster_gpu.instance.checks import check_specs
+from dagster_gpu.core.partition_keys import output_name_for
+from dagster_gpu.core.request import (
+    TAG_ASSET_KEY,
+    TAG_CHECKPOINT_RECORDS,
+    TAG_CORPUS_URL,
+    TAG_GROUP_BUCKETS,
+    TAG_PARTITIONS_DEF,
+    TAG_SHARD_BYTES,
+)
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.definitions.asset_options import (  # noqa: F401 - DEFAULT_PARTITIONS_PER_RUN: its name here too
-    DEFAULT_PARTITIONS_PER_RUN, ComputeSpec, OutputSpec, grouped_from_flat,
+    DEFAULT_PARTITIONS_PER_RUN,
+    ComputeSpec,
+    OutputSpec,
+    grouped_from_flat,
 )
 from dagster_gpu.embedding.fingerprint import config_fields, config_fingerprint, output_columns
 from dagster_gpu.embedding.spec import EmbeddingSpec
-from dagster_gpu.core.request import (
-    TAG_ASSET_KEY, TAG_CHECKPOINT_RECORDS, TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_PARTITIONS_DEF, TAG_SHARD_BYTES,
-)
+from dagster_gpu.instance.checks import check_specs
 from dagster_gpu.worker.unit import UnitSpec, run_unit
 
 #: Definition metadata of an embedding asset: its embedding options (JSON, ``config_fields``), what its
@@ -29,7 +38,6 @@ def output_uri_for(output_url: str, asset_name: str, partition_key: str) -> str:
     """``<output_url>/<asset_name>/<output name>``: :func:`dagster_gpu.core.partition_keys.output_name_for` (``<key>.parquet``
     for a lower-case key; unique under case folding, no doubled extension). Outputs written under the
     earlier ``<key>.parquet`` name are found by :func:`dagster_gpu.embedding.outputs.locate_output`."""
-    from dagster_gpu.core.partition_keys import output_name_for
 
     return posixpath.join(output_url.rstrip("/"), asset_name, output_name_for(partition_key))
 

@@ -18,9 +18,16 @@ from typing import Any, Callable
 import dagster as dg
 
 from dagster_gpu.definitions.vector_index import (
-    META_SETTINGS, META_TABLE, META_URI, Loaded, load_failure, load_partitions, partition_materialization,
+    META_SETTINGS,
+    META_TABLE,
+    META_URI,
+    Loaded,
+    load_failure,
+    load_partitions,
+    partition_materialization,
     table_size,
 )
+from dagster_gpu.embedding.outputs import locate_output
 from dagster_gpu.index.lance import DEFAULT_ANN_MIN_ROWS, DEFAULT_MAX_UNINDEXED_FRACTION, VectorIndex
 from dagster_gpu.instance.events import metadata_values
 from dagster_gpu.partitions.status import dynamic_partitions_def, partition_status
@@ -48,7 +55,6 @@ def rebuild_index(instance: dg.DagsterInstance, index_asset: dg.AssetsDefinition
     current output (``on_partition``: called after each, e.g. for progress). Searches made meanwhile see the
     partitions loaded so far. Raises RebuildRefused while a run of the index asset is in progress (it would write
     into the table being rebuilt) or when the asset carries no settings (not a ``vector_index_asset``)."""
-    from dagster_gpu.embedding.outputs import locate_output
 
     md = metadata_values(index_asset.metadata_by_key.get(index_asset.key, {}))
     settings = md.get(META_SETTINGS)

@@ -23,15 +23,21 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import dagster as dg
 
+from dagster_gpu.core.request import TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_SHARD_BYTES
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
+from dagster_gpu.definitions.assets import CONFIG_METADATA_KEY
+from dagster_gpu.definitions.vector_index import LOAD_FAILED_KEY, META_EMBEDDINGS, META_TABLE, META_URI
+from dagster_gpu.embedding import writer as w
+from dagster_gpu.embedding.fingerprint import columns_of_schema
+from dagster_gpu.embedding.outputs import locate_output
+from dagster_gpu.index.lance import VectorIndex
+from dagster_gpu.instance.events import metadata_get, metadata_value, metadata_values
 from dagster_gpu.partitions.run_ranges import max_partitions_per_run
+from dagster_gpu.partitions.source_versions import recorded_versions
+from dagster_gpu.partitions.stale import Staleness, StalePartition, find_stale
 from dagster_gpu.partitions.status import bridgeable, dynamic_partitions_def, missing_or_failed, partition_status
 from dagster_gpu.partitions.unit_cost import unit_cost
 from dagster_gpu.policy.batching import bridge_ranges
-from dagster_gpu.core.request import TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_SHARD_BYTES
-from dagster_gpu.partitions.source_versions import recorded_versions
-from dagster_gpu.partitions.stale import StalePartition, Staleness, find_stale
-from dagster_gpu.instance.events import metadata_get, metadata_value, metadata_values
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +59,6 @@ def embeddings_followed(asset: dg.AssetsDefinition, assets: Iterable[dg.AssetsDe
     """The embedding asset that ``asset`` follows when ``asset`` is a vector index asset (its
     ``dagster_gpu/embeddings_asset`` metadata, :func:`dagster_gpu.definitions.vector_index.vector_index_asset`), found among
     ``assets``; None for any other asset. Raises NoCorpus when the embedding asset it names is not among them."""
-    from dagster_gpu.definitions.vector_index import META_EMBEDDINGS
 
     md = asset.metadata_by_key.get(asset.key, {})
     name = metadata_get(md, META_EMBEDDINGS)
@@ -96,7 +101,6 @@ def index_load_failures(instance: dg.DagsterInstance, index_key: dg.AssetKey,
     """Partition key -> the error of its latest load (the index asset's ``index/load_failed`` observation), for the
     partitions whose latest load failed after their latest materialization (``materialized``: partition key ->
     its storage id). Two event-log queries (one per 500 failures)."""
-    from dagster_gpu.definitions.vector_index import LOAD_FAILED_KEY
 
     latest = instance.get_latest_storage_id_by_partition(index_key, dg.DagsterEventType.ASSET_OBSERVATION)
     ids = sorted(i for k, i in latest.items() if i > materialized.get(k, -1))
@@ -190,8 +194,6 @@ def indexes_following(assets: Iterable[dg.AssetsDefinition], asset_key: dg.Asset
     """The vector indexes (:class:`dagster_gpu.index.lance.VectorIndex`) of the index assets that follow
     ``asset_key`` (their ``dagster_gpu/embeddings_asset`` metadata), opened as ``dagster-gpu search`` opens
     them (object-store credentials from the environment)."""
-    from dagster_gpu.definitions.vector_index import META_EMBEDDINGS, META_TABLE, META_URI
-    from dagster_gpu.index.lance import VectorIndex
 
     out, seen = [], set()
     for a in assets:
@@ -261,8 +263,6 @@ def _delete_outputs(output_url: str, asset_name: str, key: str, storage_options:
     """Delete the partition's output file(s) (the current name, then an earlier ``<key>.parquet``); their URIs."""
     import fsspec
 
-    from dagster_gpu.embedding.outputs import locate_output
-
     deleted: list[str] = []
     opts = dict(storage_options or {})
     while (uri := locate_output(output_url, asset_name, key, opts)) is not None and uri not in deleted:
@@ -284,7 +284,6 @@ def partition_staleness(instance: dg.DagsterInstance, asset: dg.AssetsDefinition
     current = {f.key: f.version for f in (corpus.list_files(members=False) if files is None else files)}
     recorded = recorded_versions(instance, asset.key)
     _, failed, in_progress = partition_status(instance, asset)
-    from dagster_gpu.definitions.assets import CONFIG_METADATA_KEY
 
     config = metadata_get(asset.metadata_by_key.get(asset.key, {}), CONFIG_METADATA_KEY)
     config = dict(config) if isinstance(config, Mapping) else None
@@ -313,9 +312,6 @@ def output_file_columns(uris: Mapping[str, tuple[str, float | None]]) -> dict[st
 def _columns_at(uri: str, stamp: float | None) -> dict:
     import fsspec
     import pyarrow.parquet as pq
-
-    from dagster_gpu.embedding import writer as w
-    from dagster_gpu.embedding.fingerprint import columns_of_schema
 
     fixed = {w.DOC_ID_COLUMN, w.ID_COLUMN, w.CHUNK_COLUMN, w.CHAR_START_COLUMN, w.CHAR_END_COLUMN, w.TOKENS_COLUMN,
              w.HASH_COLUMN, w.RECORD_HASH_COLUMN, w.TEXT_COLUMN, w.VECTOR_COLUMN}

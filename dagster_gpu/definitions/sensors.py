@@ -28,15 +28,32 @@ from typing import Any, Mapping, Sequence
 import dagster as dg
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
-from dagster_gpu.partitions.status import attempts_since, bridgeable, dynamic_partitions_def, missing_or_failed, partition_status
-from dagster_gpu.definitions.partitions import NoCorpus, corpus_of, indexes_following, partition_staleness, prune_partitions
-from dagster_gpu.policy.batching import Held, hold_decision
+from dagster_gpu.definitions.partitions import (
+    NoCorpus,
+    corpus_of,
+    indexes_following,
+    partition_staleness,
+    prune_partitions,
+)
 from dagster_gpu.partitions.run_ranges import max_partitions_per_run
 from dagster_gpu.partitions.run_requests import ranged_run_requests, versioned_run_requests
 from dagster_gpu.partitions.source_versions import (
-    corpus_asset_key, corpus_updates, corpus_versions, depends_on_corpus, failed_reads, recorded_versions,
+    corpus_asset_key,
+    corpus_updates,
+    corpus_versions,
+    depends_on_corpus,
+    failed_reads,
+    recorded_versions,
+)
+from dagster_gpu.partitions.status import (
+    attempts_since,
+    bridgeable,
+    dynamic_partitions_def,
+    missing_or_failed,
+    partition_status,
 )
 from dagster_gpu.partitions.unit_cost import unit_cost
+from dagster_gpu.policy.batching import Held, hold_decision
 
 
 def asset_job(asset: dg.AssetsDefinition) -> dg.UnresolvedAssetJobDefinition:

@@ -4,19 +4,28 @@ parquet output into a LanceDB table (:class:`dagster_gpu.index.lance.VectorIndex
 
 import time
 import warnings
-from datetime import timedelta
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import dagster as dg
 
-from dagster_gpu.definitions.assets import beta_parameters_of_ours
-from dagster_gpu.index.lance import (
-    DEFAULT_ANN_MIN_ROWS, DEFAULT_CLEANUP_OLDER_THAN, DEFAULT_COMPACT_MIN_FRAGMENTS, DEFAULT_MAX_UNINDEXED_FRACTION,
-    DEFAULT_REBUILD_AFTER_VERSIONS, VectorIndex,
-)
 from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
+from dagster_gpu.corpus.stream import fs_protocol
+from dagster_gpu.definitions.assets import beta_parameters_of_ours
+from dagster_gpu.embedding.outputs import locate_output
+from dagster_gpu.embedding.writer import lineage_from_metadata
+from dagster_gpu.index.lance import (
+    DEFAULT_ANN_MIN_ROWS,
+    DEFAULT_CLEANUP_OLDER_THAN,
+    DEFAULT_COMPACT_MIN_FRAGMENTS,
+    DEFAULT_MAX_UNINDEXED_FRACTION,
+    DEFAULT_REBUILD_AFTER_VERSIONS,
+    VectorIndex,
+)
+from dagster_gpu.index.rows import index_rows
+from dagster_gpu.instance.checks import materialization_target
 from dagster_gpu.instance.events import metadata_value
 
 #: The index asset's check: rows of the partition in the index = rows of its output parquet.
@@ -54,9 +63,6 @@ def read_output(uri: str, storage_options: Mapping[str, Any] | None = None):
     import fsspec
     import pyarrow.parquet as pq
 
-    from dagster_gpu.corpus.stream import fs_protocol
-    from dagster_gpu.embedding.writer import lineage_from_metadata
-
     fs, path = fsspec.core.url_to_fs(uri, **dict(storage_options or {}))
     if fs_protocol(fs) in ("file", "local"):
         table = pq.read_table(path)
@@ -75,7 +81,6 @@ def load_partition(index: VectorIndex, partition_key: str, output_uri: str,
     for the materialization and the check: ``output_rows``, ``index_rows``, ``version``, ``mode`` (``append`` or
     ``replace``), ``inserted``, ``updated``, ``deleted``, ``retries``, ``fingerprint``. Raises IndexSchemaError
     naming the file or partition, fsspec/pyarrow errors naming the file."""
-    from dagster_gpu.index.rows import index_rows
 
     table, lineage = output if output is not None else read_output(output_uri, output_storage_options)
     fp = str(lineage.get("fingerprint", ""))
@@ -240,7 +245,6 @@ def vector_index_asset(
     the table's other partitions are never touched. The table follows a change of the outputs' columns
     (:meth:`VectorIndex.write_partition`); a type change is refused, naming ``dagster-gpu index --rebuild``.
     """
-    from dagster_gpu.embedding.outputs import locate_output
 
     emb_key = embeddings.key
     emb_name = emb_key.path[-1]
@@ -281,8 +285,6 @@ def vector_index_asset(
         )
 
     def _index(context: dg.AssetExecutionContext):
-        from dagster_gpu.instance.checks import materialization_target
-
         def locate(pk: str) -> str:
             src = locate_output(src_url, emb_name, pk, output_storage_options)
             if src is None:

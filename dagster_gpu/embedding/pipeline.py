@@ -41,8 +41,13 @@ from dagster_gpu.embedding.encoder import Encoder, PendingEncoded
 from dagster_gpu.embedding.model import LoadedModel
 from dagster_gpu.embedding.reuse import ReuseMap, load_previous, merge, plan
 from dagster_gpu.embedding.spec import EmbeddingSpec
-from dagster_gpu.embedding.writer import (AtomicParquetWriter, RECORD_HASH_COLUMN, lineage_metadata, output_schema,
-                                          output_table)
+from dagster_gpu.embedding.writer import (
+    RECORD_HASH_COLUMN,
+    AtomicParquetWriter,
+    lineage_metadata,
+    output_schema,
+    output_table,
+)
 
 
 @dataclass(frozen=True)

@@ -35,8 +35,15 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from dagster_gpu.embedding.writer import (
-    CHAR_END_COLUMN, CHAR_START_COLUMN, CHUNK_COLUMN, HASH_COLUMN, META_FINGERPRINT, RECORD_HASH_COLUMN, TOKENS_COLUMN,
-    VECTOR_COLUMN, vector_type,
+    CHAR_END_COLUMN,
+    CHAR_START_COLUMN,
+    CHUNK_COLUMN,
+    HASH_COLUMN,
+    META_FINGERPRINT,
+    RECORD_HASH_COLUMN,
+    TOKENS_COLUMN,
+    VECTOR_COLUMN,
+    vector_type,
 )
 
 

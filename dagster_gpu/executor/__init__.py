@@ -11,5 +11,5 @@ __all__ = ["gpu_executor"]
 
 def __getattr__(name: str):
     if name == "gpu_executor":
-        return import_module("dagster_gpu.executor.executor").gpu_executor
+        return import_module("dagster_gpu.executor.executor").gpu_executor  # on first use: importing executor.command (the Slurm requeue check) builds no config schema
     raise AttributeError(f"module 'dagster_gpu.executor' has no attribute {name!r}")

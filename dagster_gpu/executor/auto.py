@@ -14,15 +14,21 @@ import time
 from dataclasses import replace
 from typing import Mapping, Sequence
 
+from dagster_gpu.core.request import (
+    TAG_ASSET_KEY,
+    TAG_CHECKPOINT_RECORDS,
+    TAG_CORPUS_URL,
+    TAG_GROUP_BUCKETS,
+    TAG_SHARD_BYTES,
+    GpuRequest,
+)
 from dagster_gpu.corpus.listing import CorpusSource
-from dagster_gpu.policy import RuntimeModel, StepSize, choose_placement
 from dagster_gpu.instance.history import runtime_model
 from dagster_gpu.instance.preemption import with_learned_rates
+from dagster_gpu.policy import RuntimeModel, StepSize, choose_placement
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.policy.snapshot import KubernetesState, LocalState, SlurmState, Snapshot
-from dagster_gpu.core.request import (
-    TAG_ASSET_KEY, TAG_CHECKPOINT_RECORDS, TAG_CORPUS_URL, TAG_GROUP_BUCKETS, TAG_SHARD_BYTES, GpuRequest,
-)
+
 _STATE_TYPES = {"local": LocalState, "slurm": SlurmState, "kubernetes": KubernetesState}
 
 

@@ -22,21 +22,35 @@ import threading
 from typing import Any, Mapping
 
 import dagster as dg
-from dagster._grpc.types import ExecuteStepArgs
 from dagster import serialize_value
+from dagster._grpc.types import ExecuteStepArgs
 
 from dagster_gpu.billing.apportion import apportion_unit_bill
 from dagster_gpu.billing.keys import (
-    COST_USD, DEVICE_TYPE, DEVICES, DIFFERENCE_GPU_SECONDS, GPU_SECONDS, MEASURED_GPU_SECONDS, NOTE, RATE_USD_PER_GPU_HOUR,
-    PREFIX, SOURCE, UNIT_GPU_SECONDS, UNIT_PARTITIONS, WHAT, billed, what_billed,
+    COST_USD,
+    DEVICE_TYPE,
+    DEVICES,
+    DIFFERENCE_GPU_SECONDS,
+    GPU_SECONDS,
+    MEASURED_GPU_SECONDS,
+    NOTE,
+    PREFIX,
+    RATE_USD_PER_GPU_HOUR,
+    SOURCE,
+    UNIT_GPU_SECONDS,
+    UNIT_PARTITIONS,
+    WHAT,
+    billed,
+    what_billed,
 )
+from dagster_gpu.billing.measured import billed_device
 from dagster_gpu.billing.metering import cost_usd
 from dagster_gpu.billing.ratecard import gpu_hour_rate
 from dagster_gpu.contracts import UnitBill, read_step_context
+from dagster_gpu.instance.events import metadata_get, metadata_number
 from dagster_gpu.instance.step_args import step_args_from_env
 from dagster_gpu.partitions.run_ranges import run_partition_keys
-from dagster_gpu.billing.measured import billed_device
-from dagster_gpu.instance.events import metadata_get, metadata_number
+from dagster_gpu.relay.channel import RELAY_ENV
 from dagster_gpu.worker.metadata import SETTING_KEYS, rounded
 
 log = logging.getLogger(__name__)
@@ -75,7 +89,6 @@ class ObservationWriter:
         channel) whose run has not finished, since its materializations may not be stored yet and the bill would
         be split as if none were; that run worker bills the unit itself once the channel is read to the end (or a
         later sweep, once the run ended). True otherwise. Raises what the instance raises."""
-        from dagster_gpu.relay.channel import RELAY_ENV
 
         args = step_args_from_env(bill.env) if not bill.empty and RELAY_ENV in bill.env else None
         if args is None:
@@ -187,9 +200,8 @@ def store_observations(instance: dg.DagsterInstance, observations: list[dg.Asset
     """Store runless ``observations`` as ``report_runless_asset_event`` would, but one storage batch per asset
     key (``EventLogStorage.store_event_batch``: on PostgreSQL a single INSERT, so a unit's bill lands
     whole or not at all, and 500 partitions cost one statement instead of 500 connections)."""
-    from dagster import DagsterEvent, DagsterEventType
+    from dagster import DagsterEvent, DagsterEventType, EventLogEntry
     from dagster._core.events import AssetObservationData
-    from dagster import EventLogEntry
     from dagster._core.instance.utils import RUNLESS_JOB_NAME, RUNLESS_RUN_ID
     from dagster._time import get_current_timestamp
 

@@ -17,6 +17,7 @@ import dagster as dg
 from dagster import multiple_process_executor_requirements
 from dagster._core.execution.retries import RetryMode, get_retries_config
 from dagster._core.execution.tags import get_tag_concurrency_limits_config
+
 from dagster_gpu.executor.registry import BACKENDS
 from dagster_gpu.executor.step_handler import GpuStepHandler
 from dagster_gpu.executor.user_terminate import GpuStepDelegatingExecutor

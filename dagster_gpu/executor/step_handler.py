@@ -27,31 +27,38 @@ import threading
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from dagster import DagsterRunStatus, MetadataValue
-from dagster._record import copy
-from dagster import DagsterEvent
+from dagster import DagsterEvent, DagsterRunStatus, MetadataValue
 from dagster._core.events import EngineEventData
 from dagster._core.executor.step_delegating import CheckStepHealthResult, StepHandler, StepHandlerContext
+from dagster._record import copy
 
 from dagster_gpu.billing.ratecard import RateCard
-from dagster_gpu.instance.connections import hold_storage_connections
-from dagster_gpu.instance.events import (
-    BACKEND_KEY, HANDLE_KEY, PLACEMENT_KEY, PREEMPTION_POOL_KEY, PREEMPTIONS_KEY, RELAY_CHANNEL_KEY, Launch, launches, outcome_recorded,
-)
-from dagster_gpu.relay.channel import RELAY_ENV, relay_env
-from dagster_gpu.relay.storage import seed_for
 from dagster_gpu.contracts import TERMINAL, Backend, StepLaunch, WorkerStatus, describe_partitions
+from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backfill_hint import launches_to_come
 from dagster_gpu.executor.command import relay_worker_argv, worker_argv, worker_env, worker_python_for
-from dagster_gpu.relay.pump import RelayPump
-from dagster_gpu.partitions.run_ranges import run_partition_keys
 from dagster_gpu.executor.registry import build_backend, configured_backends
-from dagster_gpu.instance.run_tags import tag_launch
 from dagster_gpu.executor.settle import Settler
+from dagster_gpu.instance.connections import hold_storage_connections
+from dagster_gpu.instance.events import (
+    BACKEND_KEY,
+    HANDLE_KEY,
+    PLACEMENT_KEY,
+    PREEMPTION_POOL_KEY,
+    PREEMPTIONS_KEY,
+    RELAY_CHANNEL_KEY,
+    Launch,
+    launches,
+    outcome_recorded,
+)
+from dagster_gpu.instance.run_tags import tag_launch
+from dagster_gpu.partitions.run_ranges import run_partition_keys
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Placement
-from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
+from dagster_gpu.relay.channel import RELAY_ENV, relay_env
+from dagster_gpu.relay.pump import RelayPump
+from dagster_gpu.relay.storage import seed_for
 from dagster_gpu.worker.context import StepContext
 from dagster_gpu.worker.preemption import EXIT_PREEMPTED
 

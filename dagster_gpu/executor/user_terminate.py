@@ -17,9 +17,7 @@ holds a GPU and ends COMPLETED instead of CANCELLED.
 
 from __future__ import annotations
 
-from dagster import DagsterRunStatus, MetadataValue
-from dagster import DagsterExecutionInterruptedError
-from dagster import DagsterEvent
+from dagster import DagsterEvent, DagsterExecutionInterruptedError, DagsterRunStatus, MetadataValue
 from dagster._core.events import EngineEventData
 from dagster._core.executor.step_delegating import StepDelegatingExecutor
 

@@ -32,8 +32,17 @@ import pyarrow as pa
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_random_exponential
 
 from dagster_gpu.index.rows import (
-    DEFAULT_MAX_UNINDEXED_FRACTION, FINGERPRINT_COLUMN, KEY_COLUMNS, PARTITION_COLUMN, IndexSchemaError, ann_action,
-    column_migration, default_nprobes, ivf_partitions, partition_filter, sql_string,
+    DEFAULT_MAX_UNINDEXED_FRACTION,
+    FINGERPRINT_COLUMN,
+    KEY_COLUMNS,
+    PARTITION_COLUMN,
+    IndexSchemaError,
+    ann_action,
+    column_migration,
+    default_nprobes,
+    ivf_partitions,
+    partition_filter,
+    sql_string,
 )
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,10 @@ from __future__ import annotations
 from typing import Any, Iterable, Mapping
 
 from dagster_gpu.billing.keys import DEVICE_TYPE, WALL_SECONDS
+from dagster_gpu.instance.bills import unit_of
+from dagster_gpu.instance.events import metadata_get
 from dagster_gpu.policy.batching import UnitSample
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
-from dagster_gpu.instance.events import metadata_get
 
 ROWS_KEY = "embedding/rows"
 TPS_KEY = "embedding/texts_per_second"
@@ -89,7 +90,6 @@ def unit_samples(mds: Iterable[Mapping[str, Any]], *, cpu: bool) -> list[UnitSam
     on a GPU (not ``cpu``), as :class:`UnitSample` records: those whose every partition
     (``dagster_gpu/unit_partitions``) is among them, none of which reused rows (a reused partition's seconds are
     not a full embed's, the module docstring), each unit named by its Slurm array task, pod or local unit."""
-    from dagster_gpu.instance.bills import unit_of
 
     units: dict[tuple[str, str], list[Mapping[str, Any]]] = {}
     for md in mds:

@@ -34,7 +34,11 @@ from dagster import DagsterEventType, EventRecordsFilter
 from dagster_gpu.billing.keys import GPU_SECONDS, SOURCE, UNIT_GPU_SECONDS, billed
 from dagster_gpu.instance.bills import unit_of
 from dagster_gpu.instance.events import (
-    PREEMPTED_PARTITION_KEY, PREEMPTION_POOL_KEY, PREEMPTIONS_KEY, metadata_get, metadata_number,
+    PREEMPTED_PARTITION_KEY,
+    PREEMPTION_POOL_KEY,
+    PREEMPTIONS_KEY,
+    metadata_get,
+    metadata_number,
 )
 from dagster_gpu.policy.preemption import PRIOR_GPU_HOURS, PreemptionObservation, with_rates
 

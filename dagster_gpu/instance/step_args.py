@@ -12,8 +12,8 @@ import base64
 import zlib
 from typing import Mapping
 
-from dagster._grpc.types import ExecuteStepArgs
 from dagster import deserialize_value, serialize_value
+from dagster._grpc.types import ExecuteStepArgs
 
 ENV_VAR = "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS"
 

@@ -30,14 +30,14 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import dagster as dg
 from dagster import AssetCheckKey
-from dagster._core.event_api import PartitionKeyFilter
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 from dagster._core.definitions.data_version import (
     CODE_VERSION_TAG,
     DATA_VERSION_TAG,
     get_input_data_version_tag,
     get_input_event_pointer_tag,
 )
+from dagster._core.event_api import PartitionKeyFilter
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
 from dagster_gpu.instance.checks import FAILED_SOURCE_VERSION, OUTPUT_READABLE

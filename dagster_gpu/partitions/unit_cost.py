@@ -22,10 +22,16 @@ from typing import Sequence
 import dagster as dg
 
 from dagster_gpu.core.jsonfile import read_json
+from dagster_gpu.core.request import GpuRequest
+from dagster_gpu.instance.history import (
+    RUNTIME_HISTORY,
+    UNIT_HISTORY,
+    points_from_metadata,
+    recent_metadata,
+    unit_samples,
+)
 from dagster_gpu.policy.batching import UnitCost, UnitSample, learned_overheads
 from dagster_gpu.policy.runtime import RuntimeModel
-from dagster_gpu.instance.history import RUNTIME_HISTORY, UNIT_HISTORY, points_from_metadata, recent_metadata, unit_samples
-from dagster_gpu.core.request import GpuRequest
 
 CALIBRATION = Path(__file__).resolve().parents[1] / "data" / "unit_startup.json"
 
