@@ -137,3 +137,24 @@ def test_the_store_credentials_reach_the_task_through_env_files_only(store, tmp_
     cp = _run_task(script, args, isolated, drop=no_creds)
     assert cp.returncode == 0 and "ran" in cp.stdout, cp.stdout + cp.stderr
     assert "testing" not in object_runner.job_script() and str(secrets) not in object_runner.job_script()
+
+
+def test_the_backend_says_at_start_what_the_compute_nodes_must_share(tmp_path, caplog):
+    from dagster_gpu.slurm.backend import SlurmBackend
+    from dagster_gpu.slurm.settings import SlurmSettings
+
+    base = {"transport": "rest", "rest": {"url": "http://127.0.0.1:1"}, "spool_dir": str(tmp_path / "spool")}
+    with caplog.at_level("WARNING", logger="dagster_gpu.slurm.backend"):
+        shared = SlurmBackend(SlurmSettings.from_section({**base, "events": "relay"}))
+    assert not shared.nothing_shared
+    [warning] = [r.getMessage() for r in caplog.records if "without slurm.relay_url" in r.getMessage()]
+    assert "slurm.spool_dir (the manifests, the task runner and the tasks' logs)" in warning
+    assert f"at {tmp_path / 'spool'}, the same path as this host" in warning
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="dagster_gpu.slurm.backend"):
+        noshare = SlurmBackend(SlurmSettings.from_section(
+            {**base, "events": "relay", "relay_url": "s3://bucket/prefix/", "env_files": ["/etc/dg/s3.env"]}))
+    assert noshare.nothing_shared and not [r for r in caplog.records if "relay_url" in r.getMessage()]
+    assert noshare._task_log("b1", 3) == "s3://bucket/prefix/batches/b1/3.log"
+    assert noshare.coalescer.object_store == ("s3://bucket/prefix", {})
+    assert noshare.coalescer.env_files == ["/etc/dg/s3.env"]
