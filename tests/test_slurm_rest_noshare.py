@@ -156,5 +156,6 @@ def test_the_backend_says_at_start_what_the_compute_nodes_must_share(tmp_path, c
             {**base, "events": "relay", "relay_url": "s3://bucket/prefix/", "env_files": ["/etc/dg/s3.env"]}))
     assert noshare.nothing_shared and not [r for r in caplog.records if "relay_url" in r.getMessage()]
     assert noshare._task_log("b1", 3) == "s3://bucket/prefix/batches/b1/3.log"
-    assert noshare.coalescer.object_store == ("s3://bucket/prefix", {})
+    store = noshare.coalescer.object_store
+    assert (store.url, store.storage_options, store.job_script()) == ("s3://bucket/prefix", {}, object_runner.job_script())
     assert noshare.coalescer.env_files == ["/etc/dg/s3.env"]

@@ -7,53 +7,23 @@ An object store has no append, so a channel is a prefix of immutable parts, ``<c
 :mod:`dagster_gpu.relay.channel`'s format). The channel's bytes are the concatenation of its parts in
 sequence order, so a reader's byte offset means what it means in a channel file.
 
-An array task's log, shipped when nothing is shared with the compute nodes (``transport: rest`` with
-``relay_url``), is a prefix of parts the same way, named ``<seq>.log`` (:data:`LOG_SUFFIX`): raw bytes, not records.
-This module is stdlib only: the array task runner carries it in the job script text
-(:mod:`dagster_gpu.slurm.object_runner`).
+The part names (:mod:`dagster_gpu.core.object_parts`) are shared with an array task's log shipped when nothing is
+shared with the compute nodes (``transport: rest`` with ``relay_url``): ``<seq>.log`` parts of raw bytes.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-#: Digits of a part's sequence number: 99,999,999 parts per channel (a step writes tens to thousands).
-PART_DIGITS = 8
-#: A part's file name: the zero-padded sequence number (from 1) and ``.jsonl``.
-PART_RE = re.compile(rf"^(\d{{{PART_DIGITS}}})\.jsonl$")
-#: The suffix of a channel's parts and of a shipped task log's parts.
-CHANNEL_SUFFIX, LOG_SUFFIX = ".jsonl", ".log"
+from dagster_gpu.core.object_parts import (  # noqa: F401  (re-exported: the channel's part names)
+    CHANNEL_SUFFIX, LOG_SUFFIX, PART_DIGITS, PART_RE, next_sequence, part_name, part_sequence,
+)
 
 
 def is_object_channel(channel: str) -> bool:
     """Whether ``channel`` names an object-store channel (an fsspec URL such as ``s3://bucket/prefix/run/digest``)
     rather than a channel file (a path)."""
     return "://" in channel
-
-
-def part_name(seq: int, suffix: str = CHANNEL_SUFFIX) -> str:
-    """The file name of part ``seq`` (1-based), e.g. ``00000007.jsonl`` (``suffix`` :data:`LOG_SUFFIX`:
-    ``00000007.log``). Raises ValueError outside 1..10**PART_DIGITS - 1."""
-    if not 1 <= seq < 10**PART_DIGITS:
-        raise ValueError(f"relay channel part number {seq} is not in 1..{10**PART_DIGITS - 1}")
-    return f"{seq:0{PART_DIGITS}d}{suffix}"
-
-
-def part_sequence(name: str, suffix: str = CHANNEL_SUFFIX) -> int | None:
-    """The sequence number of a part with ``suffix`` from its name or path (its last component), None for
-    anything else (a temporary object, a foreign file)."""
-    last = name.rstrip("/").rsplit("/", 1)[-1]
-    if not last.endswith(suffix):
-        return None
-    m = PART_RE.match(last[: len(last) - len(suffix)] + CHANNEL_SUFFIX)
-    return int(m.group(1)) if m and int(m.group(1)) >= 1 else None
-
-
-def next_sequence(names: Iterable[str], suffix: str = CHANNEL_SUFFIX) -> int:
-    """The sequence number a writer opening the channel gives its first part: one after the highest part among
-    ``names`` (an earlier attempt's, for a requeued array task re-using the channel), 1 for none."""
-    return max((s for s in (part_sequence(n, suffix) for n in names) if s is not None), default=0) + 1
 
 
 def parts_to_read(sizes: Mapping[int, int], offset: int) -> list[tuple[int, int]]:

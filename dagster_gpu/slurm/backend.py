@@ -37,6 +37,7 @@ anything and a refused task fails its step with the reason from its log.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -56,16 +57,17 @@ from dagster_gpu.contracts import (
 )
 from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
 from dagster_gpu.relay.channel import read_from as read_local_channel
-from dagster_gpu.relay.objects import object_log_tail, read_object_channel
+from dagster_gpu.relay.objects import object_log_tail, put_new_object, read_object_channel
 from dagster_gpu.relay.parts import is_object_channel
 from dagster_gpu.instance.settings import config_field as settings_config_field
 from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.policy.preemption import pool_key
 from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
-from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python
+from dagster_gpu.slurm.coalescer import ArrayCoalescer, ObjectStore, TaskRequest, default_python
 from dagster_gpu.slurm.gpu_types import GpuType, sbatch_gres, select_gpu_type
 from dagster_gpu.slurm.handle import SlurmHandle
+from dagster_gpu.slurm.object_runner import job_script as object_job_script
 from dagster_gpu.slurm.object_runner import log_prefix as object_log_prefix
 from dagster_gpu.slurm.requeue import MODULE as REQUEUE_MODULE
 from dagster_gpu.slurm.gres import gpu_capacity, pending_for_type
@@ -153,7 +155,7 @@ class SlurmBackend(Backend):
             max_array_size=self.max_array_size,
             env_files=settings.env_files,
             pending_tasks=self.pending_tasks,
-            object_store=(settings.relay_url, settings.relay_storage_options) if self.nothing_shared else None,
+            object_store=self._object_store() if self.nothing_shared else None,
         )
         self.poller = SharedPoller(self.spool, self.client, settings.poll_interval_seconds)
         self.wait_limits = settings.wait_limits  # validated now: a bad key fails at executor start
@@ -171,6 +173,13 @@ class SlurmBackend(Backend):
         ``relay_url`` (the manifest, the task runner and the tasks' logs travel through slurmrestd and the object
         store: :mod:`dagster_gpu.slurm.object_runner`)."""
         return (self.settings.transport or "").lower() == "rest" and bool(self.settings.relay_url)
+
+    def _object_store(self) -> ObjectStore:
+        """The coalescer's :class:`~dagster_gpu.slurm.coalescer.ObjectStore` for ``relay_url``."""
+        options = dict(self.settings.relay_storage_options)
+        return ObjectStore(url=self.settings.relay_url.rstrip("/"), storage_options=options,
+                           put_new=functools.partial(put_new_object, storage_options=options),
+                           job_script=object_job_script, log_prefix=object_log_prefix)
 
     def shared_paths_needed(self) -> list[str]:
         """What the compute nodes must see of this host's file system with these settings, by setting name, for

@@ -36,11 +36,8 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from dagster_gpu.contracts import describe_partitions
-from dagster_gpu.relay.objects import put_new_object
 from dagster_gpu.slurm.client import SlurmAccessRefused, SlurmClient, SlurmError, SlurmRejected
 from dagster_gpu.slurm.ids import format_array_spec
-from dagster_gpu.slurm.object_runner import job_script as object_job_script
-from dagster_gpu.slurm.object_runner import log_prefix as object_log_prefix
 from dagster_gpu.slurm.script import JOB_SCRIPT, RUNNER, manifest_sha256, verify_job_script, write_job_script, write_manifest
 from dagster_gpu.slurm.spool import Spool, write_json
 from dagster_gpu.slurm.transport import TransportError, TransportUnreachable
@@ -121,6 +118,29 @@ class TaskRequest:
 
 
 @dataclass(frozen=True)
+class ObjectStore:
+    """Where the array tasks' files go when the compute nodes share no file system with this host (``transport:
+    rest`` with ``relay_url``), and the functions that put them there (the Slurm backend passes those of
+    :mod:`dagster_gpu.relay.objects` and :mod:`dagster_gpu.slurm.object_runner`: the store's I/O is on the
+    instance layer, above this one).
+
+    Attributes:
+        url: ``relay_url`` without a trailing slash (``s3://bucket/prefix``).
+        storage_options: fsspec options for it (no credentials: checked by the settings).
+        put_new: ``(url, bytes) -> sha256 hex`` of what the store gives back; raises FileExistsError for an
+            existing object (never overwritten), OSError.
+        job_script: ``() -> text`` of the constant job script that carries the task runner.
+        log_prefix: ``(batch prefix URL, task id) -> URL`` where the task ships its log.
+    """
+
+    url: str
+    storage_options: Mapping
+    put_new: Callable[[str, bytes], str]
+    job_script: Callable[[], str]
+    log_prefix: Callable[[str, int], str]
+
+
+@dataclass(frozen=True)
 class TaskAssignment:
     """Where a launch went: array task ``array_job_id``_``array_task_id`` of ``batch``."""
 
@@ -158,7 +178,7 @@ class ArrayCoalescer:
         pending_tasks: callable returning pending task counts by array job id from a recent poll, or
             None when unknown (then no launch is held for backlog).
         env_files: ``KEY=VALUE`` secret files (0600) the tasks load; see :mod:`dagster_gpu.slurm.script`.
-        object_store: ``(relay_url, storage options)`` when the compute nodes share no file system with this host
+        object_store: an :class:`ObjectStore` when the compute nodes share no file system with this host
             (``transport: rest`` with ``relay_url``): each array's manifest is uploaded once to
             ``<relay_url>/batches/<batch>/manifest.json`` (never over an existing object), the job script carries
             the task runner (:mod:`dagster_gpu.slurm.object_runner`), and task ``i`` ships its log to
@@ -180,7 +200,7 @@ class ArrayCoalescer:
         max_array_size: Callable[[], int] | None = None,
         env_files: Sequence[str] = (),
         pending_tasks: Callable[[], Mapping[int, int] | None] | None = None,
-        object_store: tuple[str, Mapping] | None = None,
+        object_store: ObjectStore | None = None,
     ):
         self.spool = spool
         self.client = client
@@ -197,7 +217,7 @@ class ArrayCoalescer:
         self._max_array_size = max_array_size or client.max_array_size
         self.env_files = list(env_files)
         self._pending_tasks = pending_tasks
-        self.object_store = (object_store[0].rstrip("/"), dict(object_store[1] or {})) if object_store else None
+        self.object_store = object_store
         self.last_decisions: dict[str, FlushDecision] = {}  # by group, for logs and tests
         self._groups_cache: tuple[int, list[tuple[int, str]]] | None = None  # (batches mtime_ns, groups)
         self.sbatch_calls = 0  # submissions made by this process (benchmarks)
@@ -344,7 +364,7 @@ class ArrayCoalescer:
         remote = self._remote_spool()
         if self.object_store:  # the node keeps its own copy of the log, in the job's working directory
             output = f"dagster-gpu-{batch}-%a.out"
-            log_of = functools.partial(object_log_prefix, f"{self.object_store[0]}/batches/{batch}")
+            log_of = functools.partial(self.object_store.log_prefix, f"{self.object_store.url}/batches/{batch}")
         else:
             out_dir = f"{remote}/batches/{batch}" if remote else str(bdir)  # where the tasks write their logs
             output = f"{out_dir}/%a.out"
@@ -433,13 +453,14 @@ class ArrayCoalescer:
         Raises UntrustedPathError, TransportError, OSError (FileExistsError: a manifest already under the prefix)."""
         remote = self._remote_spool()
         if self.object_store:
-            url, options = self.object_store
+            store = self.object_store
+            url, options = store.url, dict(store.storage_options)
             manifest_url = f"{url}/batches/{batch}/manifest.json"
-            stored = put_new_object(manifest_url, manifest.read_bytes(), options)
+            stored = store.put_new(manifest_url, manifest.read_bytes())
             if stored != manifest_hash:
                 raise UntrustedPathError(f"refusing manifest {manifest_url}: the store gives back sha256 {stored}, not "
                                          f"the {manifest_hash} written")
-            text = object_job_script()
+            text = store.job_script()
             path = write_atomic(self.spool.job_script.with_name("dagster-gpu-array-noshare.sh"), text, mode=0o700)
             digest = trust.sha256_hex(trust.read_trusted(path, os.geteuid(), what="job script"))
             if digest != trust.sha256_hex(text.encode()):

@@ -3,7 +3,7 @@ with ``relay_url``): it travels in the job script text, fetches the manifest fro
 task's log there. Standard library plus fsspec (with the store's driver, e.g. s3fs) from the worker's Python.
 
 The job script (:func:`job_script`) is constant text: a bash script holding this runner's source with the
-sources it needs (:mod:`dagster_gpu.slurm.trust`, :mod:`dagster_gpu.relay.parts`, :mod:`dagster_gpu.slurm.script`,
+sources it needs (:mod:`dagster_gpu.slurm.trust`, :mod:`dagster_gpu.core.object_parts`, :mod:`dagster_gpu.slurm.script`,
 this file) as Python string literals, which ``exec "$1" -I -c "$RUNNER" "${@:2}"`` runs (isolated mode: nothing
 from the working directory or ``PYTHONPATH``). Nothing about a step, a partition key or a path is in it.
 slurmrestd submits its text with the job (``job.script`` of ``job/submit``, slurm.schedmd.com/rest_api.html);
@@ -17,7 +17,7 @@ Each array task then:
    read_env_file`) into its environment: the object store's credentials come from there or from the node's own
    provider chain (instance profile, workload identity), never from the script, the argv or the manifest;
 2. opens its log, ``<log prefix>/<task id>.log/`` (parts ``00000001.log``, … of raw bytes:
-   :mod:`dagster_gpu.relay.parts`; a requeued attempt continues after the highest part), and ships its own
+   :mod:`dagster_gpu.core.object_parts`; a requeued attempt continues after the highest part), and ships its own
    messages and the step worker's output there at most every :data:`SHIP_INTERVAL_S` seconds and at the end;
    the same bytes go to the task's ``sbatch --output`` file on the node;
 3. fetches the manifest and checks it as the spool's manifest is checked: its SHA-256 and batch id must be those
@@ -48,11 +48,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 if __package__:
-    from dagster_gpu.relay import parts
+    from dagster_gpu.core import object_parts as parts
     from dagster_gpu.slurm import script, trust
 else:  # carried in the job script: the bundle loaded these first (see job_script)
     trust = sys.modules["_dagster_gpu_slurm_trust"]
-    parts = sys.modules["_dagster_gpu_relay_parts"]
+    parts = sys.modules["_dagster_gpu_core_object_parts"]
     script = sys.modules["_dagster_gpu_slurm_script"]
 
 #: Seconds between two uploads of a busy task's log.
@@ -226,12 +226,12 @@ def _run_shipping(cmd: list[str], env: Mapping[str, str], out, shipper: LogShipp
 def job_script() -> str:
     """The constant job script of this mode (see the module doc). Raises RuntimeError if a source holds the
     heredoc's end line."""
-    here = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]
     sources = {
-        "_dagster_gpu_slurm_trust": (here / "trust.py").read_text(),
-        "_dagster_gpu_relay_parts": (here.parent / "relay" / "parts.py").read_text(),
-        "_dagster_gpu_slurm_script": (here / "script.py").read_text(),
-        "_dagster_gpu_slurm_object_runner": (here / "object_runner.py").read_text(),
+        "_dagster_gpu_slurm_trust": (package / "slurm" / "trust.py").read_text(),
+        "_dagster_gpu_core_object_parts": (package / "core" / "object_parts.py").read_text(),
+        "_dagster_gpu_slurm_script": (package / "slurm" / "script.py").read_text(),
+        "_dagster_gpu_slurm_object_runner": Path(__file__).resolve().read_text(),
     }
     bundle = "\n".join([
         "import sys, types",
