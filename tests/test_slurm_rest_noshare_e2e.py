@@ -12,6 +12,7 @@ come from the 0600 env_files file.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -84,3 +85,58 @@ def test_a_backfill_with_nothing_shared_and_a_crashed_partition_s_log_tail(rest_
     # bills from slurmdbd's records, through slurmrestd, with the host's copy of the manifest
     obs = _wait_for(lambda: _all_observed(ok_keys), 90, what="sacct observations")
     assert all(obs[k][0]["bill/source"] == "sacct" and obs[k][0]["slurm/state"] == "COMPLETED" for k in ok_keys), obs
+
+
+@H.on_slurm("24.11")
+def test_a_preempted_task_with_nothing_shared_is_requeued_and_its_log_continues(rest_home, s3, monkeypatch):  # noqa: F811
+    """A task in the ``preemptible`` QOS (GraceTime=20, PreemptMode=requeue: resources/lib/slurm_cluster.sh) with
+    ``signal_lead_seconds`` is preempted by a ``high`` job: slurmctld sends SIGUSR1 to the batch shell, which is
+    the task runner here (``sbatch --signal=B:USR1@<s>`` with ``PreemptParameters=send_user_signal``:
+    slurm.schedmd.com/slurm.conf.html), the runner forwards it to the worker, which stops gracefully; 24.11 requeues
+    the job (tests/test_slurm_preempt_e2e.py measured it), and the requeued attempt fetches the same manifest, finds no
+    outcome in the channel on S3, runs the step again and continues the log after the first attempt's parts."""
+    import subprocess
+    import tempfile
+    import time
+
+    from dagster_gpu.relay.objects import object_log_tail
+    from dagster_gpu.slurm.rest import RestSlurmClient, TokenSource
+
+    home_dir, env, token = rest_home
+    env, _, prefix = N.noshare_env(env, home_dir, s3.endpoint, s3.bucket(BUCKET))
+    pid_dir = tempfile.mkdtemp(prefix="dgpu-noshare-preempt-")  # the test's own side channel, not the product's
+    key = "p070"
+    # the first attempt writes <pid_dir>/p070.pid once in its body (tests/slurm_pipeline.py), where its stop path is
+    # about to be installed: a signal before that would end a worker still importing Dagster
+    env.update({"DGPU_TEST_GRACEFUL": "1", "SLURM_TEST_QOS": "preemptible", "DGPU_TEST_PID_DIR": pid_dir,
+                "SLURM_TEST_SIGNAL_LEAD": "60", "DGPU_TEST_SLOW_FIRST": key})
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    spool = Path(env["DAGSTER_GPU_SLURM_SPOOL"])
+    client = RestSlurmClient(url=env["DGPU_TEST_REST_URL"], user="root", tokens=TokenSource(file=str(token)))
+    procs = H.start_runs(env, [key], sleep_s=240)
+
+    def running():
+        ids = [b["array_job_id"] for b in H.spool_batches(spool)]
+        return [r for r in client.squeue(ids) if r.state.name == "RUNNING"] if ids else None
+
+    task = _wait_for(running, 240, 1, "the array task running")[0]
+    _wait_for(lambda: (Path(pid_dir) / f"{key}.pid").exists() or None, 240, 0.5, "the worker in the asset's body")
+    time.sleep(1)  # its stop path installed
+    cli_env = {**os.environ, **H.SLURM_24_11.env()}
+    subprocess.run(["sbatch", "--parsable", "--account=research", "--qos=high", "--gres=gpu:4", "--output=/dev/null",
+                    "--wrap=sleep 2"], capture_output=True, text=True, env=cli_env, check=True, timeout=60)
+    marker = Path(pid_dir) / f"{key}.stopped"
+    _wait_for(lambda: marker.exists() or None, 120, 0.5, "the worker's stop signal")
+    assert marker.read_text().split()[0] == "10"  # SIGUSR1, forwarded by the runner
+    codes = H.wait_all(procs, 600)
+    assert codes == [0], f"run worker exited {codes}; logs in {home_dir}\n{H.explain_failures(home_dir, [key], codes)}"
+    states = [r.state.name for r in client.sacct([task.id.job_id])]
+    assert states[0] == "PREEMPTED" and len(states) >= 2, states
+    mats = _materializations([key])[key]
+    assert len(mats) == 1 and mats[0]["test/host_spool_visible"] is False, mats
+    batch = H.spool_batches(spool)[0]["batch"]
+    log = object_log_tail(f"s3://{BUCKET}/{prefix}/batches/{batch}/0.log", lines=400, max_bytes=1 << 20,
+                          storage_options={"client_kwargs": {"endpoint_url": s3.endpoint}})
+    attempts = [ln for ln in log.splitlines() if "_0 runs step " in ln]
+    assert len(attempts) >= 2, log
