@@ -531,8 +531,9 @@ def client_from_settings(settings, **client_kw) -> RestSlurmClient:
     if not rest.url.startswith(("http://", "https://")):
         raise ValueError(f"slurm.rest.url must start with http:// or https://, got {rest.url!r}")
     if settings.ssh.remote_spool_dir:
-        raise ValueError("slurm transport 'rest' carries no files: leave slurm.ssh.remote_spool_dir unset and put "
-                         "spool_dir on a file system the compute nodes see at the same path")
+        raise ValueError("slurm transport 'rest' carries no files: leave slurm.ssh.remote_spool_dir unset and set "
+                         "events: relay with slurm.relay_url (nothing shared), or put spool_dir on a file system the "
+                         "compute nodes see at the same path")
     return RestSlurmClient(
         url=rest.url, user=rest.user,
         tokens=TokenSource(env=rest.token_env, file=os.path.expanduser(rest.token_file) if rest.token_file else None),
