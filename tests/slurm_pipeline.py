@@ -8,7 +8,9 @@ that hold off),
 :func:`worker_python_config`), ``SLURM_TEST_RETRIES=1`` (the executor's retries on: the asset's
 RetryPolicy(max_retries=1) applies). The asset sleeps ``test/sleep`` seconds (a run tag) and returns its
 partition key; the first attempt of a partition listed in ``DGPU_TEST_SLOW_FIRST`` (comma-separated)
-writes its pid to ``$DGPU_TEST_PID_DIR/<partition>.pid`` and sleeps 300 s instead (time to kill it). (Not
+writes its pid to ``$DGPU_TEST_PID_DIR/<partition>.pid`` and sleeps 300 s instead (time to kill it); a
+partition listed in ``DGPU_TEST_CRASH`` prints a line to stderr and exits 7 with no step outcome; with
+``DGPU_TEST_HOST_SPOOL`` the materialization says whether the task sees that path. (Not
 ``SLURM_*`` names: the client scrubs those from sbatch's environment, so array tasks would not see them.)
 
     python tests/slurm_pipeline.py run PARTITION_KEY [SLEEP_S]   # one run in this process (a run worker)
@@ -137,6 +139,10 @@ def trivial(context):
             f.write(str(os.getpid()))
         os.replace(pid_file + ".tmp", pid_file)
         sleep_s = 300.0
+    if context.partition_key in os.environ.get("DGPU_TEST_CRASH", "").split(","):
+        # a worker that dies without a step outcome: the failure message is only in the task's log
+        print(f"dagster-gpu test: partition {context.partition_key} crashes here with exit 7", file=sys.stderr, flush=True)
+        os._exit(7)
     if os.environ.get("DGPU_TEST_GRACEFUL") == "1":
         _sleep_until_stopped(context, sleep_s)
     else:
@@ -148,6 +154,8 @@ def trivial(context):
     md["test/retry_number"] = context.retry_number
     md["test/cuda_visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     md["test/dagster_home"] = os.environ.get("DAGSTER_HOME", "")
+    if os.environ.get("DGPU_TEST_HOST_SPOOL"):  # can this task see the Dagster host's spool? (nothing-shared tests)
+        md["test/host_spool_visible"] = os.path.exists(os.environ["DGPU_TEST_HOST_SPOOL"])
     return dg.MaterializeResult(metadata=md)
 
 

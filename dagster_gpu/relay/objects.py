@@ -18,6 +18,7 @@ shared credentials file, instance profile or workload identity); the options car
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import threading
 from typing import Any, Callable, Mapping
@@ -26,7 +27,9 @@ import fsspec
 from dagster import EventLogEntry, serialize_value
 
 from dagster_gpu.relay.channel import ChannelWriter, decode, encode, read_from, step_outcome
-from dagster_gpu.relay.parts import is_object_channel, next_sequence, part_name, part_sequence, parts_to_read
+from dagster_gpu.relay.parts import (
+    LOG_SUFFIX, is_object_channel, next_sequence, part_name, part_sequence, parts_to_read,
+)
 
 log = logging.getLogger(__name__)
 
@@ -168,3 +171,43 @@ def outcome_in_any_channel(channel: str, step_keys: set[str], storage_options: M
     """Did one of ``step_keys`` write a step outcome to ``channel`` (a file or an object channel)? False when the
     channel has nothing yet. Raises what fsspec raises when the store cannot be reached."""
     return step_outcome(decode(channel_reader(storage_options)(channel, 0)), step_keys)
+
+
+def put_new_object(url: str, data: bytes, storage_options: Mapping[str, Any] | None = None) -> str:
+    """Write ``data`` as the new object ``url`` (a job array's manifest) and return the SHA-256 (hex) of what the
+    store gives back. Raises FileExistsError when ``url`` already exists (someone else wrote under the prefix: it is
+    never overwritten nor used), OSError when the store refuses or cannot be reached."""
+    fs, path = fsspec.core.url_to_fs(url, **dict(storage_options or {}))
+    if fs.exists(path):
+        raise FileExistsError(f"refusing to write {url}: it already exists (someone else wrote under the prefix)")
+    fs.pipe_file(path, data)
+    return hashlib.sha256(fs.cat_file(path)).hexdigest()
+
+
+def object_log_tail(url: str, lines: int = 8, max_bytes: int = 4096,
+                    storage_options: Mapping[str, Any] | None = None) -> str:
+    """The last ``lines`` lines of a task log shipped as ``<seq>.log`` parts under ``url``
+    (:mod:`dagster_gpu.slurm.object_runner`): of its contiguous parts' last ``max_bytes`` bytes, decoded as UTF-8
+    with replacement; ``(no log under <url> yet)`` when it has no part, ``(log unreadable: <error>)`` when the
+    store cannot be read. Raises nothing."""
+    try:
+        fs, root = _fs(url, storage_options)
+        sizes = {seq: int(e["size"]) for e in _entries(fs, root)
+                 if (seq := part_sequence(str(e["name"]), LOG_SUFFIX)) is not None}
+        total = sum(size for _, size in _contiguous(sizes))
+        if not total:
+            return f"(no log under {url} yet)"
+        data = b"".join(fs.cat_file(f"{root}/{part_name(seq, LOG_SUFFIX)}")[start:]
+                        for seq, start in parts_to_read(sizes, max(0, total - max_bytes)))
+    except Exception as e:  # noqa: BLE001 - a failure message must not fail for its tail
+        return f"(log unreadable: {type(e).__name__}: {e})"
+    return "\n".join(data.decode("utf-8", "replace").splitlines()[-lines:])
+
+
+def _contiguous(sizes: Mapping[int, int]) -> list[tuple[int, int]]:
+    """(sequence number, size) of parts 1, 2, … up to the first missing one."""
+    out, seq = [], 1
+    while seq in sizes:
+        out.append((seq, sizes[seq]))
+        seq += 1
+    return out

@@ -6,44 +6,24 @@ An object store has no append, so a channel is a prefix of immutable parts, ``<c
 ``<channel>/00000002.jsonl``, …: each one atomic PUT of whole records (lines of
 :mod:`dagster_gpu.relay.channel`'s format). The channel's bytes are the concatenation of its parts in
 sequence order, so a reader's byte offset means what it means in a channel file.
+
+The part names (:mod:`dagster_gpu.core.object_parts`) are shared with an array task's log shipped when nothing is
+shared with the compute nodes (``transport: rest`` with ``relay_url``): ``<seq>.log`` parts of raw bytes.
 """
 
 from __future__ import annotations
 
-import re
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
-#: Digits of a part's sequence number: 99,999,999 parts per channel (a step writes tens to thousands).
-PART_DIGITS = 8
-#: A part's file name: the zero-padded sequence number (from 1) and ``.jsonl``.
-PART_RE = re.compile(rf"^(\d{{{PART_DIGITS}}})\.jsonl$")
+from dagster_gpu.core.object_parts import (  # noqa: F401  (re-exported: the channel's part names)
+    CHANNEL_SUFFIX, LOG_SUFFIX, PART_DIGITS, PART_RE, next_sequence, part_name, part_sequence,
+)
 
 
 def is_object_channel(channel: str) -> bool:
     """Whether ``channel`` names an object-store channel (an fsspec URL such as ``s3://bucket/prefix/run/digest``)
     rather than a channel file (a path)."""
     return "://" in channel
-
-
-def part_name(seq: int) -> str:
-    """The file name of part ``seq`` (1-based), e.g. ``00000007.jsonl``. Raises ValueError outside
-    1..10**PART_DIGITS - 1."""
-    if not 1 <= seq < 10**PART_DIGITS:
-        raise ValueError(f"relay channel part number {seq} is not in 1..{10**PART_DIGITS - 1}")
-    return f"{seq:0{PART_DIGITS}d}.jsonl"
-
-
-def part_sequence(name: str) -> int | None:
-    """The sequence number of a part from its name or path (its last component), None for anything else (a
-    temporary object, a foreign file)."""
-    m = PART_RE.match(name.rstrip("/").rsplit("/", 1)[-1])
-    return int(m.group(1)) if m and int(m.group(1)) >= 1 else None
-
-
-def next_sequence(names: Iterable[str]) -> int:
-    """The sequence number a writer opening the channel gives its first part: one after the highest part among
-    ``names`` (an earlier attempt's, for a requeued array task re-using the channel), 1 for none."""
-    return max((s for s in map(part_sequence, names) if s is not None), default=0) + 1
 
 
 def parts_to_read(sizes: Mapping[int, int], offset: int) -> list[tuple[int, int]]:

@@ -37,6 +37,7 @@ anything and a refused task fails its step with the reason from its log.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -56,16 +57,18 @@ from dagster_gpu.contracts import (
 )
 from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
 from dagster_gpu.relay.channel import read_from as read_local_channel
-from dagster_gpu.relay.objects import read_object_channel
+from dagster_gpu.relay.objects import object_log_tail, put_new_object, read_object_channel
 from dagster_gpu.relay.parts import is_object_channel
 from dagster_gpu.settings.schema import config_field as settings_config_field
 from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.policy.preemption import pool_key
 from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
-from dagster_gpu.slurm.coalescer import ArrayCoalescer, TaskRequest, default_python
+from dagster_gpu.slurm.coalescer import ArrayCoalescer, ObjectStore, TaskRequest, default_python
 from dagster_gpu.slurm.gpu_types import GpuType, sbatch_gres, select_gpu_type
 from dagster_gpu.slurm.handle import SlurmHandle
+from dagster_gpu.slurm.object_runner import job_script as object_job_script
+from dagster_gpu.slurm.object_runner import log_prefix as object_log_prefix
 from dagster_gpu.slurm.requeue import MODULE as REQUEUE_MODULE
 from dagster_gpu.slurm.gres import gpu_capacity, pending_for_type
 from dagster_gpu.slurm.parse import SlurmParseError
@@ -152,11 +155,44 @@ class SlurmBackend(Backend):
             max_array_size=self.max_array_size,
             env_files=settings.env_files,
             pending_tasks=self.pending_tasks,
+            object_store=self._object_store() if self.nothing_shared else None,
         )
         self.poller = SharedPoller(self.spool, self.client, settings.poll_interval_seconds)
         self.wait_limits = settings.wait_limits  # validated now: a bad key fails at executor start
         self._waiting_since: dict[tuple[int, int], tuple[str, float]] = {}  # task -> (wait class, first seen)
         self.settle_wait_s = settings.settle_wait_seconds
+        needs = self.shared_paths_needed()
+        if needs:
+            log.warning("slurm transport rest without slurm.relay_url: the compute nodes must see %s at %s, the same "
+                        "path as this host (a shared file system); with events: relay and relay_url nothing is shared",
+                        " and ".join(needs), self.spool.root)
+
+    @property
+    def nothing_shared(self) -> bool:
+        """Whether the compute nodes need no file system shared with this host: ``transport: rest`` with
+        ``relay_url`` (the manifest, the task runner and the tasks' logs travel through slurmrestd and the object
+        store: :mod:`dagster_gpu.slurm.object_runner`)."""
+        return (self.settings.transport or "").lower() == "rest" and bool(self.settings.relay_url)
+
+    def _object_store(self) -> ObjectStore:
+        """The coalescer's :class:`~dagster_gpu.slurm.coalescer.ObjectStore` for ``relay_url``."""
+        options = dict(self.settings.relay_storage_options)
+        return ObjectStore(url=self.settings.relay_url.rstrip("/"), storage_options=options,
+                           put_new=functools.partial(put_new_object, storage_options=options),
+                           job_script=object_job_script, log_prefix=object_log_prefix)
+
+    def shared_paths_needed(self) -> list[str]:
+        """What the compute nodes must see of this host's file system with these settings, by setting name, for
+        the launch's warning: empty when nothing is shared (:attr:`nothing_shared`) or the spool is on the
+        cluster (``transport: ssh``)."""
+        if self.nothing_shared or self.client.transport.remote_spool:
+            return []
+        if (self.settings.transport or "").lower() != "rest":
+            return []  # local transport: Dagster is on a login node, the spool is the cluster's file system
+        what = ["slurm.spool_dir (the manifests, the task runner and the tasks' logs)"]
+        if self.settings.events == "relay":
+            what.append("the events relay's channel files in slurm.spool_dir (set slurm.relay_url)")
+        return what
 
     # ------------------------------------------------------------------------------ cluster facts
     def max_array_size(self) -> int:
@@ -362,13 +398,17 @@ class SlurmBackend(Backend):
 
     def _task_log(self, batch: str, task: int) -> str:
         """Where array task ``task`` of ``batch`` writes its log (``sbatch --output``): under the spool the
-        tasks see (the cluster's, with ``transport: ssh``)."""
+        tasks see (the cluster's, with ``transport: ssh``), or the prefix it ships it to when nothing is shared."""
+        if self.nothing_shared:
+            return object_log_prefix(f"{self.settings.relay_url.rstrip('/')}/batches/{batch}", task)
         remote = self.client.transport.remote_spool
         return f"{remote}/batches/{batch}/{task}.out" if remote else str(self.spool.batch_dir(batch) / f"{task}.out")
 
     def _log_tail(self, path: str) -> str:
-        """The last lines of an array task's log: on this host, or over the transport when the spool the
-        tasks write is on the cluster (``transport: ssh``)."""
+        """The last lines of an array task's log: on this host, over the transport when the spool the
+        tasks write is on the cluster (``transport: ssh``), or from the object store when it ships its log there."""
+        if is_object_channel(path):
+            return object_log_tail(path, storage_options=self.settings.relay_storage_options)
         transport = self.client.transport
         if transport.remote_spool:
             return transport.tail(path)

@@ -41,7 +41,9 @@ from dagster_gpu.slurm.ids import format_array_spec
 from dagster_gpu.slurm.script import JOB_SCRIPT, RUNNER, manifest_sha256, verify_job_script, write_job_script, write_manifest
 from dagster_gpu.slurm.spool import Spool, write_json
 from dagster_gpu.slurm.transport import TransportError, TransportUnreachable
+from dagster_gpu.slurm import trust
 from dagster_gpu.slurm.trust import UntrustedPathError
+from dagster_gpu.core.jsonfile import write_atomic
 from dagster_gpu.slurm.window import FlushDecision, WindowRule, decide_flush
 
 log = logging.getLogger(__name__)
@@ -116,6 +118,29 @@ class TaskRequest:
 
 
 @dataclass(frozen=True)
+class ObjectStore:
+    """Where the array tasks' files go when the compute nodes share no file system with this host (``transport:
+    rest`` with ``relay_url``), and the functions that put them there (the Slurm backend passes those of
+    :mod:`dagster_gpu.relay.objects` and :mod:`dagster_gpu.slurm.object_runner`: the store's I/O is on the
+    instance layer, above this one).
+
+    Attributes:
+        url: ``relay_url`` without a trailing slash (``s3://bucket/prefix``).
+        storage_options: fsspec options for it (no credentials: checked by the settings).
+        put_new: ``(url, bytes) -> sha256 hex`` of what the store gives back; raises FileExistsError for an
+            existing object (never overwritten), OSError.
+        job_script: ``() -> text`` of the constant job script that carries the task runner.
+        log_prefix: ``(batch prefix URL, task id) -> URL`` where the task ships its log.
+    """
+
+    url: str
+    storage_options: Mapping
+    put_new: Callable[[str, bytes], str]
+    job_script: Callable[[], str]
+    log_prefix: Callable[[str, int], str]
+
+
+@dataclass(frozen=True)
 class TaskAssignment:
     """Where a launch went: array task ``array_job_id``_``array_task_id`` of ``batch``."""
 
@@ -153,6 +178,12 @@ class ArrayCoalescer:
         pending_tasks: callable returning pending task counts by array job id from a recent poll, or
             None when unknown (then no launch is held for backlog).
         env_files: ``KEY=VALUE`` secret files (0600) the tasks load; see :mod:`dagster_gpu.slurm.script`.
+        object_store: an :class:`ObjectStore` when the compute nodes share no file system with this host
+            (``transport: rest`` with ``relay_url``): each array's manifest is uploaded once to
+            ``<relay_url>/batches/<batch>/manifest.json`` (never over an existing object), the job script carries
+            the task runner (:mod:`dagster_gpu.slurm.object_runner`), and task ``i`` ships its log to
+            ``<relay_url>/batches/<batch>/<i>.log`` (its ``sbatch --output`` stays on the node, in the job's
+            working directory). None: the tasks read this host's spool (or the ssh transport's remote one).
     """
 
     FLUSH_CHECK_S = 0.25  # seconds between one waiting process's attempts to flush the spool
@@ -169,6 +200,7 @@ class ArrayCoalescer:
         max_array_size: Callable[[], int] | None = None,
         env_files: Sequence[str] = (),
         pending_tasks: Callable[[], Mapping[int, int] | None] | None = None,
+        object_store: ObjectStore | None = None,
     ):
         self.spool = spool
         self.client = client
@@ -185,6 +217,7 @@ class ArrayCoalescer:
         self._max_array_size = max_array_size or client.max_array_size
         self.env_files = list(env_files)
         self._pending_tasks = pending_tasks
+        self.object_store = object_store
         self.last_decisions: dict[str, FlushDecision] = {}  # by group, for logs and tests
         self._groups_cache: tuple[int, list[tuple[int, str]]] | None = None  # (batches mtime_ns, groups)
         self.sbatch_calls = 0  # submissions made by this process (benchmarks)
@@ -329,30 +362,36 @@ class ArrayCoalescer:
         first = members[0][1]
         n = len(members)
         remote = self._remote_spool()
-        out_dir = f"{remote}/batches/{batch}" if remote else str(bdir)  # where the tasks write their logs
+        if self.object_store:  # the node keeps its own copy of the log, in the job's working directory
+            output = f"dagster-gpu-{batch}-%a.out"
+            log_of = functools.partial(self.object_store.log_prefix, f"{self.object_store.url}/batches/{batch}")
+        else:
+            out_dir = f"{remote}/batches/{batch}" if remote else str(bdir)  # where the tasks write their logs
+            output = f"{out_dir}/%a.out"
+            log_of = lambda i: f"{out_dir}/{i}.out"  # noqa: E731
         options = [
             *first["options"],
             f"--array={format_array_spec(range(n), first['throttle'] or None)}",
             f"--job-name=dagster-gpu-{batch}",
-            f"--output={out_dir}/%a.out",
+            f"--output={output}",
             *([] if any(o.startswith(("--requeue", "--no-requeue")) for o in first["options"]) else ["--requeue"]),
         ]
         partitions = [k for _, d in members for k in _keys(d)]
         covered = steps_covered([_keys(d) for _, d in members])
         try:
             # right before sbatch reads (and copies) it: the job script verified where sbatch runs
-            script, script_hash, runner, manifest_arg = self._cluster_files(batch, manifest)
-            job = self._submitting_client().submit_job(
-                script, [*options], script_args=[self.python, runner, manifest_arg, batch, manifest_hash]
-            )
+            script, script_hash, script_args = self._cluster_files(batch, manifest, manifest_hash)
+            job = self._submitting_client().submit_job(script, [*options], script_args=[self.python, *script_args])
             job_id, cluster = job.job_id, job.cluster
-        except (SlurmError, UntrustedPathError, TransportError) as e:
+        except (SlurmError, UntrustedPathError, TransportError, OSError) as e:
             if isinstance(e, SlurmError):
                 kind = ("rejected" if isinstance(e, SlurmRejected) else
                         "refused our credentials for" if isinstance(e, SlurmAccessRefused) else "could not take")
                 reason = e.message
             elif isinstance(e, TransportUnreachable):
                 kind, reason = "could not take", str(e)
+            elif not isinstance(e, (UntrustedPathError, TransportError)):  # the object store refused the manifest
+                kind, reason = "was not asked to run", f"the manifest could not be uploaded: {type(e).__name__}: {e}"
             else:
                 kind, reason = "was not asked to run", str(e)
             msg = (
@@ -379,7 +418,7 @@ class ArrayCoalescer:
             write_json(
                 self.spool.results / f"{d['launch_id']}.json",
                 {"ok": True, "array_job_id": job_id, "cluster": cluster, "array_task_id": i, "batch": batch,
-                 "submitted_at": now, "tasks_in_array": n, "log_file": f"{out_dir}/{i}.out"},
+                 "submitted_at": now, "tasks_in_array": n, "log_file": log_of(i)},
             )  # fmt: skip
             p.unlink(missing_ok=True)
 
@@ -399,15 +438,38 @@ class ArrayCoalescer:
         path = f"{remote}/dagster-gpu-array.sh"
         return path, self.client.transport.upload([(path, JOB_SCRIPT.encode(), 0o700)])[path]
 
-    def _cluster_files(self, batch: str, manifest: Path) -> tuple[str, str, str, str]:
-        """(job script, its SHA-256, task runner, manifest) as paths where the array tasks read them. With a
-        remote spool, one upload writes the job script, the runner (``script.py`` + ``trust.py``, stdlib only)
-        and the manifest under it, each checked there (owner, mode, digest read back). Raises
-        UntrustedPathError, TransportError."""
+    def _cluster_files(self, batch: str, manifest: Path, manifest_hash: str) -> tuple[str, str, list[str]]:
+        """(job script, its SHA-256, the job script's arguments after the interpreter) for one job array.
+
+        - This host's spool: the runner and manifest paths here (``RUNNER MANIFEST BATCH SHA256``).
+        - A remote spool (ssh): one upload writes the job script, the runner (``script.py`` + ``trust.py``,
+          stdlib only) and the manifest under it, each checked there (owner, mode, digest read back).
+        - An object store (:attr:`object_store`): the manifest goes to ``<relay_url>/batches/<batch>/manifest.json``
+          (refused when it exists; the digest read back must be ``manifest_hash``), the job script carrying the
+          runner is written to this spool and verified like the plain one, and the arguments are
+          ``MANIFEST_URL BATCH SHA256 STORAGE_OPTIONS_JSON ENV_FILES_JSON LOG_PREFIX``
+          (:mod:`dagster_gpu.slurm.object_runner`).
+
+        Raises UntrustedPathError, TransportError, OSError (FileExistsError: a manifest already under the prefix)."""
         remote = self._remote_spool()
+        if self.object_store:
+            store = self.object_store
+            url, options = store.url, dict(store.storage_options)
+            manifest_url = f"{url}/batches/{batch}/manifest.json"
+            stored = store.put_new(manifest_url, manifest.read_bytes())
+            if stored != manifest_hash:
+                raise UntrustedPathError(f"refusing manifest {manifest_url}: the store gives back sha256 {stored}, not "
+                                         f"the {manifest_hash} written")
+            text = store.job_script()
+            path = write_atomic(self.spool.job_script.with_name("dagster-gpu-array-noshare.sh"), text, mode=0o700)
+            digest = trust.sha256_hex(trust.read_trusted(path, os.geteuid(), what="job script"))
+            if digest != trust.sha256_hex(text.encode()):
+                raise UntrustedPathError(f"refusing job script {path}: it changed after it was written")
+            return str(path), digest, [manifest_url, batch, manifest_hash, json.dumps(options, sort_keys=True),
+                                       json.dumps(self.env_files), f"{url}/batches/{batch}"]
         if not remote:
             script, digest = self.job_script_for_sbatch()
-            return script, digest, RUNNER, str(manifest)
+            return script, digest, [RUNNER, str(manifest), batch, manifest_hash]
         runner_dir = Path(RUNNER).parent
         script = f"{remote}/dagster-gpu-array.sh"
         runner = f"{remote}/runner/script.py"
@@ -419,7 +481,7 @@ class ArrayCoalescer:
             (remote_manifest, manifest.read_bytes(), 0o600),
         ]
         digests = self.client.transport.upload(files)
-        return script, digests[script], runner, remote_manifest
+        return script, digests[script], [runner, remote_manifest, batch, manifest_hash]
 
     def _submitting_client(self) -> SlurmClient:
         """The client with ``SLURM_UMASK=0077`` in sbatch's environment: slurmstepd then creates the

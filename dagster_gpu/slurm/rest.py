@@ -37,10 +37,12 @@ the JSON is read by :mod:`dagster_gpu.slurm.rest_parse` into the CLI path's row 
   variable fails at once (nothing renews a running process's environment), and so does one this process
   already waited for in vain.
 - **Manifest**: slurmrestd carries no files. The job script's text goes in the submit request (``job.script``)
-  and its arguments in ``job.argv``; the manifest, the task runner and the tasks' logs stay in this host's
-  spool, which must be a file system the compute nodes see at the same path (a shared file system; here the
-  24.11 test cluster shares /tmp). The task checks the manifest as it does with ``local`` (owner, mode,
-  SHA-256 and batch id passed as arguments: ``docs/security.md``).
+  and its arguments in ``job.argv``. With ``events: relay`` and ``relay_url`` nothing is shared: the job script
+  carries the task runner, the manifest is uploaded under ``relay_url`` and the tasks ship their logs there
+  (:mod:`dagster_gpu.slurm.object_runner`). Otherwise the manifest, the task runner and the tasks' logs stay in
+  this host's spool, which must be a file system the compute nodes see at the same path (the backend says so
+  when it starts). Either way the task checks the manifest's SHA-256 and batch id passed as arguments
+  (``docs/security.md``), and a spool manifest's owner and mode.
 - **Environment**: a job gets only what the request lists (slurmrestd has no environment of the submitter):
   this process's variables matching ``forward_env`` (default ``DAGSTER_*`` and ``PATH``; slurmctld refuses a job
   with an empty environment: "I/O error writing script/environment to file"), less any matching
@@ -529,8 +531,9 @@ def client_from_settings(settings, **client_kw) -> RestSlurmClient:
     if not rest.url.startswith(("http://", "https://")):
         raise ValueError(f"slurm.rest.url must start with http:// or https://, got {rest.url!r}")
     if settings.ssh.remote_spool_dir:
-        raise ValueError("slurm transport 'rest' carries no files: leave slurm.ssh.remote_spool_dir unset and put "
-                         "spool_dir on a file system the compute nodes see at the same path")
+        raise ValueError("slurm transport 'rest' carries no files: leave slurm.ssh.remote_spool_dir unset and set "
+                         "events: relay with slurm.relay_url (nothing shared), or put spool_dir on a file system the "
+                         "compute nodes see at the same path")
     return RestSlurmClient(
         url=rest.url, user=rest.user,
         tokens=TokenSource(env=rest.token_env, file=os.path.expanduser(rest.token_file) if rest.token_file else None),

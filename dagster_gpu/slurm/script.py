@@ -52,6 +52,8 @@ from typing import Mapping, Sequence
 
 if __package__:
     from dagster_gpu.slurm import trust
+elif "_dagster_gpu_slurm_trust" in sys.modules:  # carried in the job script text (slurm/object_runner.py)
+    trust = sys.modules["_dagster_gpu_slurm_trust"]
 else:  # run by path (python -I .../script.py) in an array task: load the sibling, not the package
     import importlib.util
 
@@ -133,18 +135,27 @@ def load_manifest(path: str | Path, batch: str | None = None, sha256: str | None
 
     Raises trust.UntrustedPathError (path, owner, group, mode, or the mismatch), FileNotFoundError,
     ValueError (not JSON)."""
-    data = trust.read_trusted(path, os.getuid(), what="manifest")
+    return parse_manifest(trust.read_trusted(path, os.getuid(), what="manifest"), str(path), batch, sha256)
+
+
+def parse_manifest(data: bytes, where: str, batch: str | None = None, sha256: str | None = None) -> dict:
+    """The manifest document in ``data`` (read from ``where``: a path or an object-store URL, for messages)
+    once it hashes to ``sha256`` and is for ``batch`` (when given: both were recorded by the controller at
+    submit, out of reach of whoever can write where the manifest lies).
+
+    Raises trust.UntrustedPathError (the mismatch), ValueError (not a JSON object)."""
     if sha256 is not None and trust.sha256_hex(data) != sha256:
         raise trust.UntrustedPathError(
-            f"refusing manifest {path}: its sha256 {trust.sha256_hex(data)} is not the {sha256} recorded "
-            "when the job array was submitted (the file changed after sbatch)"
+            f"refusing manifest {where}: its sha256 {trust.sha256_hex(data)} is not the {sha256} recorded "
+            "when the job array was submitted " + ("(the object changed after the submission: someone else wrote it "
+                                                   "under the prefix)" if "://" in where else "(the file changed after sbatch)")
         )
     doc = json.loads(data)
     if not isinstance(doc, dict):
-        raise ValueError(f"manifest {path} is not a JSON object")
+        raise ValueError(f"manifest {where} is not a JSON object")
     if batch is not None and doc.get("batch") != batch:
         raise trust.UntrustedPathError(
-            f"refusing manifest {path}: it is for batch {doc.get('batch')!r}, but this job array was "
+            f"refusing manifest {where}: it is for batch {doc.get('batch')!r}, but this job array was "
             f"submitted with batch {batch!r}"
         )
     return doc
@@ -229,16 +240,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         file=sys.stderr,
         flush=True,
     )
-    restarts = int(os.environ.get("SLURM_RESTART_COUNT") or 0)
+    cmd = task_command(entry, env, int(os.environ.get("SLURM_RESTART_COUNT") or 0))
+    os.execvpe(cmd[0], cmd, env)
+    return 127  # pragma: no cover
+
+
+def task_command(entry: Mapping, env: Mapping[str, str], restarts: int) -> list[str]:
+    """The argv an array task runs for manifest ``entry``: its ``argv``, or, for a requeued attempt
+    (``restarts`` = ``SLURM_RESTART_COUNT`` >= 1) of a step worker, ``<python> -m <requeue_module> <step key> --
+    <argv...>``: the module the Slurm backend named skips a step that already recorded its outcome (it reads
+    Dagster's event log; this file imports nothing beyond the standard library)."""
     cmd = list(entry["argv"])
     requeue_module = entry.get("requeue_module")
     if restarts > 0 and requeue_module and "DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS" in env:
-        # a requeued attempt: the worker's interpreter first runs the module the Slurm backend named, which
-        # skips a step that already recorded its outcome (it reads Dagster's event log; this file imports
-        # nothing beyond the standard library)
         cmd = [cmd[0], "-m", str(requeue_module), str(entry.get("step_key") or ""), "--", *cmd]
-    os.execvpe(cmd[0], cmd, env)
-    return 127  # pragma: no cover
+    return cmd
 
 
 if __name__ == "__main__":

@@ -84,8 +84,9 @@ class SlurmSettings:
     python: str | None = setting(None, "Interpreter on compute nodes (default: this one).")
     transport: str = setting("local", "Where Slurm commands run: 'local' (Dagster is on a login node), 'ssh' (on the "
                                       "login node of the ssh section, through OpenSSH, one shared ControlMaster; no "
-                                      "passwords) or 'rest' (slurmrestd at rest.url with a JWT; spool_dir on a file "
-                                      "system the compute nodes see).")
+                                      "passwords) or 'rest' (slurmrestd at rest.url with a JWT; with events: relay and "
+                                      "relay_url the compute nodes share no file system with this host, else "
+                                      "spool_dir must be on one they see).")
     ssh: SlurmSshSettings = setting(default_factory=SlurmSshSettings,
                                     description="transport ssh: the login node and the spool on the cluster.")
     rest: SlurmRestSettings = setting(default_factory=SlurmRestSettings,

@@ -13,7 +13,8 @@ parsing. Two transports exist:
 
 A third, ``rest`` (slurmrestd), is a client subclass instead, :class:`dagster_gpu.slurm.rest.RestSlurmClient`,
 whose methods call slurmrestd and read JSON; its ``transport`` (:class:`dagster_gpu.slurm.rest.RestTransport`)
-runs no commands and has no remote spool (the spool is on a file system the compute nodes see). The backend
+runs no commands and has no remote spool (with ``relay_url`` the tasks' files travel in the job script and the
+object store, :mod:`dagster_gpu.slurm.object_runner`; without, the spool is on a file system the compute nodes see). The backend
 builds it from the ``transport`` setting with :func:`dagster_gpu.slurm.rest.client_from_settings`.
 
 Errors a transport raises besides what the command printed: :class:`TransportUnreachable` (the login

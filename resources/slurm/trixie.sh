@@ -11,6 +11,9 @@
 #   resources/slurm/trixie.sh stop        stop the daemons this script started (pid files only), unmount
 #   resources/slurm/trixie.sh restart-slurmctld | stop-slurmdbd | start-slurmdbd   as cluster.sh's
 #   resources/slurm/trixie.sh stop-slurmrestd | start-slurmrestd   slurmrestd alone (a restart in the fault bench)
+#   resources/slurm/trixie.sh mask-noshare   (also part of start) hide the host's no-share directory from the
+#                                         compute side: an empty read-only tmpfs over <root>/host$NOSHARE_DIR
+#                                         (idempotent; prints the directory); see "Nothing shared" below
 #   resources/slurm/trixie.sh status      daemon pids, node state, sinfo; exit 0 only when all run
 #   resources/slurm/trixie.sh env         `export SLURM_CONF=… PATH=<wrappers>:$PATH DAGSTER_GPU_SLURM_WORKER_PYTHON=…
 #                                         DAGSTER_GPU_SLURMRESTD_URL=http://127.0.0.1:<rest port>`
@@ -39,6 +42,14 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib/mounts.sh"  # is_mounted, mounted_
 #   DAGSTER_GPU_SLURM_MAX_ARRAY_SIZE     MaxArraySize (default 1001), as for cluster.sh
 #   DAGSTER_GPU_SLURM_START_TIMEOUT      seconds to wait for each daemon (default 60)
 #   DAGSTER_GPU_SLURM_TRIXIE_{CTLD,SLURMD,DBD,DB,REST}_PORT   (6827 / 6828 / 6829 / 3317 / 6820)
+#   DAGSTER_GPU_SLURM_TRIXIE_NOSHARE_DIR the host directory the compute side cannot see (default
+#                                        /var/tmp/dagster-gpu-noshare; must not lie under /tmp or the checkout)
+#
+# Nothing shared: the root has its own /var/tmp (never bind-mounted), and the host root it chroots back into
+# (<root>/host) gets an empty read-only tmpfs over $NOSHARE_DIR (mounted on the host side under <root>/host,
+# which is rslave: nothing propagates back to the host). A Dagster host's spool under $NOSHARE_DIR is thus
+# invisible to every array task, in the root and in worker-python's view alike: the nothing-shared tests
+# (tests/test_slurm_rest_noshare_e2e.py) put their spool there.
 #
 # How the two sides meet (resources/slurm/README.md, "Slurm 24.11"): the daemons run in the root (chroot);
 # the host's /tmp, the checkout, /dev, /proc and /sys are bind-mounted into it at the same paths, and the
@@ -65,6 +76,7 @@ SLURMD_PORT="${DAGSTER_GPU_SLURM_TRIXIE_SLURMD_PORT:-6828}"
 DBD_PORT="${DAGSTER_GPU_SLURM_TRIXIE_DBD_PORT:-6829}"
 DB_PORT="${DAGSTER_GPU_SLURM_TRIXIE_DB_PORT:-3317}"
 REST_PORT="${DAGSTER_GPU_SLURM_TRIXIE_REST_PORT:-6820}"
+NOSHARE_DIR="${DAGSTER_GPU_SLURM_TRIXIE_NOSHARE_DIR:-/var/tmp/dagster-gpu-noshare}"
 REST_USER=slurmrestd
 STATUS_EXTRA=slurmrestd:slurmrestd  # cmd_status (resources/lib/slurm_cluster.sh) reports it too
 PACKAGES=(slurm-wlm slurmdbd munge mariadb-server slurmrestd slurm-wlm-jwt-plugin)
@@ -187,6 +199,7 @@ mount_all() {
   bind /sys r
   bind /tmp r
   case "$REPO" in /tmp/*) ;; *) bind "$REPO" ;; esac
+  mask_noshare >/dev/null
   # the checkout must be the working directory it is on the host (sbatch calls getcwd, tasks chdir to it)
   [ "$(chroot "$ROOT" /usr/bin/env -C "$REPO" /bin/pwd 2>&1)" = "$REPO" ] && same_dir "$REPO" "$ROOT$REPO" \
     || die "$REPO is not the same directory inside $ROOT ($(grep -F " $ROOT$REPO " /proc/self/mountinfo || echo 'not mounted'))"
@@ -197,6 +210,18 @@ mount_all() {
     rm -f "$ROOT/etc/localtime"
     cp -L /etc/localtime "$ROOT/etc/localtime"
   fi
+}
+
+# mask_noshare: an empty read-only tmpfs over <root>/host$NOSHARE_DIR (the host keeps its own directory).
+mask_noshare() {
+  case "$NOSHARE_DIR" in /tmp|/tmp/*|"$REPO"|"$REPO"/*|/|"") die "DAGSTER_GPU_SLURM_TRIXIE_NOSHARE_DIR=$NOSHARE_DIR lies in a path shared with the root" ;; esac
+  mkdir -p "$NOSHARE_DIR"
+  chmod 755 "$NOSHARE_DIR"
+  is_mounted "$ROOT/host" || die "$ROOT/host is not mounted (run: $0 start)"
+  if ! is_mounted "$ROOT/host$NOSHARE_DIR"; then
+    mount -t tmpfs -o ro,size=64k,mode=0755 dagster-gpu-noshare "$ROOT/host$NOSHARE_DIR"
+  fi
+  printf '%s\n' "$NOSHARE_DIR"
 }
 
 unmount_all() {
@@ -434,8 +459,9 @@ case "${1:-}" in
   start-slurmrestd) need_started; start_slurmrestd ;;
   status) cmd_status ;;
   token) shift; cmd_token "$@" ;;
+  mask-noshare) need_started; mask_noshare ;;
   env)
     printf 'export SLURM_CONF=%q PATH=%q DAGSTER_GPU_SLURM_WORKER_PYTHON=%q DAGSTER_GPU_SLURMRESTD_URL=%q\n' \
       "$SLURM_CONF" "$D/bin:$PATH" "$D/bin/worker-python" "http://127.0.0.1:$REST_PORT" ;;
-  *) echo "usage: $0 bootstrap|start|restart|stop|status|env|token|restart-slurmctld|stop-slurmdbd|start-slurmdbd|stop-slurmrestd|start-slurmrestd" >&2; exit 2 ;;
+  *) echo "usage: $0 bootstrap|start|restart|stop|status|env|token|mask-noshare|restart-slurmctld|stop-slurmdbd|start-slurmdbd|stop-slurmrestd|start-slurmrestd" >&2; exit 2 ;;
 esac
