@@ -155,3 +155,14 @@ def test_no_spill_when_no_other_cluster_starts_it_sooner_or_none_can_run_it():
     assert not d.spill and "no other cluster can run it" in d.reason
     assert not spill_decision(GpuRequest(), SIZE, f, cluster="dept", waited_s=1e6, budget_s=None,
                               remaining_wait_s=None, model=MODEL).spill
+
+
+def test_a_unit_with_a_deadline_it_still_meets_where_it_waits_stays():
+    # over budget, campus would start it at once, but dept still delivers: 1,000 s + 236 s <= 1,500 s left
+    f = fleet(dept=S(pool(0, 4, pending=1, est=1000.0)))
+    d = spill_decision(GpuRequest(deadline_s=1500), SIZE, f, cluster="dept", waited_s=700, budget_s=600,
+                       remaining_wait_s=1000, model=MODEL)
+    assert not d.spill and "still finishes within its deadline there (1000 s + 236 s <= 1500 s)" in d.reason
+    late = spill_decision(GpuRequest(deadline_s=1200), SIZE, f, cluster="dept", waited_s=700, budget_s=600,
+                          remaining_wait_s=1000, model=MODEL)
+    assert late.spill and late.placement.cluster == "campus"

@@ -15,7 +15,10 @@ and the dearer one is paid only for the wait it saves. Here a unit's budget is, 
 
 Spilling (:func:`spill_decision`): once the unit has waited past its budget, the fleet's placement is asked
 again with the cluster it waits on excluded; the unit moves only when that placement is expected to *start*
-sooner than the unit's remaining wait where it is (unknown remaining wait: any other start is sooner). The
+sooner than the unit's remaining wait where it is (unknown remaining wait: any other start is sooner), and,
+for a unit with a deadline, only when staying would miss it (a unit placed knowingly into a queue that still
+delivers in time stays: moving it would only pay a dearer cluster). ``deadline_s`` of the request is what is
+left of the deadline at the time of the decision. The
 move itself (cancel the queued task, confirm it is gone, only then launch elsewhere; a task that started
 meanwhile stays and the move is dropped) is the caller's: this module decides, it never acts.
 """
@@ -90,6 +93,11 @@ def spill_decision(request: GpuRequest, step_size: StepSize, fleet: FleetSnapsho
                                                    f"cluster can run it ({e})")
     start = p.chosen.start_delay_s if p.chosen else None
     over = f"waited {waited_s:.0f} s, over its {budget_s:.0f} s budget on {cluster}"
+    here = [a.runtime_s for a in p.alternatives if a.cluster == cluster and a.feasible and a.runtime_s is not None]
+    dl = request.deadline_s
+    if dl is not None and remaining_wait_s is not None and here and remaining_wait_s + min(here) <= dl:
+        return SpillDecision(False, cluster, None, f"{over}, but it still finishes within its deadline there "
+                                                   f"({remaining_wait_s:.0f} s + {min(here):.0f} s <= {dl:.0f} s)")
     if start is None or (remaining_wait_s is not None and start >= remaining_wait_s):
         left = "unknown" if remaining_wait_s is None else f"{remaining_wait_s:.0f} s"
         return SpillDecision(False, cluster, None, f"{over}, but {p.cluster} would not start it sooner "
