@@ -166,3 +166,18 @@ def test_a_unit_with_a_deadline_it_still_meets_where_it_waits_stays():
     late = spill_decision(GpuRequest(deadline_s=1200), SIZE, f, cluster="dept", waited_s=700, budget_s=600,
                           remaining_wait_s=1000, model=MODEL)
     assert late.spill and late.placement.cluster == "campus"
+
+
+def test_whatif_over_a_fleet_fills_the_cheap_queues_first_and_totals_per_cluster():
+    from dagster_gpu.fleet.whatif import plan_fleet, totals_by_cluster
+
+    # 432 MB at the model's 1,000 bytes per row -> 216 s each; dept has 1 free GPU, campus 2, cloud 4
+    parts = [(f"p{i}", 432_000_000) for i in range(5)]
+    model = RuntimeModel(texts_per_second=2000.0, n_history=3, rows_per_byte=1e-3)
+    rows = plan_fleet(parts, GpuRequest(deadline_s=300), fleet(), model)
+    assert [r.placement.cluster for r in rows] == ["dept", "campus", "campus", "cloud", "cloud"]
+    totals = {t.cluster: (t.partitions, round(t.cost_usd, 6)) for t in totals_by_cluster(rows)}
+    assert totals == {"dept": (1, round(0.5 * 236 / 3600, 6)), "campus": (2, round(2 * 236 / 3600, 6)),
+                      "cloud": (2, round(2 * 3.0 * 246 / 3600, 6))}
+    forced = plan_fleet(parts[:2], GpuRequest(), fleet(), model, mode="cloud")
+    assert {r.placement.cluster for r in forced} == {"cloud"}

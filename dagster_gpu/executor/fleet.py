@@ -67,7 +67,10 @@ def gather_fleet(handler, names) -> FleetSnapshot:
 
 
 def with_learned_fleet_rates(instance, fleet: FleetSnapshot) -> FleetSnapshot:
-    """Each cluster's preemption rate learned from the instance, as for one cluster per backend."""
+    """Each cluster's preemption rate learned from the instance, as for one cluster per backend (as it is without
+    an instance)."""
+    if instance is None:
+        return fleet
     out = []
     for c in fleet.clusters:
         snap = with_learned_rates(instance, Snapshot(rate_card=fleet.rate_card, **{c.kind: c.state}))
