@@ -71,3 +71,15 @@ def test_bad_cluster_config_fails_at_the_executor_naming_cluster_and_key(tmp_pat
     assert not r.success and "no_such_key" in str(r.errors)
     with pytest.raises(FleetConfigError, match=r"clusters\.campus: give exactly one of `slurm:` or `kubernetes:` \(got both\)"):
         GpuStepHandler(_processed({"clusters": {"campus": {"slurm": {}, "kubernetes": {}}}}), tmp_path)
+
+
+def test_a_kubernetes_cluster_bills_its_pod_intervals_at_its_own_rates(tmp_path):
+    from tests import k8s_helpers as K
+
+    kubeconfig = K.K8S_DIR / "executor.kubeconfig"
+    if not kubeconfig.exists():
+        pytest.skip(f"no kubeconfig at {kubeconfig} (resources/k8s/cluster.sh start)")
+    h = GpuStepHandler(_processed({"kubernetes": {"kubeconfig": str(kubeconfig)}, "clusters": {
+        "cloud": {"kubernetes": {"kubeconfig": str(kubeconfig)}, "rates": {"NVIDIA A100": 3.1, "default": 3.0}}}}), tmp_path)
+    assert h.backend("cloud").rates == {"NVIDIA A100": 3.1, "default": 3.0}
+    assert h.backend("kubernetes").rates == dict(h.rate_card.table("kubernetes"))  # today's section: the rate card's

@@ -119,8 +119,10 @@ class GpuStepHandler(StepHandler):
     def backend(self, name: str) -> Backend:
         with self._lock:
             if name not in self._backends:
-                self._backends[name] = build_backend(self.cluster_kind(name), self.cluster_config(name),
-                                                     self._default_log_dir)
+                backend = build_backend(self.cluster_kind(name), self.cluster_config(name), self._default_log_dir)
+                if self._fleet and self.cluster_kind(name) == "kubernetes":  # its pod-interval bills at its own rates
+                    backend.rates = dict(self._rate_card.table(name))
+                self._backends[name] = backend
             return self._backends[name]
 
     @staticmethod
