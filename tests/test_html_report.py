@@ -214,3 +214,19 @@ def test_hundreds_of_partitions_are_histograms_and_the_schedulers_bill_is_one_to
     with dg.instance_for_test() as instance:
         print_summary(con, instance, cli, title="Backfill x")
     assert f"{SCHEDULERS_BILL[0].upper()}{SCHEDULERS_BILL[1:]}: {total} USD" in con.export_text()
+
+
+def test_the_report_groups_a_fleet_by_cluster():
+    """Materializations naming their cluster (dagster_gpu/cluster) are totalled per cluster, the kind beside it;
+    one without a cluster (today's single section) stays under its backend."""
+    def md(backend, cluster, cost):
+        out = {**_md(1.0, 2.0), "dagster_gpu/backend": backend, "billing/cost_usd": cost}
+        return {**out, "dagster_gpu/cluster": cluster} if cluster else out
+    rows = [row_from("a", "r1", md("slurm", "campus", 0.25), None), row_from("b", "r1", md("slurm", "campus", 0.5), None),
+            row_from("c", "r1", md("slurm", "dept", 0.125), None), row_from("d", "r1", md("kubernetes", None, 1.0), None)]
+    assert [r.where for r in rows] == ["campus (slurm)", "campus (slurm)", "dept (slurm)", "kubernetes"]
+    page = render_html(rows, [], "t")
+    assert "<h2>Per cluster</h2>" in page
+    assert re.search(r"<tr><td>campus \(slurm\)</td><td>2</td><td>2</td><td>\d+</td><td>[\d.]+</td><td>0\.750000</td>", page)
+    assert re.search(r"<tr><td>dept \(slurm\)</td><td>1</td><td>1</td><td>\d+</td><td>[\d.]+</td><td>0\.125000</td>", page)
+    assert re.search(r"<tr><td>kubernetes</td><td>1</td><td>1</td><td>\d+</td><td>[\d.]+</td><td>1\.000000</td>", page)

@@ -279,3 +279,33 @@ def test_whatif_and_report_name_a_dagster_home_that_is_not_a_directory(corpus, t
             err = capsys.readouterr().err
             assert err.startswith(f"{prog}: $DAGSTER_HOME is {home!r}, {why}.") and err.count("\n") == 1, err
             assert "Traceback" not in err
+
+
+def test_whatif_over_a_fleet_totals_per_cluster_and_skips_an_unreachable_one(corpus, tmp_path, capsys, monkeypatch):
+    """Two named clusters on the live Slurm 22.05 cluster (priced apart) and a Kubernetes cluster that cannot be
+    reached: every partition goes to the cheaper Slurm cluster, each cluster alone is totalled, the unreachable one
+    is planned around with its reason."""
+    import yaml
+
+    from tests.slurm_helpers import cluster_unavailable_reason, slurm_conf
+
+    reason = cluster_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    monkeypatch.setenv("SLURM_CONF", slurm_conf())
+    cfg = tmp_path / "executor.yaml"
+    cfg.write_text(yaml.safe_dump({"local": {"enabled": False}, "clusters": {
+        "dept": {"slurm": {"account": "research"}, "rates": {"default": 0.6}},
+        "campus": {"slurm": {"account": "research"}, "rates": {"default": 1.2}},
+        "cloud": {"kubernetes": {"kubeconfig": str(tmp_path / "no-kubeconfig")}}}}, sort_keys=False))
+    assert whatif_main([str(corpus), "--executor-config", str(cfg), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [(c["cluster"], c["kind"], c["reachable"]) for c in doc["fleet"]] == [
+        ("dept", "slurm", True), ("campus", "slurm", True), ("cloud", "kubernetes", False)]
+    n = len(doc["plans"]["auto"])
+    assert {r["cluster"] for r in doc["plans"]["auto"]} == {"dept"} and list(doc["totals_by_cluster"]["auto"]) == ["dept"]
+    assert doc["totals_by_cluster"]["auto"]["dept"]["partitions"] == n
+    dept, campus = doc["totals_by_cluster"]["dept"]["dept"], doc["totals_by_cluster"]["campus"]["campus"]
+    assert campus["cost_usd"] == pytest.approx(2 * dept["cost_usd"])  # same work, twice the rate
+    assert doc["infeasible"]["cloud"] == n and "cloud" in doc["unreachable"]
+    assert "cloud (kubernetes): unreachable: " in doc["plans"]["auto"][0]["placement"]["reason"]

@@ -68,6 +68,12 @@ class ReportRow(PendingBill):
     estimated_seconds: float | None = None  # the policy's runtime estimate (its share of the unit's)
     measured_seconds: float | None = None  # the wall seconds the worker measured (billing/wall_seconds)
     unit: tuple[str, str] | None = None  # (metadata key, value) of the work unit that ran it
+    cluster: str | None = None  # dagster_gpu/cluster: the fleet's cluster it ran on (None: the backend's own section)
+
+    @property
+    def where(self) -> str:
+        """What the per-cluster table groups by: ``campus (slurm)`` for a fleet's cluster, else the backend."""
+        return f"{self.cluster} ({self.backend})" if self.cluster and self.cluster != self.backend else self.backend
 
 
 def _measured_seconds(md: Mapping[str, Any]) -> float | None:
@@ -114,6 +120,7 @@ def row_from(partition: str, run_id: str, md: Mapping[str, Any], launch_md: Mapp
     all_reused = isinstance(rows, (int, float)) and rows > 0 and reused == rows
     return ReportRow(
         partition=partition, run_id=run_id, backend=str(metadata_get(md, "dagster_gpu/backend") or "?"),
+        cluster=metadata_get(md, "dagster_gpu/cluster") or None,
         rows=int(rows) if isinstance(rows, (int, float)) else None,
         texts_per_second=None if all_reused else num("embedding/texts_per_second"), cost_usd=num(COST_USD),
         gpu_seconds=num(GPU_SECONDS), useful_fraction=useful_fraction(md),
@@ -340,7 +347,7 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
     e = html.escape
     per_backend: dict[str, list[ReportRow]] = {}
     for r in rows:
-        per_backend.setdefault(r.backend, []).append(r)
+        per_backend.setdefault(r.where, []).append(r)
     total = sum(r.cost_usd or 0 for r in rows)
     partitions = {r.partition for r in rows}
     pruned = sorted(partitions - registered) if registered is not None else []
@@ -353,7 +360,7 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
              f"<b>{total:.6f} USD</b>, {sum(r.gpu_seconds or 0 for r in rows):.1f} GPU-seconds"
              + (f", useful fraction <b>{uf:.3f}</b> (Σ embedding ÷ Σ measured seconds)" if uf is not None else "")
              + f"; {e(SCHEDULERS_BILL)}: <b>{billed_total([*rows, *failed_bills])} USD</b>.</p>"]
-    parts.append("<h2>Per backend</h2><table><tr><th>backend</th><th>partitions</th><th>materializations</th><th>rows</th>"
+    parts.append("<h2>Per cluster</h2><table><tr><th>cluster (backend)</th><th>partitions</th><th>materializations</th><th>rows</th>"
                  "<th>measured GPU-seconds</th><th>measured (USD)</th><th>scheduler's bill (USD)</th><th>estimated (USD)</th>"
                  "<th>useful fraction</th></tr>")
     for b, rs in sorted(per_backend.items()):

@@ -275,7 +275,12 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
                     f"--save-snapshot FILE, or start from resources/whatif-snapshot.json"
                 ) from e
         else:
-            snapshot = live_snapshot(_executor_config(args.executor_config, args.rate_card))
+            config = _executor_config(args.executor_config, args.rate_card)
+            if config.get("clusters"):  # a fleet of named clusters: planned and totalled per cluster
+                if args.save_snapshot:
+                    raise ValueError("--save-snapshot saves one state per backend; a fleet (clusters:) is planned live")
+                return _fleet_main(args, config, request, instance)
+            snapshot = live_snapshot(config)
             if args.save_snapshot:
                 Path(args.save_snapshot).write_text(json.dumps(snapshot.to_json(), indent=1) + "\n")
                 print(f"whatif: live snapshot saved to {args.save_snapshot}", file=sys.stderr)
@@ -320,6 +325,58 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
         return 0
     _print_tables(plans, model, args.max_rows, {b for b in BACKENDS if snapshot.backend(b) is not None},
                   preemption_summary(snapshot))
+    return 0
+
+
+def _fleet_main(args: argparse.Namespace, config: dict, request: GpuRequest, instance) -> int:
+    """The plan over a fleet (:func:`dagster_gpu.fleet.whatif.plan_fleet`): ``auto`` and each cluster alone, one
+    unit per partition, totals per cluster; an unreachable cluster is planned around, with its reason."""
+    from dagster_gpu.executor.fleet import gather_fleet, with_learned_fleet_rates
+    from dagster_gpu.executor.step_handler import GpuStepHandler
+    from dagster_gpu.fleet.whatif import plan_fleet, totals_by_cluster
+
+    handler = GpuStepHandler(config, Path(tempfile.gettempdir()) / "dagster-gpu-whatif")
+    fleet = with_learned_fleet_rates(instance, gather_fleet(handler, handler.candidates))
+    if args.history:
+        model = RuntimeModel.from_history([HistoryPoint(**h) for h in json.loads(Path(args.history).read_text())])
+    else:
+        model = instance_runtime_model(instance, args.asset)
+    corpus, _per_run, checkpoints = corpus_for(args)
+    model = replace(model, checkpoint_records=checkpoints)
+    partitions = list_partitions(corpus)
+    modes = ["auto", *(c.name for c in fleet.clusters)]
+    plans = {m: plan_fleet(partitions, request, fleet, model, m) for m in modes}
+    sums = {m: {t.cluster: {"partitions": t.partitions, "cost_usd": t.cost_usd, "last_finish_s": t.last_finish_s}
+                for t in totals_by_cluster(rows)} for m, rows in plans.items()}
+    unreachable = {c.name: c.state.reason for c in fleet.clusters if not c.state.reachable}
+    if args.json:
+        print(json.dumps({
+            "fleet": [{"cluster": c.name, "kind": c.kind, "reachable": c.state.reachable} for c in fleet.clusters],
+            "unreachable": unreachable,
+            "plans": {m: [{"partition": r.partition, "bytes": r.size_bytes, "error": r.error, "cost_usd": r.cost_usd,
+                           "cluster": r.placement.cluster if r.placement else None,
+                           "placement": r.placement.to_json() if r.placement else None} for r in rows]
+                      for m, rows in plans.items()},
+            "totals_by_cluster": sums,
+            "infeasible": {m: sum(1 for r in rows if r.placement is None) for m, rows in plans.items()},
+        }, indent=1))
+        return 0
+    from rich.table import Table
+
+    from dagster_gpu.commands.common import console
+
+    con = console()
+    for name, why in unreachable.items():
+        con.print(f"cluster {name} skipped: {why}", soft_wrap=True, markup=False)
+    t = Table(title=f"Fleet plan over {len(partitions)} partitions (one unit each), totals per cluster")
+    for col in ("mode", "cluster", "partitions", "cost USD", "last finish s", "infeasible"):
+        t.add_column(col)
+    for m, rows in plans.items():
+        bad = sum(1 for r in rows if r.placement is None)
+        for c, tot in sums[m].items() or {"-": {"partitions": 0, "cost_usd": 0.0, "last_finish_s": 0.0}}.items():
+            t.add_row("auto (policy)" if m == "auto" else f"all-{m}", c, str(tot["partitions"]),
+                      f"{tot['cost_usd']:.6f}", f"{tot['last_finish_s']:.0f}", str(bad))
+    con.print(t)
     return 0
 
 

@@ -29,7 +29,7 @@ from dagster_gpu.policy import RuntimeModel, StepSize, choose_placement
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.policy.snapshot import KubernetesState, LocalState, SlurmState, Snapshot
 
-_STATE_TYPES = {"local": LocalState, "slurm": SlurmState, "kubernetes": KubernetesState}
+STATE_TYPES = {"local": LocalState, "slurm": SlurmState, "kubernetes": KubernetesState}
 
 
 def step_size(tags: dict, partition_keys: Sequence[str]) -> StepSize:
@@ -59,7 +59,7 @@ def gather_snapshot(handler, candidates) -> Snapshot:
         try:
             states[name] = handler.backend(name).policy_state()
         except Exception as e:  # unreachable controller, missing config, ...
-            states[name] = _STATE_TYPES[name](reachable=False, reason=f"{type(e).__name__}: {e}")
+            states[name] = STATE_TYPES[name](reachable=False, reason=f"{type(e).__name__}: {e}")
     return Snapshot(rate_card=handler.rate_card, taken_at=time.time(), **states)
 
 

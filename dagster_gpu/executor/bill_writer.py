@@ -154,7 +154,9 @@ def write_unit_bill(
     # a partition the unit did not materialize belongs to the run's asset (a run without an asset selection:
     # the asset its other partitions materialized)
     fallback = assets[0] if assets else next((ak for ak, _ in materialized.values()), None)
-    cpu = read_step_context(bill.env).get("gpu_count") == 0  # a step that asked for no GPU (the vector index)
+    ctx = read_step_context(bill.env)
+    cpu = ctx.get("gpu_count") == 0  # a step that asked for no GPU (the vector index)
+    cluster = (ctx.get("placement") or {}).get("cluster")  # a fleet's cluster: billed by its own accounting and rates
     observations: list[dg.AssetObservation] = []
     for key, share in parts:
         asset_key, mat_md = materialized.get(key, (fallback, {}))
@@ -168,6 +170,7 @@ def write_unit_bill(
             UNIT_GPU_SECONDS: float(total),
             UNIT_PARTITIONS: n,
             WHAT: what_billed(str(bill.metadata.get(SOURCE, "scheduler"))),
+            **({"dagster_gpu/cluster": cluster} if cluster else {}),
         }
         m = metadata_get(mat_md, GPU_SECONDS)
         if isinstance(m, (int, float)):

@@ -18,6 +18,7 @@ from dagster import multiple_process_executor_requirements
 from dagster._core.execution.retries import RetryMode, get_retries_config
 from dagster._core.execution.tags import get_tag_concurrency_limits_config
 
+from dagster_gpu.executor.fleet import clusters_field
 from dagster_gpu.executor.registry import BACKENDS
 from dagster_gpu.executor.step_handler import GpuStepHandler
 from dagster_gpu.executor.user_terminate import GpuStepDelegatingExecutor
@@ -36,6 +37,7 @@ GPU_EXECUTOR_CONFIG = {
     "rate_card": dg.Field(dg.StringSource, is_required=False, description="Rate card YAML (USD per GPU-hour)."),
     "worker_python": dg.Field(dg.StringSource, is_required=False, description="Python interpreter for step workers of every backend whose section sets no worker_python (default: on kubernetes the image's python from PATH, elsewhere the code location's interpreter)."),
     **_backend_fields(),
+    "clusters": clusters_field(),
     "retries": get_retries_config(),
     "max_concurrent": dg.Field(dg.Noneable(int), default_value=None, is_required=False,
                                description="Steps of one run in flight at once (Dagster's StepDelegatingExecutor); null: no limit."),

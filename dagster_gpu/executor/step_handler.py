@@ -37,6 +37,8 @@ from dagster_gpu.contracts import TERMINAL, Backend, StepLaunch, WorkerStatus, d
 from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backfill_hint import launches_to_come
+from dagster_gpu.executor.fleet import fleet_placement
+from dagster_gpu.fleet.config import fleet_from_config, fleet_rate_card
 from dagster_gpu.executor.command import relay_worker_argv, worker_argv, worker_env, worker_python_for
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.executor.settle import Settler
@@ -63,6 +65,7 @@ from dagster_gpu.worker.context import StepContext
 from dagster_gpu.worker.preemption import EXIT_PREEMPTED
 
 log = logging.getLogger(__name__)
+CLUSTER_KEY = "dagster_gpu/cluster"  # the launch's (and the materialization's) cluster, in a fleet
 
 
 
@@ -79,6 +82,11 @@ class GpuStepHandler(StepHandler):
         self._default_log_dir = default_log_dir
         self._rate_card = RateCard.load(config.get("rate_card"))
         self._candidates = configured_backends(config)
+        self._clusters = {c.name: c for c in fleet_from_config(config)}  # FleetConfigError names cluster and key
+        self._fleet = bool(config.get("clusters"))  # a fleet: placement over named clusters (dagster_gpu.fleet)
+        if self._fleet:
+            self._rate_card = fleet_rate_card(self._rate_card, tuple(self._clusters.values()))
+            self._candidates = [n for n in self._candidates if n == "local"] + list(self._clusters)
         self._backends: dict[str, Backend] = {}
         self._launched: dict[tuple[str, str, int], Launch] = {}  # (run, step, attempt) -> its latest launch
         self._lock = threading.Lock()
@@ -96,14 +104,32 @@ class GpuStepHandler(StepHandler):
 
     @property
     def candidates(self) -> list[str]:
-        """Backends configured in the executor config (``auto`` chooses among these)."""
+        """Backends configured in the executor config (``auto`` chooses among these); with ``clusters:``, local
+        (when enabled) and every cluster's name."""
         return list(self._candidates)
+
+    def cluster_kind(self, name: str) -> str:
+        """The backend a cluster (or a backend's own name) runs on: ``local``, ``slurm`` or ``kubernetes``."""
+        c = self._clusters.get(name)
+        return c.kind if c is not None else name
+
+    def cluster_config(self, name: str) -> Mapping[str, Any]:
+        """gpu_executor's config as cluster ``name`` sees it: its own section under its kind's key."""
+        c = self._clusters.get(name)
+        return self._config if c is None or c.name == c.kind else {**self._config, c.kind: c.section}
+
+    def waiting_budget_s(self, name: str) -> float | None:
+        c = self._clusters.get(name)
+        return c.waiting_budget_s if c is not None else None
 
     # -- helpers ----------------------------------------------------------------------------------
     def backend(self, name: str) -> Backend:
         with self._lock:
             if name not in self._backends:
-                self._backends[name] = build_backend(name, self._config, self._default_log_dir)
+                backend = build_backend(self.cluster_kind(name), self.cluster_config(name), self._default_log_dir)
+                if self._fleet and self.cluster_kind(name) == "kubernetes":  # its pod-interval bills at its own rates
+                    backend.rates = dict(self._rate_card.table(name))
+                self._backends[name] = backend
             return self._backends[name]
 
     @staticmethod
@@ -126,6 +152,9 @@ class GpuStepHandler(StepHandler):
     def place(
         self, request: GpuRequest, ctx: StepHandlerContext, step_key: str, partition_keys: tuple[str, ...] = ()
     ) -> Placement:
+        if self._fleet:  # over the fleet, a forced kind still chooses among its clusters
+            configured = self._config.get("backend", "auto")
+            return fleet_placement(self, request, ctx, step_key, partition_keys, force=None if configured == "auto" else configured)
         forced = forced_backend(request, self._config.get("backend", "auto"), self._candidates)
         if forced is not None:
             return forced.placement()
@@ -135,7 +164,7 @@ class GpuStepHandler(StepHandler):
         return StepContext(
             backend=placement.backend,
             placement=placement,
-            rates=dict(self._rate_card.table(placement.backend)),
+            rates=dict(self._rate_card.table(placement.cluster or placement.backend)),
             gpu_count=request.count,
             extra={"partitions_def": partitions_def} if partitions_def else {},
         )
@@ -165,7 +194,7 @@ class GpuStepHandler(StepHandler):
         attempt = self._attempt(ctx, step_key)
         request = self.request_for(ctx, step_key)
         placement = placement or self.place(request, ctx, step_key, keys)
-        backend = self.backend(placement.backend)
+        backend = self.backend(placement.cluster or placement.backend)
         args = ctx.execute_step_args
         if preemptions:
             args = copy(args, should_verify_step=False)
@@ -175,7 +204,7 @@ class GpuStepHandler(StepHandler):
             step_key=step_key,
             partition_keys=keys,
             attempt=attempt,
-            argv=worker_argv(args, worker_python_for(placement.backend, self._config)),
+            argv=worker_argv(args, worker_python_for(placement.backend, self.cluster_config(placement.cluster or placement.backend))),
             env={**worker_env(args, run.job_name, step_key), **self.step_context(placement, request, pdef).to_env()},
             request=request,
             placement=placement,
@@ -207,6 +236,7 @@ class GpuStepHandler(StepHandler):
             message=f"{verb} ({describe_partitions(keys)}) on {backend.name}: {placement.reason}",
             metadata={
                 BACKEND_KEY: MetadataValue.text(backend.name),
+                **({CLUSTER_KEY: MetadataValue.text(placement.cluster)} if placement.cluster else {}),
                 HANDLE_KEY: MetadataValue.json(dict(handle)),
                 PLACEMENT_KEY: MetadataValue.json(placement.to_json()),
                 "dagster_gpu/request": MetadataValue.json(request.to_json()),
@@ -241,8 +271,8 @@ class GpuStepHandler(StepHandler):
                 with self._lock:
                     self._launched[(run_id, step_key, attempt)] = launch
                 if launch.relay_channel:  # a resumed run worker reads the channel again (the pump skips what is stored)
-                    self.relay.watch(launch.relay_channel, run_id, step_key, self.backend(launch.backend).read_channel)
-                self.settler.track(self.backend(launch.backend), launch.handle,
+                    self.relay.watch(launch.relay_channel, run_id, step_key, self.backend(_where(launch)).read_channel)
+                self.settler.track(self.backend(_where(launch)), launch.handle,
                                    self._relay_hook(ctx.instance, run_id, step_key) if launch.relay_channel else None)
                 return launch
         with self._lock:
@@ -255,7 +285,7 @@ class GpuStepHandler(StepHandler):
         if found is None:
             where = describe_partitions(self.partition_keys(ctx, step_key))
             return CheckStepHealthResult.unhealthy(f"no launch of step {step_key} ({where}) was recorded")
-        name, handle, launched_at = found.backend, found.handle, found.storage_id
+        name, handle, launched_at = _where(found), found.handle, found.storage_id
         backend = self.backend(name)
         state = backend.state(handle)
         if state.status not in TERMINAL:
@@ -292,7 +322,7 @@ class GpuStepHandler(StepHandler):
         found = self._find_launch(ctx, step_key)
         if found is None:
             return
-        name, handle = found.backend, found.handle
+        name, handle = _where(found), found.handle
         backend = self.backend(name)
         run = ctx.instance.get_run_by_id(ctx.dagster_run.run_id)
         user_cancel = run is not None and run.status in (DagsterRunStatus.CANCELING, DagsterRunStatus.CANCELED)
@@ -310,3 +340,8 @@ class GpuStepHandler(StepHandler):
             EngineEventData(metadata={HANDLE_KEY: MetadataValue.json(dict(handle))}),
         )
         backend.terminate(handle)
+
+
+def _where(launch: Launch) -> str:
+    """The cluster a recorded launch went to (its placement's ``cluster``), else its backend's name."""
+    return (launch.placement or {}).get("cluster") or launch.backend

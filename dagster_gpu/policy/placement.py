@@ -37,6 +37,7 @@ class Alternative:
         expected_preemptions: the rate × the unit's GPU-hours (:mod:`dagster_gpu.policy.preemption`).
         preemption_rework_s: expected seconds of rework those preemptions add (included in ``runtime_s``).
         expected_preemption_cost_usd: USD of that rework (included in ``cost_usd``).
+        cluster: the fleet's cluster this alternative is on (``campus``, ``lab-k8s``), None outside a fleet.
     """
 
     backend: str
@@ -55,6 +56,7 @@ class Alternative:
     expected_preemptions: float | None = None
     preemption_rework_s: float | None = None
     expected_preemption_cost_usd: float | None = None
+    cluster: str | None = None
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -79,6 +81,8 @@ class Placement:
             (TimeSlicing/MPS): False on a pool where a shared claim failed to prepare
             (``KubernetesState.no_sharing``); None when the policy did not decide it (the request's
             ``shared_ok`` then applies).
+        cluster: the fleet's cluster chosen (``dagster_gpu.fleet``), None outside a fleet: the backend's
+            own section then.
     """
 
     backend: str
@@ -89,12 +93,14 @@ class Placement:
     deadline_s: float | None = None
     deadline_met: bool = True
     shared: bool | None = None
+    cluster: str | None = None
 
     @property
     def chosen(self) -> Alternative | None:
         """The alternative that was chosen (same backend, device and product), if recorded."""
         for a in self.alternatives:
-            if a.feasible and a.backend == self.backend and a.device == self.device and a.product == self.product:
+            if (a.feasible and a.backend == self.backend and a.device == self.device and a.product == self.product
+                    and a.cluster == self.cluster):
                 return a
         return None
 
@@ -128,6 +134,7 @@ class Placement:
             "deadline_s": _finite_or_none(self.deadline_s),
             "deadline_met": self.deadline_met,
             "shared": self.shared,
+            "cluster": self.cluster,
             "expected_preemption_cost_usd": _finite_or_none(self.expected_preemption_cost_usd),
             "preemptions_per_gpu_hour": _finite_or_none(self.preemptions_per_gpu_hour),
             "preemption_rate_learned": self.preemption_rate_learned,
@@ -145,4 +152,5 @@ class Placement:
             deadline_s=d.get("deadline_s"),
             deadline_met=d.get("deadline_met", True),
             shared=d.get("shared"),
+            cluster=d.get("cluster"),
         )

@@ -13,7 +13,7 @@ from dagster_gpu.sim.engine import SimResult, simulate
 from dagster_gpu.sim.metrics import Figures, figures
 from dagster_gpu.sim.model import Scenario
 from dagster_gpu.sim.oracle import OracleResult, lower_bound, search
-from dagster_gpu.sim.policies import AlwaysBackend, Ours, ResidentPods
+from dagster_gpu.sim.policies import AlwaysBackend, Ours, OursFleet, ResidentPods
 
 
 @dataclass
@@ -39,9 +39,15 @@ def baselines(sc: Scenario):
     return pols
 
 
-def compare(sc: Scenario, exact_max_tasks: int = 10, max_leaves: int = 50_000) -> Comparison:
+def fleet_baselines(sc: Scenario):
+    """A fleet's policies: each cluster alone (``always-<cluster>``), ours without spill-over, ours."""
+    return [*(AlwaysBackend(c.name) for c in sc.clusters), OursFleet("ours-no-spill", spill_over=False), OursFleet()]
+
+
+def compare(sc: Scenario, exact_max_tasks: int = 10, max_leaves: int = 50_000, fleet: bool = False) -> Comparison:
+    """``fleet``: the scenario's clusters are a fleet of named clusters (:func:`fleet_baselines`)."""
     results, figs = {}, {}
-    for p in baselines(sc):
+    for p in (fleet_baselines(sc) if fleet else baselines(sc)):
         if isinstance(p, AlwaysBackend) and sc.cluster(p.backend) is None:
             continue
         r = simulate(sc, p)

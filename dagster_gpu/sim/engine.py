@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+from dagster_gpu.fleet.state import ClusterState, FleetSnapshot
 from dagster_gpu.policy.ranges import assign_units
 from dagster_gpu.policy.runtime import StepSize
 from dagster_gpu.policy.snapshot import DeviceGroup, KubernetesState, LocalState, SlurmState, Snapshot
@@ -84,6 +85,8 @@ class SimResult:
     outcomes: dict[int, TaskOutcome] = field(default_factory=dict)
     held: list[tuple[str, str, str, float, float, int]] = field(default_factory=list)
     """Devices held regardless of use: (cluster, device, product, start_s, end_s, count)."""
+    spills: list[tuple[int, str, str, float]] = field(default_factory=list)
+    """Units withdrawn from one queue and placed on another: (first partition, from cluster, to cluster, at_s)."""
 
 
 Option = tuple[str, str, str]
@@ -204,7 +207,7 @@ class Simulation:
         (what the snapshot reports, so the policy's plan and :func:`form_units` agree)."""
         c = self.clusters[opt[0]]
         n = sum(1 for u in c.units if u.key == opt[1:])
-        if opt[0] == "slurm" and c.spec.array_throttle is not None:
+        if c.spec.backend == "slurm" and c.spec.array_throttle is not None:
             n = min(n, c.spec.array_throttle)
         return max(1, n)
 
@@ -243,6 +246,30 @@ class Simulation:
         job.ready = self.now + c.spec.launch_latency_s
         bisect.insort(c.queue, (job.prio, job.seq, job))
         self._push(job.ready, self._dispatch, c)
+        if job.ours and c.spec.waiting_budget_s is not None and hasattr(self.policy, "spill"):
+            self._push(self.now + c.spec.waiting_budget_s, self._over_budget, c, job, self.now)
+
+    def _over_budget(self, c: _Cluster, job: _Job, since: float) -> None:
+        """A unit of ours still queued on ``c`` past its waiting budget: the policy may move it (it is taken
+        out of the queue before it is submitted elsewhere, so it never runs twice; one that started stays)."""
+        if job.start is not None or not any(j is job for _p, _s, j in c.queue):
+            return
+        rest = self.forecast_wait(c.spec.name, job.key, job=job) if c.spec.outage_end(self.now) is None else None
+        opt = self.policy.spill(job.parts[0][0], c.spec.name, self.now - since, rest, self)
+        if opt is None:
+            return
+        name, device, product = opt
+        c.queue = [q for q in c.queue if q[2] is not job]
+        other = self.clusters[name]
+        unit = self.unit_of(opt)
+        self._seq += 1
+        moved = _Job(self._seq, self.now, 0.0, (device, product), True, fraction=unit.fraction,
+                     overhead=other.spec.billed_overhead_s, per_part=job.per_part)
+        moved.set_parts([(t, self.work_s(t, unit)) for t, _w in job.parts])
+        for t, _w in job.parts:
+            self.result.outcomes[t.id] = TaskOutcome(t, name, device, product)
+        self.result.spills.append((job.parts[0][0].id, c.spec.name, name, self.now))
+        self._submit(other, moved)
 
     def _dispatch(self, c: _Cluster) -> None:
         if c.spec.outage_end(self.now) is not None:
@@ -322,10 +349,11 @@ class Simulation:
         self._push(v.ready, self._dispatch, c)
 
     # --- what the policy may see -------------------------------------------------------------------
-    def forecast_wait(self, name: str, key: tuple[str, str]) -> float:
+    def forecast_wait(self, name: str, key: tuple[str, str], job: _Job | None = None) -> float:
         """Seconds (beyond the launch latency) until a step of ours submitted now to pool ``key`` of
         cluster ``name`` would be allocated, ignoring future arrivals, preemptions and outages — the
-        simulator's stand-in for ``sbatch --test-only`` (strict FIFO per pool, the throttle shared)."""
+        simulator's stand-in for ``sbatch --test-only`` (strict FIFO per pool, the throttle shared).
+        ``job``: one already queued there: seconds until it starts (from now)."""
         c = self.clusters[name]
         heaps: dict[tuple[str, str], list[float]] = {}
         for i, u in enumerate(c.units):
@@ -340,14 +368,16 @@ class Simulation:
             slots = ends[:thr] + [self.now] * max(0, thr - len(ends))
             heapq.heapify(slots)
         ready = self.now + c.spec.launch_latency_s
-        for _p, _s, job in c.queue:
-            h = heaps.get(job.key)
+        for _p, _s, q in c.queue:
+            h = heaps.get(q.key)
             if not h:
                 continue
-            st = max(job.ready, h[0], slots[0] if (slots is not None and job.ours) else -math.inf)
-            heapq.heapreplace(h, st + job.dur)
-            if slots is not None and job.ours:
-                heapq.heapreplace(slots, st + job.dur)
+            st = max(q.ready, h[0], slots[0] if (slots is not None and q.ours) else -math.inf)
+            if q is job:
+                return max(0.0, st - self.now)
+            heapq.heapreplace(h, st + q.dur)
+            if slots is not None and q.ours:
+                heapq.heapreplace(slots, st + q.dur)
         h = heaps.get(key)
         if not h:
             return math.inf
@@ -356,38 +386,45 @@ class Simulation:
 
     def snapshot(self) -> Snapshot:
         """The live state as the backends would report it now (see ``dagster_gpu.policy.snapshot``)."""
-        states = {}
-        for name, typ in (("slurm", SlurmState), ("kubernetes", KubernetesState), ("local", LocalState)):
-            c = self.clusters.get(name)
-            if c is None:
-                continue
-            s = c.spec
-            down_until = s.outage_end(self.now)
-            if down_until is not None and not s.outages_announced:
-                states[name] = typ(reachable=False, reason="simulated outage")
-                continue
-            pools = []
-            seen = []
-            ours_queued = sum(1 for _p, _s, j in c.queue if j.ours)
-            for u in s.units:
-                if u.key in seen:
-                    continue
-                seen.append(u.key)
-                idx = [i for i, x in enumerate(c.units) if x.key == u.key]
-                free = sum(1 for i in idx if c.busy[i] is None)
-                pending = sum(1 for _p, _s, j in c.queue if j.ours and j.key == u.key)
-                thr_full = s.array_throttle is not None and c.ours_running() + ours_queued >= s.array_throttle
-                est = self.forecast_wait(name, u.key) if (free - pending < 1 or thr_full) else 0.0
-                pools.append(DeviceGroup(u.device, u.product, u.memory_gib, free, len(idx), pending,
-                                        est if math.isfinite(est) else None, u.mig_profile))
-            kw = dict(pools=tuple(pools), launch_latency_s=s.launch_latency_s, billed_overhead_s=s.billed_overhead_s)
-            if down_until is not None:
-                kw.update(reachable=False, reason="simulated outage (announced)", back_in_s=down_until - self.now)
-            if typ is SlurmState:
-                kw.update(array_throttle=s.array_throttle, running_tasks=c.ours_running(),
-                          preemptions_per_gpu_hour=s.preemptions_per_gpu_hour)
-            states[name] = typ(**kw)
+        states = {name: self._state(self.clusters[name]) for name in ("slurm", "kubernetes", "local")
+                  if name in self.clusters}
         return Snapshot(rate_card=self.sc.rate_card, taken_at=self.now, **states)
+
+    def fleet_snapshot(self) -> FleetSnapshot:
+        """Every cluster's state now as a fleet (the scenario's rate card has a table per cluster name)."""
+        return FleetSnapshot(rate_card=self.sc.rate_card, taken_at=self.now, clusters=tuple(
+            ClusterState(c.spec.name, c.spec.backend, self._state(c), c.spec.waiting_budget_s)
+            for c in self.clusters.values() if c.spec.name != "resident"))
+
+    def _state(self, c: _Cluster):
+        """One cluster's state as its backend would report it now."""
+        typ = {"slurm": SlurmState, "kubernetes": KubernetesState, "local": LocalState}[c.spec.backend]
+        name = c.spec.name
+        s = c.spec
+        down_until = s.outage_end(self.now)
+        if down_until is not None and not s.outages_announced:
+            return typ(reachable=False, reason="simulated outage")
+        pools = []
+        seen = []
+        ours_queued = sum(1 for _p, _s, j in c.queue if j.ours)
+        for u in s.units:
+            if u.key in seen:
+                continue
+            seen.append(u.key)
+            idx = [i for i, x in enumerate(c.units) if x.key == u.key]
+            free = sum(1 for i in idx if c.busy[i] is None)
+            pending = sum(1 for _p, _s, j in c.queue if j.ours and j.key == u.key)
+            thr_full = s.array_throttle is not None and c.ours_running() + ours_queued >= s.array_throttle
+            est = self.forecast_wait(name, u.key) if (free - pending < 1 or thr_full) else 0.0
+            pools.append(DeviceGroup(u.device, u.product, u.memory_gib, free, len(idx), pending,
+                                    est if math.isfinite(est) else None, u.mig_profile))
+        kw = dict(pools=tuple(pools), launch_latency_s=s.launch_latency_s, billed_overhead_s=s.billed_overhead_s)
+        if down_until is not None:
+            kw.update(reachable=False, reason="simulated outage (announced)", back_in_s=down_until - self.now)
+        if typ is SlurmState:
+            kw.update(array_throttle=s.array_throttle, running_tasks=c.ours_running(),
+                      preemptions_per_gpu_hour=s.preemptions_per_gpu_hour)
+        return typ(**kw)
 
 
 def form_units(sim: Simulation, tasks: tuple[Task, ...], choice: dict[int, Option]

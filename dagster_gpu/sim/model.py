@@ -58,7 +58,7 @@ class ClusterSpec:
     """One backend's fleet.
 
     Attributes:
-        name: ``slurm``, ``kubernetes`` or ``local``.
+        name: ``slurm``, ``kubernetes`` or ``local``; in a fleet any cluster name (``kind`` then says which).
         units: its devices.
         launch_latency_s: unbilled seconds from submission to being allocatable.
         billed_overhead_s: billed seconds per work unit on top of its partitions (the step worker's
@@ -70,6 +70,9 @@ class ClusterSpec:
         outages: ``(start_s, end_s)`` control-plane outages: no submissions, no new allocations;
             running work continues; submissions wait for the end.
         outages_announced: whether the snapshot tells the policy when an outage ends (``back_in_s``).
+        kind: ``slurm``, ``kubernetes`` or ``local`` for a fleet's cluster named otherwise ("" = its name).
+        waiting_budget_s: seconds one of our units may wait in its queue before a policy that spills over
+            (:class:`~dagster_gpu.sim.policies.OursFleet`) is asked to move it; None = no budget.
     """
 
     name: str
@@ -82,6 +85,13 @@ class ClusterSpec:
     preemptions_per_gpu_hour: float = 0.0
     outages: tuple[tuple[float, float], ...] = ()
     outages_announced: bool = False
+    kind: str = ""
+    waiting_budget_s: float | None = None
+
+    @property
+    def backend(self) -> str:
+        """The backend that runs its units: ``kind``, else its name."""
+        return self.kind or self.name
 
     def outage_end(self, t: float) -> float | None:
         """End of the outage covering ``t``, None if up at ``t``."""

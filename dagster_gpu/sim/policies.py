@@ -7,6 +7,9 @@
   queue on devices held for the whole window.
 - :class:`Ours`: the real policy on the snapshot the simulator builds: :func:`dagster_gpu.policy.plan_range`
   for each run (one partition or a ranged run), which plans its work units largest first.
+- :class:`OursFleet`: the real fleet policy (:func:`dagster_gpu.fleet.placement.decide_fleet`) over every named
+  cluster, and, for a unit still queued past its cluster's waiting budget, the real spill-over decision
+  (:func:`dagster_gpu.fleet.budget.spill_decision`); ``spill_over=False`` keeps every unit where it was placed.
 - :class:`Fixed`: a given assignment (used by the oracle).
 
 Except ``Ours``, the policies place each partition and the engine forms a run's work units
@@ -17,6 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from dataclasses import replace
+
+from dagster_gpu.fleet.budget import spill_decision
+from dagster_gpu.fleet.placement import decide_fleet
 from dagster_gpu.policy.policy import _fit, decide
 from dagster_gpu.policy.ranges import plan_range
 from dagster_gpu.policy.runtime import StepSize
@@ -85,6 +92,34 @@ class Ours:
                           model=sim.sc.model)
         self.decisions.append(plan)
         return [((u.backend, u.device, u.product), [tasks[i] for i in u.partitions]) for u in plan.units]
+
+
+@dataclass
+class OursFleet:
+    name: str = "ours"
+    resident: bool = False
+    spill_over: bool = True
+    decisions: list = field(default_factory=list)
+
+    def place(self, task: Task, sim: Simulation) -> tuple[str, str, str]:
+        p = decide_fleet(task.req(), StepSize(rows=task.rows), sim.fleet_snapshot(), model=sim.sc.model)
+        self.decisions.append(p)
+        return (p.cluster, p.device, p.product)
+
+    def spill(self, task: Task, cluster: str, waited_s: float, remaining_s: float | None,
+              sim: Simulation) -> tuple[str, str, str] | None:
+        """Where a unit (first partition ``task``) queued on ``cluster`` for ``waited_s`` goes, None: it stays.
+        Its deadline counts from now: what is left of it."""
+        if not self.spill_over:
+            return None
+        req = task.req()
+        if req.deadline_s is not None:
+            req = replace(req, deadline_s=max(0.0, req.deadline_s - (sim.now - task.arrival_s)))
+        d = spill_decision(req, StepSize(rows=task.rows), sim.fleet_snapshot(), cluster=cluster, waited_s=waited_s,
+                           budget_s=sim.sc.cluster(cluster).waiting_budget_s, remaining_wait_s=remaining_s,
+                           model=sim.sc.model)
+        self.decisions.append(d)
+        return (d.placement.cluster, d.placement.device, d.placement.product) if d.spill else None
 
 
 @dataclass

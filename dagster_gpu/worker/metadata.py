@@ -77,6 +77,7 @@ FIRST_KEYS = (
     COST_USD,
     "embedding/useful_fraction",
     "dagster_gpu/backend",
+    "dagster_gpu/cluster",
     "dagster_gpu/placement",
 )
 
@@ -92,6 +93,11 @@ def _says_something(a: Alternative) -> bool:
     return bool(a.note) or not a.feasible or any(getattr(a, attr) is not None for _, attr, _ in _COLUMNS)
 
 
+def _where(backend: str, cluster: str | None) -> str:
+    """``campus (slurm)`` for a fleet's cluster named apart from its backend, else the backend."""
+    return f"{cluster} ({backend})" if cluster and cluster != backend else backend
+
+
 def placement_markdown(p: Placement) -> str:
     """The chosen placement and a compact table of the alternatives that say something.
 
@@ -99,7 +105,7 @@ def placement_markdown(p: Placement) -> str:
     note and feasible (they say nothing), columns unknown for every alternative left, and the table
     itself when the only alternative left is the chosen one (a forced ``local`` step, say).
     """
-    head = f"**{p.backend}**{' on ' + p.device if p.device else ''}: {p.reason}"
+    head = f"**{_where(p.backend, p.cluster)}**{' on ' + p.device if p.device else ''}: {p.reason}"
     alts = [a for a in p.alternatives if _says_something(a)]
     if not alts:
         return f"{head}\n\n_no alternatives considered_" if not p.alternatives else head
@@ -112,8 +118,8 @@ def placement_markdown(p: Placement) -> str:
     header = ["backend", "device", "feasible", *(h for h, _, _ in cols), *(["note"] if show_note else [])]
     rows = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for a in alts:
-        chosen = " **(chosen)**" if a.backend == p.backend and a.device == p.device else ""
-        cells = [f"{a.backend}{chosen}", a.device or "–", "yes" if a.feasible else "no"]
+        chosen = " **(chosen)**" if (a.backend, a.device, a.cluster) == (p.backend, p.device, p.cluster) else ""
+        cells = [f"{_where(a.backend, a.cluster)}{chosen}", a.device or "–", "yes" if a.feasible else "no"]
         cells += ["–" if getattr(a, attr) is None else f"{getattr(a, attr):.{d}f}" for _, attr, d in cols]
         if show_note:
             cells.append(a.note)
@@ -158,6 +164,7 @@ def build_metadata(
     """
     md: dict[str, Any] = {
         "dagster_gpu/backend": backend,
+        **({"dagster_gpu/cluster": placement.cluster} if placement.cluster else {}),  # the fleet's cluster it ran on
         "dagster_gpu/placement": dg.MetadataValue.md(placement_markdown(placement)),
         "embedding/rows": int(result.rows),
         "embedding/records_read": int(result.records),
