@@ -237,3 +237,13 @@ def queue_state(local_queue: Mapping[str, Any] | None, cluster_queues: Iterable[
         free[p.device], total[p.device] = quota_room(cq, cohort, resource_name(p.mig_profile))
     active = _true(_cond(cq, "Active")) if _cond(cq, "Active") is not None else True
     return QueueState(cluster_queue=name, quota_free=free, quota_total=total, active=active, **base)
+
+
+def queue_lines(queue: QueueState | None, chosen: Iterable[Any]) -> list[str]:
+    """What ``whatif``'s table says of the Kueue queue: one line per device the plan put on Kubernetes (``chosen``:
+    the plan's chosen alternatives, objects with ``backend`` and ``device``), each with that pool's quota
+    (:meth:`QueueState.describe`), or one line without a device when none went there; [] without a queue."""
+    if queue is None:
+        return []
+    devices = sorted({a.device for a in chosen if a is not None and a.backend == "kubernetes" and a.device})
+    return [f"queue on kubernetes: {queue.describe(d)}" for d in devices] or [f"queue on kubernetes: {queue.describe()}"]
