@@ -141,8 +141,7 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
     stop = early or GracefulStop().install()
     try:
         if stop.requested:
-            _report_stopped_before_body(context, stop, keys=list(context.partition_keys)
-                                        if context.has_partition_key_range or context.has_partition_key else [])
+            _report_stopped_before_body(context, stop, _unit_keys(context))
             exit_preempted(signum=stop.signum)
         yield from _run_unit(context, spec, step, stop)
     finally:
@@ -150,11 +149,16 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
             stop.restore()
 
 
+def _unit_keys(context: dg.AssetExecutionContext) -> list[str]:
+    """The partition keys of the step's range (one, several, or none for an unpartitioned asset)."""
+    return list(context.partition_keys) if context.has_partition_key_range or context.has_partition_key else []
+
+
 def _run_unit(context: dg.AssetExecutionContext, spec: UnitSpec, step: StepContext,
               stop: GracefulStop) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output]:
     body_started = time.time()
     started = psutil.Process().create_time() if step.launched_by_executor else body_started
-    keys = list(context.partition_keys) if context.has_partition_key_range or context.has_partition_key else []
+    keys = _unit_keys(context)
     outcome = UnitOutcome()
     hold_storage_connections(context.instance, len(keys))
     done = already_materialized(context.instance, context.run.run_id, context.asset_key)
