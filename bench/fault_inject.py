@@ -11,7 +11,7 @@ stop-slurmdbd | start-slurmdbd``, ``resources/k8s/cluster.sh restart-apiserver |
 ``resources/postgres/postgres.sh restart``; each script's output goes to ``<log_dir>/<fault>.log``. When an
 act fails, the service's ``start`` (idempotent) is run so no service is left down.
 
-The two Kubernetes faults (``image_pull_fail``, ``dra_prepare_fail``) change no service: each picks the newest
+The two Kubernetes run faults (``image_pull_fail``, ``dra_prepare_fail``) change no service: each picks the newest
 run still QUEUED (the farthest from being dequeued, so its worker reads what the fault wrote), adds run tags
 that force its step onto Kubernetes, and writes that run's overrides to the ``FAULTS_STATE`` file
 (bench/fault_state.py) that the pipeline's step handler re-reads at every launch. The fault lasts until the
@@ -71,6 +71,10 @@ RUN_FAULT_TIMEOUT_S = 1800.0
 PREEMPT_TAGS = {"dagster-gpu/backend": "kubernetes"}
 PREEMPT_OVERRIDES = {"priority_class_name": "dagster-gpu-batch", "cpu_request": "40", "max_preemptions": 3}
 ONLINE_POD_S = 8
+#: ``kueue_reclaim``: the run's step goes to Kubernetes asking for one MIG 1g.10gb slice (run tags override the
+#: step's request: dagster_gpu.core.request) as a Kueue workload of LocalQueue ``batch``, which only borrows
+KUEUE_TAGS = {"dagster-gpu/backend": "kubernetes", "dagster-gpu/mig-ok": "true", "dagster-gpu/gpu-memory-gib": "9"}
+KUEUE_OVERRIDES = {"queue_name": "batch", "max_preemptions": 3}
 _ENDED = ("SUCCESS", "FAILURE", "CANCELED")
 
 
@@ -327,15 +331,8 @@ class Injector:
             except Exception:  # noqa: BLE001 - apiserver restarting: look again
                 return []
 
-        deadline = time.monotonic() + RUN_FAULT_TIMEOUT_S
-        victim = None
-        while victim is None and time.monotonic() < deadline and self._status(run_id) not in _ENDED:
-            victim = next((p for p in pods() if p.status.phase == "Running"), None)
-            if victim is None:
-                time.sleep(1)
+        victim = self._running_pod(rec, run_id, taken_at, pods, PREEMPT_TAGS, PREEMPT_OVERRIDES)
         if victim is None:
-            rec["detail"] = f"run {run_id[:8]} taken, but its step pod never ran before it ended"
-            self._end_run_fault(rec, run_id, taken_at, PREEMPT_TAGS, PREEMPT_OVERRIDES)
             return
         online = f"faults-online-{int(time.time())}"
         with self._lock:
@@ -361,6 +358,90 @@ class Injector:
             pass  # gone already (it sleeps ONLINE_POD_S and exits)
         rec["detail"] = (f"step pod {victim.metadata.name} of run {run_id[:8]} (batch class, 40 CPUs) preempted for online "
                          f"pod {online}: DisruptionTarget {reason}; {rec['detail']}")
+
+    def _running_pod(self, rec: dict, run_id: str, taken_at: float, pods: Callable[[], list], tags: dict,
+                     overrides: dict):
+        """The first Running pod of ``pods()`` (the taken run's), waited for while the run has not ended; None
+        (the fault recorded as over, its run left to end) when it ended first."""
+        deadline = time.monotonic() + RUN_FAULT_TIMEOUT_S
+        while time.monotonic() < deadline and self._status(run_id) not in _ENDED:
+            victim = next((p for p in pods() if p.status.phase == "Running"), None)
+            if victim is not None:
+                return victim
+            time.sleep(1)
+        rec["detail"] = f"run {run_id[:8]} taken, but its step pod never ran before it ended"
+        self._end_run_fault(rec, run_id, taken_at, tags, overrides)
+        return None
+
+    def _kueue_reclaim(self, f: PlannedFault, rec: dict) -> None:
+        """Make the newest QUEUED run's step a Kueue workload of LocalQueue ``batch`` asking for one MIG 1g.10gb
+        slice (:data:`KUEUE_TAGS`, :data:`KUEUE_OVERRIDES`): ``batch`` has no quota and borrows ``online``'s
+        idle slices (resources/k8s/kueue/example/mixed-cluster.yaml, applied first). Once its pod runs, an
+        online pod asking for both slices arrives in LocalQueue ``online`` (tests/test_kueue_e2e.py's scenario):
+        Kueue v0.17.0 evicts the borrower to admit it (``pkg/scheduler/preemption/preemption.go``, reclamation
+        within the cohort) and the executor launches the unit again through the queue. Records the victim, its
+        Workload's ``Evicted``/``Preempted`` reasons, the online pod and ``online_wait_s`` (created -> its
+        Workload admitted); the outage lasts until the run ended."""
+        from kubernetes import client
+
+        from dagster_gpu.k8s.manifests import run_selector
+        from tests.k8s_helpers import NAMESPACE, admin_api, executor_api
+        from tests.test_kueue_e2e import _apply_example, _cond, _online_objects, _workload_of
+
+        _apply_example()
+        taken = self._take_queued_run(rec, KUEUE_TAGS, KUEUE_OVERRIDES)
+        if taken is None:
+            return
+        run_id, taken_at = taken
+        core, admin = client.CoreV1Api(executor_api()), client.CoreV1Api(admin_api())
+        custom, resource = client.CustomObjectsApi(admin_api()), client.ResourceV1Api(admin_api())
+
+        def pods():
+            try:
+                return core.list_namespaced_pod(NAMESPACE, label_selector=run_selector(run_id)).items
+            except Exception:  # noqa: BLE001 - apiserver restarting: look again
+                return []
+
+        def workload(uid: str) -> dict | None:
+            try:
+                return _workload_of(custom, uid)
+            except Exception:  # noqa: BLE001 - apiserver restarting: look again
+                return None
+
+        victim = self._running_pod(rec, run_id, taken_at, pods, KUEUE_TAGS, KUEUE_OVERRIDES)
+        if victim is None:
+            return
+        online = f"faults-kueue-online-{int(time.time())}"
+        template, pod = _online_objects(online)
+        with self._lock:
+            resource.create_namespaced_resource_claim_template(NAMESPACE, template)
+            self._fired(rec)
+            t0 = time.monotonic()
+            created = admin.create_namespaced_pod(NAMESPACE, pod)
+        rec.update(victim_pod=victim.metadata.name, online_pod=online)
+        self.ctx.say(f"fault {rec['fault']}: online pod {online} (both MIG slices, LocalQueue online) created while "
+                     f"step pod {victim.metadata.name} of run {run_id[:8]} runs on borrowed quota")
+        admitted, evicted, until = None, {}, time.monotonic() + 120
+        while time.monotonic() < until and (admitted is None or not evicted):
+            if admitted is None and (_cond(workload(created.metadata.uid), "Admitted") or {}).get("status") == "True":
+                admitted = round(time.monotonic() - t0, 2)
+            wl = workload(victim.metadata.uid)
+            ev, pre = _cond(wl, "Evicted") or {}, _cond(wl, "Preempted") or {}
+            if ev.get("status") == "True":
+                evicted = {"evicted": ev.get("reason"), "preempted": pre.get("reason")}
+            time.sleep(0.2)
+        rec["online_wait_s"] = admitted
+        rec["disruption"] = f"{evicted.get('evicted')}/{evicted.get('preempted')}" if evicted else None
+        self._end_run_fault(rec, run_id, taken_at, KUEUE_TAGS, KUEUE_OVERRIDES)
+        for fn in (lambda: admin.delete_namespaced_pod(online, NAMESPACE, grace_period_seconds=0),
+                   lambda: resource.delete_namespaced_resource_claim_template(online, NAMESPACE)):
+            try:
+                fn()
+            except client.ApiException:
+                pass  # gone already (the online pod sleeps 8 s and exits)
+        rec["detail"] = (f"step pod {victim.metadata.name} of run {run_id[:8]} (LocalQueue batch, borrowing) evicted by "
+                         f"Kueue for online pod {online}: {rec['disruption']}, the online workload admitted after "
+                         f"{admitted} s; {rec['detail']}")
 
     def _take_queued_run(self, rec: dict, tags: dict, overrides: dict) -> tuple[str, float] | None:
         """Take the newest QUEUED run no fault took yet: write its overrides, add its tags; (run id, when) or None

@@ -23,16 +23,21 @@ fired ``kills`` times (5 % of the backfill's work units, at least one):
                       CPUs; once it runs, an online pod of a higher PriorityClass asks 40 more: kube-scheduler
                       preempts the step pod (``DisruptionTarget``, ``PreemptionByScheduler``) and the executor
                       launches the unit again (``-p1``)
+``kueue_reclaim``     one queued run's pod is a Kueue workload of LocalQueue ``batch`` (one MIG 1g.10gb slice): its
+                      ClusterQueue has no quota and borrows ``online``'s idle slices through their cohort
+                      (resources/k8s/kueue/example/mixed-cluster.yaml); once it runs, an online pod asking for both
+                      slices arrives in LocalQueue ``online``; Kueue evicts the borrower to reclaim them
+                      (``InCohortReclamation``) and the executor launches the unit again through the queue (``-p1``)
 ==================== ==========================================================================
 
-The three Kubernetes faults aim at one run each (:data:`TARGETED_FAULTS`): a run still queued when the fault
+The four Kubernetes faults aim at one run each (:data:`TARGETED_FAULTS`): a run still queued when the fault
 fires, so its step worker reads the fault's run tags and per-run overrides (bench/fault_state.py) when it
 starts. Their moments are drawn from the first half of the window, while the run queue still holds runs.
 :func:`run_fault_outcome` checks what a user must see: the step's attempt failed with an error naming the
 cause (not a timeout), and every partition of that run is materialized exactly once: by a retry the
 executor launched without the cause (a shared claim that failed to prepare is retried unshared), or by the
 rerun after the backfill left it failed with that reason and the fault was removed (the image).
-A preemption is no failure: :func:`preempt_fault_outcome` checks that the run itself materialized each of its
+A preemption (kube-scheduler's or Kueue's) is no failure: :func:`preempt_fault_outcome` checks that the run itself materialized each of its
 partitions exactly once after launching its unit again, and that every launch (the preempted pod included)
 has its scheduler bill.
 """
@@ -48,9 +53,11 @@ SERVICE_FAULTS = ("slurmctld_restart", "slurmdbd_down", "apiserver_restart", "et
                   "daemon_restart")
 #: faults aimed at one queued run; each is drawn from the first half of the window (see plan_faults)
 RUN_FAULTS = ("image_pull_fail", "dra_prepare_fail")
-FAULTS = (*SERVICE_FAULTS, "worker_sigkill", "slurm_preempt", *RUN_FAULTS, "k8s_preempt")
+#: faults whose run is preempted and must finish by itself after a relaunch (:func:`preempt_fault_outcome`)
+PREEMPT_FAULTS = ("k8s_preempt", "kueue_reclaim")
+FAULTS = (*SERVICE_FAULTS, "worker_sigkill", "slurm_preempt", *RUN_FAULTS, *PREEMPT_FAULTS)
 #: faults aimed at one queued run (their moments come from the first half of the window)
-TARGETED_FAULTS = (*RUN_FAULTS, "k8s_preempt")
+TARGETED_FAULTS = (*RUN_FAULTS, *PREEMPT_FAULTS)
 #: what a failure of each run fault's partitions must say: every string of the first tuple, and one of the second
 RUN_FAULT_REASONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "image_pull_fail": ((), ("ErrImagePull", "ImagePullBackOff")),  # the image name is added by the driver
@@ -243,8 +250,9 @@ def preempt_fault_outcome(
     launches: Sequence[str],
     billed: Iterable[str],
     disruption: str | None = None,
+    fault: str = "k8s_preempt",
 ) -> dict:
-    """What ``k8s_preempt`` did to the run ``run_id`` whose step pod it preempted.
+    """What ``fault`` (one of :data:`PREEMPT_FAULTS`) did to the run ``run_id`` whose step pod it preempted.
 
     Args:
         run_id: the run (None: not injected).
@@ -252,7 +260,9 @@ def preempt_fault_outcome(
         materializations: ``(partition key, run id)`` of every materialization event of the asset.
         launches: the pod of each launch of the run's step, in launch order (``STEP_WORKER_STARTING``).
         billed: every pod with a scheduler bill (``bill/source`` pod-interval).
-        disruption: the preempted pod's ``DisruptionTarget`` reason as read while it terminated, if it was.
+        disruption: the preempted pod's ``DisruptionTarget`` reason as read while it terminated, if it was
+            (``kueue_reclaim``: its Workload's ``Evicted`` and ``Preempted`` reasons, ``Preempted/InCohortReclamation``).
+        fault: which preemption fault it was (the result's ``fault``).
 
     Returns a dict: ``partitions`` (of that run), ``launches``, ``unbilled_launches`` (launched pods without a bill:
     every attempt must be billed), ``materialized_once`` and ``by_run`` (exactly once, by the preempted run itself),
@@ -269,7 +279,7 @@ def preempt_fault_outcome(
     failed = [k for k in keys if at_backfill_end[k][0] != "ok"]
     bills = set(billed)
     unbilled = [p for p in launches if p not in bills]
-    return {"fault": "k8s_preempt", "run_id": run_id, "partitions": len(keys), "launches": len(launches),
+    return {"fault": fault, "run_id": run_id, "partitions": len(keys), "launches": len(launches),
             "unbilled_launches": len(unbilled), "materialized_once": len(once), "by_run": len(by_run),
             "failed": len(failed), "disruption": disruption,
             "ok": bool(keys) and len(launches) >= 2 and not unbilled and not failed and len(by_run) == len(keys)}
@@ -295,7 +305,7 @@ def summary_keys(injected: int, outcome: Outcome, leaked_objects: int,
     when given), plus for each fault of ``run_faults`` (:func:`run_fault_outcome` dicts)
     ``faults.<fault>.named_attempts``, ``faults.<fault>.failed_with_named_reason`` and
     ``faults.<fault>.materialized_once`` (partitions of the faulted run); for a :func:`preempt_fault_outcome`
-    dict ``faults.k8s_preempt.launches``, ``.unbilled_launches`` and ``.materialized_once``."""
+    dict ``faults.<fault>.launches``, ``.unbilled_launches`` and ``.materialized_once``."""
     out = {
         "faults.injected": int(injected),
         "faults.partitions_lost": outcome.partitions_lost,
@@ -305,7 +315,7 @@ def summary_keys(injected: int, outcome: Outcome, leaked_objects: int,
     if units_without_bill is not None:
         out["faults.units_without_bill"] = int(units_without_bill)
     for r in run_faults:
-        names = (("launches", "unbilled_launches", "materialized_once") if r["fault"] == "k8s_preempt"
+        names = (("launches", "unbilled_launches", "materialized_once") if r["fault"] in PREEMPT_FAULTS
                  else ("named_attempts", "failed_with_named_reason", "materialized_once"))
         for k in names:
             out[f"faults.{r['fault']}.{k}"] = int(r[k])

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 #: The ``kubernetes`` settings a fault may override for one run.
-ALLOWED_KEYS = frozenset({"image", "sharing_strategy", "priority_class_name", "cpu_request", "max_preemptions"})
+ALLOWED_KEYS = frozenset({"image", "sharing_strategy", "priority_class_name", "cpu_request", "max_preemptions",
+                          "queue_name"})
 
 
 def read_state(path: str | Path | None) -> dict[str, Any]:

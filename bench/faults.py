@@ -16,6 +16,11 @@ service back up; nothing is stopped at the end. The two Kubernetes faults (an im
 have; a claim the DRA driver refuses at NodePrepareResources) each take one queued run; for them the result
 says whether every partition of that run failed with a reason naming the cause and was materialized exactly
 once by the rerun (``run_faults``), how long each attempt took to fail and when the run's pods were gone.
+The two preemption faults (``k8s_preempt``: kube-scheduler's; ``kueue_reclaim``: Kueue reclaims the MIG slices
+LocalQueue ``batch`` borrowed, for an online pod) each take one queued run too; for them the result says whether
+the run launched its unit again, materialized each of its partitions exactly once itself, and billed every pod
+(``kueue_reclaim`` adds ``online_wait_s``: the online workload's admission delay). The Kueue fault needs Kueue in
+the control plane (resources/k8s/cluster.sh starts it) and applies resources/k8s/kueue/example/mixed-cluster.yaml.
 
 After the backfill ends: the missing-partitions schedule is started (``dagster schedule start``) and left
 to request runs for ``partitions_to_rerun`` every minute until nothing is left to rerun or
@@ -52,7 +57,7 @@ from dagster_gpu.commands.backfill import BackfillRuns, DaemonProcess, backfill_
 import k8s_backfill  # noqa: E402
 from fault_inject import InjectContext, Injector  # noqa: E402
 from fault_inject import MISSING_IMAGE  # noqa: E402
-from fault_plan import (FAULTS, RUN_FAULTS, attempt_seconds, fault_table, first_after, kills_for, plan_faults,  # noqa: E402
+from fault_plan import (FAULTS, PREEMPT_FAULTS, RUN_FAULTS, attempt_seconds, fault_table, first_after, kills_for, plan_faults,  # noqa: E402
                         preempt_fault_outcome, run_fault_outcome, summary_keys, tally)
 from make_corpus import make_corpus  # noqa: E402
 from summary import merge_summary  # noqa: E402
@@ -521,11 +526,12 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
     run_faults = []
     for r in injector.records:
         name = r["fault"]
-        if name == "k8s_preempt":
+        if name in PREEMPT_FAULTS:
             pods = [u for u, v in units.items() if v["run_id"] == r.get("run_id") and v["backend"] == "kubernetes"]
             res = preempt_fault_outcome(r.get("run_id"), end_states, [(k, run) for k, run, _ in mats], pods, billed,
-                                        r.get("disruption"))
-            res.update(pods=pods, victim_pod=r.get("victim_pod"), run_status=r.get("run_status"))
+                                        r.get("disruption"), fault=name)
+            res.update(pods=pods, victim_pod=r.get("victim_pod"), run_status=r.get("run_status"),
+                       online_wait_s=r.get("online_wait_s"))
             run_faults.append(res)
             continue
         if name not in RUN_FAULTS:
@@ -587,9 +593,10 @@ def main() -> None:  # noqa: C901 - one benchmark, phase by phase
           f"{len(outcome.recovered)} | {outcome.partitions_lost} | {len(outcome.duplicated)} | {leaked} | {len(unbilled)} | "
           f"{makespan:.0f} | {'–' if recovery_s is None else f'{recovery_s:.0f}'} |")
     for rf in run_faults:
-        if rf["fault"] == "k8s_preempt":
-            print(f"k8s_preempt: run {str(rf['run_id'])[:8]} ({rf.get('run_status')}), {rf['partitions']} partitions; "
-                  f"victim {rf.get('victim_pod')} (DisruptionTarget {rf['disruption']}); {rf['launches']} launches "
+        if rf["fault"] in PREEMPT_FAULTS:
+            wait = f", the online workload admitted after {rf['online_wait_s']} s" if rf.get("online_wait_s") is not None else ""
+            print(f"{rf['fault']}: run {str(rf['run_id'])[:8]} ({rf.get('run_status')}), {rf['partitions']} partitions; "
+                  f"victim {rf.get('victim_pod')} ({rf['disruption']}{wait}); {rf['launches']} launches "
                   f"{rf.get('pods')}, {rf['unbilled_launches']} without a bill; {rf['by_run']} materialized once by "
                   f"the run, {rf['failed']} failed; ok={rf['ok']}")
             continue

@@ -76,9 +76,11 @@ def test_run_faults_fire_in_the_first_half_and_leave_the_other_moments_as_they_w
     assert sorted(f.name for f in after if f.name in TARGETED_FAULTS) == sorted(TARGETED_FAULTS)
     for seed in range(20):
         assert all(20 <= f.at_s <= 160 for f in plan_faults(seed, 300, 1) if f.name in TARGETED_FAULTS)
-    # the preemption came after the run faults: their moments are those of the plan without it
-    without = plan_faults(seed=1, window_s=300, kills=1, faults=FAULTS[:-1])
-    assert [f for f in after if f.name != "k8s_preempt"] == without
+    # each preemption came after the run faults: their moments are those of the plan without it
+    assert FAULTS[-2:] == ("k8s_preempt", "kueue_reclaim")
+    without = plan_faults(seed=1, window_s=300, kills=1, faults=FAULTS[:-2])
+    assert [f for f in after if f.name not in ("k8s_preempt", "kueue_reclaim")] == without
+    assert [f for f in after if f.name != "kueue_reclaim"] == plan_faults(seed=1, window_s=300, kills=1, faults=FAULTS[:-1])
 
 
 def test_a_preempted_run_must_materialize_its_own_partitions_once_after_a_relaunch_with_every_pod_billed():
@@ -103,6 +105,22 @@ def test_a_preempted_run_must_materialize_its_own_partitions_once_after_a_relaun
     assert {k: v for k, v in keys.items() if "k8s_preempt" in k or "bill" in k} == {
         "faults.units_without_bill": 0, "faults.k8s_preempt.launches": 2, "faults.k8s_preempt.unbilled_launches": 0,
         "faults.k8s_preempt.materialized_once": 2}
+
+
+def test_a_run_kueue_evicted_is_counted_as_a_preemption_under_its_own_name():
+    end = {"a": ("ok", None, "r1"), "b": ("ok", None, "r1")}
+    pods = ["dagster-gpu-2a-0", "dagster-gpu-2a-0-p1"]
+    out = preempt_fault_outcome("r1", end, [("a", "r1"), ("b", "r1")], pods, billed=pods,
+                                disruption="Preempted/InCohortReclamation", fault="kueue_reclaim")
+    assert (out["fault"], out["launches"], out["by_run"], out["disruption"], out["ok"]) == (
+        "kueue_reclaim", 2, 2, "Preempted/InCohortReclamation", True)
+    keys = summary_keys(12, tally(["a", "b"], [("a", "r1"), ("b", "r1")], {"a": ("ok", None), "b": ("ok", None)}), 0,
+                        [out], units_without_bill=0)
+    assert {k: v for k, v in keys.items() if "kueue" in k} == {
+        "faults.kueue_reclaim.launches": 2, "faults.kueue_reclaim.unbilled_launches": 0,
+        "faults.kueue_reclaim.materialized_once": 2}
+    # a workload Kueue evicted but whose relaunch never came (or failed) loses the fault
+    assert not preempt_fault_outcome("r1", end, [("a", "r1")], pods[:1], billed=pods, fault="kueue_reclaim")["ok"]
 
 
 # The errors below are those the executor recorded in the fault campaign of 2026-12-02 (bench/faults.py

@@ -80,3 +80,13 @@ def test_a_queued_pod_past_queue_timeout_fails_naming_the_queue_and_the_policy_s
         b.terminate(x)
     for x in [waiting, *holders]:
         assert wait_for(lambda: _gone(x.run_id), 90, what="cleanup")
+
+
+def test_where_the_visibility_api_is_not_served_the_policy_reads_the_local_queues_status():
+    # resources/k8s/cluster.sh runs the manager with VisibilityOnDemand=false: no APIService, so the group
+    # visibility.kueue.x-k8s.io is not served (the executor's ServiceAccount gets 403 or 404, never an error)
+    b = _backend("batch")
+    assert b.kube.read_pending_workloads("batch") is None
+    lq = b.kube.read_local_queue("batch")
+    q = b.policy_state().queue
+    assert q.cluster_queue == "batch" and q.pending == int((lq.get("status") or {}).get("pendingWorkloads") or 0)

@@ -100,3 +100,51 @@ def test_the_queue_travels_in_a_saved_snapshot():
     assert back.kubernetes.queue == q
     assert "Kueue LocalQueue batch -> ClusterQueue batch: 1 pending" in decide(GpuRequest(mig_ok=True), StepSize(rows=1000),
                                                                                 back, model=MODEL).reason
+
+
+def test_whatif_names_the_queue_and_its_state_in_the_table_and_each_placement(tmp_path, capsys, monkeypatch):
+    import json
+
+    from dagster_gpu.commands.whatif import whatif_main
+
+    monkeypatch.delenv("DAGSTER_HOME", raising=False)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(2):
+        (corpus / f"day{i}.jsonl").write_bytes(b"x" * 200_000)
+    q = kueue.queue_state(_lq(pending=1, admitted=1), [_cq("online", 2, 2), _cq("batch", 0, 0, used_mig=1)], "batch", POOLS)
+    snap = tmp_path / "snap.json"
+    snap.write_text(json.dumps(Snapshot(rate_card=RateCard.load(), kubernetes=KubernetesState(pools=POOLS, queue=q)).to_json()))
+    args = [str(corpus), "--snapshot", str(snap), "--tag", "dagster-gpu/mig-ok=true"]
+    assert whatif_main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    # batch borrows 1 of online's 2 slices already and 1 workload waits ahead: 1 free of 2
+    assert ("queue on kubernetes: Kueue LocalQueue batch -> ClusterQueue batch: 1 pending, 1 admitted, quota for "
+            "mig-1g.10gb 1 free of 2") in out
+    assert kueue.queue_lines(None, []) == []
+    assert kueue.queue_lines(q, []) == ["queue on kubernetes: Kueue LocalQueue batch -> ClusterQueue batch: 1 pending, "
+                                        "1 admitted"]
+
+
+def _summary(*local_queues: str) -> dict:
+    """A ``PendingWorkloadsSummary`` as Kueue v0.17.0's visibility server returns it for a ClusterQueue
+    (``apis/visibility/v1beta1/types.go``; ``pkg/visibility/storage/pending_workloads_cq.go`` numbers
+    ``positionInClusterQueue`` from 0 in the queue's order)."""
+    return {"kind": "PendingWorkloadsSummary", "apiVersion": "visibility.kueue.x-k8s.io/v1beta1", "metadata": {},
+            "items": [{"metadata": {"name": f"pod-w{i}", "namespace": "dagster-gpu"}, "priority": 0,
+                       "localQueueName": lq, "positionInClusterQueue": i,
+                       "positionInLocalQueue": list(local_queues[:i + 1]).count(lq) - 1}
+                      for i, lq in enumerate(local_queues)]}
+
+
+def test_the_visibility_api_counts_every_workload_ahead_in_the_cluster_queue_and_its_absence_falls_back():
+    assert kueue.pending_ahead(None) is None and kueue.pending_ahead(_summary()) == 0
+    # three workloads wait in ClusterQueue batch, one of them from another team's LocalQueue: all are ahead
+    ahead = _summary("batch", "other-team", "batch")
+    assert kueue.pending_ahead(ahead) == 3
+    cqs = [_cq("online", 2, 2, used_mig=2), _cq("batch", 0, 0)]
+    seen = kueue.queue_state(_lq(pending=2), cqs, "batch", POOLS, pending_workloads=ahead)
+    assert seen.pending == 3  # not the LocalQueue's 2
+    assert kueue.queue_state(_lq(pending=2), cqs, "batch", POOLS, pending_workloads=None).pending == 2
+    busy = next(a for a in _decide(seen).alternatives if a.device == MIG)
+    assert "ClusterQueue batch: 3 pending" in busy.note and busy.start_delay_s > KubernetesState().launch_latency_s

@@ -23,7 +23,7 @@ def test_slurm_worker_python_beats_the_executor_wide_one():
                       "slurm": {"worker_python": "/shared/venvs/embed/bin/python", "slurm_partition": "gpu"}})
     assert SlurmSettings.from_section(cfg["slurm"]).worker_python == "/shared/venvs/embed/bin/python"
     assert worker_python_for("slurm", cfg) == "/shared/venvs/embed/bin/python"
-    assert worker_argv(step_args(), worker_python_for("slurm", cfg))[:3] == ("/shared/venvs/embed/bin/python", "-m", "dagster")
+    assert worker_argv(step_args(), worker_python_for("slurm", cfg))[:3] == ("/shared/venvs/embed/bin/python", "-m", "dagster_gpu.worker.step_main")
     # the other backends keep the executor-wide one; a slurm section without it falls back to it too
     assert worker_python_for("local", cfg) == "/opt/venv/bin/python"
     assert worker_python_for("slurm", _processed({"worker_python": "/opt/venv/bin/python", "slurm": {}})) == "/opt/venv/bin/python"

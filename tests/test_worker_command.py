@@ -41,7 +41,7 @@ def step_args() -> ExecuteStepArgs:
 
 def test_worker_command_is_a_new_interpreter_with_tokenizers_parallelism_off():
     argv = worker_argv(step_args(), python="/opt/venv/bin/python")
-    assert argv == ("/opt/venv/bin/python", "-m", "dagster", "api", "execute_step")
+    assert argv == ("/opt/venv/bin/python", "-m", "dagster_gpu.worker.step_main", "api", "execute_step")
     env = worker_env(step_args(), "noop_job", "noop")
     assert env["TOKENIZERS_PARALLELISM"] == "false" == WORKER_FIXED_ENV["TOKENIZERS_PARALLELISM"]
     assert {"DAGSTER_COMPRESSED_EXECUTE_STEP_ARGS", "DAGSTER_RUN_JOB_NAME", "DAGSTER_RUN_STEP_KEY"} <= set(env)

@@ -324,7 +324,7 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
         }, indent=1))
         return 0
     _print_tables(plans, model, args.max_rows, {b for b in BACKENDS if snapshot.backend(b) is not None},
-                  preemption_summary(snapshot))
+                  preemption_summary(snapshot), snapshot.kubernetes.queue if snapshot.kubernetes else None)
     return 0
 
 
@@ -381,8 +381,10 @@ def _fleet_main(args: argparse.Namespace, config: dict, request: GpuRequest, ins
 
 
 def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows: int, configured: set[str],
-                  preemption: dict[str, dict] | None = None) -> None:
+                  preemption: dict[str, dict] | None = None, queue=None) -> None:
     from rich.table import Table
+
+    from dagster_gpu.k8s.kueue import queue_lines
 
     from dagster_gpu.commands.common import console
 
@@ -412,6 +414,8 @@ def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows
     for b, pre in (preemption or {}).items():
         con.print(f"preemption on {b} ({pre['pool'] or 'unnamed pool'}): {pre['preemptions_per_gpu_hour']:.3g} per "
                   f"GPU-h ({pre['source']})", soft_wrap=True, markup=False)
+    for line in queue_lines(queue, [r.placement.chosen for r in auto if r.placement]):  # the Kueue queue and its state
+        con.print(line, soft_wrap=True, markup=False)
     s = Table(title=f"Totals over {len(auto)} partitions (cost includes the expected preemption rework)")
     for col in ("mode", "cost USD", "preempt USD", "vs auto", "infeasible", "deadline misses", "last finish s",
                 "backends"):

@@ -1,6 +1,7 @@
 """The step worker's command line and environment, from Dagster's ExecuteStepArgs.
 
-Every backend starts the worker as a new interpreter (``<python> -m dagster api execute_step``, exec'd
+Every backend starts the worker as a new interpreter (``<python> -m dagster_gpu.worker.step_main api execute_step``:
+Dagster's ``execute_step`` behind an entry point that takes SIGTERM before Dagster does, exec'd
 by the local backend's supervisor, by a Slurm array task's script, or as a pod's command), never as a
 fork of a process that holds CUDA or tokenizer threads: a forked CUDA context is unusable, and a
 Hugging Face fast tokenizer whose Rust thread pool ran before a fork deadlocks in the child.
@@ -36,7 +37,8 @@ def worker_python_for(backend: str, executor_config: Mapping[str, Any]) -> str |
 
 
 def worker_argv(args: ExecuteStepArgs, python: str | None = None) -> tuple[str, ...]:
-    """``<python> -m dagster api execute_step``; the step args travel in the environment, not argv.
+    """``<python> -m dagster_gpu.worker.step_main api execute_step`` (:data:`WORKER_MODULE`: Dagster's ``dagster api
+    execute_step`` behind a SIGTERM handler installed first); the step args travel in the environment, not argv.
 
     ``python`` defaults to the code location's interpreter (``job_origin.executable_path``), so the
     worker needs no ``dagster`` on PATH.
@@ -45,17 +47,20 @@ def worker_argv(args: ExecuteStepArgs, python: str | None = None) -> tuple[str, 
     # base = [<entry point...>, "api", "execute_step"]; replace the entry point.
     tail = base[base.index("api") :]
     exe = python or args.job_origin.executable_path
-    return (exe, "-m", "dagster", *tail)
+    return (exe, "-m", WORKER_MODULE, *tail)
 
 
-#: The module a relayed step worker runs instead of ``dagster api execute_step`` (``events: relay``).
+#: The step worker's entry point (:mod:`dagster_gpu.worker.step_main`).
+WORKER_MODULE = "dagster_gpu.worker.step_main"
+#: The module a relayed step worker runs instead of ``dagster api execute_step`` (``events: relay``), behind the
+#: same entry point.
 RELAY_WORKER_MODULE = "dagster_gpu.worker.relay_step"
 
 
 def relay_worker_argv(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """:func:`worker_argv`'s command with ``-m dagster api execute_step`` replaced by ``-m`` :data:`RELAY_WORKER_MODULE`
-    (same interpreter; the step args still travel in the environment)."""
-    return (argv[0], "-m", RELAY_WORKER_MODULE)
+    """:func:`worker_argv`'s command with ``api execute_step`` replaced by :data:`RELAY_WORKER_MODULE` (same
+    interpreter and entry point; the step args still travel in the environment)."""
+    return (argv[0], "-m", WORKER_MODULE, RELAY_WORKER_MODULE)
 
 
 #: Environment every step worker gets (see the module docstring).

@@ -199,8 +199,10 @@ class KubernetesBackend(Backend):
         pools = device_groups(slices, claims, waiting)
         queue = None
         if self.settings.queue_name:  # behind Kueue the wait is the queue's (dagster_gpu.k8s.kueue.queue_state)
-            queue = kueue.queue_state(self.kube.read_local_queue(self.settings.queue_name),
-                                      self.kube.list_cluster_queues(), self.settings.queue_name, pools)
+            lq = self.kube.read_local_queue(self.settings.queue_name)
+            cq = ((lq or {}).get("spec") or {}).get("clusterQueue")
+            queue = kueue.queue_state(lq, self.kube.list_cluster_queues(), self.settings.queue_name, pools,
+                                      self.kube.read_pending_workloads(cq) if cq else None)
         return KubernetesState(pools=pools, namespace=self.kube.namespace,
                                no_sharing=tuple(sorted(self.sharing_failures.blocked())),
                                preemptions_per_gpu_hour=self.preemptions_per_gpu_hour,

@@ -49,6 +49,10 @@ def api_retry(fn: Callable[..., Any], *args: Any, mutation: bool, attempts: int 
                         retry=retry_if_exception(lambda e: transient(e, mutation)), reraise=True)
     return retrying(fn, *args, _request_timeout=TIMEOUT, **kwargs)
 
+#: Kueue's on-demand visibility API (sigs.k8s.io/kueue v0.17.0 ``pkg/visibility/server.go`` installs v1beta1 and
+#: v1beta2; v1beta1 is the one every release since 0.9 serves)
+VISIBILITY_GROUP, VISIBILITY_VERSION = "visibility.kueue.x-k8s.io", "v1beta1"
+
 _RESOURCE_APIS = {
     "v1": client.ResourceV1Api,
     "v1beta2": client.ResourceV1beta2Api,
@@ -142,6 +146,24 @@ class KubeClient:
         out = self._read(client.CustomObjectsApi(self.api).list_cluster_custom_object, "kueue.x-k8s.io", "v1beta2",
                          "clusterqueues")
         return list(out.get("items") or [])
+
+    def read_pending_workloads(self, cluster_queue: str) -> dict | None:
+        """The pending workloads of ClusterQueue ``cluster_queue`` from Kueue's on-demand visibility API
+        (``GET /apis/visibility.kueue.x-k8s.io/v1beta1/clusterqueues/<name>/pendingworkloads``: a
+        ``PendingWorkloadsSummary``, sigs.k8s.io/kueue v0.17.0 ``apis/visibility/v1beta1/types.go``, served by the
+        Kueue manager through an APIService when its ``VisibilityOnDemand`` gate is on). None when it is not
+        served here (404: no such API group; 503: the APIService is registered but its server does not answer;
+        403: this service account may not read it): the caller falls back to the LocalQueue's status. One try,
+        no retry: the snapshot must not wait on an optional API."""
+        try:
+            return api_retry(self.api.call_api, f"/apis/{VISIBILITY_GROUP}/{VISIBILITY_VERSION}/clusterqueues/{{name}}"
+                             "/pendingworkloads", "GET", path_params={"name": cluster_queue},
+                             header_params={"Accept": "application/json"}, response_types_map={200: "object"},
+                             auth_settings=["BearerToken"], _return_http_data_only=True, mutation=False, attempts=1)
+        except ApiException as e:
+            if e.status in (403, 404, 503):
+                return None
+            raise
 
     def _read_custom(self, fn: Callable[..., Any], *args: Any) -> dict | None:
         try:

@@ -213,12 +213,26 @@ def quota_room(cq: Mapping[str, Any], cohort: Iterable[Mapping[str, Any]], resou
     return max(0.0, nominal - used) + borrowable, total
 
 
+def pending_ahead(summary: Mapping[str, Any] | None) -> int | None:
+    """Workloads a new one would find ahead of it in its ClusterQueue, from the visibility API's
+    ``PendingWorkloadsSummary`` of that ClusterQueue (sigs.k8s.io/kueue v0.17.0 ``apis/visibility/v1beta1/types.go``:
+    ``items[]`` with ``positionInClusterQueue``, 0-based, in the queue's order; at most 1000 items by default,
+    ``pkg/constants/constants.go`` ``DefaultPendingWorkloadsLimit``): the last position + 1, 0 for an empty queue.
+    None when the API is not served (``summary`` None)."""
+    if summary is None:
+        return None
+    positions = [int(i.get("positionInClusterQueue", -1)) for i in summary.get("items") or []]
+    return max(positions, default=-1) + 1
+
+
 def queue_state(local_queue: Mapping[str, Any] | None, cluster_queues: Iterable[Mapping[str, Any]], queue_name: str,
-                pools: Iterable[DeviceGroup]) -> QueueState:
+                pools: Iterable[DeviceGroup], pending_workloads: Mapping[str, Any] | None = None) -> QueueState:
     """The policy's :class:`~dagster_gpu.policy.snapshot.QueueState` of LocalQueue ``queue_name`` (its API JSON, None
-    when it does not exist: an inactive queue with no ClusterQueue) from every ClusterQueue (API JSON): pending
-    and admitted workloads from the LocalQueue's status, each pool's quota from :func:`quota_room` with the
-    pool's :func:`resource_name`."""
+    when it does not exist: an inactive queue with no ClusterQueue) from every ClusterQueue (API JSON): admitted
+    workloads from the LocalQueue's status; pending ones ahead from the visibility API's summary of its
+    ClusterQueue (``pending_workloads``, :func:`pending_ahead`: every LocalQueue feeding that ClusterQueue
+    competes) where served, else the LocalQueue's ``status.pendingWorkloads``; each pool's quota from
+    :func:`quota_room` with the pool's :func:`resource_name`."""
     pools = list(pools)
     if local_queue is None:
         return QueueState(local_queue=queue_name, active=False)
@@ -226,7 +240,8 @@ def queue_state(local_queue: Mapping[str, Any] | None, cluster_queues: Iterable[
     name = (local_queue.get("spec") or {}).get("clusterQueue", "")
     cq = next((c for c in cqs if (c.get("metadata") or {}).get("name") == name), None)
     lq_status = local_queue.get("status") or {}
-    base = dict(local_queue=queue_name, pending=int(lq_status.get("pendingWorkloads") or 0),
+    ahead = pending_ahead(pending_workloads)
+    base = dict(local_queue=queue_name, pending=int(lq_status.get("pendingWorkloads") or 0) if ahead is None else ahead,
                 admitted=int(lq_status.get("admittedWorkloads") or 0))
     if cq is None:
         return QueueState(cluster_queue="", active=False, **base)
@@ -237,3 +252,13 @@ def queue_state(local_queue: Mapping[str, Any] | None, cluster_queues: Iterable[
         free[p.device], total[p.device] = quota_room(cq, cohort, resource_name(p.mig_profile))
     active = _true(_cond(cq, "Active")) if _cond(cq, "Active") is not None else True
     return QueueState(cluster_queue=name, quota_free=free, quota_total=total, active=active, **base)
+
+
+def queue_lines(queue: QueueState | None, chosen: Iterable[Any]) -> list[str]:
+    """What ``whatif``'s table says of the Kueue queue: one line per device the plan put on Kubernetes (``chosen``:
+    the plan's chosen alternatives, objects with ``backend`` and ``device``), each with that pool's quota
+    (:meth:`QueueState.describe`), or one line without a device when none went there; [] without a queue."""
+    if queue is None:
+        return []
+    devices = sorted({a.device for a in chosen if a is not None and a.backend == "kubernetes" and a.device})
+    return [f"queue on kubernetes: {queue.describe(d)}" for d in devices] or [f"queue on kubernetes: {queue.describe()}"]

@@ -94,6 +94,37 @@ class GracefulStop:
         return time.monotonic() - self.requested_at if self.requested_at is not None else 0.0
 
 
+#: The stop the step worker's entry point (:mod:`dagster_gpu.worker.step_main`) installed before Dagster ran, or None.
+_PROCESS_STOP: GracefulStop | None = None
+
+
+def install_process_stop() -> GracefulStop:
+    """Take :data:`STOP_SIGNALS` for the whole step worker, before Dagster runs (the entry point's first call).
+
+    Without it a SIGTERM between the worker's start and the asset body reaches Dagster's own handling: ``dagster
+    api execute_step`` runs the step inside ``capture_interrupts()`` (Dagster 1.13 ``dagster/_cli/api.py``
+    ``execute_step_command``), which maps SIGTERM onto a SIGINT handler that records the interrupt
+    (``dagster/_utils/interrupts.py`` ``setup_interrupt_handlers``); the op's error boundary then raises it as
+    ``DagsterExecutionInterruptedError`` on entry (``raise_interrupts_as``), before the body's first line, and the
+    step is recorded failed. Here the signal is only recorded, and Dagster's mapping keeps to SIGINT for the
+    process's life (:func:`_dagster_keeps_off`); the unit adopts this stop (:func:`process_stop`) and treats a
+    signal already received as a preemption at once. Idempotent; from the main thread only (elsewhere it records
+    nothing, as :meth:`GracefulStop.install`)."""
+    global _PROCESS_STOP
+    if _PROCESS_STOP is None:
+        _PROCESS_STOP = GracefulStop().install()
+    return _PROCESS_STOP
+
+
+def process_stop() -> GracefulStop | None:
+    """The stop :func:`install_process_stop` installed, while its handlers are still the signals' (None otherwise:
+    not a step worker started by the entry point, e.g. ``materialize()`` in a test)."""
+    stop = _PROCESS_STOP
+    if stop is None or not stop._previous or signal.getsignal(signal.SIGTERM) != stop._handle:
+        return None
+    return stop
+
+
 def _dagster_keeps_off(signals: tuple[int, ...]):
     """Keep Dagster's interrupt handling on SIGINT only while a unit runs; returns the undo function (None when
     Dagster's module does not have the hook this relies on).

@@ -54,7 +54,7 @@ from dagster_gpu.worker.embed_ahead import EmbedAhead
 from dagster_gpu.k8s.claim import allocated_device_uuids, claim_metadata
 from dagster_gpu.embedding.writer import recorded_files
 from dagster_gpu.worker.metadata import build_metadata, group_metadata
-from dagster_gpu.worker.preemption import EXIT_PREEMPTED, GracefulStop, exit_preempted
+from dagster_gpu.worker.preemption import EXIT_PREEMPTED, GracefulStop, exit_preempted, process_stop
 from dagster_gpu.partitions.source_versions import CONFIG_KEY, SOURCE_VERSION_KEY, input_tags, version_at_read
 
 
@@ -135,18 +135,30 @@ def run_unit(context: dg.AssetExecutionContext, spec: UnitSpec) -> Iterator[dg.A
     bad input — a missing or unreadable file, a missing model — that a retry cannot fix).
     """
     step = StepContext.from_env()
-    stop = GracefulStop().install()  # SIGTERM / SIGUSR1: stop after the batch on the device (worker/preemption.py)
+    # SIGTERM / SIGUSR1: stop after the batch on the device (worker/preemption.py). The step worker's entry point
+    # took them before Dagster ran (worker/step_main.py): a signal it recorded before this body is a stop now.
+    early = process_stop()
+    stop = early or GracefulStop().install()
     try:
+        if stop.requested:
+            _report_stopped_before_body(context, stop, _unit_keys(context))
+            exit_preempted(signum=stop.signum)
         yield from _run_unit(context, spec, step, stop)
     finally:
-        stop.restore()
+        if early is None:
+            stop.restore()
+
+
+def _unit_keys(context: dg.AssetExecutionContext) -> list[str]:
+    """The partition keys of the step's range (one, several, or none for an unpartitioned asset)."""
+    return list(context.partition_keys) if context.has_partition_key_range or context.has_partition_key else []
 
 
 def _run_unit(context: dg.AssetExecutionContext, spec: UnitSpec, step: StepContext,
               stop: GracefulStop) -> Iterator[dg.AssetMaterialization | dg.AssetCheckEvaluation | dg.Output]:
     body_started = time.time()
     started = psutil.Process().create_time() if step.launched_by_executor else body_started
-    keys = list(context.partition_keys) if context.has_partition_key_range or context.has_partition_key else []
+    keys = _unit_keys(context)
     outcome = UnitOutcome()
     hold_storage_connections(context.instance, len(keys))
     done = already_materialized(context.instance, context.run.run_id, context.asset_key)
@@ -193,24 +205,38 @@ def _report_preempted(context: dg.AssetExecutionContext, stop: GracefulStop, p: 
                       n: int) -> None:
     """One engine event on the step: the unit was asked to stop and stopped without a step outcome (the
     partition it was on neither failed nor materialized; its rerun continues after the committed parts)."""
+    _record_stop(context, stop, (
+        f"partition {p.partition_key!r} stopped with {p.records} record(s) ({p.rows} row(s)) committed in checkpoint "
+        f"parts; {len(outcome.materialized)} of {n} partition(s) materialized by this attempt"),
+        "a requeue or retry reruns the step and continues after the parts",
+        p.partition_key, int(p.records), int(p.rows), len(outcome.materialized))
+
+
+def _report_stopped_before_body(context: dg.AssetExecutionContext, stop: GracefulStop, keys: Sequence[str]) -> None:
+    """The same event when the stop signal came before the asset body (nothing embedded, nothing committed):
+    :data:`PREEMPTED_PARTITION_KEY` names the range's first partition (the one it would have started), and
+    ``dagster_gpu/before_body`` is true."""
+    _record_stop(context, stop, f"before the asset body started ({_short(list(keys)) or 'no partition'}): nothing embedded",
+                 "a requeue or retry reruns the step", keys[0] if keys else "", 0, 0, 0, before_body=True)
+
+
+def _record_stop(context: dg.AssetExecutionContext, stop: GracefulStop, what: str, then: str, partition_key: str,
+                 records: int, rows: int, materialized: int, before_body: bool = False) -> None:
     from dagster._core.events import EngineEventData
 
     seconds = stop.seconds_since()
-    message = (
-        f"dagster-gpu: preempted ({stop.signal_name or 'stop requested'}): partition {p.partition_key!r} stopped with "
-        f"{p.records} record(s) ({p.rows} row(s)) committed in checkpoint parts; {len(outcome.materialized)} of {n} "
-        f"partition(s) materialized by this attempt; exiting {seconds:.2f} s after the signal with status "
-        f"{EXIT_PREEMPTED} and no step outcome, so a requeue or retry reruns the step and continues after the parts"
-    )
+    message = (f"dagster-gpu: preempted ({stop.signal_name or 'stop requested'}): {what}; exiting {seconds:.2f} s "
+               f"after the signal with status {EXIT_PREEMPTED} and no step outcome, so {then}")
     context.log.warning(message)
+    metadata: dict[str, Any] = {
+        PREEMPTED_PARTITION_KEY: partition_key, "dagster_gpu/committed_records": records,
+        "dagster_gpu/committed_rows": rows, "dagster_gpu/stop_signal": stop.signal_name,
+        "dagster_gpu/stop_seconds": float(round(seconds, 3)), "dagster_gpu/materialized_partitions": materialized}
+    if before_body:
+        metadata["dagster_gpu/before_body"] = True
     try:
-        context.instance.report_engine_event(
-            message, context.run, EngineEventData(metadata={
-                PREEMPTED_PARTITION_KEY: p.partition_key, "dagster_gpu/committed_records": int(p.records),
-                "dagster_gpu/committed_rows": int(p.rows), "dagster_gpu/stop_signal": stop.signal_name,
-                "dagster_gpu/stop_seconds": float(round(seconds, 3)),
-                "dagster_gpu/materialized_partitions": len(outcome.materialized)}),
-            step_key=context.get_step_execution_context().step.key)
+        context.instance.report_engine_event(message, context.run, EngineEventData(metadata=metadata),
+                                             step_key=context.get_step_execution_context().step.key)
     except Exception as e:  # noqa: BLE001 - the event is a courtesy: the stop must still happen within the grace period
         context.log.warning(f"dagster-gpu: could not record the preemption event: {type(e).__name__}: {e}")
 
