@@ -30,7 +30,8 @@ def test_hold_until_target_or_max_delay():
     assert d.useful_fraction == pytest.approx((1.203 + 2 * 1.032) / (15.719 + 2 * 1.032 + 1.203))
     assert d.why == "held 2 files, 1.2 MB: a unit now would be 17 % useful (target 50 %); oldest waited 40 s of 300"
     late = hold_decision(small, now=1300.0, cost=COST, target_useful_fraction=0.5, max_delay_s=300)
-    assert late.release and late.why.startswith("requested 2 files, 1.2 MB (max delay reached): ")
+    assert late.release and late.why == ("requested 2 files, 1.2 MB in 1 unit (max delay reached): 17 % useful (target 50 %); "
+                                      "oldest waited 300 s of 300")
     big = small + [Held("c", "v2", 15_000_000, since=1039.0)]
     enough = hold_decision(big, now=1040.0, cost=COST, target_useful_fraction=0.5, max_delay_s=300)
     assert enough.release and enough.useful_fraction >= 0.5 and "max delay" not in enough.why
@@ -51,7 +52,7 @@ def test_hold_releases_whole_units_and_holds_the_remainder():
     d = hold_decision(files, now=1070.0, cost=cost, target_useful_fraction=0.5, max_delay_s=120, max_per_unit=10)
     assert [h.key for h in d.released] == [f"f{i:02d}" for i in range(10)]
     assert [h.key for h in d.kept] == ["f10", "f11", "f12", "f13"]
-    assert d.why == ("requested 10 files, 10.0 kB: a unit now would be 56 % useful (target 50 %); oldest waited 70 s of 120; "
+    assert d.why == ("requested 10 files, 10.0 kB in 1 unit: 56 % useful (target 50 %); oldest waited 70 s of 120; "
                      "held on 4 files, 4.0 kB: a unit now would be 33 % useful (target 50 %); oldest waited 20 s of 120")
     # the remainder goes once its oldest has waited out the delay, alone
     late = hold_decision(files[10:], now=1170.0, cost=cost, target_useful_fraction=0.5, max_delay_s=120, max_per_unit=10)
@@ -61,7 +62,9 @@ def test_hold_releases_whole_units_and_holds_the_remainder():
     d = hold_decision(files, now=1135.0, cost=slow, target_useful_fraction=0.5, max_delay_s=120, max_per_unit=3)
     # unit f00-f02 (oldest 135 s), f03-f05 (120 s) due; f06-f08 (oldest 105 s) not: it and all after are held on
     assert [h.key for h in d.released] == [f"f{i:02d}" for i in range(6)] and len(d.kept) == 8
-    assert d.why.startswith("requested 6 files, 6.0 kB in 2 units of at most 3 (max delay reached): ")
+    assert d.why.startswith("requested 6 files, 6.0 kB in 2 units (max delay reached): 3 %, 3 % useful (target 50 %); "
+                            "oldest waited 135 s of 120; held on 3 files, 3.0 kB: a unit now would be 3 % useful")
+    assert d.units == (("f00", "f01", "f02"), ("f03", "f04", "f05"))
     # the order is by age, whatever order the listing gave
     d = hold_decision(list(reversed(files)), now=1070.0, cost=cost, target_useful_fraction=0.5, max_delay_s=120, max_per_unit=10)
     assert [h.key for h in d.released] == [f"f{i:02d}" for i in range(10)]
@@ -153,3 +156,29 @@ def test_whatif_trickle_with_a_fork_servers_start_up(tmp_path, capsys):
     # fewer than a 30 s tick brings, so the knob changes nothing: 6 files a unit either way
     assert [(r["max_delay_seconds"], r["files_per_unit"]) for r in rows] == [(None, 6), (120.0, 6)]
     assert rows[0]["cost_source"].startswith("start-up 2.0 s, 1.03 s a partition (--startup-seconds, unit_startup.json)")
+
+
+def test_each_unit_is_priced_as_it_will_run_with_reuse_counted_as_reuse():
+    # a new file and a changed one whose earlier 29 MB are reused, in two runs (their keys are not consecutive)
+    a = Held("a", "v1", 30_000_000, since=1000.0)
+    b = Held("b", "v2", 30_000_000, since=1000.0, reused_bytes=29_000_000)
+    d = hold_decision([a, b], now=1010.0, cost=COST, target_useful_fraction=0.5, max_delay_s=300, units=[("a",), ("b",)])
+    # a: 30 s of embedding + 1.032 over 15.719 more: released; b: 1 s + 1.032: held (priced as one unit of
+    # 60 MB, both would read 80 % and launch as two runs)
+    assert d.units == (("a",),) and [h.key for h in d.released] == ["a"] and [h.key for h in d.kept] == ["b"]
+    assert d.unit_fractions == (pytest.approx(31.032 / 46.751),) and d.useful_fraction == d.unit_fractions[0]
+    assert d.why == ("requested 1 file, 30.0 MB in 1 unit: 66 % useful (target 50 %); oldest waited 10 s of 300; "
+                     "held on 1 file, 30.0 MB: a unit now would be 11 % useful (target 50 %, 29.0 MB of it reused); "
+                     "oldest waited 10 s of 300")
+    # a bridged key in a unit: its partition's overhead counts, its bytes are reuse
+    c = Held("c", "v1", 1_000_000, since=1000.0)
+    d = hold_decision([a, c], now=1010.0, cost=COST, target_useful_fraction=0.5, max_delay_s=300,
+                      units=[("a", "x", "c")], bridged={"x": 5_000_000})
+    assert d.units == (("a", "x", "c"),)
+    assert d.unit_fractions == (pytest.approx((31.0 + 3 * 1.032) / (15.719 + 31.0 + 3 * 1.032)),)
+    assert d.why.startswith("requested 2 files, 31.0 MB in 1 unit: 68 % useful (target 50 %, 5.0 MB of it reused)")
+    with pytest.raises(ValueError, match="leave held files out \\['c'\\]"):
+        hold_decision([a, c], now=1010.0, cost=COST, target_useful_fraction=0.5, max_delay_s=300, units=[("a",)])
+    with pytest.raises(ValueError, match="neither held nor bridged \\['z'\\]"):
+        hold_decision([a], now=1010.0, cost=COST, target_useful_fraction=0.5, max_delay_s=300, units=[("a", "z")])
+    assert COST.useful_fraction([1_000_000], reused_bytes=1_000_000) == pytest.approx(1.032 / 16.751)

@@ -507,10 +507,57 @@ def test_sensor_releases_whole_units_and_holds_the_remainder_on(tmp_path, monkey
         assert [r.partition_key_range for r in t.run_requests] == [dg.PartitionKeyRange("a.txt", "b.txt")]
         assert [list(r.partition_keys) for r in t.dynamic_partitions_requests] == [["a.txt", "b.txt"]]
         assert json.loads(t.cursor)["held"] == {"c.txt": [json.loads(cursor)["held"]["c.txt"][0], 6, 1_000_030.0]}
-        assert log.lines[0].startswith("requested 2 files, 0.0 kB (max delay reached): ")
+        assert log.lines[0].startswith("requested 2 files, 0.0 kB in 1 unit (max delay reached): ")
         assert "; held on 1 file, 0.0 kB: " in log.lines[0] and log.lines[0].endswith("oldest waited 31 s of 60")
         # c.txt alone once it has waited out the delay
         clock.t = 1_000_090.0
         last = _tick(sensor, instance, defs, t.cursor)
         assert [r.partition_key for r in last.run_requests] == ["c.txt"]
         assert "held" not in json.loads(last.cursor)
+
+
+def test_the_freshness_knob_prices_each_unit_it_requests_with_reuse_as_reuse(tmp_path, monkeypatch):
+    import dagster_gpu.definitions.sensors as sensors_mod
+    from dagster_gpu.partitions.unit_cost import unit_cost
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (d / name).write_text("line of text\n" * 500_000)  # 6.5 MB each
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
+    asset = embedding_asset(name="s_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
+    sensor = corpus_sensor(asset, corpus, max_delay_seconds=60, target_useful_fraction=0.5, bridge=False)
+    defs = dg.Definitions(assets=[asset], sensors=[sensor])
+    clock = _Clock(time.time())
+    monkeypatch.setattr(sensors_mod, "time", clock)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(asset.partitions_def.name, ["a.txt", "b.txt"])
+        for f in corpus.list_files():  # embedded at these versions, 6.5 MB read each
+            instance.report_runless_asset_event(dg.AssetMaterialization(
+                asset.key, partition=f.key, metadata={"corpus/source_version": f.version, "corpus/bytes": f.size_bytes}))
+        # a.txt grows by one line (its 6.5 MB are reused); a new file n.txt of 6.5 MB: a.txt and n.txt are not
+        # consecutive keys (b.txt between them), so they would run as two units
+        clock.t += 10
+        (d / "a.txt").write_text("line of text\n" * 500_001)
+        os.utime(d / "a.txt", (clock.t, clock.t))
+        (d / "n.txt").write_text("line of text\n" * 500_000)
+        cost = unit_cost(instance, asset)
+        n_uf = cost.useful_fraction([6_500_000])
+        a_uf = cost.useful_fraction([6_500_013], reused_bytes=6_500_000)
+        assert a_uf < 0.5 <= n_uf <= cost.useful_fraction([6_500_000, 6_500_013])  # priced together, both would go
+        log = _Log()
+        t = _tick(sensor, instance, defs, None, log)
+        # n.txt's unit is requested, priced alone; a.txt's (mostly reuse) is held on
+        assert [r.partition_key for r in t.run_requests] == ["n.txt"]
+        assert list(json.loads(t.cursor)["held"]) == ["a.txt"]
+        assert log.lines[0] == (
+            f"requested 1 file, 6.5 MB in 1 unit: {n_uf * 100:.0f} % useful (target 50 %); oldest waited 0 s of 60; "
+            f"held on 1 file, 6.5 MB: a unit now would be {a_uf * 100:.0f} % useful (target 50 %, 6.5 MB of it reused); "
+            "oldest waited 0 s of 60")
+        # a.txt alone once it has waited out the delay, with the figure of its own unit
+        clock.t += 61
+        log = _Log()
+        late = _tick(sensor, instance, defs, t.cursor, log)
+        assert [r.partition_key for r in late.run_requests] == ["a.txt"]
+        assert log.lines[0].startswith(f"requested 1 file, 6.5 MB in 1 unit (max delay reached): {a_uf * 100:.0f} % useful "
+                                       "(target 50 %, 6.5 MB of it reused); oldest waited 61 s of 60")

@@ -33,6 +33,15 @@ from dagster_gpu.corpus.stream import fs_protocol, iter_entries, iter_entries_af
 #: Our own temporary outputs, editor droppings and marker files (``_SUCCESS``) are never corpus files: a
 #: name starting with ``.`` or ``_`` (a file's or any directory's on its path) is not listed.
 _IGNORED_PREFIXES = (".", "_")
+#: ``CorpusSource.shard_bytes``'s default: a file above 4 MiB is cut into shards of about 4 MiB. A shard is then
+#: about 7.5 minutes of one CPU unit at the CPU rate the runtime model states without history (46.3 texts/s of
+#: 200 bytes: 9.26 kB/s, ``FALLBACK_CPU_TEXTS_PER_SECOND`` and ``FALLBACK_BYTES_PER_ROW`` in
+#: dagster_gpu/policy/runtime.py), so one file holds a CPU unit for minutes, not an hour; and about 10 s of a GPU
+#: at its stated 2000 texts/s, against the 1.03 s a partition's own overhead costs (``per_partition_s`` in
+#: dagster_gpu/data/unit_startup.json): under a tenth more on a GPU.
+DEFAULT_SHARD_BYTES = 4 * 1024 * 1024
+#: ``CorpusSource.shard_bytes`` = this (the default): :data:`DEFAULT_SHARD_BYTES`, or None with ``group_buckets``.
+SHARD_BYTES_DEFAULT = "default"
 
 
 @dataclass(frozen=True)
@@ -112,8 +121,9 @@ class CorpusSource:
             after a record, :mod:`dagster_gpu.corpus.shards`), keyed by
             :func:`dagster_gpu.corpus.shards.shard_key` from the file's key and source version, so that
             different work units embed one file side by side. A compressed text file, a parquet file of one
-            row group and a file that cannot be cut are listed whole. None (default): every file is one
-            partition.
+            row group and a file that cannot be cut are listed whole. ``"default"`` (the default):
+            :data:`DEFAULT_SHARD_BYTES` (4 MiB, the source of the number is there), or None with
+            ``group_buckets``; None: every file is one partition.
         shard_plan_url: where shard plans are cached (a directory or an fsspec URL, read and written with
             ``storage_options``), see :mod:`dagster_gpu.corpus.shard_plans`; None = ``$DAGSTER_HOME/dagster_gpu/
             shard_plans`` when ``DAGSTER_HOME`` is set, else this process only.
@@ -167,7 +177,7 @@ class CorpusSource:
     recursive: bool = False
     text_format: TextFormat = field(default_factory=TextFormat)
     storage_options: Mapping[str, Any] = field(default_factory=dict)
-    shard_bytes: int | None = None
+    shard_bytes: int | str | None = SHARD_BYTES_DEFAULT
     shard_plan_url: str | None = None
     group_buckets: int | None = None
     group_plan_url: str | None = None
@@ -185,6 +195,11 @@ class CorpusSource:
         if self.group_plan_max_age_seconds is not None and not float(self.group_plan_max_age_seconds) > 0:
             raise ValueError(f"CorpusSource({self.url!r}).group_plan_max_age_seconds must be > 0 (or None), "
                              f"got {self.group_plan_max_age_seconds}")
+        if isinstance(self.shard_bytes, str):
+            if self.shard_bytes != SHARD_BYTES_DEFAULT:
+                raise ValueError(f"CorpusSource({self.url!r}).shard_bytes must be an integer >= 1, None (no shards) "
+                                 f"or {SHARD_BYTES_DEFAULT!r}, got {self.shard_bytes!r}")
+            object.__setattr__(self, "shard_bytes", None if self.group_buckets is not None else DEFAULT_SHARD_BYTES)
         if self.shard_bytes is not None and int(self.shard_bytes) < 1:
             raise ValueError(f"CorpusSource({self.url!r}).shard_bytes must be >= 1 (or None), got {self.shard_bytes}")
         if self.group_buckets is not None:

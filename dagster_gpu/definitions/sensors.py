@@ -36,7 +36,7 @@ from dagster_gpu.definitions.partitions import (
     prune_partitions,
 )
 from dagster_gpu.partitions.run_ranges import max_partitions_per_run
-from dagster_gpu.partitions.run_requests import ranged_run_requests, versioned_run_requests
+from dagster_gpu.partitions.run_requests import planned_ranges, ranged_run_requests, shard_groups, versioned_run_requests
 from dagster_gpu.partitions.source_versions import (
     corpus_asset_key,
     corpus_updates,
@@ -86,10 +86,12 @@ def corpus_sensor(
     again by the sensor (the missing-partitions schedule retries it a bounded number of times).
 
     ``max_delay_seconds`` (the freshness knob; None: every due file is requested at the tick that finds it):
-    the files due are held until one work unit over them would reach ``target_useful_fraction``
-    (:func:`dagster_gpu.policy.batching.hold_decision`, with :func:`dagster_gpu.partitions.unit_cost.unit_cost`: the
-    measured start-up and the embedding seconds per byte learned from the asset's history), or the oldest has
-    waited ``max_delay_seconds``. The cursor remembers when each held file was first found due (a daemon
+    the files due are planned into the runs they would be requested in
+    (:func:`dagster_gpu.partitions.run_requests.planned_ranges`), and each run is requested, as planned, once it
+    would reach ``target_useful_fraction`` (:func:`dagster_gpu.policy.batching.hold_decision`, with
+    :func:`dagster_gpu.partitions.unit_cost.unit_cost`: the measured start-up and the embedding seconds per byte
+    learned from the asset's history; a changed file's bytes its last materialization read and a bridged file's
+    bytes priced as reuse) or its oldest file has waited ``max_delay_seconds``. The cursor remembers when each held file was first found due (a daemon
     restart loses nothing: the files due are found again from the listing and the instance; run keys are
     content hashes, so nothing is requested twice). New files are registered as partitions when requested.
     The tick's skip reason or log line says why it held or requested; a tick that requests runs logs how many
@@ -132,9 +134,9 @@ def corpus_sensor(
         registered = list(context.instance.get_dynamic_partitions(pdef.name))
         existing = set(registered)
         new = [f for f in files if f.key not in existing]
-        due_again, status = ([], None)
+        due_again, status, recorded = ([], None, {})
         if changed and len(new) < len(files):
-            due_again, status = _due_again(context.instance, asset, [f for f in files if f.key in existing])
+            due_again, status, recorded = _due_again(context.instance, asset, [f for f in files if f.key in existing])
         events = []
         if depends_on_corpus(asset):
             events = corpus_updates(corpus_asset_key(asset.key), files, corpus_versions(context.instance, corpus_asset_key(asset.key)))
@@ -144,10 +146,18 @@ def corpus_sensor(
             return dg.SensorResult(skip_reason=dg.SkipReason(f"no new or changed files under {corpus.url}"),
                                    cursor=json.dumps(cursor), asset_events=events)
         cost = unit_cost(context.instance, asset) if (max_delay_seconds is not None or (bridge and status is not None)) else None
+        bridge_keys = bridgeable(files, status) if bridge and status is not None else None
+        ranges = None  # the runs to request: as the freshness knob priced them, else planned below
         if max_delay_seconds is not None:
-            held = _held(context.cursor, due, time.time())
-            decision = hold_decision(held, time.time(), cost, target_useful_fraction, max_delay_seconds,
-                                     max_per_unit=max_partitions_per_run(asset))
+            now = time.time()
+            held = _held(context.cursor, due, now, {k: r.size_bytes for k, r in recorded.items() if r.size_bytes})
+            due_keys = {f.key for f in due}
+            # the runs these files would be requested in, each priced as it will run
+            units = planned_ranges(asset, [*registered, *(f.key for f in new)], [f.key for f in due],
+                                   bridgeable=bridge_keys, cost=cost, apart=shard_groups(files))
+            decision = hold_decision(held, now, cost, target_useful_fraction, max_delay_seconds, units=units,
+                                     bridged={k: (bridge_keys or {}).get(k, 0) for u in units for k in u if k not in due_keys})
+            ranges = decision.units
             if decision.kept:
                 cursor["held"] = {h.key: [h.version, h.size_bytes, h.since] for h in decision.kept}
             if not decision.release:
@@ -160,10 +170,10 @@ def corpus_sensor(
         what = "file group(s)" if corpus.group_buckets is not None else "file(s)"
         context.log.info(requested_files_line(keys, [f.key for f in due_again], what, corpus.url))
         all_keys = [*registered, *keys]
-        bridge_keys = bridgeable(files, status) if bridge and status is not None else None
         # the new keys are appended to the definition in this order, so they are consecutive
         return dg.SensorResult(
-            run_requests=versioned_run_requests(asset, all_keys, due, bridgeable=bridge_keys, cost=cost, all_files=files),
+            run_requests=versioned_run_requests(asset, all_keys, due, bridgeable=bridge_keys, cost=cost, all_files=files,
+                                                ranges=ranges),
             dynamic_partitions_requests=[pdef.build_add_request(keys)] if keys else [],
             cursor=json.dumps(cursor),
             asset_events=events,
@@ -203,8 +213,9 @@ def requested_partitions_line(todo: Sequence[str], failed: set[str], stale: set[
 
 
 def _due_again(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, files: Sequence[CorpusFile]):
-    """(registered files due again, none in progress, in the listing's order), and (materialized, failed, in
-    progress) keys. A file is due when its version differs from the one its latest attempt *read*: its latest
+    """(registered files due again, none in progress, in the listing's order), (materialized, failed, in
+    progress) keys, and each partition's latest materialization
+    (:func:`dagster_gpu.partitions.source_versions.recorded_versions`). A file is due when its version differs from the one its latest attempt *read*: its latest
     materialization, or for a failed partition its latest failed attempt that read the file, whichever is later
     (an attempt that failed before reading it, e.g. its worker was lost, does not count: the same versions
     make the same run key, which Dagster does not run twice; the schedule retries those). A failed attempt
@@ -223,11 +234,15 @@ def _due_again(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, files: 
                 due.append(f)
         elif r is not None and r.source_version not in (None, f.version):
             due.append(f)
-    return due, status
+    return due, status, recorded
 
 
-def _held(raw_cursor: str | None, due: Sequence[CorpusFile], now: float) -> list[Held]:
-    """The files due as :class:`Held`, each since when the cursor says it was first found due (now if new)."""
+def _held(raw_cursor: str | None, due: Sequence[CorpusFile], now: float,
+          read_before: Mapping[str, int] | None = None) -> list[Held]:
+    """The files due as :class:`Held`, each since when the cursor says it was first found due (now if new).
+    ``read_before``: key -> the corpus bytes its latest materialization read; that many of a file's bytes
+    (at most its size) count as reused: an estimate that holds for a file that grew (its earlier text's
+    vectors are reused, :mod:`dagster_gpu.embedding.reuse`) and overcounts the reuse of one rewritten in place."""
     try:
         before = json.loads(raw_cursor or "{}").get("held") or {}
     except (ValueError, AttributeError):
@@ -236,7 +251,8 @@ def _held(raw_cursor: str | None, due: Sequence[CorpusFile], now: float) -> list
     for f in due:
         prev = before.get(f.key)
         since = float(prev[2]) if isinstance(prev, list) and len(prev) == 3 else now
-        out.append(Held(f.key, f.version or "", int(f.size_bytes), since))
+        size = int(f.size_bytes)
+        out.append(Held(f.key, f.version or "", size, since, min(size, int((read_before or {}).get(f.key, 0)))))
     return out
 
 

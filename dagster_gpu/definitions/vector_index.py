@@ -10,6 +10,7 @@ from datetime import timedelta
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import dagster as dg
+from dagster._utils.schedules import is_valid_cron_string  # dagster 1.13.27: dagster/_utils/schedules.py
 
 from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.corpus.stream import fs_protocol
@@ -35,6 +36,9 @@ META_URI, META_TABLE, META_EMBEDDINGS = "dagster_gpu/index_uri", "dagster_gpu/in
 #: The index asset's load settings (JSON: ``output_url``, ``ann_*``, ``compact_min_fragments``,
 #: ``cleanup_older_than_s``), for a rebuild outside a run (:func:`rebuild_index`).
 META_SETTINGS = "dagster_gpu/index_settings"
+#: The default cron schedule the eager index's requests wait for (:func:`batched_eager`): every 2 minutes, so a
+#: file that landed is searchable about 2 minutes later at most beyond its embedding.
+DEFAULT_BATCH_CRON_SCHEDULE = "*/2 * * * *"
 #: Observation metadata of an index partition whose load failed: ``"Type: message"`` (``dagster-gpu stale`` shows it).
 LOAD_FAILED_KEY = "index/load_failed"
 
@@ -180,6 +184,20 @@ def load_failure(key: dg.AssetKey, done: Loaded) -> dg.AssetObservation:
                                metadata={LOAD_FAILED_KEY: done.error, "index/output_uri": done.source or ""})
 
 
+def batched_eager(cron_schedule: str | None) -> dg.AutomationCondition:
+    """``AutomationCondition.eager()``, its requests held until the first evaluation after a tick of
+    ``cron_schedule`` (UTC) when one is given (``cron_tick_passed`` is true for one evaluation per tick; eager's
+    ``since_last_handled`` keeps a partition pending until it is requested, so none is lost while held; eager comes
+    first so that its own conditions see every evaluation). Raises ValueError naming a malformed cron string."""
+    eager = dg.AutomationCondition.eager()
+    if cron_schedule is None:
+        return eager
+    if not is_valid_cron_string(cron_schedule):
+        raise ValueError(f"vector_index_asset: batch_cron_schedule {cron_schedule!r} is not a cron string")
+    return (eager & dg.AutomationCondition.cron_tick_passed(cron_schedule, "UTC")).with_label(
+        f"eager, batched at {cron_schedule} (UTC)")
+
+
 def vector_index_asset(
     embeddings: dg.AssetsDefinition,
     *,
@@ -199,6 +217,7 @@ def vector_index_asset(
     group_name: str | None = None,
     max_partitions_per_run: int | None = None,
     automation_condition: dg.AutomationCondition | None | str = "eager",
+    batch_cron_schedule: str | None = DEFAULT_BATCH_CRON_SCHEDULE,
 ) -> dg.AssetsDefinition:
     """A partitioned asset (``embeddings``' partitions, depending on it partition by partition) keeping a LanceDB
     table in step with ``embeddings``' outputs.
@@ -232,6 +251,13 @@ def vector_index_asset(
             ``AutomationCondition``, or None (only backfills). Dagster evaluates it in an automation condition
             sensor: :func:`index_automation_sensor` (running by default), or the ``default_automation_condition_sensor``
             Dagster adds to a code location for assets no automation sensor targets (started in the UI).
+        batch_cron_schedule: with ``"eager"``, the partitions it finds wait for the first evaluation after a
+            tick of this cron schedule (UTC; default every 2 minutes) and are requested together:
+            ``AutomationCondition.eager() & AutomationCondition.cron_tick_passed(...)`` (:func:`batched_eager`).
+            Dagster's automation condition sensor emits a request of several partitions as one backfill, which
+            runs them in ranges of ``max_partitions_per_run``: an embeddings backfill whose runs end one after
+            another is indexed in a few runs, not one per run that ended between two sensor ticks. A partition
+            waits at most one period longer. None: each evaluation requests what it found.
 
     Per partition: the output is read, its rows replace the partition's rows in one commit
     (:meth:`VectorIndex.write_partition`: an append for a partition new to the table, else one ``merge_insert``),
@@ -265,7 +291,7 @@ def vector_index_asset(
                 "ann_max_unindexed_rows": ann_max_unindexed_rows, "compact_min_fragments": compact_min_fragments,
                 "cleanup_older_than_s": cleanup_older_than.total_seconds(), "rebuild_after_versions": rebuild_after_versions}
     if automation_condition == "eager":
-        automation_condition = dg.AutomationCondition.eager()
+        automation_condition = batched_eager(batch_cron_schedule)
     elif isinstance(automation_condition, str):
         raise ValueError(f"vector_index_asset: automation_condition must be 'eager', an AutomationCondition or None, got {automation_condition!r}")
 

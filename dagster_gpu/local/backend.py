@@ -38,7 +38,7 @@ from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
 from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
 from dagster_gpu.telemetry.nvml import list_gpus
 from dagster_gpu.contracts import LOCAL_UNIT_ENV as UNIT_ENV
-from dagster_gpu.local import forkserver
+from dagster_gpu.local import forkserver, slots
 from dagster_gpu.local.supervise import read_status
 
 
@@ -57,6 +57,10 @@ class LocalSettings:
     terminate_grace_seconds: float = setting(10.0, "Seconds between SIGTERM and SIGKILL of a worker's process group.")
     settle_wait_seconds: float = setting(30.0, "Seconds the run worker waits at exit for its workers to end and be "
                                                "billed (0: no wait; a worker still running then is not billed).")
+    max_units: int | None = setting(
+        None, "Local units running at once on this host, across runs and processes (a unit waits for a slot and "
+              "says so in its log). None: the cores this host gives the process (os.sched_getaffinity), as each "
+              "unit runs torch on threads of its own; 0: no limit.")
     forkserver_idle_seconds: float | None = setting(
         None, "Start workers from a fork server that has imported dagster, torch and sentence-transformers once "
               "(a unit starts in milliseconds, not seconds); it exits after this many seconds without a launch. "
@@ -79,7 +83,7 @@ def build_backend(section: Mapping[str, Any] | None, config: Mapping[str, Any], 
     s = from_section(LocalSettings, section or {})
     return LocalBackend(log_dir=s.log_dir or default_log_dir, cuda_visible_devices=s.cuda_visible_devices,
                         terminate_grace_s=s.terminate_grace_seconds, settle_wait_s=s.settle_wait_seconds,
-                        forkserver_idle_s=s.forkserver_idle_seconds)
+                        forkserver_idle_s=s.forkserver_idle_seconds, max_units=s.max_units)
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,9 @@ class LocalBackend(Backend):
         settle_wait_s: seconds the run worker waits at exit for its workers to end and be billed.
         forkserver_idle_s: start workers from a fork server that exits after this many idle seconds
             (:mod:`dagster_gpu.local.forkserver`); None: each worker is a fresh interpreter.
+        max_units: local units running at once on this host (:mod:`dagster_gpu.local.slots`); None: the host's
+            cores (:func:`dagster_gpu.local.slots.host_cores`); 0: no limit. Raises ValueError below 0.
+        slots_dir: the slots' lock files (default: the fork server's runtime directory + ``unit-slots``).
         nvml: the NVML module to ask for this host's GPUs (default ``pynvml``).
     """
 
@@ -145,8 +152,13 @@ class LocalBackend(Backend):
     def __init__(self, log_dir: str | Path, cuda_visible_devices: str | None = None,
                  terminate_grace_s: float = LocalSettings.terminate_grace_seconds,
                  settle_wait_s: float = LocalSettings.settle_wait_seconds,
-                 forkserver_idle_s: float | None = LocalSettings.forkserver_idle_seconds, nvml=None):
+                 forkserver_idle_s: float | None = LocalSettings.forkserver_idle_seconds,
+                 max_units: int | None = LocalSettings.max_units, slots_dir: str | Path | None = None, nvml=None):
         self.log_dir = Path(log_dir)
+        if max_units is not None and (isinstance(max_units, bool) or not isinstance(max_units, int) or max_units < 0):
+            raise ValueError(f"local.max_units must be an integer >= 0 (0: no limit) or None, got {max_units!r}")
+        self.max_units = slots.host_cores() if max_units is None else max_units
+        self._slots_dir = Path(slots_dir) if slots_dir is not None else None
         self._nvml = nvml  # pynvml by default (tests inject one)
         self.cuda_visible_devices = cuda_visible_devices
         self.terminate_grace_s = terminate_grace_s
@@ -168,6 +180,10 @@ class LocalBackend(Backend):
         log_file = self.log_dir / f"{stem}.log"
         status_file.unlink(missing_ok=True)
         env = {**os.environ, **launch.env, UNIT_ENV: stem}
+        env.pop(slots.ENV_VAR, None)
+        if self.max_units:
+            directory = self._slots_dir or forkserver.socket_dir() / "unit-slots"
+            env[slots.ENV_VAR] = slots.env_value(self.max_units, directory)
         if self.cuda_visible_devices is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.cuda_visible_devices
         pid = self._fork(launch, env, log_file, status_file) if self.forkserver_idle_s is not None else None
@@ -212,7 +228,7 @@ class LocalBackend(Backend):
         try:
             pid = forkserver.request_launch(sock, request)
             if pid is None:
-                server_env = {k: v for k, v in env.items() if k not in launch.env and k != UNIT_ENV}  # no run's secrets
+                server_env = {k: v for k, v in env.items() if k not in launch.env and k not in (UNIT_ENV, slots.ENV_VAR)}  # no run's secrets
                 server = forkserver.start_server(python, sock, server_env, cwd, server_log,
                                                  float(self.forkserver_idle_s or 0))
                 deadline = time.monotonic() + FORKSERVER_START_WAIT_S

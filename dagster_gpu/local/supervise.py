@@ -4,10 +4,15 @@ Usage: ``python -m dagster_gpu.local.supervise --status-file PATH -- CMD [ARGS..
 
 The status file is written atomically: ``{"exit_code": N, "message": "...", "started": t0, "finished": t1}``
 (seconds since the epoch). SIGTERM/SIGINT are forwarded to the child so a graceful stop reaches the step.
+
+With :data:`dagster_gpu.local.slots.ENV_VAR` set, the worker starts only once this process holds one of the
+host's local unit slots (:mod:`dagster_gpu.local.slots`; a wait is one line on stdout, the unit's log); a
+SIGTERM/SIGINT during the wait ends it without starting the worker (exit code 128 + N).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -16,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from dagster_gpu.core.jsonfile import read_json, write_json
+from dagster_gpu.local import slots
 
 
 def read_status(path: Path) -> dict | None:
@@ -65,8 +71,15 @@ def supervise(status_path: Path, start: Callable[[], Child], what: str) -> int:
     signal.signal(signal.SIGTERM, forward)
     signal.signal(signal.SIGINT, forward)
     try:
+        wanted = slots.parse_env(os.environ.get(slots.ENV_VAR))
+        if wanted is not None and slots.acquire(*wanted, say=lambda line: print(line, flush=True),
+                                                stop=lambda: bool(pending)) is None:
+            signum = pending[0]
+            write_status(status_path, {"exit_code": -signum, "started": started, "finished": time.time(),
+                                       "message": f"stopped by {signal.Signals(signum).name} while waiting for a local unit slot"})
+            return 128 + signum
         child = start()
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a malformed slots variable (named in the message)
         write_status(status_path, {"exit_code": 127, "message": f"cannot start worker {what!r}: {e}", "started": started, "finished": time.time()})
         return 127
     holder["child"] = child

@@ -41,6 +41,7 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
 from dagster_gpu.instance.checks import FAILED_SOURCE_VERSION, OUTPUT_READABLE
+from dagster_gpu.instance.history import SIZE_KEYS
 from dagster_gpu.instance.events import metadata_value
 
 #: Materialization metadata: the source version of the file the partition was embedded from.
@@ -132,8 +133,8 @@ def version_at_read(corpus: CorpusSource, file: CorpusFile) -> str:
 class Recorded:
     """What a partition's latest materialization recorded: the source version it read (None: not
     recorded), the code version it ran under (``dagster/code_version``; None: not recorded), the embedding
-    fingerprint (``embedding/fingerprint`` metadata; None: not recorded), its output URI, its run, and when
-    (epoch seconds; None: not known)."""
+    fingerprint (``embedding/fingerprint`` metadata; None: not recorded), its output URI, its run, when
+    (epoch seconds; None: not known) and the corpus bytes it read (``corpus/bytes``; None: not recorded)."""
 
     source_version: str | None
     code_version: str | None
@@ -144,6 +145,7 @@ class Recorded:
     #: None: not recorded
     config: Mapping[str, Any] | None = None
     timestamp: float | None = None
+    size_bytes: int | None = None
 
 
 def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
@@ -164,6 +166,7 @@ def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
             if mat is None or mat.partition is None:
                 continue
             md, tags = mat.metadata, mat.tags or {}
+            size = next((md[k].value for k in SIZE_KEYS if k in md and isinstance(md[k].value, (int, float))), None)
             out[mat.partition] = Recorded(
                 source_version=_text(md.get(SOURCE_VERSION_KEY)),
                 code_version=tags.get(CODE_VERSION_TAG),
@@ -172,6 +175,7 @@ def recorded_versions(instance: dg.DagsterInstance, asset_key: dg.AssetKey,
                 run_id=rec.run_id or None,
                 config=_json(md.get(CONFIG_KEY)),
                 timestamp=float(rec.timestamp) if rec.timestamp is not None else None,
+                size_bytes=int(size) if size is not None else None,
             )
     return out
 

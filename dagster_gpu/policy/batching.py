@@ -58,11 +58,13 @@ class UnitCost:
         """Expected embedding seconds of ``nbytes`` corpus bytes."""
         return self.seconds_per_byte * max(0.0, float(nbytes))
 
-    def useful_fraction(self, sizes: Sequence[int]) -> float:
-        """Useful fraction (0-1) of one unit over files of ``sizes`` bytes (module docstring); 0.0 for none."""
+    def useful_fraction(self, sizes: Sequence[int], reused_bytes: int = 0) -> float:
+        """Useful fraction (0-1) of one unit over files of ``sizes`` bytes (module docstring); 0.0 for none.
+        ``reused_bytes``: of those bytes, the ones whose vectors the unit takes from the previous output
+        (:mod:`dagster_gpu.embedding.reuse`): they cost no embedding, only their partitions' own overhead."""
         if not sizes:
             return 0.0
-        work = self.embedding_s(sum(sizes)) + len(sizes) * self.per_partition_s
+        work = self.embedding_s(sum(sizes) - min(max(0, reused_bytes), sum(sizes))) + len(sizes) * self.per_partition_s
         billed = self.startup_s + work
         return work / billed if billed > 0 else 1.0
 
@@ -98,24 +100,31 @@ def learned_overheads(units: Sequence[UnitSample], seconds_per_byte: float) -> t
 
 @dataclass(frozen=True)
 class Held:
-    """One file the sensor holds: its partition key, source version, size (bytes) and when it was first
-    found due (epoch seconds)."""
+    """One file the sensor holds: its partition key, source version, size (bytes), when it was first found due
+    (epoch seconds) and ``reused_bytes``: the bytes of it expected to be reused rather than embedded (a file that
+    was materialized before: the bytes its last materialization read, at most its size; 0 for a new file)."""
 
     key: str
     version: str
     size_bytes: int
     since: float
+    reused_bytes: int = 0
 
 
 @dataclass(frozen=True)
 class HoldDecision:
     """``released``: the held files to request now (oldest first; empty: hold them all); ``kept``: those held on;
-    ``why``: the tick's sentence; ``useful_fraction``: of the first unit (0-1)."""
+    ``units``: the released work units, each the partition keys of one run (held files, and bridged keys that
+    are redone, in the run's order), to be requested exactly so; ``unit_fractions``: each released unit's
+    useful fraction (0-1), the figures ``why`` gives; ``why``: the tick's sentence; ``useful_fraction``: of the
+    first released unit, else of the oldest unit held (0-1)."""
 
     released: tuple[Held, ...]
     kept: tuple[Held, ...]
     why: str
     useful_fraction: float
+    units: tuple[tuple[str, ...], ...] = ()
+    unit_fractions: tuple[float, ...] = ()
 
     @property
     def release(self) -> bool:
@@ -132,16 +141,25 @@ def _files(held: Sequence[Held]) -> str:
 
 
 def hold_decision(held: Sequence[Held], now: float, cost: UnitCost, target_useful_fraction: float,
-                  max_delay_s: float, max_per_unit: int | None = None) -> HoldDecision:
-    """Which of the ``held`` files to request now. Oldest first, they make units of at most ``max_per_unit``
-    files (None: one unit; the asset's ``max_partitions_per_run``, so each unit is one run). Units are released
-    in that order while each would be at least ``target_useful_fraction`` useful (:meth:`UnitCost.useful_fraction`)
-    or its oldest file has waited ``max_delay_s`` seconds; the first unit that is neither, and every file after
-    it, is held on (a short remainder is not run as a unit of its own before its time).
+                  max_delay_s: float, max_per_unit: int | None = None, *,
+                  units: Sequence[Sequence[str]] | None = None, bridged: Mapping[str, int] | None = None) -> HoldDecision:
+    """Which of the ``held`` files to request now, unit by unit, each unit priced as it will run.
 
-    ``why`` reads e.g. ``held 3 files, 1.2 MB: a unit now would be 9 % useful (target 50 %); oldest waited
-    40 s of 300``, or ``requested 10 files, 52.1 kB in 1 unit (max delay reached): …; held on 4 files, 20.3 kB:
-    …``. Raises ValueError for ``held`` empty, a target outside (0, 1], a negative delay or ``max_per_unit`` < 1."""
+    ``units``: the work units the held files would be requested in, each the partition keys of one run (e.g.
+    :func:`dagster_gpu.partitions.run_requests.planned_ranges` over them): a unit's keys are held files and
+    bridged keys (``bridged``: key -> bytes; a file unchanged since its materialization, redone with every vector
+    reused: its partition's overhead counts, its bytes are reuse). None: oldest first, units of at most
+    ``max_per_unit`` files (None: one unit). Each unit is released when it would be at least
+    ``target_useful_fraction`` useful (:meth:`UnitCost.useful_fraction`, each held file's ``reused_bytes`` and
+    every bridged byte counted as reuse) or its oldest file has waited ``max_delay_s`` seconds; the others are
+    held on (a short remainder is not run as a unit of its own before its time). The released units are the
+    decision's ``units``, to be requested as they are: what is launched is what was priced.
+
+    ``why`` gives the figure of each unit requested, e.g. ``held 3 files, 1.2 MB: a unit now would be 9 % useful
+    (target 50 %); oldest waited 40 s of 300``, or ``requested 10 files, 52.1 kB in 1 unit: 56 % useful (target
+    50 %); oldest waited 70 s of 120; held on 4 files, 20.3 kB: …``, with ``, 1.1 MB of it reused`` after the
+    target where a unit reuses bytes. Raises ValueError for ``held`` empty, a target outside (0, 1], a negative
+    delay, ``max_per_unit`` < 1, or ``units`` that leave out a held file or name a key neither held nor bridged."""
     if not held:
         raise ValueError("hold_decision: nothing held")
     if not 0 < target_useful_fraction <= 1:
@@ -150,34 +168,59 @@ def hold_decision(held: Sequence[Held], now: float, cost: UnitCost, target_usefu
         raise ValueError(f"max_delay_seconds must be >= 0, got {max_delay_s}")
     if max_per_unit is not None and max_per_unit < 1:
         raise ValueError(f"max_per_unit must be >= 1, got {max_per_unit}")
-    order = sorted(held, key=lambda h: (h.since, h.key))
-    size = max_per_unit or len(order)
-    units = [order[i:i + size] for i in range(0, len(order), size)]
+    by_key = {h.key: h for h in held}
+    bridged = dict(bridged or {})
+    if units is None:
+        order = sorted(held, key=lambda h: (h.since, h.key))
+        size = max_per_unit or len(order)
+        units = [[h.key for h in order[i:i + size]] for i in range(0, len(order), size)]
+    units = [tuple(u) for u in units if u]
+    unknown = sorted({k for u in units for k in u if k not in by_key and k not in bridged})
+    left_out = sorted(set(by_key) - {k for u in units for k in u})
+    if unknown or left_out:
+        raise ValueError(f"hold_decision: units name keys neither held nor bridged {unknown[:5]} "
+                         f"or leave held files out {left_out[:5]}")
+    units.sort(key=lambda u: min((by_key[k].since, k) for k in u if k in by_key))
 
-    def state(unit: Sequence[Held]) -> tuple[float, float, str]:
-        uf = cost.useful_fraction([h.size_bytes for h in unit])
-        waited = max(0.0, now - unit[0].since)
-        return uf, waited, (f"a unit now would be {uf * 100:.0f} % useful (target {target_useful_fraction * 100:.0f} %); "
-                            f"oldest waited {waited:.0f} s of {max_delay_s:.0f}")
+    def price(unit: Sequence[str]) -> tuple[float, float, int]:
+        """(useful fraction, seconds its oldest held file waited, bytes reused)."""
+        files = [by_key[k] for k in unit if k in by_key]
+        sizes = [h.size_bytes for h in files] + [bridged[k] for k in unit if k not in by_key]
+        reused = sum(min(h.reused_bytes, h.size_bytes) for h in files) + sum(bridged[k] for k in unit if k not in by_key)
+        return cost.useful_fraction(sizes, reused), max(0.0, now - min(h.since for h in files)), reused
 
-    released: list[Held] = []
+    def target(reused: int) -> str:
+        return f"target {target_useful_fraction * 100:.0f} %" + (f", {_mb(reused)} of it reused" if reused else "")
+
+    def held_line(files: Sequence[Held], unit: Sequence[str]) -> str:
+        uf, waited, reused = price(unit)
+        return (f"{_files(files)}: a unit now would be {uf * 100:.0f} % useful ({target(reused)}); "
+                f"oldest waited {waited:.0f} s of {max_delay_s:.0f}")
+
+    released, fractions, kept_units = [], [], []
     by_delay = False
-    first = state(units[0])
     for unit in units:
-        uf, waited, _ = state(unit)
+        uf, waited, _ = price(unit)
         if uf < target_useful_fraction and waited < max_delay_s:
-            break
+            kept_units.append(unit)
+            continue
         by_delay = by_delay or uf < target_useful_fraction
-        released.extend(unit)
-    kept = order[len(released):]
+        released.append(unit)
+        fractions.append(uf)
+    kept = sorted((by_key[k] for u in kept_units for k in u if k in by_key), key=lambda h: (h.since, h.key))
     if not released:
-        return HoldDecision((), tuple(kept), f"held {_files(kept)}: {first[2]}", first[0])
-    n_units = -(-len(released) // size)
-    why = (f"requested {_files(released)}" + (f" in {n_units} units of at most {size}" if n_units > 1 else "")
-           + (" (max delay reached)" if by_delay else "") + f": {first[2]}")
+        return HoldDecision((), tuple(kept), f"held {held_line(kept, kept_units[0])}", price(kept_units[0])[0])
+    files = sorted((by_key[k] for u in released for k in u if k in by_key), key=lambda h: (h.since, h.key))
+    reused = sum(price(u)[2] for u in released)
+    why = (f"requested {_files(files)} in {len(released)} unit{'s' if len(released) > 1 else ''}"
+           + (" (max delay reached)" if by_delay else "") + ": "
+           + ", ".join(f"{uf * 100:.0f} %" for uf in fractions) + f" useful ({target(reused)}); "
+           + f"oldest waited {max(0.0, now - files[0].since):.0f} s of {max_delay_s:.0f}")
     if kept:
-        why += f"; held on {_files(kept)}: {state(kept[:size])[2]}"
-    return HoldDecision(tuple(released), tuple(kept), why, first[0])
+        why += f"; held on {held_line([by_key[k] for k in kept_units[0] if k in by_key], kept_units[0])}"
+        if len(kept_units) > 1:
+            why += f" (and {len(kept) - sum(1 for k in kept_units[0] if k in by_key)} file(s) more)"
+    return HoldDecision(tuple(files), tuple(kept), why, fractions[0], tuple(released), tuple(fractions))
 
 
 def _contiguous(all_keys: Sequence[str], selected: set[str]) -> list[list[str]]:
