@@ -129,15 +129,18 @@ def index_of(defs, asset: str):
     return VectorIndex(md[META_URI], md[META_TABLE]), key, md.get(META_EMBEDDINGS)
 
 
-def lacking_partitions(materialized, indexed) -> list[str]:
-    """The ``materialized`` partition keys (the embeddings', in their order) that ``indexed`` lacks (pure)."""
-    have = set(indexed)
+def lacking_partitions(materialized, indexed, loaded=()) -> list[str]:
+    """The ``materialized`` partition keys (the embeddings', in their order) that ``indexed`` (the keys with rows
+    in the table) lacks, but for those in ``loaded``: partitions the index asset materialized after their latest
+    embeddings materialization (one with 0 rows, e.g. an empty file's, has nothing to put in the table). Pure."""
+    have = set(indexed) | set(loaded)
     return [k for k in materialized if k not in have]
 
 
 def coverage_warning(defs, key, emb: str | None, index, module: str) -> str | None:
     """A sentence naming how many of the embeddings' materialized (and still registered) partitions the index
-    lacks, a few of them, and how to fix it; None when it lacks none, or when $DAGSTER_HOME's instance cannot be
+    lacks (:func:`lacking_partitions`: one the index asset loaded with 0 rows is not lacking), a few of them, and
+    how to fix it; None when it lacks none, or when $DAGSTER_HOME's instance cannot be
     opened (nothing known to compare with)."""
     import dagster as dg
 
@@ -152,7 +155,9 @@ def coverage_warning(defs, key, emb: str | None, index, module: str) -> str | No
     registered = instance.get_dynamic_partitions(pdef.name) if isinstance(pdef, dg.DynamicPartitionsDefinition) else []
     done = instance.get_latest_storage_id_by_partition(emb_key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     materialized = [k for k in registered if k in done]
-    lacking = lacking_partitions(materialized, index.partition_keys())
+    loads = instance.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION)
+    lacking = lacking_partitions(materialized, index.partition_keys(),
+                                 [k for k, i in loads.items() if i > done.get(k, -1)])
     if not lacking:
         return None
     ix = key.to_user_string()
