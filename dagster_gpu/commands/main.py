@@ -31,6 +31,11 @@
     dagster-gpu search -m MODULE -a ASSET "text" [-k 10] [--fingerprint FP] [--json]
         the nearest rows of a vector index asset (or of the index following an embedding asset): the
         query embedded with the rows' model and options and the model's query prompt.
+    dagster-gpu index -m MODULE -a INDEX_ASSET --rebuild
+        drop the vector index asset's LanceDB table and load every partition its embeddings asset materialized from
+        the current outputs (after a change of the output columns), recording a materialization per partition.
+
+Each command's own options: dagster-gpu COMMAND --help.
 """
 
 from __future__ import annotations
@@ -241,29 +246,21 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    if cmd not in COMMANDS:
+        print(f"dagster-gpu: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
+        return 2
     quiet_dagster_warnings()
     if cmd == "backfill":
         return _backfill(rest)
-    if cmd == "stale":
-        from dagster_gpu.commands.stale import stale_main
+    import importlib
 
-        return stale_main(rest)
-    if cmd == "whatif":
-        from dagster_gpu.commands.whatif import whatif_main
+    return getattr(importlib.import_module(f"dagster_gpu.commands.{cmd}"), COMMANDS[cmd])(rest)
 
-        return whatif_main(rest)
-    if cmd == "report":
-        from dagster_gpu.commands.report import report_main
 
-        return report_main(rest)
-    if cmd == "search":
-        from dagster_gpu.commands.search import search_main
-
-        return search_main(rest)
-    if cmd == "index":  # dagster-gpu index -m MODULE -a INDEX_ASSET --rebuild: dagster_gpu.commands.index
-        return __import__("dagster_gpu.commands.index", fromlist=["index_main"]).index_main(rest)
-    print(f"dagster-gpu: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
-    return 2
+#: Every subcommand -> the function of ``dagster_gpu.commands.<name>`` that runs it (``backfill``: :func:`_backfill`
+#: here); the module docstring (``dagster-gpu --help``) describes each.
+COMMANDS = {"backfill": "_backfill", "stale": "stale_main", "whatif": "whatif_main", "report": "report_main",
+            "search": "search_main", "index": "index_main"}
 
 
 if __name__ == "__main__":
