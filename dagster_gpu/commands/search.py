@@ -20,6 +20,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from dagster_gpu.commands.code_module import add_workspace_argument
+
 
 class SearchError(Exception):
     """A query that cannot run as asked (message for the user)."""
@@ -197,6 +199,7 @@ def search_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="dagster-gpu search", description="nearest rows of a vector index asset")
     ap.add_argument("-m", "--module", required=True, help="module holding the Definitions (e.g. pipelines.definitions)")
     ap.add_argument("--attribute", default="defs")
+    add_workspace_argument(ap)
     ap.add_argument("-a", "--asset", required=True, help="the index asset (or the embedding asset it follows), '/'-separated")
     ap.add_argument("query", help="query text")
     ap.add_argument("-k", type=int, default=10, help="rows to return (default 10)")
@@ -212,7 +215,7 @@ def search_main(argv: list[str]) -> int:
     from dagster_gpu.commands.code_module import load_definitions
     from dagster_gpu.embedding.model import ModelNotFound
 
-    loaded = load_definitions(args.module, args.attribute, "dagster-gpu search")
+    loaded = load_definitions(args.module, args.attribute, "dagster-gpu search", args.workspace)
     if loaded is None:
         return 2
     _, defs = loaded
