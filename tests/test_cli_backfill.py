@@ -789,10 +789,30 @@ def test_the_index_backfill_its_daemons_automation_requested_is_run_before_the_d
         # nothing stranded: no backfill left requested, no run left queued or cut off
         assert {b.status for b in instance.get_backfills()} == {BulkActionStatus.COMPLETED_SUCCESS}
         assert {r.status for r in instance.get_runs()} == {dg.DagsterRunStatus.SUCCESS}
-        if "Waiting up to 300 s for" in out:  # the automation had requested the index before the embeddings ended
-            ix = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("sd_embeddings_index")),
-                                                 limit=10)
-            assert sorted(r.partition_key for r in ix.records) == ["f1.txt", "f2.txt", "f3.txt"]
+        # the command returned with the index current: each partition loaded after its embeddings
+        ix = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("sd_embeddings_index")),
+                                             limit=10)
+        assert sorted(r.partition_key for r in ix.records) == ["f1.txt", "f2.txt", "f3.txt"]
+    assert "is behind its embeddings" not in out
+
+    # a file changed, `backfill --stale` with no daemon running: it returns only once the index loaded it again
+    # (the command's daemon used to stop before the automation requested anything, and search served the old rows)
+    (corpus / "f1.txt").write_text("record one of 1, changed\n%\nrecord two of 1\n")
+    with open(tmp_path / "log2", "w") as log:
+        cp = subprocess.run([sys.executable, "-m", "dagster_gpu.commands.main", "backfill", "-m",
+                             "tests.locations.sensor_location", "-a", "sd_embeddings", "-w", str(ws), "--bills-wait", "0",
+                             "--runs-wait", "300", "--stale"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+                            timeout=600)
+    out = (tmp_path / "log2").read_text()
+    assert cp.returncode == 0, out
+    assert "backfill: 1/1 partitions done, 0 failed" in out and "is behind its embeddings" not in out, out
+    from dagster_gpu.commands.index_wait import index_lag
+    from tests.locations import sensor_location
+
+    with dg.DagsterInstance.get() as instance:
+        assert index_lag(instance, sensor_location.sd_index, sensor_location.sd_embeddings.key, ["f1.txt"]).current
+        last = instance.get_latest_materialization_event(dg.AssetKey("sd_embeddings_index"))
+        assert last.asset_materialization.partition == "f1.txt"
 
 
 def test_max_concurrent_runs_is_refused_under_one_and_beside_a_running_daemon(setup, monkeypatch, capsys):

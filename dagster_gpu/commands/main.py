@@ -10,8 +10,11 @@
         and their rows in the vector indexes that follow the asset) to $DAGSTER_HOME's instance; when a
         dagster-daemon already runs on it (`dagster dev`, a deployment: its heartbeats) leave the backfill to
         it, else check that -w's workspace loads and run a daemon on it until the backfill ends (and the runs
-        its sensors started, queued or requested meanwhile, up to --runs-wait); show progress (plain lines when
-        not on a terminal), the per-partition summary and the failed partitions. Partitions of files gone from
+        its sensors started, queued or requested meanwhile, up to --runs-wait); within the same --runs-wait, wait
+        until every vector index following the asset (with an automation condition) has materialized each partition
+        the backfill materialized, after it (read from the instance, whoever requests the index's runs; a running
+        daemon's too), and name each index still behind, with why and the command that loads it; show progress
+        (plain lines when not on a terminal), the per-partition summary and the failed partitions. Partitions of files gone from
         the corpus are left out (named; --prune deletes them). A daemon that dies, the timeout or Ctrl-C cancels
         the backfill; one ending with an error stored on it shows the error and exits 1. The daemon it starts
         runs at most --max-concurrent-runs runs at once (default: the limit dagster.yaml sets, else the host's
@@ -90,6 +93,7 @@ def _backfill(argv: list[str]) -> int:
         NoCorpus, bridged_selection, corpus_of, embeddings_followed, gone_partitions, indexes_following, prune_partitions,
         register_corpus_files, select_partitions,
     )
+    from dagster_gpu.commands.index_wait import index_assets_following
     from dagster_gpu.commands.progress import BackfillAbandoned, BackfillFailed, run_backfill_with_progress
     from dagster_gpu.partitions.source_versions import record_corpus_versions
 
@@ -219,6 +223,7 @@ def _backfill(argv: list[str]) -> int:
             partitions_def_name=asset.partitions_def.name,
             console=console, bills_wait_s=args.bills_wait, runs_wait_s=args.runs_wait, running_daemon=running,
             daemon_instance_ref=None if running is not None else daemon_ref,
+            indexes=index_assets_following(defs, key) if follows is None else (),
             code_location=f"-m {shlex.quote(args.module)}"
                           + ("" if args.attribute == "defs" else f" --attribute {shlex.quote(args.attribute)}"),
         )
