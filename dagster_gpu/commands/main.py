@@ -48,6 +48,7 @@ import shlex
 import sys
 
 from dagster_gpu.commands.code_module import load_definitions
+from dagster_gpu.commands.common import no_instance_yaml_warning_once
 
 
 def _backfill(argv: list[str]) -> int:
@@ -236,13 +237,15 @@ def _backfill(argv: list[str]) -> int:
 def quiet_dagster_warnings() -> None:
     """Silence Dagster's BetaWarning and PreviewWarning (a parameter or API "currently in beta/preview"): they
     speak to the author of the code location, once per import, and would open every command's output. The
-    code location's own process (``dagster dev``, the daemon) still shows them."""
+    code location's own process (``dagster dev``, the daemon) still shows them. Dagster's "no dagster.yaml found"
+    warning shows once (:func:`dagster_gpu.commands.common.no_instance_yaml_warning_once`)."""
     import warnings
 
     import dagster as dg
 
     for category in (dg.BetaWarning, dg.PreviewWarning):
         warnings.filterwarnings("ignore", category=category)
+    no_instance_yaml_warning_once()
 
 
 def main(argv: list[str] | None = None) -> int:
