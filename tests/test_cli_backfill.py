@@ -832,3 +832,37 @@ def test_max_concurrent_runs_is_refused_under_one_and_beside_a_running_daemon(se
         assert "one already runs on this instance (id d-1)" in err
         assert f"run_coordinator.config (or concurrency.runs) in {instance.root_directory}/dagster.yaml" in err
         assert instance.get_dynamic_partitions("c_embeddings_files") == []  # refused before anything is stored
+
+
+def test_embedding_spec_columns_are_checked_against_the_corpus_at_definition_and_before_any_unit(tmp_path, monkeypatch,
+                                                                                                  capsys):
+    """``EmbeddingSpec(id_column=…, carry_columns=…)`` (not the corpus's TextFormat): a pattern or format read as text
+    is refused by ``embedding_asset`` naming the option; with a pattern that matches both (``*``, format ``auto``),
+    ``backfill`` names the text files in one line before anything is registered or started."""
+    from dagster_gpu import EmbeddingSpec
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "b.jsonl").write_text('{"text": "a", "id": "1", "section": "s"}\n')
+    (d / "a.txt").write_text("plain text\n")
+    spec = EmbeddingSpec(id_column="id", carry_columns=("section",))
+    for corpus, why in ((CorpusSource(url=str(d), pattern="*.txt"), "pattern '*.txt' matches text files"),
+                        (CorpusSource(url=str(d), text_format=TextFormat(format="text")), "format 'text' has no columns")):
+        with pytest.raises(ValueError) as e:
+            embedding_asset(name="s_embeddings", corpus=corpus, spec=spec, output=str(tmp_path / "out"))
+        assert str(e.value).startswith(f"embedding_asset 's_embeddings': EmbeddingSpec(id_column='id', carry_columns="
+                                       f"('section',)) on corpus {d}"), str(e.value)
+        assert why in str(e.value) and str(e.value).endswith("or leave id_column / carry_columns out")
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="auto"))
+    asset = embedding_asset(name="s_embeddings", corpus=corpus, spec=spec, output=str(tmp_path / "out"))
+    assert corpus_of(asset, None).text_format.id_column == "id"
+    module = types.ModuleType("cli_spec_defs")
+    module.defs, module.corpus = dg.Definitions(assets=[asset]), corpus
+    monkeypatch.setitem(sys.modules, "cli_spec_defs", module)
+    with dg.instance_for_test() as instance:
+        assert main(["backfill", "-m", "cli_spec_defs", "-a", "s_embeddings"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"dagster-gpu backfill: 1 of 2 files of corpus {d} (pattern '*') are read as text, which "
+                              f"has no columns: id_column / carry_columns need parquet or JSON Lines files"), err
+        assert err.rstrip().endswith(": a.txt")
+        assert instance.get_dynamic_partitions("s_embeddings_files") == [] and not instance.get_backfills()
