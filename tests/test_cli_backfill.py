@@ -789,10 +789,30 @@ def test_the_index_backfill_its_daemons_automation_requested_is_run_before_the_d
         # nothing stranded: no backfill left requested, no run left queued or cut off
         assert {b.status for b in instance.get_backfills()} == {BulkActionStatus.COMPLETED_SUCCESS}
         assert {r.status for r in instance.get_runs()} == {dg.DagsterRunStatus.SUCCESS}
-        if "Waiting up to 300 s for" in out:  # the automation had requested the index before the embeddings ended
-            ix = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("sd_embeddings_index")),
-                                                 limit=10)
-            assert sorted(r.partition_key for r in ix.records) == ["f1.txt", "f2.txt", "f3.txt"]
+        # the command returned with the index current: each partition loaded after its embeddings
+        ix = instance.fetch_materializations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("sd_embeddings_index")),
+                                             limit=10)
+        assert sorted(r.partition_key for r in ix.records) == ["f1.txt", "f2.txt", "f3.txt"]
+    assert "is behind its embeddings" not in out
+
+    # a file changed, `backfill --stale` with no daemon running: it returns only once the index loaded it again
+    # (the command's daemon used to stop before the automation requested anything, and search served the old rows)
+    (corpus / "f1.txt").write_text("record one of 1, changed\n%\nrecord two of 1\n")
+    with open(tmp_path / "log2", "w") as log:
+        cp = subprocess.run([sys.executable, "-m", "dagster_gpu.commands.main", "backfill", "-m",
+                             "tests.locations.sensor_location", "-a", "sd_embeddings", "-w", str(ws), "--bills-wait", "0",
+                             "--runs-wait", "300", "--stale"], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+                            timeout=600)
+    out = (tmp_path / "log2").read_text()
+    assert cp.returncode == 0, out
+    assert "backfill: 1/1 partitions done, 0 failed" in out and "is behind its embeddings" not in out, out
+    from dagster_gpu.commands.index_wait import index_lag
+    from tests.locations import sensor_location
+
+    with dg.DagsterInstance.get() as instance:
+        assert index_lag(instance, sensor_location.sd_index, sensor_location.sd_embeddings.key, ["f1.txt"]).current
+        last = instance.get_latest_materialization_event(dg.AssetKey("sd_embeddings_index"))
+        assert last.asset_materialization.partition == "f1.txt"
 
 
 def test_max_concurrent_runs_is_refused_under_one_and_beside_a_running_daemon(setup, monkeypatch, capsys):
@@ -812,3 +832,37 @@ def test_max_concurrent_runs_is_refused_under_one_and_beside_a_running_daemon(se
         assert "one already runs on this instance (id d-1)" in err
         assert f"run_coordinator.config (or concurrency.runs) in {instance.root_directory}/dagster.yaml" in err
         assert instance.get_dynamic_partitions("c_embeddings_files") == []  # refused before anything is stored
+
+
+def test_embedding_spec_columns_are_checked_against_the_corpus_at_definition_and_before_any_unit(tmp_path, monkeypatch,
+                                                                                                  capsys):
+    """``EmbeddingSpec(id_column=…, carry_columns=…)`` (not the corpus's TextFormat): a pattern or format read as text
+    is refused by ``embedding_asset`` naming the option; with a pattern that matches both (``*``, format ``auto``),
+    ``backfill`` names the text files in one line before anything is registered or started."""
+    from dagster_gpu import EmbeddingSpec
+
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "b.jsonl").write_text('{"text": "a", "id": "1", "section": "s"}\n')
+    (d / "a.txt").write_text("plain text\n")
+    spec = EmbeddingSpec(id_column="id", carry_columns=("section",))
+    for corpus, why in ((CorpusSource(url=str(d), pattern="*.txt"), "pattern '*.txt' matches text files"),
+                        (CorpusSource(url=str(d), text_format=TextFormat(format="text")), "format 'text' has no columns")):
+        with pytest.raises(ValueError) as e:
+            embedding_asset(name="s_embeddings", corpus=corpus, spec=spec, output=str(tmp_path / "out"))
+        assert str(e.value).startswith(f"embedding_asset 's_embeddings': EmbeddingSpec(id_column='id', carry_columns="
+                                       f"('section',)) on corpus {d}"), str(e.value)
+        assert why in str(e.value) and str(e.value).endswith("or leave id_column / carry_columns out")
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="auto"))
+    asset = embedding_asset(name="s_embeddings", corpus=corpus, spec=spec, output=str(tmp_path / "out"))
+    assert corpus_of(asset, None).text_format.id_column == "id"
+    module = types.ModuleType("cli_spec_defs")
+    module.defs, module.corpus = dg.Definitions(assets=[asset]), corpus
+    monkeypatch.setitem(sys.modules, "cli_spec_defs", module)
+    with dg.instance_for_test() as instance:
+        assert main(["backfill", "-m", "cli_spec_defs", "-a", "s_embeddings"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"dagster-gpu backfill: 1 of 2 files of corpus {d} (pattern '*') are read as text, which "
+                              f"has no columns: id_column / carry_columns need parquet or JSON Lines files"), err
+        assert err.rstrip().endswith(": a.txt")
+        assert instance.get_dynamic_partitions("s_embeddings_files") == [] and not instance.get_backfills()

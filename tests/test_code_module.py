@@ -46,3 +46,27 @@ def test_a_module_found_nowhere_says_where_it_was_looked_for(project, capsys):
                           f"working_directory {proj / 'lib'}; ")
     assert load_definitions("my_embeddings.definitions", "defs", "dagster-gpu stale", away / "workspace.yaml") is None
     assert f"(looked in the working directory {away} (workspace file {away / 'workspace.yaml'} names no other" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["stale", "search", "index", "whatif"])
+def test_every_command_that_imports_a_module_takes_the_workspace_file(project, capsys, command):
+    """From another folder, ``-w``'s workspace file names the module's working_directory: each command imports it
+    (and then refuses the asset the empty Definitions lacks); without ``-w`` its hint names ``-w``, which it has."""
+    import dagster as dg
+
+    from dagster_gpu.commands.main import main
+
+    proj, _away = project
+    extra = {"search": ["a query"], "index": ["--rebuild"], "whatif": []}.get(command, [])
+    argv = [command, "-m", "my_embeddings.definitions", "-a", "nothing_here", *extra]
+    with dg.instance_for_test():
+        assert main([*argv, "-w", str(proj / "workspace.yaml")]) == 2
+        err = capsys.readouterr().err
+        assert "unrecognized arguments" not in err and "cannot import" not in err and "No module named" not in err, err
+        assert "nothing_here" in err, err
+        for name in [m for m in sys.modules if m.startswith("my_embeddings")]:
+            del sys.modules[name]
+        sys.path.remove(str(proj))
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "No module named 'my_embeddings'" in err and "-w's workspace file" in err, err

@@ -99,7 +99,9 @@ def test_report_of_real_materializations(tmp_path, monkeypatch, capsys):
         assert ", 1 failed; measured cost" in out.read_text()
         page = render_html(rows, [("bad", "abcd1234", "a <b>reason</b>")], "rep: last 10")
     (tmp_path / "full.html").write_text(page)
-    assert page.count("<svg ") == 6, page.count("<svg")  # cost, GPU-s, useful fraction, utilization, texts/s vs rows, estimate vs measured
+    # cost, GPU-s, useful fraction, texts/s vs rows, estimate vs measured; a CPU run: no utilization chart, a sentence
+    assert page.count("<svg ") == 5, page.count("<svg")
+    assert "Mean GPU utilization: no GPU measured (CPU run)" in page
     assert "unavailable" in page  # CPU-only partitions: utilization marked, not drawn as 0 silently
     # self-contained: nothing fetched (namespaces are names, not requests)
     assert not re.search(r'(src|href)="(https?:)?//', page) and "<script" not in page and "<link" not in page
@@ -230,3 +232,34 @@ def test_the_report_groups_a_fleet_by_cluster():
     assert re.search(r"<tr><td>campus \(slurm\)</td><td>2</td><td>2</td><td>\d+</td><td>[\d.]+</td><td>0\.750000</td>", page)
     assert re.search(r"<tr><td>dept \(slurm\)</td><td>1</td><td>1</td><td>\d+</td><td>[\d.]+</td><td>0\.125000</td>", page)
     assert re.search(r"<tr><td>kubernetes</td><td>1</td><td>1</td><td>\d+</td><td>[\d.]+</td><td>1\.000000</td>", page)
+
+
+def test_cost_axis_labels_are_short_and_a_cpu_run_has_no_empty_utilization_chart():
+    """Costs of a few ten-thousandths of a dollar: the histogram's x tick labels were 0.00015, 0.00020, … side by
+    side (touching); now at most 6 round ticks as a mantissa with one power of ten. A run on CPU only has no GPU
+    utilization: a sentence, not an empty 0–100 frame."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from dagster_gpu.commands.report import MAX_BARS, readable_ticks
+
+    costs = [0.00012 + 0.0000031 * i for i in range(50)]
+    fig, ax = plt.subplots(figsize=(6, 3))
+    ax.hist(costs, bins=20)
+    readable_ticks(ax.xaxis)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_xticklabels() if t.get_text()]
+    assert 2 <= len(labels) <= 6 and all(len(x.replace("$", "").replace("\\mathdefault{", "").rstrip("}")) <= 4
+                                          for x in labels), labels
+    assert "10^{\u22124}" in ax.xaxis.get_offset_text().get_text(), ax.xaxis.get_offset_text().get_text()  # ×10⁻⁴
+    plt.close(fig)
+
+    cpu = {"billing/device_type": "cpu"}
+    rows = [row_from(f"f{i}", "r1", {**_md(1.0, 2.0 + i / 10), **cpu}, None) for i in range(MAX_BARS + 5)]
+    page = render_html(rows, [], "t")
+    assert "Mean GPU utilization: no GPU measured (CPU run)" in page and "Mean GPU utilization\n" not in page
+    assert page.count("<svg ") == 4  # cost, seconds, useful fraction, texts/s against rows
+    gpu = [replace(rows[0], device="cuda", utilization_percent=63.0), *rows[1:]]
+    assert "no GPU measured" not in render_html(gpu, [], "t")

@@ -103,3 +103,32 @@ def test_the_index_follows_a_column_change_says_why_a_load_failed_and_rebuilds(t
         assert json.loads(capsys.readouterr().out)["stale"] == []
         last = instance.get_latest_materialization_event(idx.key).asset_materialization.metadata
         assert last["index/rebuilt"].value is True and last["index/disk_bytes"].value > 0
+
+
+def test_a_partition_loaded_with_no_rows_counts_as_indexed(tmp_path, monkeypatch, capsys, model):
+    """An empty file's output (0 rows) puts nothing in the table; once the index asset loaded it after its latest
+    embeddings materialization, ``search`` does not count it as lacking (nor suggest a rebuild). Embedded again and
+    not loaded since, it is lacking again."""
+    monkeypatch.setenv("DAGSTER_GPU_INDEX_TEST_DIR", str(tmp_path))
+    monkeypatch.delitem(sys.modules, "tests.index_pipeline", raising=False)  # its paths are read at import
+    import importlib
+
+    location = importlib.import_module("tests.index_pipeline")
+    emb, idx = location.emb, location.emb_index
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(emb.partitions_def.name, ["a.jsonl", "empty.txt"])
+        _write(tmp_path, "a.jsonl", model)
+        write_output(Path(output_uri_for(str(tmp_path / "out"), "emb", "empty.txt")), 0, model.dim, pk="empty.txt",
+                     fingerprint="fp1-minilm", model_revision=model.revision)
+        _embedded(instance, emb.key, "a.jsonl", "empty.txt")
+        for pk in ("a.jsonl", "empty.txt"):
+            res = dg.materialize([idx], instance=instance, partition_key=pk)
+        assert res.asset_materializations_for_node(idx.op.name)[-1].metadata["index/rows"].value == 0
+        assert VectorIndex(str(tmp_path / "lance"), "emb").partition_keys() == {"a.jsonl"}
+        capsys.readouterr()
+        assert main(["search", "-m", "tests.index_pipeline", "-a", "emb_index", "a package", "--json"]) == 0
+        err = capsys.readouterr().err
+        assert "warning" not in err and "--rebuild" not in err, err
+        _embedded(instance, emb.key, "empty.txt")  # embedded again, not loaded since
+        assert main(["search", "-m", "tests.index_pipeline", "-a", "emb_index", "a package", "--json"]) == 0
+        assert "warning: the index lacks 1 of the 2 materialized partitions of emb (empty.txt)" in capsys.readouterr().err

@@ -14,6 +14,7 @@ from dagster_gpu.commands.backfill import live_backfill_daemon, workspace_load_e
 from dagster_gpu.commands.code_module import load_definitions
 from dagster_gpu.commands.common import console as make_console
 from dagster_gpu.commands.common import instance_or_none
+from dagster_gpu.commands.index_wait import index_assets_following
 from dagster_gpu.commands.progress import BackfillAbandoned, BackfillFailed, run_backfill_with_progress
 from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
 from dagster_gpu.definitions.partitions import (
@@ -188,6 +189,7 @@ def backfill_main(argv: list[str]) -> int:
             partitions_def_name=asset.partitions_def.name,
             console=console, bills_wait_s=args.bills_wait, runs_wait_s=args.runs_wait, running_daemon=running,
             daemon_instance_ref=None if running is not None else daemon_ref,
+            indexes=index_assets_following(defs, key) if follows is None else (),
             code_location=f"-m {shlex.quote(args.module)}"
                           + ("" if args.attribute == "defs" else f" --attribute {shlex.quote(args.attribute)}"),
         )

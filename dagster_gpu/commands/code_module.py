@@ -72,6 +72,15 @@ def import_code_module(name: str, workspace: str | Path | None = None) -> Module
                                   f"code location's working_directory in -w's workspace file)", name=e.name) from None
 
 
+def add_workspace_argument(ap) -> None:
+    """``-w/--workspace PATH`` (default ``workspace.yaml``) on the argparse parser ``ap`` of a command that imports
+    ``-m MODULE``: where :func:`import_code_module` looks next when the working directory does not hold it (the
+    file need not exist)."""
+    ap.add_argument("-w", "--workspace", default="workspace.yaml",
+                    help="workspace file whose code locations' working_directory is searched for -m's module when "
+                         "the working directory does not hold it (default ./workspace.yaml)")
+
+
 def load_definitions(module: str, attribute: str, prog: str, workspace: str | Path | None = "workspace.yaml"):
     """``(the imported module, the dagster.Definitions at module.attribute)`` (see :func:`import_code_module`,
     with ``workspace``'s code locations' working directories), or None after printing one line to stderr

@@ -40,3 +40,34 @@ def instance_or_none(prog: str):
         print(f"{prog}: {what} Set DAGSTER_HOME to the instance's directory (the demo's: .dagster_home).",
               file=sys.stderr)
         return None
+
+
+#: The start of the warning Dagster logs (logger ``dagster``) each time it reads an instance whose home has no
+#: dagster.yaml (``dagster._core.instance.config.dagster_instance_config``, dagster 1.13): once per instance read.
+NO_INSTANCE_YAML = "No dagster instance configuration file"
+
+
+class _OncePerHome:
+    """A logging filter passing each distinct :data:`NO_INSTANCE_YAML` warning (one per home directory) once."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+
+    def filter(self, record) -> bool:
+        msg = record.getMessage()
+        if not msg.startswith(NO_INSTANCE_YAML):
+            return True
+        if msg in self.seen:
+            return False
+        self.seen.add(msg)
+        return True
+
+
+def no_instance_yaml_warning_once() -> None:
+    """Let Dagster's "no dagster.yaml found" warning through once per process (a command reads its instance several
+    times: to open it, for the daemon's instance ref, ...). Idempotent."""
+    import logging
+
+    logger = logging.getLogger("dagster")
+    if not any(isinstance(f, _OncePerHome) for f in logger.filters):
+        logger.addFilter(_OncePerHome())

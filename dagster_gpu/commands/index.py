@@ -19,11 +19,14 @@ from dagster_gpu.commands.common import instance_or_none
 from dagster_gpu.commands.search import SearchError, index_of
 from dagster_gpu.definitions.index_rebuild import RebuildRefused, rebuild_index
 
+from dagster_gpu.commands.code_module import add_workspace_argument
+
 
 def index_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="dagster-gpu index", description="maintain a vector index asset's LanceDB table")
     ap.add_argument("-m", "--module", required=True, help="module holding the Definitions (e.g. pipelines.definitions)")
     ap.add_argument("--attribute", default="defs")
+    add_workspace_argument(ap)
     ap.add_argument("-a", "--asset", required=True, help="the index asset (or the embedding asset it follows), '/'-separated")
     ap.add_argument("--rebuild", action="store_true",
                     help="drop the table and load every materialized partition from its current output")
@@ -34,7 +37,7 @@ def index_main(argv: list[str]) -> int:
     import dagster as dg
 
     prog = "dagster-gpu index"
-    loaded = load_definitions(args.module, args.attribute, prog)
+    loaded = load_definitions(args.module, args.attribute, prog, args.workspace)
     if loaded is None:
         return 2
     _, defs = loaded

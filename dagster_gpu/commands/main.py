@@ -10,8 +10,11 @@
         and their rows in the vector indexes that follow the asset) to $DAGSTER_HOME's instance; when a
         dagster-daemon already runs on it (`dagster dev`, a deployment: its heartbeats) leave the backfill to
         it, else check that -w's workspace loads and run a daemon on it until the backfill ends (and the runs
-        its sensors started, queued or requested meanwhile, up to --runs-wait); show progress (plain lines when
-        not on a terminal), the per-partition summary and the failed partitions. Partitions of files gone from
+        its sensors started, queued or requested meanwhile, up to --runs-wait); within the same --runs-wait, wait
+        until every vector index following the asset (with an automation condition) has materialized each partition
+        the backfill materialized, after it (read from the instance, whoever requests the index's runs; a running
+        daemon's too), and name each index still behind, with why and the command that loads it; show progress
+        (plain lines when not on a terminal), the per-partition summary and the failed partitions. Partitions of files gone from
         the corpus are left out (named; --prune deletes them). A daemon that dies, the timeout or Ctrl-C cancels
         the backfill; one ending with an error stored on it shows the error and exits 1. The daemon it starts
         runs at most --max-concurrent-runs runs at once (default: the limit dagster.yaml sets, else the host's
@@ -31,6 +34,11 @@
     dagster-gpu search -m MODULE -a ASSET "text" [-k 10] [--fingerprint FP] [--json]
         the nearest rows of a vector index asset (or of the index following an embedding asset): the
         query embedded with the rows' model and options and the model's query prompt.
+    dagster-gpu index -m MODULE -a INDEX_ASSET --rebuild
+        drop the vector index asset's LanceDB table and load every partition its embeddings asset materialized from
+        the current outputs (after a change of the output columns), recording a materialization per partition.
+
+Each command's own options: dagster-gpu COMMAND --help.
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ from importlib import import_module
 
 #: command -> (module, function) that runs it. A command's module is imported when the command runs:
 #: ``dagster-gpu --help`` then starts in the interpreter's time alone instead of importing Dagster and every command.
-_COMMANDS = {
+COMMANDS = {
     "backfill": ("dagster_gpu.commands.backfill_command", "backfill_main"),
     "stale": ("dagster_gpu.commands.stale", "stale_main"),
     "whatif": ("dagster_gpu.commands.whatif", "whatif_main"),
@@ -53,13 +61,17 @@ _COMMANDS = {
 def quiet_dagster_warnings() -> None:
     """Silence Dagster's BetaWarning and PreviewWarning (a parameter or API "currently in beta/preview"): they
     speak to the author of the code location, once per import, and would open every command's output. The
-    code location's own process (``dagster dev``, the daemon) still shows them."""
+    code location's own process (``dagster dev``, the daemon) still shows them. Dagster's "no dagster.yaml found"
+    warning shows once (:func:`dagster_gpu.commands.common.no_instance_yaml_warning_once`)."""
     import warnings
 
     import dagster as dg
 
+    from dagster_gpu.commands.common import no_instance_yaml_warning_once  # deferred: `dagster-gpu --help` imports no Dagster
+
     for category in (dg.BetaWarning, dg.PreviewWarning):
         warnings.filterwarnings("ignore", category=category)
+    no_instance_yaml_warning_once()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,11 +80,11 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
-    if cmd not in _COMMANDS:
+    if cmd not in COMMANDS:
         print(f"dagster-gpu: unknown command {cmd!r}\n{__doc__}", file=sys.stderr)
         return 2
     quiet_dagster_warnings()
-    module, function = _COMMANDS[cmd]
+    module, function = COMMANDS[cmd]
     return getattr(import_module(module), function)(rest)  # deferred: `dagster-gpu --help` imports no command
 
 

@@ -27,6 +27,7 @@ from dagster_gpu.commands.backfill import (
     wait_for_bills,
     wait_for_other_work,
 )
+from dagster_gpu.commands.index_wait import index_lag, lag_lines
 from dagster_gpu.instance.bills import SCHEDULERS_BILL, billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
 from dagster_gpu.k8s.settings import KubernetesSettings
@@ -323,6 +324,33 @@ def report_failed_other_runs(instance, since: float, backfill_id: str, console: 
     return len(failed)
 
 
+def follow_indexes(instance, daemon, asset_key, rows: Sequence[PartitionSummary], indexes: Sequence, console: Console,
+                   timeout_s: float) -> tuple[list, float]:
+    """Wait, while ``daemon`` runs and up to ``timeout_s`` seconds, until the ``indexes`` (index assets following
+    ``asset_key``) have loaded the partitions ``rows`` materialized (:func:`dagster_gpu.commands.index_wait.wait_for_indexes`),
+    saying so when one is behind; returns (their last :class:`~dagster_gpu.commands.index_wait.IndexLag`, the
+    seconds waited)."""
+    from dagster_gpu.commands.index_wait import wait_for_indexes
+
+    keys = [r.partition_key for r in rows if r.ok]
+    if not indexes or not keys:
+        return [], 0.0
+
+    def lags():
+        return [index_lag(instance, ix, asset_key, keys) for ix in indexes]
+
+    got = lags()
+    behind = [g for g in got if g.behind and g.automated]
+    if not behind or timeout_s <= 0:
+        return got, 0.0
+    console.print(f"Waiting up to {timeout_s:.0f} s (--runs-wait) for "
+                  + ", ".join(f"index {g.index} to load {len(g.behind)} partition(s)" for g in behind)
+                  + " (its automation requests the runs; the daemon keeps running them)", soft_wrap=True)
+    started = time.monotonic()
+    got = wait_for_indexes(lags, timeout_s=timeout_s, alive=lambda: daemon.why_dead() is None)
+    return got, time.monotonic() - started
+
+
 def run_backfill_with_progress(
     instance,
     defs,
@@ -341,6 +369,7 @@ def run_backfill_with_progress(
     running_daemon=None,
     code_location: str = "-m MODULE",
     daemon_instance_ref=None,
+    indexes: Sequence = (),
 ) -> list[PartitionSummary]:
     """Submit an asset backfill, follow it with a progress bar until it ends, print the summary.
 
@@ -353,7 +382,13 @@ def run_backfill_with_progress(
     After the runs end the daemon keeps running up to ``bills_wait_s`` seconds, until every work unit's
     scheduler bill has landed (:func:`dagster_gpu.commands.backfill.wait_for_bills`); stopping it at once would stop
     run workers still waiting for sacct. Then, up to ``runs_wait_s`` seconds, until the runs and backfills its sensors started
-    meanwhile (:func:`drain_other_runs`; ``code_location`` the ``-m`` arguments its hint repeats) ended: stopping the daemon would fail or strand them. Each wait is said on the console with its bound. Returns the
+    meanwhile (:func:`drain_other_runs`; ``code_location`` the ``-m`` arguments its hint repeats) ended: stopping the daemon would fail or strand them. Each wait is said on the console with its bound.
+    ``indexes``: the vector index assets following ``asset_key``
+    (:func:`dagster_gpu.commands.index_wait.index_assets_following`): before that, within the same
+    ``runs_wait_s``, it waits until each one with an automation condition has materialized every partition the
+    backfill materialized (:func:`dagster_gpu.commands.index_wait.wait_for_indexes`: the index's state in the
+    instance, whatever requests its runs), a running daemon's too; an index still behind after it is named with
+    why and the command that loads it (:func:`dagster_gpu.commands.index_wait.lag_lines`). Returns the
     per-partition summary (see :func:`dagster_gpu.commands.backfill.summarize_partitions`).
 
     Raises BackfillAbandoned when the daemon dies, ``timeout_s`` passes or the user interrupts: a backfill
@@ -387,11 +422,17 @@ def run_backfill_with_progress(
                               f"{pending} partition(s)", soft_wrap=True)
             rows = wait_for_bills(instance, asset_key, rows, timeout_s=bills_wait_s)
             others_failed = 0
+            lags, waited = follow_indexes(instance, daemon, asset_key, rows, indexes, console, runs_wait_s)
+            daemon_gone = bool(lags) and daemon.why_dead() is not None
             if running_daemon is None:
-                drain_other_runs(instance, daemon, backfill_id, console, runs_wait_s, code_location)
+                drain_other_runs(instance, daemon, backfill_id, console, max(0.0, runs_wait_s - waited), code_location)
                 console.print(f"Stopping the dagster-daemon this command started (up to {DaemonProcess.STOP_S} s)")
         if running_daemon is None:  # the runs it waited for: their failures are this command's to report
             others_failed = report_failed_other_runs(instance, daemon.started_at, backfill_id, console)
+        if lags:  # as they stand now: runs the drain waited for may have loaded more
+            lags = [index_lag(instance, ix, asset_key, [r.partition_key for r in rows if r.ok]) for ix in indexes]
+        for line in lag_lines(lags, waited, daemon_gone, code_location):
+            console.print(line, soft_wrap=True, markup=False, highlight=False, style="bold yellow")
     except (DaemonDied, BackfillTimeout, KeyboardInterrupt) as e:
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else str(e)
         if running_daemon is not None and not isinstance(e, DaemonDied):

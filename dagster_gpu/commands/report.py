@@ -254,7 +254,20 @@ def _histogram(rows: Sequence[ReportRow], attr: str, title: str, ylabel: str, mi
     ax.set_title(f"{title}\n({len(rows)} partitions" + (f"; {none} {missing}" if none else "") + ")", fontsize=10)
     ax.set_xlabel(ylabel)
     ax.set_ylabel("partitions")
+    readable_ticks(ax.xaxis)
     return _svg(fig)
+
+
+def readable_ticks(axis, most: int = 6) -> None:
+    """At most ``most`` ticks on a matplotlib ``axis``, at round values, their labels short: values under 0.01 or
+    from 10,000 up as a mantissa with one power of ten for the axis (``1.5``, ``2.0`` and ``×10⁻⁴``), so that
+    costs of a few ten-thousandths of a dollar do not print as touching ``0.00015`` labels."""
+    from matplotlib.ticker import MaxNLocator, ScalarFormatter
+
+    axis.set_major_locator(MaxNLocator(nbins=most - 1, min_n_ticks=2))
+    fmt = ScalarFormatter(useMathText=True)
+    fmt.set_powerlimits((-2, 4))
+    axis.set_major_formatter(fmt)
 
 
 def _bars(rows: Sequence[ReportRow], attr: str, title: str, ylabel: str, missing: str) -> str:
@@ -275,6 +288,7 @@ def _bars(rows: Sequence[ReportRow], attr: str, title: str, ylabel: str, missing
     ax.set_title(title)
     ax.set_ylabel(ylabel)
     ax.set_ylim(bottom=0, top=100 if ylabel == "percent" else None)
+    readable_ticks(ax.yaxis)
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for b, c in _COLORS.items() if any(r.backend == b for r in rows)]
     ax.legend(handles, [b for b in _COLORS if any(r.backend == b for r in rows)], fontsize=7)
     return _svg(fig)
@@ -293,6 +307,11 @@ def _scatter(xs, ys, labels, title, xlabel, ylabel, diagonal=False) -> str:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     return _svg(fig)
+
+
+def cpu_only(rows: Sequence[ReportRow]) -> bool:
+    """Every row ran on CPU (its device type ``cpu``) and none has a GPU utilization: nothing to chart. Pure."""
+    return bool(rows) and all((r.device or "").startswith("cpu") and r.utilization_percent is None for r in rows)
 
 
 def no_estimates(rows: Sequence[ReportRow]) -> str:
@@ -380,7 +399,10 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
         parts.append(_bars(rows, "cost_usd", "Measured cost per partition", "USD", "n/a"))
         parts.append(_bars(rows, "gpu_seconds", "Measured GPU-seconds per partition", "GPU-seconds", "n/a"))
         parts.append(_bars(rows, "useful_fraction", "Useful fraction (embedding ÷ measured seconds)", "fraction", "n/a"))
-        parts.append(_bars(rows, "utilization_percent", "Mean GPU utilization", "percent", "unavailable"))
+        if cpu_only(rows):  # no GPU: an empty 0–100 frame would say nothing
+            parts.append('<p class="nochart">Mean GPU utilization: no GPU measured (CPU run)</p>')
+        else:
+            parts.append(_bars(rows, "utilization_percent", "Mean GPU utilization", "percent", "unavailable"))
         tp = [r for r in rows if r.rows is not None and r.texts_per_second is not None]
         parts.append(_scatter([r.rows for r in tp], [r.texts_per_second for r in tp], [r.backend for r in tp],
                               "Throughput against partition size", "rows", "texts/s"))
@@ -413,7 +435,7 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
     style = ("body{font-family:sans-serif;margin:2em;max-width:1400px}table{border-collapse:collapse;margin:1em 0}"
              "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px;text-align:right}"
              "td:first-child,th:first-child{text-align:left}.charts svg{max-width:48%;height:auto;margin:4px}"
-             ".pruned{color:#b00}")
+             ".pruned{color:#b00}.nochart{color:#555;font-style:italic}")
     return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{style}</style></head>"
             f"<body>{''.join(parts)}</body></html>\n")
 

@@ -29,6 +29,8 @@ from dagster_gpu.embedding.prompts import query_prompt
 from dagster_gpu.index.lance import VectorIndex
 from dagster_gpu.instance.events import metadata_values
 
+from dagster_gpu.commands.code_module import add_workspace_argument
+
 
 class SearchError(Exception):
     """A query that cannot run as asked (message for the user)."""
@@ -130,15 +132,18 @@ def index_of(defs, asset: str):
     return VectorIndex(md[META_URI], md[META_TABLE]), key, md.get(META_EMBEDDINGS)
 
 
-def lacking_partitions(materialized, indexed) -> list[str]:
-    """The ``materialized`` partition keys (the embeddings', in their order) that ``indexed`` lacks (pure)."""
-    have = set(indexed)
+def lacking_partitions(materialized, indexed, loaded=()) -> list[str]:
+    """The ``materialized`` partition keys (the embeddings', in their order) that ``indexed`` (the keys with rows
+    in the table) lacks, but for those in ``loaded``: partitions the index asset materialized after their latest
+    embeddings materialization (one with 0 rows, e.g. an empty file's, has nothing to put in the table). Pure."""
+    have = set(indexed) | set(loaded)
     return [k for k in materialized if k not in have]
 
 
 def coverage_warning(defs, key, emb: str | None, index, module: str) -> str | None:
     """A sentence naming how many of the embeddings' materialized (and still registered) partitions the index
-    lacks, a few of them, and how to fix it; None when it lacks none, or when $DAGSTER_HOME's instance cannot be
+    lacks (:func:`lacking_partitions`: one the index asset loaded with 0 rows is not lacking), a few of them, and
+    how to fix it; None when it lacks none, or when $DAGSTER_HOME's instance cannot be
     opened (nothing known to compare with)."""
     import dagster as dg
 
@@ -153,7 +158,9 @@ def coverage_warning(defs, key, emb: str | None, index, module: str) -> str | No
     registered = instance.get_dynamic_partitions(pdef.name) if isinstance(pdef, dg.DynamicPartitionsDefinition) else []
     done = instance.get_latest_storage_id_by_partition(emb_key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     materialized = [k for k in registered if k in done]
-    lacking = lacking_partitions(materialized, index.partition_keys())
+    loads = instance.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION)
+    lacking = lacking_partitions(materialized, index.partition_keys(),
+                                 [k for k, i in loads.items() if i > done.get(k, -1)])
     if not lacking:
         return None
     ix = key.to_user_string()
@@ -193,6 +200,7 @@ def search_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="dagster-gpu search", description="nearest rows of a vector index asset")
     ap.add_argument("-m", "--module", required=True, help="module holding the Definitions (e.g. pipelines.definitions)")
     ap.add_argument("--attribute", default="defs")
+    add_workspace_argument(ap)
     ap.add_argument("-a", "--asset", required=True, help="the index asset (or the embedding asset it follows), '/'-separated")
     ap.add_argument("query", help="query text")
     ap.add_argument("-k", type=int, default=10, help="rows to return (default 10)")
@@ -205,7 +213,7 @@ def search_main(argv: list[str]) -> int:
     if args.k < 1:
         ap.error("-k must be at least 1")
 
-    loaded = load_definitions(args.module, args.attribute, "dagster-gpu search")
+    loaded = load_definitions(args.module, args.attribute, "dagster-gpu search", args.workspace)
     if loaded is None:
         return 2
     _, defs = loaded

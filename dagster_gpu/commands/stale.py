@@ -12,7 +12,7 @@ import argparse
 import json
 import sys
 
-from dagster_gpu.commands.code_module import load_definitions
+from dagster_gpu.commands.code_module import add_workspace_argument, load_definitions
 from dagster_gpu.commands.common import console as make_console
 from dagster_gpu.commands.common import instance_or_none
 from dagster_gpu.corpus.listing import CorpusNotFound, CorpusUnreadable
@@ -29,6 +29,7 @@ def stale_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="dagster-gpu stale")
     ap.add_argument("-m", "--module", required=True, help="module holding the Definitions (e.g. pipelines.definitions)")
     ap.add_argument("--attribute", default="defs")
+    add_workspace_argument(ap)
     ap.add_argument("-a", "--asset", required=True, help="asset key, '/'-separated")
     ap.add_argument("--json", action="store_true", help="print {stale: [...], missing, gone, in_progress} as JSON")
     args = ap.parse_args(argv)
@@ -36,7 +37,7 @@ def stale_main(argv: list[str]) -> int:
     import dagster as dg
 
     prog = "dagster-gpu stale"
-    loaded = load_definitions(args.module, args.attribute, prog)
+    loaded = load_definitions(args.module, args.attribute, prog, args.workspace)
     if loaded is None:
         return 2
     module, defs = loaded

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Sequence
 
 from dagster_gpu.billing.ratecard import RateCard
-from dagster_gpu.commands.code_module import import_code_module
+from dagster_gpu.commands.code_module import add_workspace_argument, import_code_module
 from dagster_gpu.corpus.listing import CorpusSource
 from dagster_gpu.instance.history import fetch_unit_samples
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--pattern", default="*", help="shell glob on file names, as the asset's CorpusSource (default *)")
     ap.add_argument("--recursive", action="store_true", help="include sub-directories, as the asset's CorpusSource")
     ap.add_argument("-m", "--module", help="module holding the Definitions: plan the corpus of --asset as defined there")
+    add_workspace_argument(ap)
     ap.add_argument("--snapshot", help="plan offline from this snapshot JSON (Snapshot.to_json) instead of live state")
     ap.add_argument("--executor-config", help="gpu_executor config YAML for live state (default: local only)")
     ap.add_argument("--save-snapshot", help="write the live snapshot JSON here (for --snapshot later)")
@@ -174,7 +175,7 @@ def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int, float | Non
         from dagster_gpu.definitions.partitions import corpus_of
         from dagster_gpu.partitions.run_ranges import max_partitions_per_run
 
-        module = import_code_module(args.module)
+        module = import_code_module(args.module, args.workspace)
         defs = getattr(module, "defs", None)
         if not isinstance(defs, dg.Definitions):
             raise ValueError(f"module {args.module!r} has no Definitions named 'defs'")

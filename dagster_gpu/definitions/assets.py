@@ -110,9 +110,15 @@ def embedding_asset(
     pdef = partitions_def or dg.DynamicPartitionsDefinition(name=f"{name}_files")
     if spec.id_column is not None or spec.carry_columns is not None:
         fmt = corpus.text_format
-        corpus = dataclasses.replace(corpus, text_format=dataclasses.replace(
-            fmt, id_column=spec.id_column if spec.id_column is not None else fmt.id_column,
-            carry_columns=spec.carry_columns if spec.carry_columns is not None else fmt.carry_columns))
+        try:  # TextFormat and CorpusSource refuse columns on what is read as text (format 'text', a '*.txt' pattern)
+            corpus = dataclasses.replace(corpus, text_format=dataclasses.replace(
+                fmt, id_column=spec.id_column if spec.id_column is not None else fmt.id_column,
+                carry_columns=spec.carry_columns if spec.carry_columns is not None else fmt.carry_columns))
+        except ValueError as e:
+            raise ValueError(f"embedding_asset {name!r}: EmbeddingSpec(id_column={spec.id_column!r}, "
+                             f"carry_columns={spec.carry_columns!r}) on corpus {corpus.url} (pattern "
+                             f"{corpus.pattern!r}, TextFormat(format={fmt.format!r})): {e}; or leave id_column / "
+                             f"carry_columns out") from None
     options = spec.fingerprint_options()
     options["columns"] = output_columns(id_column=corpus.text_format.id_column,
                                         carry_columns=corpus.text_format.carry_columns, include_text=spec.include_text)

@@ -124,15 +124,35 @@ def stale_index_partitions(instance: dg.DagsterInstance, index: dg.AssetsDefinit
 def corpus_of(asset: dg.AssetsDefinition, module: ModuleType | None = None) -> CorpusSource:
     """The CorpusSource the asset was built from (looked up in ``module`` by URL), else a plain one on its URL
     (with the asset's ``shard_bytes``, op tag ``dagster-gpu/shard-bytes``, and ``group_buckets``, op tag
-    ``dagster-gpu/group-buckets``)."""
+    ``dagster-gpu/group-buckets``); either with the asset's own ``id_column`` / ``carry_columns``
+    (:func:`with_asset_columns`: ``EmbeddingSpec``'s, which ``embedding_asset`` puts in its copy of the corpus's
+    TextFormat)."""
     url = corpus_url_of(asset)
     for value in vars(module).values() if module else ():
         if isinstance(value, CorpusSource) and value.url == url:
-            return value
+            return with_asset_columns(asset, value)
     shard_bytes = (asset.op.tags or {}).get(TAG_SHARD_BYTES)
     buckets = (asset.op.tags or {}).get(TAG_GROUP_BUCKETS)
-    return CorpusSource(url=url, shard_bytes=int(shard_bytes) if shard_bytes else None,
-                        group_buckets=int(buckets) if buckets else None)
+    return with_asset_columns(asset, CorpusSource(url=url, shard_bytes=int(shard_bytes) if shard_bytes else None,
+                                                  group_buckets=int(buckets) if buckets else None))
+
+
+def with_asset_columns(asset: dg.AssetsDefinition, corpus: CorpusSource) -> CorpusSource:
+    """``corpus`` with the ``id_column`` and ``carry_columns`` of the embedding asset's definition metadata
+    (``dagster_gpu/config``'s ``columns``: :func:`dagster_gpu.embedding.fingerprint.output_columns`) in its
+    TextFormat, when they differ; ``corpus`` itself when the asset records none."""
+    import dataclasses
+
+    from dagster_gpu.definitions.assets import CONFIG_METADATA_KEY
+
+    config = metadata_values(asset.metadata_by_key.get(asset.key, {})).get(CONFIG_METADATA_KEY)
+    columns = config.get("columns") if isinstance(config, Mapping) else None
+    fmt = corpus.text_format
+    if not columns or (columns.get("id_column"), tuple(columns.get("carry_columns") or ())) == (
+            fmt.id_column, tuple(fmt.carry_columns or ())):
+        return corpus
+    return dataclasses.replace(corpus, text_format=dataclasses.replace(
+        fmt, id_column=columns.get("id_column"), carry_columns=tuple(columns.get("carry_columns") or ())))
 
 
 def register_corpus_files(instance: dg.DagsterInstance, asset: dg.AssetsDefinition, corpus: CorpusSource,
