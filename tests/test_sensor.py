@@ -524,7 +524,8 @@ def test_the_freshness_knob_prices_each_unit_it_requests_with_reuse_as_reuse(tmp
     d.mkdir()
     for name in ("a.txt", "b.txt"):
         (d / name).write_text("line of text\n" * 500_000)  # 6.5 MB each
-    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"))
+    # whole files (no shards of the 4 MiB default): the knob prices files, shards are test_shard_default's
+    corpus = CorpusSource(url=str(d), text_format=TextFormat(format="text"), shard_bytes=None)
     asset = embedding_asset(name="s_embeddings", corpus=corpus, output_url=str(tmp_path / "out"), device="cpu")
     sensor = corpus_sensor(asset, corpus, max_delay_seconds=60, target_useful_fraction=0.5, bridge=False)
     defs = dg.Definitions(assets=[asset], sensors=[sensor])
