@@ -78,6 +78,17 @@ KUEUE_OVERRIDES = {"queue_name": "batch", "max_preemptions": 3}
 _ENDED = ("SUCCESS", "FAILURE", "CANCELED")
 
 
+def _run_pods(core, run_id: str) -> list:
+    """The step pods of run ``run_id`` (``core``: a CoreV1Api as the executor); [] while the apiserver restarts."""
+    from dagster_gpu.k8s.manifests import run_selector
+    from tests.k8s_helpers import NAMESPACE
+
+    try:
+        return core.list_namespaced_pod(NAMESPACE, label_selector=run_selector(run_id)).items
+    except Exception:  # noqa: BLE001 - apiserver restarting: look again
+        return []
+
+
 @dataclass
 class InjectContext:
     """What the injector needs from the driver.
@@ -314,8 +325,7 @@ class Injector:
         in time, the online pod; the outage lasts until the run ended."""
         from kubernetes import client
 
-        from dagster_gpu.k8s.manifests import run_selector
-        from tests.k8s_helpers import NAMESPACE, admin_api, executor_api
+        from tests.k8s_helpers import admin_api, executor_api
         from tests.test_k8s_preemption_e2e import _ensure_online_class, _online_pod
 
         taken = self._take_queued_run(rec, PREEMPT_TAGS, PREEMPT_OVERRIDES)
@@ -326,10 +336,7 @@ class Injector:
         core, admin = client.CoreV1Api(executor_api()), client.CoreV1Api(admin_api())
 
         def pods():
-            try:
-                return core.list_namespaced_pod(NAMESPACE, label_selector=run_selector(run_id)).items
-            except Exception:  # noqa: BLE001 - apiserver restarting: look again
-                return []
+            return _run_pods(core, run_id)
 
         victim = self._running_pod(rec, run_id, taken_at, pods, PREEMPT_TAGS, PREEMPT_OVERRIDES)
         if victim is None:
@@ -384,7 +391,6 @@ class Injector:
         Workload admitted); the outage lasts until the run ended."""
         from kubernetes import client
 
-        from dagster_gpu.k8s.manifests import run_selector
         from tests.k8s_helpers import NAMESPACE, admin_api, executor_api
         from tests.test_kueue_e2e import _apply_example, _cond, _online_objects, _workload_of
 
@@ -397,10 +403,7 @@ class Injector:
         custom, resource = client.CustomObjectsApi(admin_api()), client.ResourceV1Api(admin_api())
 
         def pods():
-            try:
-                return core.list_namespaced_pod(NAMESPACE, label_selector=run_selector(run_id)).items
-            except Exception:  # noqa: BLE001 - apiserver restarting: look again
-                return []
+            return _run_pods(core, run_id)
 
         def workload(uid: str) -> dict | None:
             try:
