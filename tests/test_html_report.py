@@ -263,3 +263,26 @@ def test_cost_axis_labels_are_short_and_a_cpu_run_has_no_empty_utilization_chart
     assert page.count("<svg ") == 4  # cost, seconds, useful fraction, texts/s against rows
     gpu = [replace(rows[0], device="cuda", utilization_percent=63.0), *rows[1:]]
     assert "no GPU measured" not in render_html(gpu, [], "t")
+
+
+def test_a_cpu_run_names_its_seconds_cpu_seconds_in_the_report_and_the_cli_summary():
+    """Every partition measured on the CPU (``billing/device_type`` ``cpu``): the report's seconds chart and the CLI
+    summary's column say CPU-seconds; one GPU partition among them: GPU-seconds."""
+    from rich.console import Console
+
+    from dagster_gpu.commands.backfill import PartitionSummary
+    from dagster_gpu.commands.progress import summary_table
+
+    rows = [row_from(f"f{i}", "r1", {**_md(1.0, 2.0), "billing/device_type": "cpu"}, None) for i in range(3)]
+    page = render_html(rows, [], "t")
+    assert "Measured CPU-seconds per partition" in page and "Measured GPU-seconds per partition" not in page
+    assert "Measured GPU-seconds per partition" in render_html([replace(rows[0], device="NVIDIA H100"), *rows[1:]], [], "t")
+
+    def header(device_types):
+        con = Console(record=True, width=300)
+        con.print(summary_table([PartitionSummary(f"f{i}", ok=True, rows=1, gpu_seconds=2.0, device_type=d)
+                                 for i, d in enumerate(device_types)]))
+        return con.export_text()
+
+    assert "measured CPU-s" in header(["cpu", "cpu"]) and "GPU-s" not in header(["cpu", "cpu"])
+    assert "measured GPU-s" in header(["cpu", "NVIDIA H100"])

@@ -545,6 +545,43 @@ def test_a_bill_is_rounded_as_the_materialization_and_a_cpu_step_is_billed_in_cp
     assert gpu["a"]["bill/gpu_seconds"] == 347.4 and "bill/cpu_seconds" not in gpu["a"]
 
 
+def test_a_step_that_asked_for_a_gpu_but_ran_on_the_cpu_is_billed_in_cpu_seconds():
+    """An embedding asset with ``ComputeSpec(device="cpu")`` asks for a GPU (its step context's ``gpu_count`` 1)
+    but its materializations say ``billing/device_type`` ``cpu``: its bill is in CPU-seconds, as the index's."""
+    import dagster as dg
+    from dagster._core.instance_for_test import instance_for_test
+
+    from dagster_gpu.executor.bill_writer import ran_on_cpu, write_unit_bill
+    from dagster_gpu.policy.placement import Placement
+    from dagster_gpu.worker.context import StepContext
+
+    @dg.asset(partitions_def=dg.DynamicPartitionsDefinition(name="p"), backfill_policy=dg.BackfillPolicy.single_run(),
+              output_required=False)  # its own materializations only, as the embedding asset's unit logs them
+    def emb(context):
+        for pk in ("a", "b"):
+            context.log_event(dg.AssetMaterialization("emb", partition=pk, metadata={
+                "local/unit": "u1", "billing/gpu_seconds": 3.0, "billing/device_type": "cpu"}))
+        yield from ()
+
+    env = StepContext(backend="local", placement=Placement("local", "forced"), rates={"cpu": 0.05, "default": 1.0},
+                      gpu_count=1).to_env()
+    bill = UnitBill(gpu_seconds=0.0, rate_usd_per_gpu_hour=None, rates={"cpu": 0.05, "default": 1.0}, env=env,
+                    metadata={"billing/source": "process", "local/unit": "u1"}, match=("local/unit", "u1"),
+                    wall_seconds=8.0, device_type="cpu")
+    with instance_for_test() as instance:
+        instance.add_dynamic_partitions("p", ["a", "b"])
+        run = dg.materialize([emb], instance=instance, tags={"dagster/asset_partition_range_start": "a",
+                                                             "dagster/asset_partition_range_end": "b"})
+        assert write_unit_bill(instance, run.run_id, "emb", "p", bill) == 2
+        got = {r.asset_observation.partition: {k: v.value for k, v in r.asset_observation.metadata.items()}
+               for r in instance.fetch_observations(dg.AssetRecordsFilter(asset_key=dg.AssetKey("emb")), limit=10).records}
+    assert got["a"].get("bill/cpu_seconds") == 4.0, got["a"]
+    assert got["a"]["bill/unit_cpu_seconds"] == 8.0
+    assert got["a"]["bill/rate_usd_per_cpu_hour"] == 0.05 and not [k for k in got["a"] if "gpu" in k]
+    assert ran_on_cpu(0, "NVIDIA H200") and ran_on_cpu(1, "cpu") and not ran_on_cpu(1, "NVIDIA H200")
+    assert not ran_on_cpu(1, None)
+
+
 @pytest.mark.parametrize("empty", [True, False])
 def test_observation_writer_writes_nothing_for_an_empty_bill_or_a_bill_naming_no_step(empty):
     from dagster_gpu.executor.bill_writer import ObservationWriter

@@ -24,7 +24,7 @@ from dagster import RunsFilter
 from dagster._core.execution.backfill import BulkActionStatus, PartitionBackfill
 from dagster._core.utils import make_new_backfill_id
 
-from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, WALL_SECONDS
+from dagster_gpu.billing.keys import COST_USD, DEVICE_TYPE, GPU_SECONDS, WALL_SECONDS
 from dagster_gpu.core.log_tail import log_tail
 from dagster_gpu.instance.bills import BilledShare, PendingBill, billed_share, unit_of
 from dagster_gpu.instance.failures import launch_metadata, partition_line, step_failure_message
@@ -488,6 +488,8 @@ class PartitionSummary(PendingBill):
     bill: BilledShare | None = None
     unit: tuple[str, str] | None = None
     index: IndexLoad | None = None
+    #: the rate card's device type the step measured on (``billing/device_type``: ``cpu`` on a CPU run)
+    device_type: str | None = None
 
 
 def summarize_partitions(
@@ -547,6 +549,7 @@ def summarize_partitions(
                 run_id=recs[0].run_id,
                 bill=billed_share(instance, asset_key, pk, unit),
                 unit=unit,
+                device_type=md.get(DEVICE_TYPE),
             )
         )
     return out

@@ -19,11 +19,11 @@
         the backfill; one ending with an error stored on it shows the error and exits 1. The daemon it starts
         runs at most --max-concurrent-runs runs at once (default: the limit dagster.yaml sets, else the host's
         CPU count), without rewriting dagster.yaml.
-    dagster-gpu stale -m MODULE -a ASSET [--json]
+    dagster-gpu stale -m MODULE -a ASSET [-w workspace.yaml] [--json]
         list the partitions whose file (source version) or embedding fingerprint (the asset's code version)
         changed since their latest materialization, with why; never materialized ones are "missing".
-    dagster-gpu whatif (CORPUS [--pattern GLOB] [--recursive] | -m MODULE -a ASSET) [--snapshot snap.json |
-            --save-snapshot snap.json] [...]
+    dagster-gpu whatif (CORPUS [--pattern GLOB] [--recursive] | -m MODULE -a ASSET [-w workspace.yaml])
+            [--snapshot snap.json | --save-snapshot snap.json] [...]
         print the cost policy's plan for a backfill without launching anything (live backend state
         and the asset's history by default; --snapshot for an offline plan); the partition keys are
         the asset's (CorpusSource's listing).
@@ -31,14 +31,15 @@
         write a self-contained HTML report (cost, GPU-seconds, useful fraction, utilization,
         throughput, placements, estimate vs measured cost, failed partitions and why) of a backfill,
         or of the asset's last N materializations and its failed runs since.
-    dagster-gpu search -m MODULE -a ASSET "text" [-k 10] [--fingerprint FP] [--json]
+    dagster-gpu search -m MODULE -a ASSET "text" [-k 10] [--fingerprint FP] [-w workspace.yaml] [--json]
         the nearest rows of a vector index asset (or of the index following an embedding asset): the
         query embedded with the rows' model and options and the model's query prompt.
-    dagster-gpu index -m MODULE -a INDEX_ASSET --rebuild
+    dagster-gpu index -m MODULE -a INDEX_ASSET --rebuild [-w workspace.yaml]
         drop the vector index asset's LanceDB table and load every partition its embeddings asset materialized from
         the current outputs (after a change of the output columns), recording a materialization per partition.
 
-Each command's own options: dagster-gpu COMMAND --help.
+-m's module is imported from the working directory, else from the working_directory of -w's code locations
+(default ./workspace.yaml). Each command's own options: dagster-gpu COMMAND --help.
 """
 
 from __future__ import annotations

@@ -63,9 +63,9 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
     """Columns: partition, rows, reused (rows whose vector was reused from the previous output; shown when a
     partition reused any), seconds (embedding), texts/s (texts that reached the model; "all reused" when every row was
     reused), backend, measured
-    GPU-seconds and measured cost (USD): the step worker's own measurement; useful fraction (embedding ÷
-    measured seconds; its footer the ratio of sums, as in the HTML report); scheduler's bill (USD): the
-    partition's share of its unit's bill from sacct / the pod interval / the process ("pending" until it
+    GPU-seconds (CPU-seconds, "measured CPU-s", when every materialized partition ran on the CPU) and measured
+    cost (USD): the step worker's own measurement; useful fraction (embedding ÷ measured seconds; its footer the
+    ratio of sums, as in the HTML report); scheduler's bill (USD): the partition's share of its unit's bill from sacct / the pod interval / the process ("pending" until it
     lands; failed partitions have one too). Failures in red."""
     if any(r.index for r in rows):
         return index_summary_table(rows, title)
@@ -79,7 +79,8 @@ def summary_table(rows: Sequence[PartitionSummary], title: str = "Per-partition 
     t.add_column("seconds", justify="right", footer=f"{sum(r.seconds or 0 for r in ok):.1f}")
     t.add_column("texts/s", justify="right")
     t.add_column("backend")
-    t.add_column("measured GPU-s", justify="right", footer=f"{sum(r.gpu_seconds or 0 for r in ok):.1f}")
+    seconds = "CPU-s" if ok and all(r.device_type == "cpu" for r in ok) else "GPU-s"  # a CPU run counts CPU seconds
+    t.add_column(f"measured {seconds}", justify="right", footer=f"{sum(r.gpu_seconds or 0 for r in ok):.1f}")
     t.add_column("measured (USD)", justify="right", footer=f"{sum(r.cost_usd or 0 for r in ok):.6f}")
     uf = useful_fraction(rows)
     t.add_column("useful", justify="right", footer="" if uf is None else f"{uf:.2f}")

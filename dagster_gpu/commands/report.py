@@ -397,7 +397,8 @@ def render_html(rows: Sequence[ReportRow], failed: Sequence[tuple[str, str, str]
     if rows:
         parts.append('<h2>Charts</h2><div class="charts">')
         parts.append(_bars(rows, "cost_usd", "Measured cost per partition", "USD", "n/a"))
-        parts.append(_bars(rows, "gpu_seconds", "Measured GPU-seconds per partition", "GPU-seconds", "n/a"))
+        unit = "CPU-seconds" if cpu_only(rows) else "GPU-seconds"  # a CPU run's seconds are CPU seconds
+        parts.append(_bars(rows, "gpu_seconds", f"Measured {unit} per partition", unit, "n/a"))
         parts.append(_bars(rows, "useful_fraction", "Useful fraction (embedding ÷ measured seconds)", "fraction", "n/a"))
         if cpu_only(rows):  # no GPU: an empty 0–100 frame would say nothing
             parts.append('<p class="nochart">Mean GPU utilization: no GPU measured (CPU run)</p>')

@@ -1,7 +1,7 @@
 """``dagster-gpu search``: embed a query with the index's own model and options, print the nearest rows.
 
     dagster-gpu search -m pipelines.definitions -a fortune_embeddings_index "text" [-k 10]
-            [--fingerprint fp1-…] [--model DIR_OR_ID] [--device cpu] [--exact] [--json]
+            [--fingerprint fp1-…] [--model DIR_OR_ID] [--device cpu] [--exact] [-w workspace.yaml] [--json]
 
 ``-a`` names the index asset (:func:`dagster_gpu.definitions.vector_index.vector_index_asset`) or the embedding asset it
 follows. The query is embedded as the rows were: the fingerprint's lineage (recorded from the outputs'

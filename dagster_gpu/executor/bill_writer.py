@@ -155,7 +155,7 @@ def write_unit_bill(
     # the asset its other partitions materialized)
     fallback = assets[0] if assets else next((ak for ak, _ in materialized.values()), None)
     ctx = read_step_context(bill.env)
-    cpu = ctx.get("gpu_count") == 0  # a step that asked for no GPU (the vector index)
+    cpu = ran_on_cpu(ctx.get("gpu_count"), metadata_get(first, DEVICE_TYPE))
     cluster = (ctx.get("placement") or {}).get("cluster")  # a fleet's cluster: billed by its own accounting and rates
     observations: list[dg.AssetObservation] = []
     for key, share in parts:
@@ -183,6 +183,13 @@ def write_unit_bill(
     store_observations(instance, observations)
     log.info("run %s step %s: %d observation(s) of %s", run_id, step_key, len(observations), bill.metadata.get(SOURCE))
     return len(observations)
+
+
+def ran_on_cpu(gpu_count: Any, device_type: Any) -> bool:
+    """Whether a unit's seconds are CPU seconds: its step asked for no GPU (``gpu_count`` 0: the vector index), or its
+    materializations say it ran on the CPU (``billing/device_type`` ``cpu``: an embedding asset with
+    ``ComputeSpec(device="cpu")``, or a host without a GPU). Pure."""
+    return gpu_count == 0 or str(device_type or "") == "cpu"
 
 
 def observation_metadata(md: Mapping[str, Any], cpu: bool) -> dict[str, Any]:
