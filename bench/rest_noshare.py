@@ -2,7 +2,7 @@
 the 24.11 test cluster, in one run.
 
     bash resources/slurm/trixie.sh start            # the cluster, slurmrestd and the no-share mask
-    PYTHONPATH=$PWD .venv/bin/python bench/rest_noshare.py [--partitions 8] [--reps 2] [--sleep 5]
+    PYTHONPATH=$PWD .venv/bin/python bench/rest_noshare.py [--partitions 6] [--reps 3] [--sleep 5]
 
 Each rep runs, alternating the order, the same backfill of ``--partitions`` partitions (one run worker per
 partition, each task sleeping ``--sleep`` s; the last partition's worker dies with exit 7) twice with
@@ -97,8 +97,8 @@ def _one(mode: str, s3, partitions: int, sleep_s: float, first: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--partitions", type=int, default=8)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--sleep", type=float, default=5.0)
     ap.add_argument("--no-summary", action="store_true")
     a = ap.parse_args()

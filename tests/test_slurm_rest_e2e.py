@@ -224,7 +224,13 @@ def test_relayed_events_through_an_object_store_channel_over_slurmrestd(rest_hom
         monkeypatch.setenv(k, v)
     keys = [f"p{i:03d}" for i in range(44, 47)]
     reports = _relayed_runs(home_dir, env, keys)
-    listed = [o["Key"] for o in s3.client.list_objects_v2(Bucket="relay-e2e", Prefix=prefix + "/")["Contents"]]
+    everything = [o["Key"] for o in s3.client.list_objects_v2(Bucket="relay-e2e", Prefix=prefix + "/")["Contents"]]
+    # with relay_url nothing is shared: beside the channels, each job array's manifest and each task's shipped log
+    # (tests/test_slurm_rest_noshare_e2e.py)
+    listed = [k for k in everything if not k.startswith(f"{prefix}/batches/")]
+    shipped = [k for k in everything if k.startswith(f"{prefix}/batches/")]
+    assert all(re.fullmatch(rf"{prefix}/batches/[^/]+/(manifest\.json|\d+\.log/\d{{8}}\.log)", k) for k in shipped), shipped
+    assert len({k.rsplit("/", 1)[0] for k in shipped if k.endswith(".log")}) == len(keys), shipped
     channels = {f"s3://relay-e2e/{k.rsplit('/', 1)[0]}" for k in listed}
     assert {r["dagster_gpu/relay_channel"] for r in reports} == channels and len(channels) == len(keys), listed
     assert all(re.fullmatch(rf"{prefix}/[A-Za-z0-9-]+/[0-9a-f]{{20}}/\d{{8}}\.jsonl", k) for k in listed), listed
