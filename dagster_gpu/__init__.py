@@ -33,27 +33,36 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from dagster_gpu.definitions.assets import embedding_asset as embedding_asset
     from dagster_gpu.billing.ratecard import RateCard as RateCard
-    from dagster_gpu.definitions.bills_sensor import unit_bills_sensor as unit_bills_sensor
-    from dagster_gpu.corpus.listing import CorpusFile as CorpusFile, CorpusSource as CorpusSource
-    from dagster_gpu.corpus.readers import TextFormat as TextFormat
-    from dagster_gpu.embedding.chunking import TokenChunks as TokenChunks
-    from dagster_gpu.embedding.spec import EmbeddingSpec as EmbeddingSpec
-    from dagster_gpu.definitions.asset_options import ComputeSpec as ComputeSpec, OutputSpec as OutputSpec
-    from dagster_gpu.executor.executor import gpu_executor as gpu_executor
-    from dagster_gpu.policy.placement import Alternative as Alternative, Placement as Placement
     from dagster_gpu.core.request import GpuRequest as GpuRequest
+    from dagster_gpu.corpus.listing import CorpusFile as CorpusFile
+    from dagster_gpu.corpus.listing import CorpusSource as CorpusSource
+    from dagster_gpu.corpus.readers import TextFormat as TextFormat
+    from dagster_gpu.definitions.asset_options import ComputeSpec as ComputeSpec
+    from dagster_gpu.definitions.asset_options import OutputSpec as OutputSpec
+    from dagster_gpu.definitions.assets import embedding_asset as embedding_asset
+    from dagster_gpu.definitions.bills_sensor import unit_bills_sensor as unit_bills_sensor
     from dagster_gpu.definitions.sensors import (
         asset_job as asset_job,
+    )
+    from dagster_gpu.definitions.sensors import (
         backfill_missing_schedule as backfill_missing_schedule,
+    )
+    from dagster_gpu.definitions.sensors import (
         corpus_sensor as corpus_sensor,
     )
-    from dagster_gpu.partitions.source_versions import corpus_source as corpus_source
     from dagster_gpu.definitions.vector_index import (
         index_automation_sensor as index_automation_sensor,
+    )
+    from dagster_gpu.definitions.vector_index import (
         vector_index_asset as vector_index_asset,
     )
+    from dagster_gpu.embedding.chunking import TokenChunks as TokenChunks
+    from dagster_gpu.embedding.spec import EmbeddingSpec as EmbeddingSpec
+    from dagster_gpu.executor.executor import gpu_executor as gpu_executor
+    from dagster_gpu.partitions.source_versions import corpus_source as corpus_source
+    from dagster_gpu.policy.placement import Alternative as Alternative
+    from dagster_gpu.policy.placement import Placement as Placement
 
     __version__: str
 

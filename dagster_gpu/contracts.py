@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 if TYPE_CHECKING:  # annotations only: no import of the rest of the package at run time
+    from dagster_gpu.core.request import GpuRequest
     from dagster_gpu.policy.placement import Placement
     from dagster_gpu.policy.snapshot import BackendState
-    from dagster_gpu.core.request import GpuRequest
 
 #: The environment variable that carries the step context (``dagster_gpu.worker.context.StepContext`` as JSON)
 #: from the executor to the step worker; each backend passes it on to the worker's environment.

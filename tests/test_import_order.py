@@ -1,8 +1,7 @@
 """The package's imports are in one order: isort's rules as ruff implements them (``[tool.ruff.lint] select = ["I"]``
 in pyproject.toml; ruff is in the ``test`` extra). ``ruff check --fix`` puts a file in that order.
 
-The folders listed in :data:`NOT_SORTED_YET` are not checked yet (their imports are reordered in a commit of their own);
-every other module of ``dagster_gpu/`` is.
+Every module of ``dagster_gpu/`` is checked.
 """
 
 from __future__ import annotations
@@ -16,14 +15,9 @@ import dagster_gpu
 PACKAGE = Path(dagster_gpu.__file__).resolve().parent
 ROOT = PACKAGE.parent
 
-#: Paths under dagster_gpu/ whose import order is not checked yet; an entry goes once its files are sorted.
-NOT_SORTED_YET = ("__init__.py", "contracts.py", "commands/whatif.py", "k8s/", "local/", "policy/", "relay/", "sim/",
-                  "slurm/", "telemetry/", "worker/")
-
 
 def _checked() -> list[Path]:
-    return [p for p in sorted(PACKAGE.rglob("*.py"))
-            if not str(p.relative_to(PACKAGE)).startswith(NOT_SORTED_YET)]
+    return sorted(PACKAGE.rglob("*.py"))
 
 
 def _ruff(*args: str) -> subprocess.CompletedProcess:

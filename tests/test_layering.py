@@ -414,7 +414,7 @@ def test_the_moved_modules_are_the_finders_entries_with_no_file_and_nothing_impo
 MAX_FUNCTION_IMPORTS = 25
 #: Files whose function-level imports of the package do not give their reason yet -> how many may lack it (each
 #: entry shrinks as they are moved to the top or given their reason, and goes at zero).
-FUNCTION_IMPORTS_WITHOUT_REASON = {"commands/whatif.py": 13, "k8s/claim.py": 3, "slurm/rest_parse.py": 1}
+FUNCTION_IMPORTS_WITHOUT_REASON: dict[str, int] = {}
 
 
 def _function_imports(path: Path) -> list[tuple[int, str]]:

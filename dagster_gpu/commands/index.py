@@ -13,13 +13,11 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dagster_gpu.commands.code_module import load_definitions
+from dagster_gpu.commands.code_module import add_workspace_argument, load_definitions
 from dagster_gpu.commands.common import console as make_console
 from dagster_gpu.commands.common import instance_or_none
 from dagster_gpu.commands.search import SearchError, index_of
 from dagster_gpu.definitions.index_rebuild import RebuildRefused, rebuild_index
-
-from dagster_gpu.commands.code_module import add_workspace_argument
 
 
 def index_main(argv: list[str]) -> int:

@@ -15,6 +15,10 @@ from typing import Callable, Sequence
 
 import dagster as dg
 
+from dagster_gpu.definitions.partitions import index_load_failures
+from dagster_gpu.definitions.vector_index import META_EMBEDDINGS
+from dagster_gpu.instance.events import metadata_get
+
 
 @dataclass(frozen=True)
 class IndexLag:
@@ -43,9 +47,6 @@ class IndexLag:
 def index_assets_following(defs: dg.Definitions, embeddings_key: dg.AssetKey) -> list[dg.AssetsDefinition]:
     """The vector index assets of ``defs`` whose ``dagster_gpu/embeddings_asset`` metadata names ``embeddings_key``,
     in the asset graph's order."""
-    from dagster_gpu.definitions.vector_index import META_EMBEDDINGS
-    from dagster_gpu.instance.events import metadata_get
-
     name = embeddings_key.to_user_string()
     return [a for a in defs.resolve_asset_graph().assets_defs
             if str(metadata_get(a.metadata_by_key.get(a.key, {}), META_EMBEDDINGS)) == name]
@@ -55,8 +56,6 @@ def index_lag(instance: dg.DagsterInstance, index: dg.AssetsDefinition, embeddin
               partition_keys: Sequence[str]) -> IndexLag:
     """``index``'s state behind ``embeddings_key`` for ``partition_keys`` (those not materialized by the embeddings
     are left out). Three event-log queries."""
-    from dagster_gpu.definitions.partitions import index_load_failures
-
     emb = instance.get_latest_storage_id_by_partition(embeddings_key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     ix = instance.get_latest_storage_id_by_partition(index.key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     behind = [k for k in partition_keys if k in emb and emb[k] > ix.get(k, -1)]

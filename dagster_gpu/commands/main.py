@@ -68,7 +68,7 @@ def quiet_dagster_warnings() -> None:
 
     import dagster as dg
 
-    from dagster_gpu.commands.common import no_instance_yaml_warning_once  # deferred: `dagster-gpu --help` imports no Dagster
+    from dagster_gpu.commands.common import no_instance_yaml_warning_once  # deferred: --help loads no Dagster
 
     for category in (dg.BetaWarning, dg.PreviewWarning):
         warnings.filterwarnings("ignore", category=category)

@@ -27,7 +27,7 @@ from dagster_gpu.commands.backfill import (
     wait_for_bills,
     wait_for_other_work,
 )
-from dagster_gpu.commands.index_wait import index_lag, lag_lines
+from dagster_gpu.commands.index_wait import index_lag, lag_lines, wait_for_indexes
 from dagster_gpu.instance.bills import SCHEDULERS_BILL, billed_total
 from dagster_gpu.instance.failures import FailureDetail, failure_detail
 from dagster_gpu.k8s.settings import KubernetesSettings
@@ -331,8 +331,6 @@ def follow_indexes(instance, daemon, asset_key, rows: Sequence[PartitionSummary]
     ``asset_key``) have loaded the partitions ``rows`` materialized (:func:`dagster_gpu.commands.index_wait.wait_for_indexes`),
     saying so when one is behind; returns (their last :class:`~dagster_gpu.commands.index_wait.IndexLag`, the
     seconds waited)."""
-    from dagster_gpu.commands.index_wait import wait_for_indexes
-
     keys = [r.partition_key for r in rows if r.ok]
     if not indexes or not keys:
         return [], 0.0

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dagster_gpu.commands.code_module import load_definitions
+from dagster_gpu.commands.code_module import add_workspace_argument, load_definitions
 from dagster_gpu.commands.common import console
 from dagster_gpu.definitions.vector_index import META_EMBEDDINGS, META_TABLE, META_URI
 from dagster_gpu.embedding.encoder import Encoder
@@ -28,8 +28,6 @@ from dagster_gpu.embedding.model import ModelNotFound, load_model
 from dagster_gpu.embedding.prompts import query_prompt
 from dagster_gpu.index.lance import VectorIndex
 from dagster_gpu.instance.events import metadata_values
-
-from dagster_gpu.commands.code_module import add_workspace_argument
 
 
 class SearchError(Exception):

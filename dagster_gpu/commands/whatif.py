@@ -42,12 +42,24 @@ from typing import Sequence
 
 from dagster_gpu.billing.ratecard import RateCard
 from dagster_gpu.commands.code_module import add_workspace_argument, import_code_module
+from dagster_gpu.commands.common import console, instance_or_none
+from dagster_gpu.core.request import BACKENDS, GpuRequest
 from dagster_gpu.corpus.listing import CorpusSource
-from dagster_gpu.instance.history import fetch_unit_samples
+from dagster_gpu.definitions.assets import DEFAULT_PARTITIONS_PER_RUN
+from dagster_gpu.definitions.partitions import corpus_of
+from dagster_gpu.executor.auto import checkpoint_records, gather_snapshot
+from dagster_gpu.executor.fleet import gather_fleet, with_learned_fleet_rates
+from dagster_gpu.executor.step_handler import GpuStepHandler
+from dagster_gpu.fleet.whatif import plan_fleet, totals_by_cluster
+from dagster_gpu.instance.history import fetch_unit_samples, runtime_model
+from dagster_gpu.instance.preemption import with_learned_rates
+from dagster_gpu.k8s.kueue import queue_lines
+from dagster_gpu.partitions.run_ranges import max_partitions_per_run
+from dagster_gpu.partitions.unit_cost import cost_source, overheads
+from dagster_gpu.policy.batching import UnitCost, trickle
 from dagster_gpu.policy.runtime import HistoryPoint, RuntimeModel
 from dagster_gpu.policy.snapshot import Snapshot
 from dagster_gpu.policy.whatif import MODES, PlanRow, plan, totals
-from dagster_gpu.core.request import BACKENDS, GpuRequest
 
 
 def list_partitions(corpus: CorpusSource) -> list[tuple[str, int]]:
@@ -102,8 +114,6 @@ def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | N
     ``-a``'s finished units on that kind of device in ``instance``, else the packaged unit calibration
     (:func:`dagster_gpu.partitions.unit_cost.overheads`); ``--startup-seconds`` overrides the start-up (e.g.
     a fork server's)."""
-    from dagster_gpu.policy.batching import UnitCost, trickle
-    from dagster_gpu.partitions.unit_cost import cost_source, overheads
 
     backend, _, device = args.on.partition("/")
     rate = (rc or RateCard.load()).gpu_hour_rate(backend, device or "cpu")
@@ -129,7 +139,6 @@ def trickle_rows(args: argparse.Namespace, model: RuntimeModel, rc: RateCard | N
 def _print_trickle(rows: list[dict], args: argparse.Namespace) -> None:
     from rich.table import Table
 
-    from dagster_gpu.commands.common import console
 
     t = Table(title=f"a file of {args.file_bytes} bytes every {args.trickle_every:g} s, sensor every {args.tick:g} s, "
                     f"on {args.on} at {rows[0]['rate_usd_per_hour']:.4f} USD/h")
@@ -165,15 +174,12 @@ def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int, float | Non
     CorpusSource, ``max_partitions_per_run`` and op tag ``dagster-gpu/checkpoint-records`` with ``-m MODULE --asset
     KEY`` (CORPUS, when also given, must be its URL), else one on CORPUS with ``--pattern``/``--recursive``, 50
     (embedding_asset's default) and None (no checkpoints). Raises ValueError."""
-    from dagster_gpu.definitions.assets import DEFAULT_PARTITIONS_PER_RUN
 
     if args.module:
         if not args.asset:
             raise ValueError("-m/--module needs --asset KEY (the asset whose corpus to plan)")
         import dagster as dg
 
-        from dagster_gpu.definitions.partitions import corpus_of
-        from dagster_gpu.partitions.run_ranges import max_partitions_per_run
 
         module = import_code_module(args.module, args.workspace)
         defs = getattr(module, "defs", None)
@@ -186,7 +192,6 @@ def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int, float | Non
         corpus = corpus_of(asset, module)
         if args.corpus and args.corpus.rstrip("/") != corpus.url.rstrip("/"):
             raise ValueError(f"CORPUS {args.corpus!r} is not asset {args.asset}'s corpus {corpus.url!r}")
-        from dagster_gpu.executor.auto import checkpoint_records
 
         return corpus, max_partitions_per_run(asset), checkpoint_records(dict(asset.op.tags or {}))
     if not args.corpus:
@@ -196,8 +201,6 @@ def corpus_for(args: argparse.Namespace) -> tuple[CorpusSource, int, float | Non
 
 def live_snapshot(executor_config: dict) -> Snapshot:
     """Ask each backend configured in ``executor_config`` for its state, as ``backend: auto`` does."""
-    from dagster_gpu.executor.auto import gather_snapshot
-    from dagster_gpu.executor.step_handler import GpuStepHandler
 
     handler = GpuStepHandler(executor_config, Path(tempfile.gettempdir()) / "dagster-gpu-whatif")
     return gather_snapshot(handler, handler.candidates)
@@ -208,7 +211,6 @@ def instance_runtime_model(instance, asset_key: str | None) -> RuntimeModel:
     fallback when there is no asset or no instance."""
     if not asset_key or instance is None:
         return RuntimeModel.from_history([])
-    from dagster_gpu.instance.history import runtime_model
 
     return runtime_model(instance, asset_key)
 
@@ -218,7 +220,6 @@ def learned_snapshot(instance, snapshot: Snapshot) -> Snapshot:
     ``$DAGSTER_HOME``'s; :func:`dagster_gpu.instance.preemption.with_learned_rates`); as it is without one."""
     if instance is None:
         return snapshot
-    from dagster_gpu.instance.preemption import with_learned_rates
 
     return with_learned_rates(instance, snapshot)
 
@@ -229,7 +230,6 @@ def open_instance(prog: str = "whatif"):
     on stderr when it is set but unusable (:func:`dagster_gpu.commands.common.instance_or_none`)."""
     if not os.environ.get("DAGSTER_HOME"):
         return True, None
-    from dagster_gpu.commands.common import instance_or_none
 
     instance = instance_or_none(prog)
     return instance is not None, instance
@@ -332,9 +332,6 @@ def whatif_main(argv: Sequence[str] | None = None) -> int:
 def _fleet_main(args: argparse.Namespace, config: dict, request: GpuRequest, instance) -> int:
     """The plan over a fleet (:func:`dagster_gpu.fleet.whatif.plan_fleet`): ``auto`` and each cluster alone, one
     unit per partition, totals per cluster; an unreachable cluster is planned around, with its reason."""
-    from dagster_gpu.executor.fleet import gather_fleet, with_learned_fleet_rates
-    from dagster_gpu.executor.step_handler import GpuStepHandler
-    from dagster_gpu.fleet.whatif import plan_fleet, totals_by_cluster
 
     handler = GpuStepHandler(config, Path(tempfile.gettempdir()) / "dagster-gpu-whatif")
     fleet = with_learned_fleet_rates(instance, gather_fleet(handler, handler.candidates))
@@ -364,7 +361,6 @@ def _fleet_main(args: argparse.Namespace, config: dict, request: GpuRequest, ins
         return 0
     from rich.table import Table
 
-    from dagster_gpu.commands.common import console
 
     con = console()
     for name, why in unreachable.items():
@@ -385,9 +381,6 @@ def _print_tables(plans: dict[str, list[PlanRow]], model: RuntimeModel, max_rows
                   preemption: dict[str, dict] | None = None, queue=None) -> None:
     from rich.table import Table
 
-    from dagster_gpu.k8s.kueue import queue_lines
-
-    from dagster_gpu.commands.common import console
 
     con = console()
     auto = plans["auto"]

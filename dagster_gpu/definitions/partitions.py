@@ -143,7 +143,6 @@ def with_asset_columns(asset: dg.AssetsDefinition, corpus: CorpusSource) -> Corp
     TextFormat, when they differ; ``corpus`` itself when the asset records none."""
     import dataclasses
 
-    from dagster_gpu.definitions.assets import CONFIG_METADATA_KEY
 
     config = metadata_values(asset.metadata_by_key.get(asset.key, {})).get(CONFIG_METADATA_KEY)
     columns = config.get("columns") if isinstance(config, Mapping) else None

@@ -36,7 +36,12 @@ from dagster_gpu.definitions.partitions import (
     prune_partitions,
 )
 from dagster_gpu.partitions.run_ranges import max_partitions_per_run
-from dagster_gpu.partitions.run_requests import planned_ranges, ranged_run_requests, shard_groups, versioned_run_requests
+from dagster_gpu.partitions.run_requests import (
+    planned_ranges,
+    ranged_run_requests,
+    shard_groups,
+    versioned_run_requests,
+)
 from dagster_gpu.partitions.source_versions import (
     corpus_asset_key,
     corpus_updates,

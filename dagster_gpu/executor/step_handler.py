@@ -37,11 +37,11 @@ from dagster_gpu.contracts import TERMINAL, Backend, StepLaunch, WorkerStatus, d
 from dagster_gpu.core.request import TAG_PARTITIONS_DEF, GpuRequest
 from dagster_gpu.executor.auto import auto_placement
 from dagster_gpu.executor.backfill_hint import launches_to_come
-from dagster_gpu.executor.fleet import fleet_placement
-from dagster_gpu.fleet.config import fleet_from_config, fleet_rate_card
 from dagster_gpu.executor.command import relay_worker_argv, worker_argv, worker_env, worker_python_for
+from dagster_gpu.executor.fleet import fleet_placement
 from dagster_gpu.executor.registry import build_backend, configured_backends
 from dagster_gpu.executor.settle import Settler
+from dagster_gpu.fleet.config import fleet_from_config, fleet_rate_card
 from dagster_gpu.instance.connections import hold_storage_connections
 from dagster_gpu.instance.events import (
     BACKEND_KEY,

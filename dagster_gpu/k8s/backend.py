@@ -55,18 +55,34 @@ from kubernetes.client.rest import ApiException
 
 from dagster_gpu.billing.keys import COST_USD, GPU_SECONDS, RATE_USD_PER_GPU_HOUR
 from dagster_gpu.billing.ratecard import RateCard, RateCardError
-from dagster_gpu.contracts import Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, describe_partitions, with_step_context
-from dagster_gpu.k8s.billing import pod_interval_metadata
-from dagster_gpu.k8s.handle import PodHandle
-from dagster_gpu.k8s.pod_state import (
-    FAILED_PREPARE, PodTimeouts, disruption, epoch, needs_events, pod_state, preempted_event, terminated,
+from dagster_gpu.contracts import (
+    Backend,
+    Handle,
+    StepLaunch,
+    UnitBill,
+    WorkerState,
+    WorkerStatus,
+    describe_partitions,
+    with_step_context,
 )
-from dagster_gpu.k8s.settings import KubernetesSettings, config_field  # noqa: F401  (config_field: the registry reads it here)
 from dagster_gpu.k8s import kueue
 from dagster_gpu.k8s import manifests as m
-from dagster_gpu.k8s.kueue import WorkloadState
+from dagster_gpu.k8s.billing import pod_interval_metadata
 from dagster_gpu.k8s.client import ClaimWatcher, KubeClient, PodWatcher, load_api_client
+from dagster_gpu.k8s.handle import PodHandle
 from dagster_gpu.k8s.inventory import device_groups
+from dagster_gpu.k8s.kueue import WorkloadState
+from dagster_gpu.k8s.pod_state import (
+    FAILED_PREPARE,
+    PodTimeouts,
+    disruption,
+    epoch,
+    needs_events,
+    pod_state,
+    preempted_event,
+    terminated,
+)
+from dagster_gpu.k8s.settings import KubernetesSettings, config_field  # noqa: F401  (config_field: the registry reads it here)
 from dagster_gpu.k8s.sharing_failures import SharingFailures, default_path
 from dagster_gpu.policy.preemption import pool_key
 from dagster_gpu.policy.snapshot import KubernetesState

@@ -41,7 +41,7 @@ def claim_facts(claim_name: str, claim: Mapping[str, Any], slices: Sequence[Mapp
     device, which has none until prepared, gives its ``parentUUID``) or, when ``slices`` is None,
     ``k8s/device_uuids_unavailable_reason`` (``slices_error``). The UUIDs are those of ``k8s/device_uuids``.
     """
-    from dagster_gpu.k8s.manifests import allocation
+    from dagster_gpu.k8s.manifests import allocation  # deferred: this module runs in a step pod without the client
 
     devices = allocation(claim, slices or ())
     md = {"k8s/resource_claim": claim_name,
@@ -72,8 +72,8 @@ def _read(e: Mapping[str, str], pod_name: str, namespace: str) -> tuple[dict[str
         from kubernetes import client
         from kubernetes.config.incluster_config import InClusterConfigLoader
 
-        from dagster_gpu.k8s.client import KubeClient
-        from dagster_gpu.k8s.manifests import generated_claim_name, to_dict
+        from dagster_gpu.k8s.client import KubeClient  # deferred: the kubernetes client, in a step pod only
+        from dagster_gpu.k8s.manifests import generated_claim_name, to_dict  # deferred: with the client above
 
         cfg = client.Configuration()
         InClusterConfigLoader(str(sa_dir / "token"), str(sa_dir / "ca.crt"), environ=e).load_and_set(cfg)

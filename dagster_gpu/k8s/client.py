@@ -19,7 +19,13 @@ from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from dagster_gpu.k8s.manifests import allocated_devices, allocated_requests, claim_template_for_version, served_version, to_dict
+from dagster_gpu.k8s.manifests import (
+    allocated_devices,
+    allocated_requests,
+    claim_template_for_version,
+    served_version,
+    to_dict,
+)
 
 TIMEOUT = (5, 30)  # connect, read (seconds)
 

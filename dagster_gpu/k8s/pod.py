@@ -24,12 +24,24 @@ from kubernetes import client
 from dagster_gpu.contracts import StepLaunch
 from dagster_gpu.core.extras import require_extra
 from dagster_gpu.k8s.dra import (
-    REQUEST_NAME, SHARING_STRATEGIES, DeviceChoice, ManifestError, claim_template, device_choice, is_mig_profile,
+    REQUEST_NAME,
+    SHARING_STRATEGIES,
+    DeviceChoice,
+    ManifestError,
+    claim_template,
+    device_choice,
+    is_mig_profile,
 )
 from dagster_gpu.k8s.handle import PodHandle
 from dagster_gpu.k8s.names import (
-    ANNOTATION_DEVICE_REQUEST, ANNOTATION_PARTITION_KEY, ANNOTATION_PLACEMENT_DEVICE, ANNOTATION_STEP_KEY, ENV_NAMESPACE,
-    ENV_POD, object_name, step_labels,
+    ANNOTATION_DEVICE_REQUEST,
+    ANNOTATION_PARTITION_KEY,
+    ANNOTATION_PLACEMENT_DEVICE,
+    ANNOTATION_STEP_KEY,
+    ENV_NAMESPACE,
+    ENV_POD,
+    object_name,
+    step_labels,
 )
 
 CONTAINER_NAME = "step"

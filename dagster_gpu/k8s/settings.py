@@ -12,9 +12,9 @@ from typing import Any, Mapping
 
 import dagster as dg
 
-from dagster_gpu.settings.schema import config_field as settings_config_field
-from dagster_gpu.settings.schema import apply_renamed, from_section, renamed, setting
 from dagster_gpu.k8s import manifests as m
+from dagster_gpu.settings.schema import apply_renamed, from_section, renamed, setting
+from dagster_gpu.settings.schema import config_field as settings_config_field
 
 _PG = m.PodSettings().secret_env[0]  # the default PostgreSQL password Secret reference
 

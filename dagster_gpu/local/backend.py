@@ -29,18 +29,26 @@ import dagster as dg
 import psutil
 
 from dagster_gpu.billing.keys import SOURCE
-from dagster_gpu.contracts import STEP_CONTEXT_ENV, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, read_step_context
-from dagster_gpu.settings.schema import config_field as settings_config_field
-from dagster_gpu.settings.schema import from_section, setting
+from dagster_gpu.contracts import LOCAL_UNIT_ENV as UNIT_ENV
+from dagster_gpu.contracts import (
+    STEP_CONTEXT_ENV,
+    Backend,
+    Handle,
+    StepLaunch,
+    UnitBill,
+    WorkerState,
+    WorkerStatus,
+    read_step_context,
+)
 from dagster_gpu.core.extras import require_extra
 from dagster_gpu.core.log_tail import log_tail
-from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
 from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
-from dagster_gpu.telemetry.nvml import list_gpus
-from dagster_gpu.contracts import LOCAL_UNIT_ENV as UNIT_ENV
 from dagster_gpu.local import forkserver, slots
 from dagster_gpu.local.supervise import read_status
-
+from dagster_gpu.policy.snapshot import DeviceGroup, LocalState
+from dagster_gpu.settings.schema import config_field as settings_config_field
+from dagster_gpu.settings.schema import from_section, setting
+from dagster_gpu.telemetry.nvml import list_gpus
 
 #: Seconds a launch waits for a fork server it started (its imports take 5-10 s on 2 cores) before it
 #: launches cold.

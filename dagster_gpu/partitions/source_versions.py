@@ -41,8 +41,8 @@ from dagster._core.storage.asset_check_execution_record import AssetCheckExecuti
 
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
 from dagster_gpu.instance.checks import FAILED_SOURCE_VERSION, OUTPUT_READABLE
-from dagster_gpu.instance.history import SIZE_KEYS
 from dagster_gpu.instance.events import metadata_value
+from dagster_gpu.instance.history import SIZE_KEYS
 
 #: Materialization metadata: the source version of the file the partition was embedded from.
 SOURCE_VERSION_KEY = "corpus/source_version"

@@ -12,6 +12,7 @@ from dataclasses import replace
 from typing import Iterable, Sequence
 
 from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.core.request import GpuRequest
 from dagster_gpu.policy.forced import ForcedBackend, forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.policy import NoFeasiblePlacement, PolicyConfig, alternatives, decide
@@ -26,7 +27,6 @@ from dagster_gpu.policy.snapshot import (
     Snapshot,
     after_submit,
 )
-from dagster_gpu.core.request import GpuRequest
 
 
 def choose_placement(

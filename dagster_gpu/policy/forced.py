@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.core.request import TAG_BACKEND, GpuRequest
+from dagster_gpu.policy.placement import Alternative, Placement
 
 
 @dataclass(frozen=True)

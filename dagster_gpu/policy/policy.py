@@ -40,21 +40,26 @@ Rule:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from dagster_gpu.billing.metering import charge
 from dagster_gpu.billing.ratecard import RateCardError
 from dagster_gpu.core.device_memory import memory_fits
+from dagster_gpu.core.request import BACKENDS, GpuRequest
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.preemption import Rework, expected_rework, preemption_fields, preemption_note, preemption_reason
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import (
-    BackendState, DeviceGroup, KubernetesState, LocalState, QueueState, SlurmState, Snapshot,
+    BackendState,
+    DeviceGroup,
+    KubernetesState,
+    LocalState,
+    QueueState,
+    SlurmState,
+    Snapshot,
 )
-from dagster_gpu.core.request import BACKENDS, GpuRequest
 
 ORDER = BACKENDS  # ("local", "slurm", "kubernetes"): tie order, and the order of alternatives
 

@@ -45,15 +45,21 @@ import heapq
 from dataclasses import dataclass, field, replace
 from typing import Hashable, Iterable, Sequence
 
+from dagster_gpu.core.request import GpuRequest
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.policy.policy import (
-    DEFAULT_CONFIG, NoFeasiblePlacement, PolicyConfig, alternatives, placement_shared, select, unit_runtime_s,
+    DEFAULT_CONFIG,
+    NoFeasiblePlacement,
+    PolicyConfig,
+    alternatives,
+    placement_shared,
+    select,
+    unit_runtime_s,
 )
 from dagster_gpu.policy.preemption import NO_REWORK, Rework, preemption_fields, preemption_reason
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import BackendState, LocalState, SlurmState, Snapshot, after_submit
-from dagster_gpu.core.request import GpuRequest
 
 _DEFAULT_MODEL = RuntimeModel()
 

@@ -162,7 +162,8 @@ class QueueState:
 
     Attributes:
         local_queue, cluster_queue: their names (cluster_queue "" when the LocalQueue names none that exists).
-        pending: workloads pending in the LocalQueue (ahead of a new one), >= 0.
+        pending: workloads pending ahead of a new one, >= 0: the ClusterQueue's (Kueue's visibility API) where
+            served, else the LocalQueue's status.pendingWorkloads.
         admitted: workloads the LocalQueue has admitted now.
         quota_free: per pool device (``DeviceGroup.device``): devices the ClusterQueue could admit now, its own
             unused nominal quota plus what it may borrow from its cohort's unused quota; a pool absent here has

@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+from dagster_gpu.core.request import BACKENDS, GpuRequest
 from dagster_gpu.policy.forced import forced_backend
 from dagster_gpu.policy.placement import Placement
 from dagster_gpu.policy.policy import NoFeasiblePlacement, decide
 from dagster_gpu.policy.runtime import RuntimeModel, StepSize
 from dagster_gpu.policy.snapshot import Snapshot, after_submit
-from dagster_gpu.core.request import BACKENDS, GpuRequest
 
 MODES = ("auto", "slurm", "kubernetes")
 

@@ -27,8 +27,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from dagster import EventLogEntry
-from dagster import deserialize_value, serialize_value
+from dagster import EventLogEntry, deserialize_value, serialize_value
 
 from dagster_gpu.instance.events import OUTCOMES
 

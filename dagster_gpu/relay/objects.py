@@ -28,7 +28,12 @@ from dagster import EventLogEntry, serialize_value
 
 from dagster_gpu.relay.channel import ChannelWriter, decode, encode, read_from, step_outcome
 from dagster_gpu.relay.parts import (
-    LOG_SUFFIX, is_object_channel, next_sequence, part_name, part_sequence, parts_to_read,
+    LOG_SUFFIX,
+    is_object_channel,
+    next_sequence,
+    part_name,
+    part_sequence,
+    parts_to_read,
 )
 
 log = logging.getLogger(__name__)

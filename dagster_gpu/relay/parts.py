@@ -16,7 +16,13 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from dagster_gpu.core.object_parts import (  # noqa: F401  (re-exported: the channel's part names)
-    CHANNEL_SUFFIX, LOG_SUFFIX, PART_DIGITS, PART_RE, next_sequence, part_name, part_sequence,
+    CHANNEL_SUFFIX,
+    LOG_SUFFIX,
+    PART_DIGITS,
+    PART_RE,
+    next_sequence,
+    part_name,
+    part_sequence,
 )
 
 

@@ -45,18 +45,18 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import dagster as dg
+from dagster import DagsterEventType, EventLogEntry
 from dagster._core.definitions.asset_checks.asset_check_evaluation import AssetCheckEvaluationTargetMaterializationData
 from dagster._core.definitions.data_version import INPUT_EVENT_POINTER_TAG_PREFIX
-from dagster import DagsterEventType, EventLogEntry
 from dagster._core.events import PIPELINE_EVENTS, EngineEventData
 from dagster._record import copy
 
 from dagster_gpu.billing.keys import COST_USD
 from dagster_gpu.instance.checks import materialization_target
 from dagster_gpu.instance.events import OUTCOMES
-from dagster_gpu.relay.channel import decode, event_key
 from dagster_gpu.instance.run_tags import add_cost
 from dagster_gpu.partitions.source_versions import input_event_pointer
+from dagster_gpu.relay.channel import decode, event_key
 
 log = logging.getLogger(__name__)
 

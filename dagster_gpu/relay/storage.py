@@ -31,21 +31,25 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 import dagster as dg
-from dagster import DagsterEvent, DagsterEventType
+from dagster import (
+    DagsterEvent,
+    DagsterEventType,
+    DagsterInstance,
+    DagsterRun,
+    EventLogEntry,
+    deserialize_value,
+    serialize_value,
+)
 from dagster._core.events import StepMaterializationData
-from dagster import EventLogEntry
-from dagster import DagsterInstance
 from dagster._core.instance import InstanceType
 from dagster._core.launcher.sync_in_memory_run_launcher import SyncInMemoryRunLauncher
 from dagster._core.run_coordinator import DefaultRunCoordinator
 from dagster._core.snap import ExecutionPlanSnapshot
-from dagster import DagsterRun
-from dagster._record import copy
 from dagster._core.storage.event_log import InMemoryEventLogStorage
 from dagster._core.storage.noop_compute_log_manager import NoOpComputeLogManager
 from dagster._core.storage.root import TemporaryLocalArtifactStorage
 from dagster._core.storage.runs import InMemoryRunStorage
-from dagster import deserialize_value, serialize_value
+from dagster._record import copy
 
 from dagster_gpu.relay.channel import ChannelWriter
 

@@ -5,13 +5,12 @@ Units: seconds for every time (from the start of the simulated window), USD per 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from dagster_gpu.billing.ratecard import RateCard
+from dagster_gpu.core.request import GpuRequest
 from dagster_gpu.policy.runtime import RuntimeModel
 from dagster_gpu.policy.snapshot import DeviceKind
-from dagster_gpu.core.request import GpuRequest
 
 A100 = "NVIDIA A100-SXM4-80GB"
 

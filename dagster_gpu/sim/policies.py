@@ -18,9 +18,7 @@ Except ``Ours``, the policies place each partition and the engine forms a run's 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 from dagster_gpu.fleet.budget import spill_decision
 from dagster_gpu.fleet.placement import decide_fleet

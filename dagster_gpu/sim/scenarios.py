@@ -22,11 +22,18 @@ from __future__ import annotations
 from functools import lru_cache
 
 from dagster_gpu.billing.ratecard import RateCard
-from dagster_gpu.policy.runtime import RuntimeModel
 from dagster_gpu.core.request import GpuRequest
+from dagster_gpu.policy.runtime import RuntimeModel
 from dagster_gpu.sim.calibration import UnitCalibration, load_calibration
 from dagster_gpu.sim.model import (
-    BackgroundJob, ClusterSpec, Preemption, Resident, Scenario, Task, full_gpus, mig_slices,
+    BackgroundJob,
+    ClusterSpec,
+    Preemption,
+    Resident,
+    Scenario,
+    Task,
+    full_gpus,
+    mig_slices,
 )
 
 TPS = 2000.0

@@ -53,34 +53,42 @@ from typing import Any, Mapping
 import dagster as dg
 
 from dagster_gpu.contracts import (
-    TERMINAL, Backend, Handle, StepLaunch, UnitBill, WorkerState, WorkerStatus, describe_partitions, with_step_context,
+    TERMINAL,
+    Backend,
+    Handle,
+    StepLaunch,
+    UnitBill,
+    WorkerState,
+    WorkerStatus,
+    describe_partitions,
+    with_step_context,
 )
-from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
+from dagster_gpu.core.log_tail import log_tail
+from dagster_gpu.policy.preemption import pool_key
+from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
 from dagster_gpu.relay.channel import read_from as read_local_channel
 from dagster_gpu.relay.objects import object_log_tail, put_new_object, read_object_channel
 from dagster_gpu.relay.parts import is_object_channel
 from dagster_gpu.settings.schema import config_field as settings_config_field
-from dagster_gpu.core.log_tail import log_tail
-from dagster_gpu.policy.preemption import pool_key
-from dagster_gpu.policy.snapshot import DeviceGroup, SlurmState
+from dagster_gpu.slurm.accounting import elect_task_bill_writer, step_gpu_usage, task_bill, task_env, unsettled_tasks
 from dagster_gpu.slurm.client import SlurmClient, SlurmError
 from dagster_gpu.slurm.coalescer import ArrayCoalescer, ObjectStore, TaskRequest, default_python
 from dagster_gpu.slurm.gpu_types import GpuType, sbatch_gres, select_gpu_type
+from dagster_gpu.slurm.gres import gpu_capacity, pending_for_type
 from dagster_gpu.slurm.handle import SlurmHandle
 from dagster_gpu.slurm.object_runner import job_script as object_job_script
 from dagster_gpu.slurm.object_runner import log_prefix as object_log_prefix
-from dagster_gpu.slurm.requeue import MODULE as REQUEUE_MODULE
-from dagster_gpu.slurm.gres import gpu_capacity, pending_for_type
 from dagster_gpu.slurm.parse import SlurmParseError
 from dagster_gpu.slurm.poller import SharedPoller
-from dagster_gpu.slurm.spool import Spool
+from dagster_gpu.slurm.requeue import MODULE as REQUEUE_MODULE
+from dagster_gpu.slurm.rest import client_from_settings as rest_client_from_settings
 from dagster_gpu.slurm.self_requeue import ENV_VAR as REQUEUE_ON_WARNING
 from dagster_gpu.slurm.settings import SlurmSettings
-from dagster_gpu.slurm.rest import client_from_settings as rest_client_from_settings
+from dagster_gpu.slurm.spool import Spool
 from dagster_gpu.slurm.ssh import transport_from_settings
+from dagster_gpu.slurm.status import records_for, sacct_caught_up, task_state, task_wait_class
 from dagster_gpu.slurm.transport import TransportError
 from dagster_gpu.slurm.trust import UntrustedPathError
-from dagster_gpu.slurm.status import records_for, sacct_caught_up, task_state, task_wait_class
 from dagster_gpu.slurm.window import WindowRule
 
 log = logging.getLogger(__name__)

@@ -33,7 +33,13 @@ from tenacity import RetryError, Retrying, retry_if_exception, stop_after_attemp
 from dagster_gpu.slurm import gres as G
 from dagster_gpu.slurm import parse as P
 from dagster_gpu.slurm.transport import (  # noqa: F401  (SCRUBBED_PREFIXES, KEPT: re-exported)
-    KEPT, SCRUBBED_PREFIXES, LocalTransport, Transport, TransportRefused, TransportUnreachable, scrubbed_env,
+    KEPT,
+    SCRUBBED_PREFIXES,
+    LocalTransport,
+    Transport,
+    TransportRefused,
+    TransportUnreachable,
+    scrubbed_env,
 )
 
 log = logging.getLogger(__name__)

@@ -36,14 +36,21 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from dagster_gpu.contracts import describe_partitions
+from dagster_gpu.core.jsonfile import write_atomic
+from dagster_gpu.slurm import trust
 from dagster_gpu.slurm.client import SlurmAccessRefused, SlurmClient, SlurmError, SlurmRejected
 from dagster_gpu.slurm.ids import format_array_spec
-from dagster_gpu.slurm.script import JOB_SCRIPT, RUNNER, manifest_sha256, verify_job_script, write_job_script, write_manifest
+from dagster_gpu.slurm.script import (
+    JOB_SCRIPT,
+    RUNNER,
+    manifest_sha256,
+    verify_job_script,
+    write_job_script,
+    write_manifest,
+)
 from dagster_gpu.slurm.spool import Spool, write_json
 from dagster_gpu.slurm.transport import TransportError, TransportUnreachable
-from dagster_gpu.slurm import trust
 from dagster_gpu.slurm.trust import UntrustedPathError
-from dagster_gpu.core.jsonfile import write_atomic
 from dagster_gpu.slurm.window import FlushDecision, WindowRule, decide_flush
 
 log = logging.getLogger(__name__)

@@ -26,9 +26,9 @@ from dagster import DagsterInstance
 from dagster._record import copy
 
 from dagster_gpu.instance.events import outcome_recorded
+from dagster_gpu.instance.step_args import ENV_VAR, decode_step_args, encode_step_args
 from dagster_gpu.relay.channel import RELAY_ENV
 from dagster_gpu.relay.objects import outcome_in_any_channel
-from dagster_gpu.instance.step_args import ENV_VAR, decode_step_args, encode_step_args
 
 #: This module's name, which the Slurm backend puts in each manifest entry (``requeue_module``) for the
 #: array task's runner (``dagster_gpu/slurm/script.py``) to run first in a requeued attempt.

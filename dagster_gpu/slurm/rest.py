@@ -72,7 +72,13 @@ from dagster_gpu.slurm import gres as G
 from dagster_gpu.slurm import parse as P
 from dagster_gpu.slurm import rest_parse as RP
 from dagster_gpu.slurm.client import (
-    _TRANSIENT, SlurmAccessRefused, SlurmClient, SlurmRejected, SlurmTransientError, SlurmUnreachable, SubmittedJob,
+    _TRANSIENT,
+    SlurmAccessRefused,
+    SlurmClient,
+    SlurmRejected,
+    SlurmTransientError,
+    SlurmUnreachable,
+    SubmittedJob,
 )
 from dagster_gpu.slurm.transport import NoRemoteSpool, scrubbed_env
 

@@ -39,7 +39,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from dagster_gpu.slurm import gres as G
 from dagster_gpu.slurm.ids import compress_indices, parse_array_task_field, parse_job_id
-from dagster_gpu.slurm.parse import AcctRow, QueueRow, SlurmParseError, StepUsage
+from dagster_gpu.slurm.parse import AcctRow, QueueRow, SlurmParseError, StepUsage, parse_duration
 from dagster_gpu.slurm.states import JobState, parse_state
 
 #: data_parser versions this module reads, oldest first (v0.0.40-v0.0.42: Slurm 24.11, live in the tests;
@@ -350,8 +350,6 @@ def job_description(options: Sequence[str], script: str, argv: Sequence[str], en
 
 
 def _minutes(text: str) -> int:
-    from dagster_gpu.slurm.parse import parse_duration
-
     s = parse_duration(text)
     if s is None:
         raise UnsupportedOption(f"--time={text}: no limit")

@@ -32,7 +32,7 @@ Manifest (JSON, mode 0600, written atomically; format unchanged by the checks ab
 
     {"version": 1, "batch": "<id>", "env_files": ["/home/u/.dagster-gpu.env"],
      "tasks": [{"launch_id": "...", "run_id": "...", "step_key": "...", "covers": "3 partitions 'a'…'c'",
-                "argv": ["python", "-m", "dagster", "api", "execute_step"], "env": {"K": "V"},
+                "argv": ["python", "-m", "dagster_gpu.worker.step_main", "api", "execute_step"], "env": {"K": "V"},
                 "requeue_module": "dagster_gpu.slurm.requeue"}, ...]}
 
 Secrets: the manifest holds none. The PostgreSQL password reaches the worker either through the job's

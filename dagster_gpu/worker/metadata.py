@@ -18,12 +18,20 @@ from typing import Any, Mapping
 import dagster as dg
 
 from dagster_gpu.billing.keys import (
-    COST_USD, DEVICES, DEVICE_TYPE, GPU_SECONDS, RATE_USD_PER_GPU_HOUR, SOURCE, WALL_SECONDS, WHAT, what_measured,
+    COST_USD,
+    DEVICE_TYPE,
+    DEVICES,
+    GPU_SECONDS,
+    RATE_USD_PER_GPU_HOUR,
+    SOURCE,
+    WALL_SECONDS,
+    WHAT,
+    what_measured,
 )
+from dagster_gpu.billing.measured import Billing
 from dagster_gpu.embedding.pipeline import EmbeddingResult
 from dagster_gpu.policy.placement import Alternative, Placement
 from dagster_gpu.telemetry.stats import TelemetrySummary
-from dagster_gpu.billing.measured import Billing
 
 
 class NonFiniteMetadata(ValueError):

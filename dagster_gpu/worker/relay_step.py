@@ -26,11 +26,11 @@ from dagster._cli.api import _execute_step_command_body
 from dagster._record import copy
 from dagster._utils.interrupts import capture_interrupts
 
+from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
+from dagster_gpu.instance.step_args import decode_step_args
 from dagster_gpu.relay.channel import RELAY_ENV
 from dagster_gpu.relay.objects import open_channel_writer
 from dagster_gpu.relay.storage import decode_seed, relay_instance
-from dagster_gpu.instance.step_args import ENV_VAR as STEP_ARGS_ENV
-from dagster_gpu.instance.step_args import decode_step_args
 from dagster_gpu.worker.preemption import before_exit_preempted
 
 

@@ -27,7 +27,7 @@ RELAY_MODULE = "dagster_gpu.worker.relay_step"
 
 def main(argv: list[str]) -> int:
     if argv == [RELAY_MODULE]:
-        from dagster_gpu.worker import relay_step
+        from dagster_gpu.worker import relay_step  # deferred: it imports Dagster, after the signal handler
 
         return relay_step.main()
     if argv[:2] != ["api", "execute_step"]:

@@ -28,11 +28,8 @@ import psutil
 
 from dagster_gpu.billing.apportion import partition_wall_seconds, startup_shares
 from dagster_gpu.billing.keys import COST_USD
+from dagster_gpu.billing.measured import measure
 from dagster_gpu.billing.metering import useful_fraction
-from dagster_gpu.instance.checks import (
-    check_evaluations, check_outputs, materialization_target, partition_failed_evaluations, partition_failure_observation,
-    verify_output,
-)
 from dagster_gpu.corpus.group_reads import GroupPrefetcher
 from dagster_gpu.corpus.groups import FileChanges, file_changes
 from dagster_gpu.corpus.listing import CorpusFile, CorpusNotFound, CorpusSource, CorpusUnreadable
@@ -40,22 +37,29 @@ from dagster_gpu.corpus.prefetch import BatchPrefetcher
 from dagster_gpu.embedding.devices import device_labels, unit_devices
 from dagster_gpu.embedding.fingerprint import fingerprint, pooling_description
 from dagster_gpu.embedding.model import LoadedModel, ModelNotFound, load_model
-from dagster_gpu.worker.unit_log import PartitionWatch
 from dagster_gpu.embedding.pipeline import CheckpointPolicy, EmbeddingResult, Preempted, embed_partition, make_encoder
 from dagster_gpu.embedding.spec import EmbeddingSpec
-from dagster_gpu.instance.run_tags import add_cost
-from dagster_gpu.telemetry.nvml import NvmlSampler
-from dagster_gpu.worker.backend_env import backend_metadata
-from dagster_gpu.billing.measured import measure
+from dagster_gpu.embedding.writer import recorded_files
+from dagster_gpu.instance.checks import (
+    check_evaluations,
+    check_outputs,
+    materialization_target,
+    partition_failed_evaluations,
+    partition_failure_observation,
+    verify_output,
+)
 from dagster_gpu.instance.connections import hold_storage_connections
 from dagster_gpu.instance.events import PREEMPTED_PARTITION_KEY
+from dagster_gpu.instance.run_tags import add_cost
+from dagster_gpu.k8s.claim import allocated_device_uuids, claim_metadata
+from dagster_gpu.partitions.source_versions import CONFIG_KEY, SOURCE_VERSION_KEY, input_tags, version_at_read
+from dagster_gpu.telemetry.nvml import NvmlSampler
+from dagster_gpu.worker.backend_env import backend_metadata
 from dagster_gpu.worker.context import StepContext
 from dagster_gpu.worker.embed_ahead import EmbedAhead
-from dagster_gpu.k8s.claim import allocated_device_uuids, claim_metadata
-from dagster_gpu.embedding.writer import recorded_files
 from dagster_gpu.worker.metadata import build_metadata, group_metadata
 from dagster_gpu.worker.preemption import EXIT_PREEMPTED, GracefulStop, exit_preempted, process_stop
-from dagster_gpu.partitions.source_versions import CONFIG_KEY, SOURCE_VERSION_KEY, input_tags, version_at_read
+from dagster_gpu.worker.unit_log import PartitionWatch
 
 
 @dataclass(frozen=True)
