@@ -142,6 +142,7 @@ def test_upkeep_compacts_and_deletes_old_versions_on_the_policy(tmp_path):
     big = VectorIndex(str(tmp_path / "db2"), "emb")
     for pk in ("a", "b"):
         big.write_partition(pk, index_rows(output_rows(600, 16, pk=pk, fingerprint="f")[0], pk, "f"))
+    time.sleep(0.1)  # both loads' versions are older than ``soon`` when the build's compaction prunes
     assert big.ensure_ann_index(min_rows=1000, cleanup_older_than=soon) == "created"
     for seed in (1, 2):  # a small partition loaded, then replaced: 10 rows out of the index
         big.write_partition("c", index_rows(output_rows(10, 16, pk="c", fingerprint="f", seed=seed)[0], "c", "f"))
