@@ -15,6 +15,7 @@ import pyarrow.parquet as pq
 import psutil
 import pytest
 
+from dagster_gpu.billing.keys import billed
 from tests.conftest import FORTUNES, REPO, expected_records, reimport
 from tests.process_helpers import alive
 
@@ -154,15 +155,20 @@ def test_backfill_through_gpu_executor_on_postgres(pg_home, corpus, tmp_path):
     # the process bills (billing/source: process): one per unit, covering every partition it set out to embed,
     # the latin1 one included; a unit's process ran longer than its partitions' measured shares (its tail)
     assert sorted(len(g) for g in bills.values()) == [1, 4, 4], bills
+    # a local unit that ran on the CPU is billed in CPU-seconds (bill/cpu_seconds, …), on a GPU in GPU-seconds
+    cpu = {m["billing/device_type"] for mds in units.values() for m in mds} == {"cpu"}
+    key = {k: billed(f"billing/{k}", cpu) for k in ("gpu_seconds", "unit_gpu_seconds", "rate_usd_per_gpu_hour",
+                                                     "measured_gpu_seconds")}
     for unit, group in bills.items():
-        total = group[0]["bill/unit_gpu_seconds"]
-        assert sum(o["bill/gpu_seconds"] for o in group) == pytest.approx(total, rel=1e-3)  # each part rounded to 4 significant digits
+        total = group[0][key["unit_gpu_seconds"]]
+        assert sum(o[key["gpu_seconds"]] for o in group) == pytest.approx(total, rel=1e-3)  # each part rounded to 4 significant digits
         assert all(o["local/unit"] == unit and o["dagster_gpu/backend"] == "local" for o in group)
-        assert all(o["bill/rate_usd_per_gpu_hour"] == 0.05 for o in group)  # this host's CPU rate
-        measured = sum(o.get("bill/measured_gpu_seconds", 0.0) for o in group)
+        if cpu:
+            assert all(o[key["rate_usd_per_gpu_hour"]] == 0.05 for o in group)  # this host's CPU rate
+        measured = sum(o.get(key["measured_gpu_seconds"], 0.0) for o in group)
         assert 0 < measured < total <= group[0]["local/unit_wall_seconds"] + 1e-9, (unit, measured, total)
     unbilled = [o for g in bills.values() for o in g if o["_partition"] == bad.partition_key]
-    assert len(unbilled) == 1 and unbilled[0]["bill/gpu_seconds"] > 0 and "not materialized" in unbilled[0]["bill/note"]
+    assert len(unbilled) == 1 and unbilled[0][key["gpu_seconds"]] > 0 and "not materialized" in unbilled[0]["bill/note"]
     assert {str(m["local/unit"]) for mds in units.values() for m in mds} == set(bills)  # matched by local/unit
     # the summary shows each partition's share of its unit's process bill, the failed partition's included
     for group in bills.values():

@@ -580,6 +580,9 @@ def test_a_step_that_asked_for_a_gpu_but_ran_on_the_cpu_is_billed_in_cpu_seconds
     assert got["a"]["bill/rate_usd_per_cpu_hour"] == 0.05 and not [k for k in got["a"] if "gpu" in k]
     assert ran_on_cpu(0, "NVIDIA H200") and ran_on_cpu(1, "cpu") and not ran_on_cpu(1, "NVIDIA H200")
     assert not ran_on_cpu(1, None)
+    # a scheduler's bill counts the GPUs it allocated, whatever device the worker then used (a GPU node's worker
+    # falling back to the CPU is still billed its allocated GPU-seconds); a step with no GPU is CPU either way
+    assert not ran_on_cpu(1, "cpu", scheduler_counted=True) and ran_on_cpu(0, "cpu", scheduler_counted=True)
 
 
 @pytest.mark.parametrize("empty", [True, False])

@@ -36,9 +36,9 @@ META_URI, META_TABLE, META_EMBEDDINGS = "dagster_gpu/index_uri", "dagster_gpu/in
 #: The index asset's load settings (JSON: ``output_url``, ``ann_*``, ``compact_min_fragments``,
 #: ``cleanup_older_than_s``), for a rebuild outside a run (:func:`rebuild_index`).
 META_SETTINGS = "dagster_gpu/index_settings"
-#: The default cron schedule the eager index's requests wait for (:func:`batched_eager`): every 2 minutes, so a
-#: file that landed is searchable about 2 minutes later at most beyond its embedding.
-DEFAULT_BATCH_CRON_SCHEDULE = "*/2 * * * *"
+#: The default cron schedule the eager index's requests wait for (:func:`batched_eager`): every minute, so a
+#: file that landed is searchable at most about a minute (and one automation tick) beyond its embedding.
+DEFAULT_BATCH_CRON_SCHEDULE = "* * * * *"
 #: Observation metadata of an index partition whose load failed: ``"Type: message"`` (``dagster-gpu stale`` shows it).
 LOAD_FAILED_KEY = "index/load_failed"
 
@@ -252,7 +252,7 @@ def vector_index_asset(
             sensor: :func:`index_automation_sensor` (running by default), or the ``default_automation_condition_sensor``
             Dagster adds to a code location for assets no automation sensor targets (started in the UI).
         batch_cron_schedule: with ``"eager"``, the partitions it finds wait for the first evaluation after a
-            tick of this cron schedule (UTC; default every 2 minutes) and are requested together:
+            tick of this cron schedule (UTC; default every minute) and are requested together:
             ``AutomationCondition.eager() & AutomationCondition.cron_tick_passed(...)`` (:func:`batched_eager`).
             Dagster's automation condition sensor emits a request of several partitions as one backfill, which
             runs them in ranges of ``max_partitions_per_run``: an embeddings backfill whose runs end one after

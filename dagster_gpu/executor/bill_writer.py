@@ -155,7 +155,7 @@ def write_unit_bill(
     # the asset its other partitions materialized)
     fallback = assets[0] if assets else next((ak for ak, _ in materialized.values()), None)
     ctx = read_step_context(bill.env)
-    cpu = ran_on_cpu(ctx.get("gpu_count"), metadata_get(first, DEVICE_TYPE))
+    cpu = ran_on_cpu(ctx.get("gpu_count"), metadata_get(first, DEVICE_TYPE), scheduler_counted=bill.wall_seconds is None)
     cluster = (ctx.get("placement") or {}).get("cluster")  # a fleet's cluster: billed by its own accounting and rates
     observations: list[dg.AssetObservation] = []
     for key, share in parts:
@@ -185,11 +185,13 @@ def write_unit_bill(
     return len(observations)
 
 
-def ran_on_cpu(gpu_count: Any, device_type: Any) -> bool:
-    """Whether a unit's seconds are CPU seconds: its step asked for no GPU (``gpu_count`` 0: the vector index), or its
-    materializations say it ran on the CPU (``billing/device_type`` ``cpu``: an embedding asset with
-    ``ComputeSpec(device="cpu")``, or a host without a GPU). Pure."""
-    return gpu_count == 0 or str(device_type or "") == "cpu"
+def ran_on_cpu(gpu_count: Any, device_type: Any, scheduler_counted: bool = False) -> bool:
+    """Whether a unit's seconds are CPU seconds: its step asked for no GPU (``gpu_count`` 0: the vector index), or no
+    scheduler counted its devices (the local backend's process interval) and its materializations say it ran on the
+    CPU (``billing/device_type`` ``cpu``: ``ComputeSpec(device="cpu")``, or a host without a GPU). A scheduler's
+    bill (``scheduler_counted``: sacct's allocated GPUs, a pod's claimed devices) stays GPU-seconds whatever device
+    the worker then used: the allocation is what it billed. Pure."""
+    return gpu_count == 0 or (not scheduler_counted and str(device_type or "") == "cpu")
 
 
 def observation_metadata(md: Mapping[str, Any], cpu: bool) -> dict[str, Any]:
