@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import dagster as dg
 
-from dagster_gpu.definitions.partitions import index_load_failures
+from dagster_gpu.definitions.partitions import index_behind, index_load_failures
 from dagster_gpu.definitions.vector_index import META_EMBEDDINGS
 from dagster_gpu.instance.events import metadata_get
 
@@ -58,7 +58,7 @@ def index_lag(instance: dg.DagsterInstance, index: dg.AssetsDefinition, embeddin
     are left out). Three event-log queries."""
     emb = instance.get_latest_storage_id_by_partition(embeddings_key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     ix = instance.get_latest_storage_id_by_partition(index.key, dg.DagsterEventType.ASSET_MATERIALIZATION)
-    behind = [k for k in partition_keys if k in emb and emb[k] > ix.get(k, -1)]
+    behind = [k for k in partition_keys if index_behind(k, emb, ix)]
     failures = index_load_failures(instance, index.key, ix) if behind else {}
     failed = {k: failures[k] for k in behind if k in failures}
     return IndexLag(index.key.to_user_string(), tuple(k for k in behind if k not in failed), failed,

@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from dagster_gpu.commands.code_module import add_workspace_argument, load_definitions
 from dagster_gpu.commands.common import console
+from dagster_gpu.definitions.partitions import index_behind
 from dagster_gpu.definitions.vector_index import META_EMBEDDINGS, META_TABLE, META_URI
 from dagster_gpu.embedding.encoder import Encoder
 from dagster_gpu.embedding.model import ModelNotFound, load_model
@@ -158,7 +159,7 @@ def coverage_warning(defs, key, emb: str | None, index, module: str) -> str | No
     materialized = [k for k in registered if k in done]
     loads = instance.get_latest_storage_id_by_partition(key, dg.DagsterEventType.ASSET_MATERIALIZATION)
     lacking = lacking_partitions(materialized, index.partition_keys(),
-                                 [k for k, i in loads.items() if i > done.get(k, -1)])
+                                 [k for k in loads if not index_behind(k, done, loads)])
     if not lacking:
         return None
     ix = key.to_user_string()

@@ -71,6 +71,13 @@ def embeddings_followed(asset: dg.AssetsDefinition, assets: Iterable[dg.AssetsDe
     raise NoCorpus(f"asset {asset.key.to_user_string()} follows {name}, which is not an embedding asset of these definitions")
 
 
+def index_behind(key: str, embeddings: Mapping[str, int], index: Mapping[str, int]) -> bool:
+    """Whether the index partition ``key`` is behind its embeddings: the embeddings partition was materialized
+    (``embeddings``: partition key -> its latest materialization's storage id) after the index partition's latest
+    materialization (``index``, the same for the index asset), or the index never materialized it. Pure."""
+    return key in embeddings and embeddings[key] > index.get(key, -1)
+
+
 def index_staleness(instance: dg.DagsterInstance, index: dg.AssetsDefinition, embeddings_key: dg.AssetKey) -> Staleness:
     """The registered partitions of the vector index asset ``index`` as they stand behind its embeddings, in the
     definition's order: ``stale`` when the embeddings partition was materialized after the index partition's
@@ -87,7 +94,7 @@ def index_staleness(instance: dg.DagsterInstance, index: dg.AssetsDefinition, em
     for k in instance.get_dynamic_partitions(pdef.name):
         if k in in_progress:
             busy.append(k)
-        elif k in emb and emb[k] > ix.get(k, -1):
+        elif index_behind(k, emb, ix):
             why = (f"load failed: {load_failed[k]}" if k in load_failed
                    else f"{name} materialized again after it was indexed" if k in ix else f"{name} materialized, never indexed")
             stale.append(StalePartition(k, (why,)))
